@@ -1,0 +1,29 @@
+# Two entry points that each do all set-up on a fresh machine:
+#   make demo   -- create .venv, install, run the offline quickstart
+#   make test   -- create .venv, install, run the test suite
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-slow bench install clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/fedjax-dp run --output-dir runs/quickstart
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 --durations=15
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
+
+clean:
+	rm -rf $(VENV) runs
