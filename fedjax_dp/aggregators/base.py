@@ -1,0 +1,63 @@
+"""The aggregator interface and the (optionally noised) mean."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_dp.errors import check, check_choice
+from fedjax_dp.transforms.core import gaussian_like, salted, SALT_GAUSSIAN
+
+DENOMINATORS = ("realized", "expected")
+
+
+class Aggregator(NamedTuple):
+  """``init(params_like) -> state`` and ``aggregate(updates, weights, mask, state, key)``."""
+
+  init: Callable[[Any], Any]
+  aggregate: Callable[..., tuple]
+
+
+def weighted_sum(updates, weights: jax.Array, mask: jax.Array):
+  """sum_i mask_i * weights_i * updates_i over the leading client axis."""
+  w = (weights * mask).astype(jnp.float32)
+  return jax.tree_util.tree_map(lambda u: jnp.tensordot(w, u, axes=(0, 0)).astype(u.dtype), updates)
+
+
+def mean(denominator: str = "realized", expected_size: Optional[float] = None,
+         noise_stddev: float = 0.0) -> Aggregator:
+  """Weighted mean, with optional Gaussian noise added to the weighted sum.
+
+  Implements the server aggregation of DP-FedAvg (Cheng et al. 2022, Alg. 1):
+  ``(sum_i Delta_i + N(0, noise_stddev^2 I)) / denominator``.
+
+  Args:
+    denominator: "realized": the realized total weight of the cohort
+      (``sum_i mask_i w_i``, the paper's ``|P_t|`` when weights are 1; biased
+      under Poisson sampling because it depends on the draw), or "expected": the
+      fixed ``expected_size`` (``q N`` for Poisson sampling), which makes the
+      noisy estimate of the mean update unbiased (McMahan et al. 2018).
+    expected_size: required for "expected".
+    noise_stddev: standard deviation of the noise on the sum (``z * S`` for DP-FedAvg).
+  """
+  check_choice("denominator", denominator, DENOMINATORS)
+  if denominator == "expected":
+    check(expected_size is not None and expected_size > 0, "expected_size", expected_size,
+          "must be > 0 when denominator='expected'")
+  check(noise_stddev >= 0, "noise_stddev", noise_stddev, "must be >= 0")
+
+  def aggregate(updates, weights, mask, state, key):
+    total = weighted_sum(updates, weights, mask)
+    if noise_stddev > 0:
+      noise = gaussian_like(total, noise_stddev, salted(key, SALT_GAUSSIAN))
+      total = jax.tree_util.tree_map(jnp.add, total, noise)
+    if denominator == "realized":
+      denom = jnp.maximum(jnp.sum(weights * mask), 1.0)
+    else:
+      denom = expected_size
+    return jax.tree_util.tree_map(lambda t: t / denom, total), state
+
+  return Aggregator(lambda params: optax.EmptyState(), aggregate)

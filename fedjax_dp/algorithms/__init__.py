@@ -1,0 +1,34 @@
+"""Algorithms by name. Each module composes shared pieces; none copies the round.
+
+A builder takes ``(config, data)`` and returns a :class:`Setup`: the program
+(the pure round), its host-side sampler and its privacy accounting.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, NamedTuple
+
+
+class Setup(NamedTuple):
+  program: Any
+  sampler: Any
+  accounting: Any
+
+
+# name -> "module:function"; modules are imported on use (keeps imports light).
+ALGORITHMS = {
+    "fedavg": "fedjax_dp.algorithms.dp_fedavg:build_fedavg",
+    "dp_fedavg": "fedjax_dp.algorithms.dp_fedavg:build_dp_fedavg",
+}
+
+
+def get_builder(name: str) -> Callable:
+  from fedjax_dp.errors import check_choice
+  check_choice("algorithm", name, sorted(ALGORITHMS))
+  module, fn = ALGORITHMS[name].split(":")
+  return getattr(importlib.import_module(module), fn)
+
+
+def build(config, data) -> Setup:
+  return get_builder(config.algorithm)(config, data)

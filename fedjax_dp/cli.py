@@ -1,0 +1,165 @@
+"""Command line: ``fedjax-dp run | privacy | reproduce``.
+
+Invalid input exits with status 2 and one line naming the field, the value and
+what is allowed, before anything is compiled or written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import sys
+from typing import Optional, Sequence
+
+from fedjax_dp.errors import ConfigError, check
+
+
+class _Parser(argparse.ArgumentParser):
+  """argparse that reports usage errors as ConfigError (one line, exit 2)."""
+
+  def error(self, message):
+    raise ConfigError("arguments", " ".join(sys.argv[1:]), message)
+
+
+def _add_run(sub):
+  from fedjax_dp.config import RunConfig, field_types
+  p = sub.add_parser("run", help="run one simulation (no arguments: the offline quickstart)")
+  p.add_argument("--config", help="JSON file with RunConfig fields")
+  p.add_argument("--output-dir", default="runs/quickstart", help="where metrics.jsonl and summary.json go")
+  p.add_argument("--overwrite", action="store_true", help="replace an earlier run's files in --output-dir")
+  p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                 help="algorithm option (repeatable), e.g. --set lambda=0.4")
+  p.add_argument("--no-progress", action="store_true")
+  types = field_types()
+  for f in dataclasses.fields(RunConfig):
+    if f.name == "options":
+      continue
+    p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, metavar=types[f.name].__name__.upper())
+
+
+def _add_privacy(sub):
+  p = sub.add_parser("privacy", help="epsilon of a sampled Gaussian mechanism, or the noise for a target epsilon")
+  p.add_argument("--mechanism", default="gaussian", help="gaussian (default)")
+  p.add_argument("--sampling", default="poisson", help="poisson or fixed")
+  p.add_argument("--sampling-prob", type=float)
+  p.add_argument("--num-clients", type=int)
+  p.add_argument("--cohort-size", type=int)
+  p.add_argument("--noise-multiplier", type=float)
+  p.add_argument("--target-epsilon", type=float)
+  p.add_argument("--rounds", type=int, required=True)
+  p.add_argument("--delta", type=float, required=True)
+  p.add_argument("--accountant", default="rdp")
+
+
+def _add_reproduce(sub):
+  from fedjax_dp.reproduce import REPRODUCTIONS
+  p = sub.add_parser("reproduce", help="reproduce a paper's experiments at a given scale")
+  p.add_argument("paper", help=f"one of {sorted(REPRODUCTIONS)}")
+  p.add_argument("--scale", default="small")
+  p.add_argument("--output-dir", required=True)
+  p.add_argument("--data-dir")
+  p.add_argument("--seeds", type=int)
+
+
+def _parse_options(items) -> dict:
+  out = {}
+  for item in items:
+    check("=" in item, "--set", item, "must look like NAME=VALUE")
+    k, v = item.split("=", 1)
+    try:
+      out[k] = json.loads(v)
+    except json.JSONDecodeError:
+      out[k] = v
+  return out
+
+
+def _cmd_run(args) -> int:
+  from fedjax_dp.config import RunConfig, field_types, load_config_file, make_config, parse_value
+  base = load_config_file(args.config) if args.config else {}
+  types = field_types()
+  overrides = {}
+  for name, typ in types.items():
+    text = getattr(args, name, None)
+    if name != "options" and text is not None:
+      overrides[name] = parse_value(name, text, typ)
+  # Setting one of noise_multiplier / target_epsilon unsets the other's default.
+  for given, other in (("target_epsilon", "noise_multiplier"), ("noise_multiplier", "target_epsilon")):
+    if (given in overrides or given in base) and other not in overrides and other not in base:
+      overrides[other] = None
+  options = dict(base.pop("options", {}) or {})
+  options.update(_parse_options(args.set))
+  config = make_config(base, options=options, **overrides)
+  out = pathlib.Path(args.output_dir)
+  if not args.overwrite:
+    for name in ("metrics.jsonl", "summary.json"):
+      check(not (out / name).exists(), "output_dir", str(out),
+            f"already holds {name} from an earlier run: choose another directory or pass --overwrite")
+  from fedjax_dp.experiment import load_data, simulate
+  data = load_data(config)
+  result = simulate(config, data, output_dir=str(out), progress=not args.no_progress)
+  s = result.summary
+  eps = s.get("epsilon")
+  eps_text = (f"epsilon={eps:.3f} at delta={s['delta']:g}" if eps is not None
+              else f"no formal DP guarantee ({s.get('guarantee_note')})")
+  print(f"final test accuracy={s['final_accuracy']:.4f}  {eps_text}  rounds={s['rounds']}  "
+        f"seconds={s['seconds_total']:.1f}")
+  print(f"wrote {out / 'metrics.jsonl'} and {out / 'summary.json'}")
+  return 0
+
+
+def _cmd_privacy(args) -> int:
+  from fedjax_dp.privacy import GaussianSumMechanism, calibrate_noise_multiplier, epsilon_for
+  from fedjax_dp.privacy.mechanisms import RELATIONS
+  check(args.mechanism == "gaussian", "mechanism", args.mechanism, "must be 'gaussian'")
+  check(args.rounds >= 1, "rounds", args.rounds, "must be >= 1")
+  check((args.noise_multiplier is None) != (args.target_epsilon is None), "noise_multiplier/target_epsilon",
+        (args.noise_multiplier, args.target_epsilon), "give exactly one of --noise-multiplier and --target-epsilon")
+  common = dict(sampling=args.sampling, sampling_prob=args.sampling_prob, num_clients=args.num_clients,
+                cohort_size=args.cohort_size)
+  out = {"sampling": args.sampling, "rounds": args.rounds, "delta": args.delta, "accountant": args.accountant}
+  if args.target_epsilon is not None:
+    z = calibrate_noise_multiplier(args.target_epsilon, args.delta, args.rounds, accountant=args.accountant, **common)
+    out.update(target_epsilon=args.target_epsilon, noise_multiplier=z)
+  else:
+    z = args.noise_multiplier
+    out["noise_multiplier"] = z
+  mech = GaussianSumMechanism(1.0, z, **common)
+  from fedjax_dp.privacy.ledger import ACCOUNTANTS
+  from fedjax_dp.errors import check_choice, check_open_unit
+  check_choice("accountant", args.accountant, ACCOUNTANTS)
+  check_open_unit("delta", args.delta)
+  out["epsilon"] = epsilon_for(mech.round_event(), args.rounds, args.delta, args.accountant, RELATIONS[args.sampling])
+  out["neighbouring_relation"] = mech.relation
+  out["dp_event"] = repr(mech.round_event())
+  print(json.dumps(out))
+  return 0
+
+
+def _cmd_reproduce(args) -> int:
+  from fedjax_dp.reproduce import run_reproduction
+  return run_reproduction(args.paper, scale=args.scale, output_dir=args.output_dir,
+                          data_dir=args.data_dir, seeds=args.seeds)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  try:
+    parser = _Parser(prog="fedjax-dp", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    _add_run(sub)
+    _add_privacy(sub)
+    _add_reproduce(sub)
+    if not argv:
+      argv = ["run"]
+    args = parser.parse_args(argv)
+    cmd = {"run": _cmd_run, "privacy": _cmd_privacy, "reproduce": _cmd_reproduce}[args.command]
+    return cmd(args)
+  except ConfigError as e:
+    print(f"fedjax-dp: error: {e}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+  sys.exit(main())

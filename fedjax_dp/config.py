@@ -1,0 +1,185 @@
+"""The run configuration: one frozen dataclass, validated before anything compiles.
+
+Every field can be set from a JSON config file (``--config``) and overridden on
+the command line (``--field-name VALUE``); algorithm-specific settings go in
+``options`` (``--set name=value``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import typing
+from typing import Any, Mapping, Optional
+
+from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit, check_positive
+
+ACCOUNTANTS = ("rdp", "pld")
+DENOMINATORS = ("realized", "expected")
+SAMPLINGS = ("poisson", "fixed")
+WEIGHTINGS = ("uniform", "examples")
+PLACEMENTS = ("device", "host")
+CONV_IMPLS = ("im2col", "custom_vjp", "lax")
+DEFAULT_MODELS = {"digits": "digits_cnn", "mnist": "cnn2", "fashion_mnist": "cnn2", "emnist": "cnn2",
+                  "cifar10": "cnn2"}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """One simulation. Defaults are the offline quickstart: DP-FedAvg on digits."""
+
+  algorithm: str = "dp_fedavg"
+  # Data.
+  dataset: str = "digits"
+  data_dir: Optional[str] = None
+  download: bool = False
+  partition: str = "iid"
+  num_clients: int = 700
+  dirichlet_alpha: float = 0.5
+  shards_per_client: int = 2
+  max_train: Optional[int] = None
+  max_test: Optional[int] = None
+  # Model.
+  model: Optional[str] = None
+  conv_impl: str = "im2col"
+  # Rounds and sampling.
+  rounds: int = 50
+  sampling: str = "poisson"
+  sampling_prob: float = 0.1
+  cohort_size: Optional[int] = None
+  capacity: Optional[int] = None
+  placement: str = "device"
+  # Client.
+  local_steps: int = 5
+  batch_size: int = 4
+  client_optimizer: str = "sgd"
+  client_lr: float = 0.1
+  weighting: str = "uniform"
+  # Server.
+  server_optimizer: str = "sgd"
+  server_lr: float = 1.0
+  denominator: str = "expected"
+  # Privacy.
+  clip: float = 0.5
+  noise_multiplier: Optional[float] = None
+  target_epsilon: Optional[float] = 8.0
+  delta: float = 1e-5
+  accountant: str = "rdp"
+  # Run.
+  seed: int = 0
+  eval_every: int = 5
+  options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    from fedjax_dp.algorithms import ALGORITHMS
+    from fedjax_dp.client import OPTIMIZERS
+    from fedjax_dp.data import DATASETS, PARTITIONERS
+    from fedjax_dp.models import MODELS
+    check_choice("algorithm", self.algorithm, sorted(ALGORITHMS))
+    check_choice("dataset", self.dataset, DATASETS)
+    check_choice("partition", self.partition, [p for p in PARTITIONERS if p != "natural"])
+    if self.model is not None:
+      check_choice("model", self.model, MODELS)
+    check_choice("conv_impl", self.conv_impl, CONV_IMPLS)
+    check(self.num_clients >= 1, "num_clients", self.num_clients, "must be >= 1")
+    check_positive("dirichlet_alpha", self.dirichlet_alpha)
+    check(self.shards_per_client >= 1, "shards_per_client", self.shards_per_client, "must be >= 1")
+    for f in ("max_train", "max_test"):
+      v = getattr(self, f)
+      check(v is None or v >= 1, f, v, "must be >= 1 or unset")
+    check(self.rounds >= 1, "rounds", self.rounds, "must be >= 1")
+    check_choice("sampling", self.sampling, SAMPLINGS)
+    if self.sampling == "poisson":
+      p = self.sampling_prob
+      check(p is not None and 0 < p <= 1, "sampling_prob", p, "must be in (0, 1]")
+    else:
+      check(self.cohort_size is not None and 1 <= self.cohort_size <= self.num_clients,
+            "cohort_size", self.cohort_size,
+            f"must be in [1, num_clients={self.num_clients}] with sampling='fixed'")
+    check(self.capacity is None or 1 <= self.capacity <= self.num_clients, "capacity",
+          self.capacity, f"must be in [1, num_clients={self.num_clients}] or unset")
+    check_choice("placement", self.placement, PLACEMENTS)
+    check(self.local_steps >= 1, "local_steps", self.local_steps, "must be >= 1")
+    check(self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1")
+    check_choice("client_optimizer", self.client_optimizer, OPTIMIZERS)
+    check_positive("client_lr", self.client_lr)
+    check_choice("weighting", self.weighting, WEIGHTINGS)
+    check_choice("server_optimizer", self.server_optimizer, OPTIMIZERS)
+    check_positive("server_lr", self.server_lr)
+    check_choice("denominator", self.denominator, DENOMINATORS)
+    check_positive("clip", self.clip)
+    nm, te = self.noise_multiplier, self.target_epsilon
+    check(nm is None or nm >= 0, "noise_multiplier", nm, "must be >= 0")
+    check(te is None or te > 0, "target_epsilon", te, "must be > 0")
+    check(nm is None or te is None, "noise_multiplier", nm,
+          f"must be unset (None) when target_epsilon={te} is set: the ledger calibrates the noise")
+    check_open_unit("delta", self.delta)
+    check_choice("accountant", self.accountant, ACCOUNTANTS)
+    check(self.eval_every >= 1, "eval_every", self.eval_every, "must be >= 1")
+    check(isinstance(self.options, Mapping), "options", self.options, "must be a mapping")
+
+  @property
+  def model_name(self) -> str:
+    return self.model or DEFAULT_MODELS[self.dataset]
+
+  def replace(self, **changes) -> "RunConfig":
+    return dataclasses.replace(self, **changes)
+
+  def to_dict(self) -> dict:
+    d = dataclasses.asdict(self)
+    d["options"] = dict(self.options)
+    return d
+
+
+def field_types() -> dict:
+  """Field name -> the Python type a string value converts to."""
+  hints = typing.get_type_hints(RunConfig)
+  out = {}
+  for f in dataclasses.fields(RunConfig):
+    t = hints[f.name]
+    args = [a for a in typing.get_args(t) if a is not type(None)]
+    out[f.name] = args[0] if args and typing.get_origin(t) is typing.Union else t
+  return out
+
+
+def parse_value(field: str, text: str, typ) -> Any:
+  """Converts a command-line string for ``field``; 'none' unsets optional fields."""
+  if text.lower() in ("none", "null"):
+    return None
+  try:
+    if typ is bool:
+      if text.lower() in ("1", "true", "yes"):
+        return True
+      if text.lower() in ("0", "false", "no"):
+        return False
+      raise ValueError(text)
+    if typ in (int, float):
+      return typ(text)
+    return text
+  except ValueError:
+    raise ConfigError(field, text, f"must be a {typ.__name__}") from None
+
+
+def load_config_file(path: str) -> dict:
+  p = pathlib.Path(path)
+  check(p.is_file(), "config", path, "must be an existing JSON file")
+  try:
+    d = json.loads(p.read_text())
+  except json.JSONDecodeError as e:
+    raise ConfigError("config", path, f"must be valid JSON ({e})") from None
+  check(isinstance(d, dict), "config", path, "must hold a JSON object")
+  known = {f.name for f in dataclasses.fields(RunConfig)}
+  for k in d:
+    check(k in known, "config key", k, f"must be one of {sorted(known)}")
+  return d
+
+
+def make_config(base: Optional[Mapping] = None, **overrides) -> RunConfig:
+  """A validated :class:`RunConfig` from a base mapping plus overrides."""
+  d = dict(base or {})
+  d.update({k: v for k, v in overrides.items()})
+  try:
+    return RunConfig(**d)
+  except TypeError as e:
+    raise ConfigError("config", sorted(d), str(e)) from None

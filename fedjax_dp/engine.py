@@ -1,0 +1,208 @@
+"""The run loop: host-side sampling and accounting around one compiled round.
+
+::
+
+  host (NumPy)                          device (one jitted function)
+  sample cohort -> padded ids + mask -> gather client rows, program.round_step
+  accounting.on_round(cohort)  <-       metrics -> metrics.jsonl, progress bar
+
+A *program* is any object with ``init(key) -> state``,
+``round_step(state, CohortBatch, key) -> (state, metrics)`` (pure),
+``eval_params(state) -> params``, and attributes ``model`` and ``clip``.
+``metrics`` holds per-client arrays ``client_loss``, ``update_norm`` and
+``mask`` (others pass through when scalar).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+import time
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_dp.algorithms.fedavg import CohortBatch
+from fedjax_dp.errors import check, check_choice
+
+PLACEMENTS = ("device", "host")
+
+
+@dataclasses.dataclass
+class RunResult:
+  history: list
+  summary: dict
+  state: Any
+
+
+def make_evaluator(model, test_x: np.ndarray, test_y: np.ndarray, batch_size: int = 1024):
+  """Jitted ``params -> (accuracy, loss)`` over the whole test set, in fixed-size chunks."""
+  from fedjax_dp.models import cross_entropy
+  n = len(test_y)
+  bs = min(batch_size, n)
+  chunks = -(-n // bs)
+  pad = chunks * bs - n
+  xs = jnp.asarray(np.concatenate([test_x, np.zeros((pad,) + test_x.shape[1:], test_x.dtype)])
+                   .reshape((chunks, bs) + test_x.shape[1:]))
+  ys = jnp.asarray(np.concatenate([test_y, np.zeros(pad, test_y.dtype)]).reshape(chunks, bs))
+  ms = jnp.asarray((np.arange(chunks * bs) < n).astype(np.float32).reshape(chunks, bs))
+
+  @jax.jit
+  def evaluate(params):
+    def chunk(args):
+      x, y, m = args
+      logits = model.apply(params, x)
+      correct = jnp.sum((jnp.argmax(logits, -1) == y) * m)
+      return correct, cross_entropy(logits, y, m) * jnp.sum(m)
+    correct, loss = jax.lax.map(chunk, (xs, ys, ms))
+    return jnp.sum(correct) / n, jnp.sum(loss) / n
+
+  return evaluate
+
+
+def _quantiles(values: np.ndarray) -> dict:
+  if values.size == 0:
+    return {}
+  q = np.quantile(values, [0.1, 0.5, 0.9])
+  return {"mean": float(values.mean()), "q10": float(q[0]), "q50": float(q[1]), "q90": float(q[2])}
+
+
+def summarize_round(metrics: dict, clip: Optional[float]) -> dict:
+  """Host-side summary of one round's per-client metrics (real clients only)."""
+  mask = np.asarray(metrics["mask"]) > 0
+  out = {"cohort_size": int(mask.sum())}
+  losses = np.asarray(metrics["client_loss"])[mask]
+  out["train_loss"] = float(losses.mean()) if losses.size else None
+  norms = np.asarray(metrics["update_norm"])[mask]
+  out["update_norm"] = _quantiles(norms)
+  if clip is not None and norms.size:
+    out["fraction_clipped"] = float(np.mean(norms > clip))
+  for k, v in metrics.items():
+    if k not in ("client_loss", "update_norm", "mask") and np.ndim(v) == 0:
+      out[k] = float(v)
+  return out
+
+
+def run(program, data, sampler, rounds: int, *, seed: int = 0, accounting=None,
+        eval_every: int = 1, output_dir: Optional[str] = None, progress: bool = True,
+        config: Optional[dict] = None, placement: str = "device",
+        on_round: Optional[Callable[[dict], None]] = None) -> RunResult:
+  """Runs ``rounds`` federated rounds and returns the history and a summary.
+
+  Args:
+    program: the algorithm (see module docstring).
+    data: a :class:`fedjax_dp.data.FederatedData`.
+    sampler: a host sampler with ``sample() -> Cohort``.
+    rounds: number of rounds T.
+    seed: PRNG seed: same seed, same result.
+    accounting: privacy accounting (``on_round``, ``report``), or None.
+    eval_every: evaluate on the test set every this many rounds (and at the end).
+    output_dir: if given, ``metrics.jsonl`` gets one line per round (flushed as
+      it goes) and ``summary.json`` is written at the end.
+    progress: show a progress bar.
+    config: the run's configuration, copied into the summary.
+    placement: "device" keeps every client's data on the accelerator and
+      gathers the cohort inside the compiled round; "host" gathers the cohort's
+      rows with NumPy each round (for populations that do not fit).
+    on_round: optional callback with each round's record.
+  """
+  check(rounds >= 1, "rounds", rounds, "must be >= 1")
+  check(eval_every >= 1, "eval_every", eval_every, "must be >= 1")
+  check_choice("placement", placement, PLACEMENTS)
+  out_dir = pathlib.Path(output_dir) if output_dir else None
+  if out_dir is not None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    metrics_file = open(out_dir / "metrics.jsonl", "w")
+  key = jax.random.PRNGKey(seed)
+  k_init, k_run = jax.random.split(key)
+  state = program.init(k_init)
+  evaluate = make_evaluator(program.model, data.test_x, data.test_y)
+
+  if placement == "device":
+    arrays = (jnp.asarray(data.x), jnp.asarray(data.y), jnp.asarray(data.counts))
+
+    @jax.jit
+    def step(state, arrays, ids, mask, key):
+      x, y, c = arrays
+      return program.round_step(state, CohortBatch(x[ids], y[ids], c[ids], ids, mask), key)
+
+    def call(state, cohort, key):
+      return step(state, arrays, cohort.ids, cohort.mask, key)
+  else:
+    step = jax.jit(lambda state, batch, key: program.round_step(state, batch, key))
+
+    def call(state, cohort, key):
+      ids = cohort.ids
+      return step(state, CohortBatch(data.x[ids], data.y[ids], data.counts[ids], ids, cohort.mask), key)
+
+  bar = None
+  if progress:
+    from tqdm.auto import tqdm
+    bar = tqdm(total=rounds, unit="round", dynamic_ncols=True)
+  history = []
+  t_start = time.perf_counter()
+  first_round_s = None
+  accuracy = loss = None
+  try:
+    for r in range(rounds):
+      t0 = time.perf_counter()
+      cohort = sampler.sample()
+      state, metrics = call(state, cohort, jax.random.fold_in(k_run, r))
+      metrics = jax.device_get(metrics)
+      seconds = time.perf_counter() - t0
+      if first_round_s is None:
+        first_round_s = seconds
+      rec = {"round": r + 1, **summarize_round(metrics, getattr(program, "clip", None))}
+      if accounting is not None:
+        accounting.on_round(cohort)
+        rep = accounting.report()
+        rec["epsilon"] = rep.get("epsilon")
+        for k, v in rep.items():
+          if k.startswith("epsilon_"):
+            rec[k] = v
+      if (r + 1) % eval_every == 0 or r + 1 == rounds:
+        acc, tl = jax.device_get(evaluate(program.eval_params(state)))
+        accuracy, loss = float(acc), float(tl)
+        rec["test_accuracy"], rec["test_loss"] = accuracy, loss
+        if not math.isfinite(loss):
+          rec["diverged"] = True
+      rec["seconds"] = seconds
+      history.append(rec)
+      if out_dir is not None:
+        metrics_file.write(json.dumps(rec) + "\n")
+        metrics_file.flush()
+      if on_round is not None:
+        on_round(rec)
+      if bar is not None:
+        post = {"acc": f"{accuracy:.4f}" if accuracy is not None else "-",
+                "loss": f"{rec['train_loss']:.3f}" if rec.get("train_loss") is not None else "-"}
+        if rec.get("epsilon") is not None:
+          post["eps"] = f"{rec['epsilon']:.2f}"
+        bar.set_postfix(post, refresh=False)
+        bar.update(1)
+  finally:
+    if bar is not None:
+      bar.close()
+    if out_dir is not None:
+      metrics_file.close()
+  total = time.perf_counter() - t_start
+  summary = {
+      "final_accuracy": accuracy,
+      "final_test_loss": loss,
+      "rounds": rounds,
+      "seconds_total": total,
+      "seconds_first_round": first_round_s,
+      "seconds_per_round_after_first": (total - first_round_s) / max(rounds - 1, 1),
+      "cohort_capacity": int(sampler.capacity),
+      "capacity_grew": int(getattr(sampler, "capacity_grew", 0)),
+  }
+  if accounting is not None:
+    summary.update(accounting.report())
+  summary["config"] = config
+  if out_dir is not None:
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+  return RunResult(history, summary, state)

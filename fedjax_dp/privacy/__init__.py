@@ -1,0 +1,22 @@
+"""Privacy mechanisms, the dp_accounting ledger and noise calibration."""
+
+from fedjax_dp.privacy.ledger import ACCOUNTANTS, PrivacyLedger, epsilon_for, make_accountant
+from fedjax_dp.privacy.mechanisms import (
+    RELATIONS,
+    SAMPLINGS,
+    GaussianSumMechanism,
+    NonPrivate,
+    calibrate_noise_multiplier,
+)
+
+__all__ = [
+    "ACCOUNTANTS",
+    "RELATIONS",
+    "SAMPLINGS",
+    "GaussianSumMechanism",
+    "NonPrivate",
+    "PrivacyLedger",
+    "calibrate_noise_multiplier",
+    "epsilon_for",
+    "make_accountant",
+]

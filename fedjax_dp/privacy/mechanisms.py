@@ -1,0 +1,144 @@
+"""Mechanism records: what one round releases, and the ``DpEvent`` that describes it.
+
+A mechanism record ties the runtime transforms (clip bound, noise standard
+deviation) to the dp_accounting event of one round and to its neighbouring
+relation, so the mechanism that runs and the mechanism that is accounted for
+agree by construction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import dp_accounting
+
+from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit, check_positive
+from fedjax_dp.privacy.ledger import ACCOUNTANTS, make_accountant, quiet_accounting
+
+SAMPLINGS = ("poisson", "fixed")
+RELATIONS = {"poisson": "add_remove", "fixed": "replace_one"}
+
+
+@dataclasses.dataclass(frozen=True)
+class NonPrivate:
+  """No privacy: the round releases the exact aggregate. Epsilon is infinite."""
+
+  relation: str = "add_remove"
+  privacy_unit: str = "none"
+  formal_guarantee: bool = False
+  guarantee_note: str = "non-private: no differential privacy guarantee"
+
+  def round_event(self) -> dp_accounting.DpEvent:
+    return dp_accounting.NonPrivateDpEvent()
+
+
+@dataclasses.dataclass(frozen=True)
+class GaussianSumMechanism:
+  """User-level sampled Gaussian mechanism of DP-FedAvg (McMahan et al. 2018).
+
+  Each sampled client's update is clipped to L2 norm ``clip``; Gaussian noise of
+  standard deviation ``noise_multiplier * clip`` is added to the sum of the
+  clipped updates, once per round.
+
+  Privacy: user-level DP. With Poisson sampling (probability ``sampling_prob``
+  per client per round) the relation is add/remove one client's whole data set:
+  the sum's L2 sensitivity is ``clip`` and one round is
+  ``PoissonSampledDpEvent(p, GaussianDpEvent(z))``. With fixed-size sampling
+  without replacement (``cohort_size`` of ``num_clients``) the population size
+  is public and the relation is replace-one client: replacing a client moves
+  the sum by up to ``2 * clip``, so the event is
+  ``SampledWithoutReplacementDpEvent(N, M, GaussianDpEvent(z / 2))``.
+  The guarantee covers the released noisy sums; everything computed from them
+  (the model, metrics on it) is post-processing. It does not cover statistics
+  reported from the raw updates (pre-clip norms in the run's metrics are for
+  diagnosis and are not private).
+  """
+
+  clip: float
+  noise_multiplier: float
+  sampling: str = "poisson"
+  sampling_prob: Optional[float] = None
+  num_clients: Optional[int] = None
+  cohort_size: Optional[int] = None
+  privacy_unit: str = "client (all of one client's examples)"
+  formal_guarantee: bool = True
+
+  def __post_init__(self):
+    check_positive("clip", self.clip)
+    check(self.noise_multiplier is not None and self.noise_multiplier >= 0,
+          "noise_multiplier", self.noise_multiplier, "must be >= 0")
+    check_choice("sampling", self.sampling, SAMPLINGS)
+    if self.sampling == "poisson":
+      p = self.sampling_prob
+      check(p is not None and 0 < p <= 1, "sampling_prob", p, "must be in (0, 1]")
+    else:
+      check(self.num_clients is not None and self.num_clients >= 1,
+            "num_clients", self.num_clients, "must be >= 1")
+      check(self.cohort_size is not None and 1 <= self.cohort_size <= self.num_clients,
+            "cohort_size", self.cohort_size, f"must be in [1, num_clients={self.num_clients}]")
+
+  @property
+  def relation(self) -> str:
+    return RELATIONS[self.sampling]
+
+  @property
+  def noise_stddev(self) -> float:
+    """Standard deviation of the noise added to the sum of clipped updates."""
+    return self.noise_multiplier * self.clip
+
+  @property
+  def guarantee_note(self) -> str:
+    if self.noise_multiplier == 0:
+      return "noise_multiplier=0: clipping only, no differential privacy guarantee"
+    rel = ("add/remove one client" if self.relation == "add_remove"
+           else "replace one client (population size public)")
+    return f"user-level DP; neighbouring relation: {rel}; L2 sensitivity of the sum bounded by clip"
+
+  def round_event(self) -> dp_accounting.DpEvent:
+    if self.noise_multiplier == 0:
+      return dp_accounting.NonPrivateDpEvent()
+    return gaussian_round_event(self.noise_multiplier, self.sampling, self.sampling_prob,
+                                self.num_clients, self.cohort_size)
+
+
+def gaussian_round_event(z: float, sampling: str, sampling_prob=None, num_clients=None,
+                         cohort_size=None) -> dp_accounting.DpEvent:
+  """One round's event for a sum of clipped updates with noise multiplier ``z``."""
+  if sampling == "poisson":
+    return dp_accounting.PoissonSampledDpEvent(sampling_prob, dp_accounting.GaussianDpEvent(z))
+  # Replace-one sensitivity of a sum of updates clipped to S is 2S.
+  return dp_accounting.SampledWithoutReplacementDpEvent(
+      num_clients, cohort_size, dp_accounting.GaussianDpEvent(z / 2.0))
+
+
+def calibrate_noise_multiplier(target_epsilon: float, delta: float, rounds: int,
+                               sampling: str = "poisson", sampling_prob=None,
+                               num_clients=None, cohort_size=None,
+                               accountant: str = "rdp") -> float:
+  """Smallest noise multiplier whose ``rounds``-fold composition meets (epsilon, delta).
+
+  Uses ``dp_accounting.calibrate_dp_mechanism`` (a bracketed search over the
+  accountant's own epsilon); the result is within a relative tolerance of the
+  minimum and never below it (the returned value meets the target).
+  """
+  check_positive("target_epsilon", target_epsilon)
+  check_open_unit("delta", delta)
+  check(int(rounds) >= 1, "rounds", rounds, "must be >= 1")
+  check_choice("accountant", accountant, ACCOUNTANTS)
+  # Validate the sampling description before searching.
+  GaussianSumMechanism(1.0, 1.0, sampling, sampling_prob, num_clients, cohort_size)
+  relation = RELATIONS[sampling]
+
+  def make_event(z):
+    return dp_accounting.SelfComposedDpEvent(
+        gaussian_round_event(z, sampling, sampling_prob, num_clients, cohort_size), int(rounds))
+
+  try:
+    with quiet_accounting():
+      return float(dp_accounting.calibrate_dp_mechanism(
+          lambda: make_accountant(accountant, relation), make_event, target_epsilon, delta,
+          dp_accounting.mechanism_calibration.LowerEndpointAndGuess(1e-3, 1.0), tol=1e-4))
+  except (ValueError, RuntimeError) as e:  # the target cannot be met
+    raise ConfigError("target_epsilon", target_epsilon,
+                      f"no noise multiplier meets it with delta={delta}, rounds={rounds} ({e})")

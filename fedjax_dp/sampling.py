@@ -1,0 +1,112 @@
+"""Host-side cohort sampling (NumPy).
+
+Cohorts have a fixed padded ``capacity`` so the round compiles once; ``mask``
+marks the real clients. Padded slots repeat client 0 and are masked out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from fedjax_dp.errors import check, check_choice
+
+SAMPLINGS = ("poisson", "fixed")
+
+
+@dataclasses.dataclass(frozen=True)
+class Cohort:
+  ids: np.ndarray    # [capacity] int32
+  mask: np.ndarray   # [capacity] float32, 1 for real clients
+
+  @property
+  def size(self) -> int:
+    return int(self.mask.sum())
+
+  @property
+  def real_ids(self) -> np.ndarray:
+    return self.ids[self.mask > 0]
+
+
+def _pad(ids: np.ndarray, capacity: int) -> Cohort:
+  padded = np.zeros(capacity, np.int32)
+  padded[:len(ids)] = ids
+  mask = np.zeros(capacity, np.float32)
+  mask[:len(ids)] = 1.0
+  return Cohort(padded, mask)
+
+
+def poisson_capacity(num_clients: int, prob: float, tail: float = 1e-9) -> int:
+  """Smallest c with P[Binomial(N, p) > c] < ``tail`` (Chernoff-free exact tail via the log-pmf)."""
+  from scipy import stats  # scipy comes with scikit-learn
+  c = int(stats.binom.isf(tail, num_clients, prob)) + 1
+  return max(1, min(num_clients, c))
+
+
+class PoissonSampler:
+  """Each client joins each round independently with probability ``prob``.
+
+  The cohort is padded to ``capacity`` (by default large enough that overflow
+  has probability below 1e-9 per round). A draw is never truncated: truncation
+  would change the sampling distribution and void the privacy analysis. If a
+  draw does exceed the capacity, the capacity grows to fit it (the round
+  recompiles once) and ``capacity_grew`` records it.
+  """
+
+  kind = "poisson"
+
+  def __init__(self, num_clients: int, prob: float, seed: int, capacity: int | None = None):
+    check(num_clients >= 1, "num_clients", num_clients, "must be >= 1")
+    check(0 < prob <= 1, "sampling_prob", prob, "must be in (0, 1]")
+    self.num_clients = int(num_clients)
+    self.prob = float(prob)
+    self.capacity = int(capacity) if capacity else poisson_capacity(num_clients, prob)
+    check(1 <= self.capacity <= num_clients, "capacity", self.capacity,
+          f"must be in [1, num_clients={num_clients}]")
+    self.capacity_grew = 0
+    self._rng = np.random.default_rng(seed)
+
+  @property
+  def expected_size(self) -> float:
+    return self.prob * self.num_clients
+
+  def sample(self) -> Cohort:
+    ids = np.flatnonzero(self._rng.random(self.num_clients) < self.prob).astype(np.int32)
+    if len(ids) > self.capacity:
+      self.capacity = int(math.ceil(len(ids) * 1.1))
+      self.capacity = min(self.capacity, self.num_clients)
+      self.capacity_grew += 1
+    return _pad(ids, self.capacity)
+
+
+class FixedSizeSampler:
+  """A uniformly random subset of exactly ``cohort_size`` clients, without replacement."""
+
+  kind = "fixed"
+
+  def __init__(self, num_clients: int, cohort_size: int, seed: int):
+    check(num_clients >= 1, "num_clients", num_clients, "must be >= 1")
+    check(1 <= cohort_size <= num_clients, "cohort_size", cohort_size,
+          f"must be in [1, num_clients={num_clients}]")
+    self.num_clients = int(num_clients)
+    self.capacity = int(cohort_size)
+    self.capacity_grew = 0
+    self._rng = np.random.default_rng(seed)
+
+  @property
+  def expected_size(self) -> float:
+    return float(self.capacity)
+
+  def sample(self) -> Cohort:
+    ids = np.sort(self._rng.choice(self.num_clients, self.capacity, replace=False)).astype(np.int32)
+    return _pad(ids, self.capacity)
+
+
+def make_sampler(kind: str, num_clients: int, seed: int, prob: float | None = None,
+                 cohort_size: int | None = None, capacity: int | None = None):
+  check_choice("sampling", kind, SAMPLINGS)
+  if kind == "poisson":
+    return PoissonSampler(num_clients, prob, seed, capacity)
+  return FixedSizeSampler(num_clients, cohort_size, seed)

@@ -1,0 +1,22 @@
+"""Update transforms: pure, optax-style functions of one client's update.
+
+Each transform is an ``optax.GradientTransformationExtraArgs``; randomness comes
+in as the extra argument ``key=``. Transforms are applied per client under
+``jax.vmap`` and chain like the papers' algorithms, e.g.
+``optax.chain(clip_l2(S), add_gaussian_noise(sigma * S))``.
+
+``optax.chain`` hands the same ``key`` to every member, so each random transform
+first folds its own salt into the key: two random transforms in one chain draw
+independent noise.
+"""
+
+from fedjax_dp.transforms.core import (
+    add_gaussian_noise,
+    clip_l2,
+    gaussian_like,
+    global_norm,
+    identity,
+    salted,
+)
+
+__all__ = ["add_gaussian_noise", "clip_l2", "gaussian_like", "global_norm", "identity", "salted"]
