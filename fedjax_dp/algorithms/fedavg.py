@@ -39,6 +39,15 @@ def tree_sub(a, b):
   return jax.tree_util.tree_map(jnp.subtract, a, b)
 
 
+def client_keys(key: jax.Array, ids: jax.Array) -> jax.Array:
+  """One key per client, a function of the round key and the client id only.
+
+  A client's randomness does not depend on its slot in the cohort or on the
+  cohort's padded capacity.
+  """
+  return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ids)
+
+
 def mask_rows(tree, mask):
   """Zeros the rows of padded clients (exact zeros, whatever they computed)."""
   return jax.tree_util.tree_map(
@@ -99,7 +108,7 @@ class FedAvgProgram:
 
   def round_step(self, state: ServerState, batch: CohortBatch, key: jax.Array):
     k_clients, k_agg = jax.random.split(key)
-    keys = jax.random.split(k_clients, batch.mask.shape[0])
+    keys = client_keys(k_clients, batch.ids)
     deltas, norms, losses = jax.vmap(self.client_update, in_axes=(None, 0, 0, 0, 0))(
         state.params, batch.x, batch.y, batch.counts, keys)
     deltas = mask_rows(deltas, batch.mask)

@@ -56,13 +56,17 @@ def clip_l2(bound: float) -> optax.GradientTransformationExtraArgs:
   return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update)
 
 
-def add_gaussian_noise(stddev: float) -> optax.GradientTransformationExtraArgs:
-  """Adds N(0, stddev^2) independently to every coordinate; needs ``key=``."""
+def add_gaussian_noise(stddev: float, salt: int = SALT_GAUSSIAN) -> optax.GradientTransformationExtraArgs:
+  """Adds N(0, stddev^2) independently to every coordinate; needs ``key=``.
+
+  ``salt`` is folded into the key; give a second noise transform in the same
+  chain its own salt, or both draw the same noise.
+  """
   check(stddev is not None and stddev >= 0, "noise stddev", stddev, "must be >= 0")
 
   def update(updates, state, params=None, *, key, **extra):
     del params, extra
-    noise = gaussian_like(updates, stddev, salted(key, SALT_GAUSSIAN))
+    noise = gaussian_like(updates, stddev, salted(key, salt))
     return jax.tree_util.tree_map(jnp.add, updates, noise), state
 
   return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update)

@@ -1,0 +1,95 @@
+"""The ledger against direct dp_accounting computations, and calibration."""
+
+import math
+
+import dp_accounting
+import pytest
+from dp_accounting import pld, rdp
+
+from fedjax_dp.accounting import LedgerAccounting
+from fedjax_dp.errors import ConfigError
+from fedjax_dp.privacy import GaussianSumMechanism, NonPrivate, PrivacyLedger, calibrate_noise_multiplier
+
+
+def _direct(event, count, delta, accountant):
+  acc = accountant()
+  acc.compose(event, count)
+  return acc.get_epsilon(delta)
+
+
+@pytest.mark.parametrize("accountant,cls", [("rdp", rdp.RdpAccountant), ("pld", pld.PLDAccountant)])
+def test_poisson_ledger_equals_direct(accountant, cls):
+  mech = GaussianSumMechanism(clip=0.3, noise_multiplier=1.1, sampling="poisson", sampling_prob=0.04)
+  ledger = PrivacyLedger(1e-5, accountant, mech.relation)
+  for _ in range(50):
+    ledger.compose(mech.round_event())
+  event = dp_accounting.PoissonSampledDpEvent(0.04, dp_accounting.GaussianDpEvent(1.1))
+  assert ledger.rounds == 50
+  assert ledger.epsilon() == pytest.approx(_direct(event, 50, 1e-5, cls), rel=1e-9)
+
+
+def test_fixed_size_uses_replace_one_with_doubled_sensitivity():
+  mech = GaussianSumMechanism(clip=1.0, noise_multiplier=2.0, sampling="fixed", num_clients=1000, cohort_size=50)
+  assert mech.relation == "replace_one"
+  acc = LedgerAccounting(mech, 1e-5)
+  for _ in range(30):
+    acc.on_round(None)
+  event = dp_accounting.SampledWithoutReplacementDpEvent(1000, 50, dp_accounting.GaussianDpEvent(1.0))
+  direct = _direct(event, 30, 1e-5, lambda: rdp.RdpAccountant(
+      neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE))
+  assert acc.report()["epsilon"] == pytest.approx(direct, rel=1e-9)
+
+
+def test_epsilon_grows_with_rounds_and_shrinks_with_noise():
+  def eps(z, t):
+    led = PrivacyLedger(1e-5)
+    led.compose(GaussianSumMechanism(1.0, z, sampling_prob=0.1).round_event(), t)
+    return led.epsilon()
+  assert eps(1.0, 10) < eps(1.0, 100)
+  assert eps(2.0, 100) < eps(1.0, 100)
+
+
+@pytest.mark.parametrize("sampling,kw", [("poisson", dict(sampling_prob=0.05)),
+                                          ("fixed", dict(num_clients=2000, cohort_size=100))])
+def test_calibration_round_trips(sampling, kw):
+  z = calibrate_noise_multiplier(3.0, 1e-5, 200, sampling=sampling, **kw)
+  mech = GaussianSumMechanism(1.0, z, sampling=sampling, **kw)
+  led = PrivacyLedger(1e-5, relation=mech.relation)
+  led.compose(mech.round_event(), 200)
+  eps = led.epsilon()
+  assert eps <= 3.0 + 1e-9
+  assert eps > 2.95  # the smallest such noise: a little less noise would exceed the target
+  led2 = PrivacyLedger(1e-5, relation=mech.relation)
+  led2.compose(GaussianSumMechanism(1.0, 0.97 * z, sampling=sampling, **kw).round_event(), 200)
+  assert led2.epsilon() > 3.0
+
+
+def test_nonprivate_reports_no_epsilon():
+  acc = LedgerAccounting(NonPrivate(), 1e-5)
+  acc.on_round(None)
+  rep = acc.report()
+  assert rep["epsilon"] is None and rep["formal_guarantee"] is False
+  zero_noise = LedgerAccounting(GaussianSumMechanism(1.0, 0.0, sampling_prob=0.1), 1e-5)
+  zero_noise.on_round(None)
+  assert zero_noise.report()["formal_guarantee"] is False
+  assert zero_noise.report()["epsilon"] is None
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    (dict(clip=0.0, noise_multiplier=1.0, sampling_prob=0.1), "clip"),
+    (dict(clip=1.0, noise_multiplier=-1.0, sampling_prob=0.1), "noise_multiplier"),
+    (dict(clip=1.0, noise_multiplier=1.0, sampling_prob=1.5), "sampling_prob"),
+    (dict(clip=1.0, noise_multiplier=1.0, sampling="fixed", num_clients=10, cohort_size=11), "cohort_size"),
+])
+def test_mechanism_validation(kwargs, field):
+  with pytest.raises(ConfigError, match=field):
+    GaussianSumMechanism(**kwargs)
+
+
+def test_ledger_validation():
+  with pytest.raises(ConfigError, match="delta"):
+    PrivacyLedger(1.5)
+  with pytest.raises(ConfigError, match="accountant"):
+    PrivacyLedger(1e-5, "moments")
+  assert PrivacyLedger(1e-5).epsilon() == 0.0
+  assert math.isinf(_direct(dp_accounting.NonPrivateDpEvent(), 1, 1e-5, rdp.RdpAccountant))
