@@ -20,7 +20,6 @@ DENOMINATORS = ("realized", "expected")
 SAMPLINGS = ("poisson", "fixed")
 WEIGHTINGS = ("uniform", "examples")
 PLACEMENTS = ("device", "host")
-CONV_IMPLS = ("im2col", "custom_vjp", "lax")
 DEFAULT_MODELS = {"digits": "digits_cnn", "mnist": "cnn2", "fashion_mnist": "cnn2", "emnist": "cnn2",
                   "cifar10": "cnn2"}
 
@@ -75,7 +74,7 @@ class RunConfig:
     from fedjax_dp.algorithms import ALGORITHMS
     from fedjax_dp.client import OPTIMIZERS
     from fedjax_dp.data import DATASETS, PARTITIONERS
-    from fedjax_dp.models import MODELS
+    from fedjax_dp.models import CONV_IMPLS, MODELS
     check_choice("algorithm", self.algorithm, sorted(ALGORITHMS))
     check_choice("dataset", self.dataset, DATASETS)
     check_choice("partition", self.partition, [p for p in PARTITIONERS if p != "natural"])

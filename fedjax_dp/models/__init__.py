@@ -1,0 +1,177 @@
+"""Models (flax modules), masked losses and the conv that stays fast on CPU.
+
+Usage::
+
+  model = get_model("cnn2", (28, 28, 1), 62)
+  params = model.init(jax.random.key(0))
+  logits = model.apply(params, x)            # x: [B, 28, 28, 1]
+  loss = cross_entropy(logits, y, mask)
+
+Available models (see :mod:`fedjax_dp.models.zoo` for the architectures and
+the papers they come from):
+
+* ``mlp``: dense layers, kwargs ``hidden=(200, 200)``, ``activation="relu"``.
+* ``rsa_mlp``: DP-RSA's MNIST MLP 784-50-50-10 with tanh (Zhu and Ling, IJCAI
+  2022).
+* ``digits_cnn``: small CNN for the 8x8 scikit-learn digits.
+* ``cnn2``: "CNN-2-layers" of federated EMNIST (Cheng et al., CVPR 2022).
+* ``spfl_cnn``: SP-FL's CNN (Wu and Li, 2024); kwarg ``hidden=32``.
+* ``rsa_cifar_cnn``: DP-RSA's CIFAR-10 CNN (~368k parameters); kwargs
+  ``features=(40, 40)``, ``hidden=(384, 192)``.
+* ``resnet18_gn``: CIFAR ResNet-18 with GroupNorm; kwargs ``num_groups=2``,
+  ``widths=(64, 128, 256, 512)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from fedjax_dp.errors import check_choice, ConfigError
+from fedjax_dp.models import zoo
+from fedjax_dp.models.conv import CONV_IMPLS, Conv, conv2d, max_pool
+from fedjax_dp.models.losses import (accuracy, cross_entropy, num_params,
+                                     per_example_cross_entropy)
+
+__all__ = [
+    "MODELS", "CONV_IMPLS", "Model", "get_model", "cross_entropy",
+    "per_example_cross_entropy", "accuracy", "num_params", "conv2d",
+    "max_pool", "Conv",
+]
+
+MODELS = ("mlp", "rsa_mlp", "digits_cnn", "cnn2", "spfl_cnn",
+          "rsa_cifar_cnn", "resnet18_gn")
+_CONV_MODELS = {"digits_cnn", "cnn2", "spfl_cnn", "rsa_cifar_cnn",
+                "resnet18_gn"}
+_KWARGS = {
+    "mlp": ("hidden", "activation"),
+    "rsa_mlp": (),
+    "digits_cnn": (),
+    "cnn2": (),
+    "spfl_cnn": ("hidden",),
+    "rsa_cifar_cnn": ("features", "hidden"),
+    "resnet18_gn": ("num_groups", "widths"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+  """A flax module with its per-example input shape and number of classes.
+
+  Attributes:
+    name: the name given to :func:`get_model`.
+    module: the flax module; ``module.apply({"params": p}, x)``.
+    input_shape: per-example input shape, e.g. ``(28, 28, 1)``.
+    num_classes: number of output logits.
+  """
+  name: str
+  module: nn.Module
+  input_shape: tuple
+  num_classes: int
+
+  def init(self, key: jax.Array) -> Any:
+    """Initial parameters (a pytree; float32) from a PRNG key (jitted)."""
+    return _init(self, key)
+
+  def apply(self, params: Any, x: jax.Array) -> jax.Array:
+    """Logits ``[B, num_classes]`` for inputs ``x`` of shape ``[B, *input_shape]``."""
+    return self.module.apply({"params": params}, x)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _init(model: Model, key: jax.Array) -> Any:
+  x = jnp.zeros((1, *model.input_shape), jnp.float32)
+  return model.module.init(key, x)["params"]
+
+
+def _tuple_of_ints(field, value):
+  try:
+    t = tuple(int(v) for v in value)
+  except TypeError:
+    t = None
+  if not t or t != tuple(value) or min(t) < 1:
+    raise ConfigError(field, value, "must be a non-empty tuple of positive ints")
+  return t
+
+
+def _build(name, num_classes, conv_impl, kwargs):
+  if name == "mlp":
+    hidden = _tuple_of_ints("hidden", kwargs.get("hidden", (200, 200)))
+    activation = kwargs.get("activation", "relu")
+    check_choice("activation", activation, zoo.ACTIVATIONS)
+    return zoo.MLP(num_classes, hidden=hidden, activation=activation)
+  if name == "rsa_mlp":
+    return zoo.MLP(num_classes, hidden=(50, 50), activation="tanh")
+  if name == "digits_cnn":
+    return zoo.DigitsCNN(num_classes, conv_impl=conv_impl)
+  if name == "cnn2":
+    return zoo.CNN2(num_classes, conv_impl=conv_impl)
+  if name == "spfl_cnn":
+    hidden = _tuple_of_ints("hidden", (kwargs.get("hidden", 32),))[0]
+    return zoo.SPFLCNN(num_classes, hidden=hidden, conv_impl=conv_impl)
+  if name == "rsa_cifar_cnn":
+    return zoo.RSACifarCNN(
+        num_classes,
+        features=_tuple_of_ints("features", kwargs.get("features", (40, 40))),
+        hidden=_tuple_of_ints("hidden", kwargs.get("hidden", (384, 192))),
+        conv_impl=conv_impl)
+  widths = _tuple_of_ints("widths", kwargs.get("widths", (64, 128, 256, 512)))
+  if len(widths) != 4:
+    raise ConfigError("widths", widths, "must have 4 entries (one per stage)")
+  num_groups = int(kwargs.get("num_groups", 2))
+  if num_groups < 1 or any(w % num_groups for w in widths):
+    raise ConfigError("num_groups", num_groups,
+                      f"must be >= 1 and divide every width in {widths}")
+  return zoo.ResNet18GN(num_classes, num_groups=num_groups, widths=widths,
+                        conv_impl=conv_impl)
+
+
+def get_model(name: str, input_shape, num_classes: int,
+              conv_impl: str = "im2col", **kwargs) -> Model:
+  """Builds a model by name and checks that it accepts ``input_shape``.
+
+  Args:
+    name: one of :data:`MODELS`.
+    input_shape: per-example shape; conv models take ``(H, W, C)`` or
+      ``(H, W)`` (one channel).
+    num_classes: number of classes (>= 2).
+    conv_impl: ``"im2col"`` (default; fast under ``scan`` and ``vmap`` on
+      CPU), ``"custom_vjp"`` or ``"lax"``; see
+      :func:`fedjax_dp.models.conv.conv2d`. Ignored by dense models.
+    **kwargs: model options (listed in the module docstring).
+
+  Returns:
+    A :class:`Model`.
+
+  Raises:
+    ConfigError: unknown name, option or conv impl, or an input shape the
+      model cannot take (e.g. too small for its convs and pools).
+  """
+  check_choice("model", name, MODELS)
+  check_choice("conv_impl", conv_impl, CONV_IMPLS)
+  for key in kwargs:
+    check_choice(f"{name} option", key, _KWARGS[name])
+  if isinstance(input_shape, int):
+    input_shape = (input_shape,)
+  input_shape = _tuple_of_ints("input_shape", input_shape)
+  if name in _CONV_MODELS and len(input_shape) not in (2, 3):
+    raise ConfigError("input_shape", input_shape,
+                      f"model {name} needs (H, W, C) or (H, W)")
+  if isinstance(num_classes, bool) or int(num_classes) != num_classes or (
+      num_classes < 2):
+    raise ConfigError("num_classes", num_classes, "must be an int >= 2")
+  module = _build(name, int(num_classes), conv_impl, kwargs)
+  model = Model(name, module, input_shape, int(num_classes))
+  x = jax.ShapeDtypeStruct((1, *input_shape), jnp.float32)
+  try:
+    out = jax.eval_shape(module.init, jax.random.key(0), x)
+  except (ConfigError, ValueError, TypeError) as e:
+    raise ConfigError("input_shape", input_shape,
+                      f"model {name} cannot take it ({e})") from e
+  del out
+  return model

@@ -1,0 +1,234 @@
+"""Tests for fedjax_dp.models: the conv implementations, pooling and the zoo."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from fedjax_dp.errors import ConfigError
+from fedjax_dp.models import (accuracy, conv2d, cross_entropy, get_model,
+                              max_pool, MODELS, num_params)
+from fedjax_dp.models.conv import Conv
+
+FAST_IMPLS = ("im2col", "custom_vjp")
+TOL = dict(rtol=1e-4, atol=1e-4)
+
+
+def _ref_conv(x, w, padding, strides):
+  return lax.conv_general_dilated(x, w, (strides, strides), padding,
+                                  dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+def _loss(conv):
+  """A scalar with a non-uniform cotangent, so every gradient entry counts."""
+  def f(x, w):
+    y = conv(x, w)
+    return jnp.sum(y * jnp.sin(jnp.arange(y.size, dtype=y.dtype)).reshape(
+        y.shape))
+  return f
+
+
+# (batch, H, W, C, O, kh, kw, stride, padding): odd sizes, non-square
+# kernels, even kernels with SAME (asymmetric padding), strides.
+CASES = [
+    (2, 7, 9, 3, 5, 3, 3, 1, "SAME"),
+    (2, 7, 9, 3, 5, 3, 2, 1, "VALID"),
+    (1, 8, 8, 2, 3, 4, 4, 1, "SAME"),
+    (2, 9, 8, 2, 4, 3, 3, 2, "SAME"),
+    (2, 9, 8, 2, 4, 4, 3, 2, "VALID"),
+    (2, 5, 5, 2, 3, 1, 1, 2, "SAME"),
+]
+
+
+@pytest.mark.parametrize("impl", FAST_IMPLS)
+@pytest.mark.parametrize("case", CASES)
+def test_conv2d_matches_lax(impl, case):
+  b, h, w, c, o, kh, kw, s, padding = case
+  kx, kk, kb = jax.random.split(jax.random.key(0), 3)
+  x = jax.random.normal(kx, (b, h, w, c))
+  k = jax.random.normal(kk, (kh, kw, c, o))
+  bias = jax.random.normal(kb, (o,))
+  got = conv2d(x, k, bias, padding=padding, impl=impl, strides=s)
+  want = _ref_conv(x, k, padding, s) + bias
+  assert got.shape == want.shape
+  np.testing.assert_allclose(got, want, **TOL)
+  f_got = _loss(lambda x, k: conv2d(x, k, padding=padding, impl=impl,
+                                    strides=s))
+  f_want = _loss(lambda x, k: _ref_conv(x, k, padding, s))
+  g_got = jax.jit(jax.grad(f_got, (0, 1)))(x, k)
+  g_want = jax.grad(f_want, (0, 1))(x, k)
+  for a, b_ in zip(g_got, g_want):
+    np.testing.assert_allclose(a, b_, **TOL)
+
+
+def test_conv2d_lax_impl_and_errors():
+  x = jnp.ones((1, 5, 5, 2))
+  k = jnp.ones((3, 3, 2, 4))
+  np.testing.assert_allclose(conv2d(x, k, impl="lax", padding="VALID"),
+                             _ref_conv(x, k, "VALID", 1))
+  with pytest.raises(ConfigError):
+    conv2d(x, k, impl="fft")
+  with pytest.raises(ConfigError):
+    conv2d(x, k, padding="FULL")
+  with pytest.raises(ConfigError):
+    conv2d(x, jnp.ones((3, 3, 3, 4)))
+  with pytest.raises(ConfigError):
+    conv2d(jnp.ones((1, 2, 2, 2)), k, padding="VALID")
+
+
+@pytest.mark.parametrize("impl", FAST_IMPLS)
+def test_conv2d_vmap_over_client_kernels_in_scan(impl):
+  """Per-client kernels under vmap, local steps in lax.scan, vs lax."""
+  n, steps = 3, 2
+  kx, kk = jax.random.split(jax.random.key(1))
+  xs = jax.random.normal(kx, (n, steps, 2, 6, 7, 2))
+  ks = jax.random.normal(kk, (n, 3, 3, 2, 4)) * 0.3
+
+  def client(impl_):
+    def run(k, x_steps):
+      def step(k, x):
+        f = _loss(lambda x, k: conv2d(x, k, padding="SAME", impl=impl_,
+                                      strides=1))
+        val, (gx, gk) = jax.value_and_grad(f, (0, 1))(x, k)
+        return k - 0.01 * gk, (val, gx)
+      return lax.scan(step, k, x_steps)
+    return jax.jit(jax.vmap(run))
+
+  got = client(impl)(ks, xs)
+  want = client("lax")(ks, xs)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(a, b, **TOL)
+
+
+@pytest.mark.parametrize("window,stride,hw", [
+    (2, 2, (8, 8)), (2, 2, (7, 9)), (3, 2, (9, 8)), (3, 2, (28, 28)),
+    (2, 1, (5, 6))])
+def test_max_pool_matches_flax(window, stride, hw):
+  x = jax.random.normal(jax.random.key(2), (2, *hw, 3))
+  got = max_pool(x, window, stride)
+  want = nn.max_pool(x, (window, window), (stride, stride), padding="VALID")
+  np.testing.assert_allclose(got, want)
+  f = lambda pool: _loss(lambda x, _: pool(x))  # noqa: E731
+  g_got = jax.grad(f(lambda x: max_pool(x, window, stride)))(x, None)
+  g_want = jax.grad(f(lambda x: nn.max_pool(
+      x, (window, window), (stride, stride), padding="VALID")))(x, None)
+  np.testing.assert_allclose(g_got, g_want, **TOL)
+
+
+def test_conv_module_params_like_flax():
+  x = jnp.ones((1, 6, 6, 3))
+  ours = Conv(8, (3, 3)).init(jax.random.key(0), x)["params"]
+  theirs = nn.Conv(8, (3, 3)).init(jax.random.key(0), x)["params"]
+  assert jax.tree.map(jnp.shape, ours) == jax.tree.map(jnp.shape, theirs)
+  np.testing.assert_allclose(ours["kernel"], theirs["kernel"])
+  np.testing.assert_array_equal(ours["bias"], 0.0)
+  y = Conv(8, (3, 3)).apply({"params": theirs}, x)
+  np.testing.assert_allclose(y, nn.Conv(8, (3, 3)).apply(
+      {"params": theirs}, x), **TOL)
+
+
+MODEL_SHAPES = {
+    "mlp": ((28, 28, 1), 10),
+    "rsa_mlp": ((28, 28, 1), 10),
+    "digits_cnn": ((8, 8, 1), 10),
+    "cnn2": ((28, 28, 1), 62),
+    "spfl_cnn": ((28, 28, 1), 10),
+    "rsa_cifar_cnn": ((32, 32, 3), 10),
+    "resnet18_gn": ((32, 32, 3), 10),
+}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_model_init_and_apply(name):
+  shape, classes = MODEL_SHAPES[name]
+  model = get_model(name, shape, classes)
+  params = model.init(jax.random.key(0))
+  x = jax.random.normal(jax.random.key(1), (2, *shape))
+  logits = jax.jit(model.apply)(params, x)
+  assert logits.shape == (2, classes)
+  assert np.all(np.isfinite(logits))
+
+
+@pytest.mark.parametrize("impl", ["custom_vjp", "lax"])
+def test_cnn2_impls_agree(impl):
+  """Same params, same logits and gradients whatever the conv impl."""
+  ref = get_model("cnn2", (12, 12, 1), 5)
+  other = get_model("cnn2", (12, 12, 1), 5, conv_impl=impl)
+  params = ref.init(jax.random.key(0))
+  x = jax.random.normal(jax.random.key(1), (3, 12, 12, 1))
+  y = jnp.array([0, 3, 4])
+  def grads(m):
+    return jax.jit(jax.grad(lambda p: cross_entropy(m.apply(p, x), y)))(
+        params)
+  np.testing.assert_allclose(jax.jit(other.apply)(params, x),
+                             jax.jit(ref.apply)(params, x), **TOL)
+  for a, b in zip(jax.tree.leaves(grads(other)), jax.tree.leaves(grads(ref))):
+    np.testing.assert_allclose(a, b, **TOL)
+
+
+def test_two_dim_input_shape_for_conv_models():
+  model = get_model("digits_cnn", (8, 8), 10)
+  params = model.init(jax.random.key(0))
+  assert jax.jit(model.apply)(params, jnp.zeros((3, 8, 8))).shape == (3, 10)
+
+
+def _count(name, shape, classes, **kwargs):
+  model = get_model(name, shape, classes, **kwargs)
+  return num_params(jax.eval_shape(model.init, jax.random.key(0)))
+
+
+def test_parameter_counts():
+  # 320 + 18,496 + (9216 * 128 + 128) + (128 * 62 + 62).
+  assert _count("cnn2", (28, 28, 1), 62) == 1_206_590
+  # 784-50-50-10.
+  assert _count("rsa_mlp", (28, 28, 1), 10) == 42_310
+  assert _count("mlp", (784,), 10, hidden=(50, 50),
+                activation="tanh") == 42_310
+  # The DP-RSA paper: "about 368,000 parameters".
+  assert abs(_count("rsa_cifar_cnn", (32, 32, 3), 10) - 368_000) < 0.05 * 368_000
+  # The DP-RSA authors' code: 64/64 conv channels.
+  assert _count("rsa_cifar_cnn", (32, 32, 3), 10,
+                features=(64, 64)) == 576_778
+  assert _count("spfl_cnn", (28, 28, 1), 10) == 66_506
+  assert _count("resnet18_gn", (32, 32, 3), 10) == 11_173_962
+
+
+def test_num_params_of_arrays():
+  assert num_params({"a": jnp.zeros((2, 3)), "b": [jnp.zeros(4)]}) == 10
+
+
+def test_cross_entropy_and_accuracy_masks():
+  logits = jnp.array([[2.0, 0.0], [0.0, 2.0], [5.0, 0.0]])
+  labels = jnp.array([0, 0, 1])
+  zero = jnp.zeros(3)
+  assert float(cross_entropy(logits, labels, zero)) == 0.0
+  assert float(accuracy(logits, labels, zero)) == 0.0
+  g = jax.grad(lambda l: cross_entropy(l, labels, zero))(logits)
+  np.testing.assert_array_equal(g, 0.0)
+  mask = jnp.array([1.0, 1.0, 0.0])
+  ce = np.log1p(np.exp(-2.0)), np.log1p(np.exp(2.0))
+  np.testing.assert_allclose(cross_entropy(logits, labels, mask),
+                             np.mean(ce), rtol=1e-6)
+  np.testing.assert_allclose(accuracy(logits, labels, mask), 0.5)
+  np.testing.assert_allclose(accuracy(logits, labels), 1 / 3, rtol=1e-6)
+  # A padded row with huge logits does not leak through the mask.
+  bad = logits.at[2].set(jnp.array([1e30, -1e30]))
+  assert np.isfinite(float(cross_entropy(bad, labels, mask)))
+
+
+@pytest.mark.parametrize("args,kwargs,field", [
+    (("lenet", (28, 28, 1), 10), {}, "model"),
+    (("cnn2", (4, 4, 1), 10), {}, "input_shape"),
+    (("cnn2", (784,), 10), {}, "input_shape"),
+    (("cnn2", (28, 28, 1), 1), {}, "num_classes"),
+    (("cnn2", (28, 28, 1), 10), {"conv_impl": "fft"}, "conv_impl"),
+    (("mlp", (784,), 10), {"activation": "gelu"}, "activation"),
+    (("mlp", (784,), 10), {"depth": 3}, "mlp option"),
+    (("resnet18_gn", (32, 32, 3), 10), {"num_groups": 3}, "num_groups"),
+])
+def test_get_model_config_errors(args, kwargs, field):
+  with pytest.raises(ConfigError) as e:
+    get_model(*args, **kwargs)
+  assert e.value.field == field
