@@ -1,0 +1,147 @@
+"""Seconds per round of the vmapped engine against two baselines, measured in one run.
+
+* engine: one jitted round (vmap over clients, lax.scan over local steps).
+* loop: a Python loop over the cohort calling the same jitted client update,
+  then the same aggregation and server step (jitted).
+* centralized: the same number of examples and steps as one model on one batch
+  of ``clients * batch`` examples per step (the hardware-limit proxy).
+
+Inputs are random arrays of the model's input shape (speed does not depend on
+pixel values); each client holds ``--examples`` examples.
+
+Example:
+  python benchmarks/round_speed.py --model cnn2 --clients 10 --local-steps 30 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjax_dp.algorithms.dp_fedavg import build_dp_fedavg
+from fedjax_dp.algorithms.fedavg import CohortBatch, client_keys, mask_rows
+from fedjax_dp.config import make_config
+from fedjax_dp.data import FederatedData
+from fedjax_dp.objectives import supervised
+
+SHAPES = {"cnn2": ((28, 28, 1), 62), "mlp": ((28, 28, 1), 10), "digits_cnn": ((8, 8, 1), 10),
+          "rsa_mlp": ((28, 28, 1), 10), "spfl_cnn": ((28, 28, 1), 10), "rsa_cifar_cnn": ((32, 32, 3), 10)}
+
+
+def _time(fn, repeats):
+  fn()  # compile and warm up
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times)
+
+
+def synthetic_data(model: str, clients: int, examples: int, seed: int = 0) -> FederatedData:
+  shape, classes = SHAPES[model]
+  rng = np.random.default_rng(seed)
+  x = rng.random((clients, examples) + shape, dtype=np.float32)
+  y = rng.integers(0, classes, (clients, examples)).astype(np.int32)
+  return FederatedData("synthetic", x, y, np.full(clients, examples, np.int32),
+                       x[0, :8], y[0, :8], classes)
+
+
+def measure(model: str, clients: int, local_steps: int, batch: int, examples: int, repeats: int,
+            conv_impl: str, skip_loop: bool = False) -> dict:
+  data = synthetic_data(model, clients, examples)
+  config = make_config(model=model, num_clients=clients, sampling="fixed", cohort_size=clients,
+                       local_steps=local_steps, batch_size=batch, clip=1.0, noise_multiplier=1.0,
+                       target_epsilon=None, conv_impl=conv_impl, client_lr=0.01)
+  program = build_dp_fedavg(config, data).program
+  state = program.init(jax.random.PRNGKey(0))
+  ids = jnp.arange(clients, dtype=jnp.int32)
+  mask = jnp.ones(clients, jnp.float32)
+  x, y, c = jnp.asarray(data.x), jnp.asarray(data.y), jnp.asarray(data.counts)
+  key = jax.random.PRNGKey(1)
+  batch_arrays = CohortBatch(x, y, c, ids, mask)
+
+  step = jax.jit(program.round_step)
+  engine_s = _time(lambda: jax.block_until_ready(step(state, batch_arrays, key)), repeats)
+
+  result = {"model": model, "clients": clients, "local_steps": local_steps, "batch": batch,
+            "conv_impl": conv_impl, "backend": jax.default_backend(),
+            "device": str(jax.devices()[0]), "engine_s_per_round": engine_s}
+
+  if not skip_loop:
+    client_update = jax.jit(program.client_update)
+
+    @jax.jit
+    def server(state, deltas, k):
+      deltas = mask_rows(deltas, mask)
+      agg, _ = program.aggregator.aggregate(deltas, mask, mask, state.agg_state, k)
+      upd, _ = program.server_optimizer.update(jax.tree_util.tree_map(jnp.negative, agg), state.opt_state)
+      return optax.apply_updates(state.params, upd)
+
+    def loop_round():
+      k_clients, k_agg = jax.random.split(key)
+      keys = client_keys(k_clients, ids)
+      outs = [client_update(state.params, x[i], y[i], c[i], keys[i])[0] for i in range(clients)]
+      deltas = jax.tree_util.tree_map(lambda *d: jnp.stack(d), *outs)
+      return jax.block_until_ready(server(state, deltas, k_agg))
+
+    result["loop_s_per_round"] = _time(loop_round, repeats)
+
+  objective = supervised(program.model.apply)
+  opt = optax.sgd(0.01)
+  xc = jnp.asarray(data.x.reshape((-1,) + data.x.shape[2:]))
+  yc = jnp.asarray(data.y.reshape(-1))
+
+  @jax.jit
+  def centralized(params, k):
+    def one(carry, kk):
+      p, s = carry
+      idx = jax.random.randint(kk, (clients * batch,), 0, xc.shape[0])
+      g = jax.grad(objective)(p, (xc[idx], yc[idx], jnp.ones(clients * batch)), p)
+      u, s = opt.update(g, s, p)
+      return (optax.apply_updates(p, u), s), None
+    (p, _), _ = jax.lax.scan(one, (params, opt.init(params)), jax.random.split(k, local_steps))
+    return p
+
+  result["centralized_s_per_round"] = _time(
+      lambda: jax.block_until_ready(centralized(state.params, key)), repeats)
+  result["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+  if "loop_s_per_round" in result:
+    result["loop_over_engine"] = result["loop_s_per_round"] / engine_s
+  result["engine_over_centralized"] = engine_s / result["centralized_s_per_round"]
+  result["client_steps_per_s"] = clients * local_steps / engine_s
+  return result
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--model", default="cnn2", choices=sorted(SHAPES))
+  p.add_argument("--clients", type=int, default=10)
+  p.add_argument("--local-steps", type=int, default=30)
+  p.add_argument("--batch", type=int, default=64)
+  p.add_argument("--examples", type=int, default=128, help="examples per client")
+  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--conv-impl", default="im2col", choices=["im2col", "custom_vjp", "lax"])
+  p.add_argument("--skip-loop", action="store_true", help="skip the Python-loop baseline (large cohorts)")
+  p.add_argument("--json", action="store_true", help="print one JSON object")
+  args = p.parse_args(argv)
+  r = measure(args.model, args.clients, args.local_steps, args.batch, args.examples, args.repeats,
+              args.conv_impl, args.skip_loop)
+  if args.json:
+    print(json.dumps(r))
+  else:
+    for k, v in r.items():
+      print(f"{k:>26}: {v}")
+
+
+if __name__ == "__main__":
+  sys.exit(main())
