@@ -2,6 +2,7 @@
 
   python benchmarks/sweep.py --preset cpu --out results.jsonl
   python benchmarks/sweep.py --preset gpu --out results.jsonl   # an accelerator machine
+  python benchmarks/sweep.py --table results.jsonl               # Markdown table of a sweep
 """
 
 from __future__ import annotations
@@ -25,12 +26,40 @@ PRESETS = {
 }
 
 
+def _fmt(v, spec):
+  return "-" if v is None else format(v, spec)
+
+
+def table(path: str) -> str:
+  """A Markdown table of the JSON lines in ``path``."""
+  lines = ["| model | clients/round | conv | engine s/round | loop s/round | centralized s/round "
+           "| loop / engine | engine / centralized | client steps/s | peak RSS GB |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+  for line in open(path):
+    r = json.loads(line)
+    if "error" in r:
+      lines.append(f"| {r['model']} | {r['clients']} | {r['conv_impl']} | failed: {r['error'][:60]} |||||||")
+      continue
+    lines.append(
+        f"| {r['model']} | {r['clients']} | {r['conv_impl']} | {_fmt(r['engine_s_per_round'], '.4f')} "
+        f"| {_fmt(r.get('loop_s_per_round'), '.4f')} | {_fmt(r['centralized_s_per_round'], '.4f')} "
+        f"| {_fmt(r.get('loop_over_engine'), '.2f')} | {_fmt(r['engine_over_centralized'], '.2f')} "
+        f"| {_fmt(r['client_steps_per_s'], ',.0f')} | {_fmt(r['peak_rss_gb'], '.1f')} |")
+  return "\n".join(lines)
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
-  p.add_argument("--out", required=True)
+  p.add_argument("--out", help="append one JSON line per measurement here")
   p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--table", metavar="JSONL", help="print a Markdown table of a finished sweep and exit")
   args = p.parse_args(argv)
+  if args.table:
+    print(table(args.table))
+    return 0
+  if not args.out:
+    p.error("--out is required to run a sweep")
   with open(args.out, "a") as f:
     for model, clients, q, batch, impl, skip in PRESETS[args.preset]:
       t0 = time.perf_counter()
