@@ -20,6 +20,11 @@ class Setup(NamedTuple):
 ALGORITHMS = {
     "fedavg": "fedjax_dp.algorithms.dp_fedavg:build_fedavg",
     "dp_fedavg": "fedjax_dp.algorithms.dp_fedavg:build_dp_fedavg",
+    "spfl": "fedjax_dp.algorithms.spfl:build_spfl",
+    "spfl-sound": "fedjax_dp.algorithms.spfl:build_spfl_sound",
+    "dp-fl": "fedjax_dp.algorithms.spfl:build_dp_fl",
+    "nodp-fl": "fedjax_dp.algorithms.spfl:build_nodp_fl",
+    "adp-fl": "fedjax_dp.algorithms.adp_fl:build_adp_fl",
 }
 
 

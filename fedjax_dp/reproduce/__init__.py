@@ -10,7 +10,9 @@ import importlib
 
 from fedjax_dp.errors import check_choice
 
-REPRODUCTIONS: dict = {}
+REPRODUCTIONS: dict = {
+    "spfl2024": "fedjax_dp.reproduce.spfl2024:run",
+}
 
 
 def run_reproduction(paper: str, scale: str, output_dir: str, data_dir=None, seeds=None) -> int:

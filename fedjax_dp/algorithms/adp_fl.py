@@ -1,0 +1,76 @@
+"""ADP-FL: client-side DP-SGD with a clip bound set by private quantile estimation.
+
+Andrew, Thakkar, McMahan and Ramaswamy, "Differentially Private Learning with
+Adaptive Clipping", NeurIPS 2021 (Alg. 1 and Sec. 3), the ADP-FL baseline of
+SP-FL (Wu and Li 2024), here at the example level: every local DP-SGD step
+of every cohort client also releases ``sum_i (1[||g_i|| <= C] - 1/2) +
+N(0, stat_noise^2)`` over its sampled batch; after the round the server
+forms the noisy fraction of per-example norms under ``C``,
+``b~ = 1/2 + sum / (n_cohort Q L)``, and moves the shared bound
+geometrically towards the ``target_quantile`` gamma:
+``C <- C * exp(-clip_lr * (b~ - gamma))``.
+
+Privacy: example-level (one example of one client, local to each client).
+The budget is split as in Andrew et al.: the statistic has sensitivity 1/2
+and noise ``stat_noise`` (multiplier ``2 stat_noise``), the gradient sum gets
+``z_Delta = (z^-2 - (2 stat_noise)^-2)^(-1/2)``, and each step is accounted
+as one sampled Gaussian mechanism with multiplier ``z``. The bound of a
+round is post-processing of earlier noisy releases, so it does not depend on
+the current step's data. Options: ``target_quantile`` (0.5), ``clip_lr``
+(0.2), ``stat_noise_ratio`` (5: ``stat_noise = 5 z``), ``example_sampling``;
+the initial bound is ``config.clip``.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from fedjax_dp.algorithms import Setup
+from fedjax_dp.algorithms.spfl import build_dpsgd_family, options, resolve_sigma
+from fedjax_dp.dpsgd import dp_args
+from fedjax_dp.errors import check
+from fedjax_dp.privacy.example_level import (ExampleDPSGDMechanism, PrivacyClass,
+                                             split_noise_multiplier)
+
+
+def quantile_update(clip, stat_sum, expected, target_quantile, clip_lr):
+  """Andrew et al. 2021, Alg. 1: ``C * exp(-eta_C (b~ - gamma))`` with ``b~ = 1/2 + stat_sum / expected``.
+
+  ``stat_sum`` is the noisy sum of ``1[||g_i|| <= C] - 1/2``; ``expected`` is
+  the public expected number of examples it covers.
+  """
+  b = 0.5 + stat_sum / jnp.maximum(expected, 1.0)
+  return clip * jnp.exp(-clip_lr * (b - target_quantile))
+
+
+def build_adp_fl(config, data) -> Setup:
+  """ADP-FL: example-level DP-SGD with a private geometric quantile clip bound."""
+  opts = options(config)
+  sigma = resolve_sigma(config, data, opts)
+  check(sigma > 0, "noise_multiplier", sigma, "must be > 0 for adp-fl")
+  stat_noise = float(opts["stat_noise_ratio"]) * sigma
+  z_grad = split_noise_multiplier(sigma, stat_noise)
+  mech = ExampleDPSGDMechanism(sigma, config.batch_size, config.local_steps,
+                               opts["example_sampling"], grad_noise_multiplier=z_grad,
+                               stat_noise=stat_noise)
+  classes = [PrivacyClass("all", tuple(range(data.num_clients)), mech,
+                          "adaptive clip bound from noisy per-example quantile bits (accounted: "
+                          "the gradient and the bits share the step's multiplier z)")]
+  L, Q = float(config.batch_size), float(config.local_steps)
+
+  def client_args(thresholds, hp, cls):
+    return dp_args(jnp.full(cls.shape, thresholds[0]), 1.0, hp["z_grad"], hp["stat_noise"])
+
+  def threshold_rule(thresholds, hp, stats, mask, cls):
+    del cls
+    n = jnp.sum(mask)
+    new = quantile_update(thresholds[0], jnp.sum(stats.stat_sum * mask), n * Q * L,
+                          hp["target_quantile"], hp["clip_lr"])
+    return thresholds.at[0].set(jnp.where(n > 0, new, thresholds[0]))
+
+  hparams = {"sigma": sigma, "z_grad": z_grad, "stat_noise": stat_noise,
+             "target_quantile": float(opts["target_quantile"]), "clip_lr": float(opts["clip_lr"])}
+  return build_dpsgd_family(
+      config, data, name="adp-fl", statistic="below", private=True, client_args=client_args,
+      threshold_rule=threshold_rule, init_thresholds=lambda p: jnp.array([config.clip]),
+      hparams=hparams, classes=classes, class_names=("all",), mechanism=mech, opts=opts)

@@ -1,0 +1,319 @@
+"""SP-FL: segmented clipping by privacy class with adaptive noise, and its baselines.
+
+Wu and Li, "Segmental tailoring federated learning algorithm based on
+differential privacy", Application Research of Computers 41(5), 2024
+(SP-FL). Every algorithm here trains with client-side DP-SGD
+(:mod:`fedjax_dp.dpsgd`): per-example gradients clipped, Gaussian noise on
+each step's clipped sum, ``Q`` local steps with per-step sampling rate
+``L / |D_n|``; the server averages the uploaded models weighted by sample
+counts (Sec. 2.4 f; ``weighting="examples"``).
+
+* ``spfl`` (as published): clients are split into a high and a low
+  privacy-need class (``high_fraction``). High: adaptive clipping,
+  ``C_{t,h} = beta_h * (mean per-example gradient norm of round t-1)``
+  (Eq. 5), starting from the mean initial per-example gradient norm of all
+  clients (Sec. 2.1). Low: proportional clipping ``C_{t,l} = beta_l *
+  ||g_t(x_i)||_2`` (Eq. 7), i.e. each gradient scaled by ``beta_l``.
+  Adaptive noise: standard deviation ``sigma * C`` for the bound in force
+  (Sec. 2.2; for the low class ``sigma * beta_l * mean_i ||g_i||`` of the
+  step's batch, our reading).
+* ``spfl-sound``: the same classes with thresholds from privatised
+  statistics only: high clients release each step a noisy sum of
+  ``min(||g_i||, B) / B - 1/2`` (budget split as in Andrew et al. 2021, so
+  the accounted multiplier stays ``sigma``), the server sets
+  ``C_{t+1,h} = beta_h * clamp(B * (1/2 + noisy mean), min_clip, B)``
+  starting from the data-independent ``clip``; the low class keeps
+  proportional scaling by ``beta_l`` under a data-independent cap
+  ``low_cap`` and noise ``sigma * low_cap``.
+* ``dp-fl``: the same DP-SGD with a constant clip bound ``clip``.
+* ``nodp-fl``: the same local training without clipping or noise.
+* ``adp-fl`` (in :mod:`fedjax_dp.algorithms.adp_fl`): private quantile
+  clipping (Andrew et al., NeurIPS 2021).
+
+Privacy: example-level (the privacy unit is one example of one client, local
+to each client; not a whole client), accounted per client by
+:class:`fedjax_dp.privacy.example_level.ExampleLevelAccounting`.
+As published, SP-FL has **no formal DP guarantee**: the low class's
+proportional clipping leaves each step's sensitivity unbounded (and sets the
+noise from the raw batch), and the high class's threshold is a raw statistic
+of the previous round's data. Its summary says ``formal_guarantee: false``
+with these reasons and prints no epsilon. ``spfl-sound``, ``dp-fl`` and
+``adp-fl`` have a real per-class epsilon.
+
+Options (``--set name=value``): ``high_fraction`` (0.5), ``beta_high`` (1.0),
+``beta_low`` (0.9), ``example_sampling`` ("poisson" or "fixed"),
+``init_norm_examples`` (32; spfl's initial threshold reads this many
+examples per client), ``low_cap`` (spfl-sound; default ``clip``),
+``stat_bound`` (spfl-sound ``B``; default ``4 * clip``), ``stat_noise_ratio``
+(5: the statistic's noise is this times ``sigma``), ``min_clip`` (1e-3),
+``target_quantile`` and ``clip_lr`` (adp-fl; 0.5 and 0.2).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_dp import aggregators, objectives
+from fedjax_dp.algorithms import Setup
+from fedjax_dp.algorithms.dp_fedavg import make_model
+from fedjax_dp.client import make_optimizer
+from fedjax_dp.dpsgd import EXAMPLE_SAMPLINGS, DPSGDProgram, dp_args, dp_sgd, mean_initial_norm
+from fedjax_dp.errors import ConfigError, check, check_choice
+from fedjax_dp.privacy import NonPrivate
+from fedjax_dp.privacy.example_level import (ExampleDPSGDMechanism, ExampleLevelAccounting,
+                                             PrivacyClass, calibrate_example_noise,
+                                             split_noise_multiplier)
+from fedjax_dp.sampling import make_sampler, poisson_capacity
+
+HIGH, LOW = 0, 1
+_CLASS_TAG = 0x5BF1
+
+DEFAULTS = {
+    "high_fraction": 0.5, "beta_high": 1.0, "beta_low": 0.9, "example_sampling": "poisson",
+    "init_norm_examples": 32, "low_cap": None, "stat_bound": None, "stat_noise_ratio": 5.0,
+    "min_clip": 1e-3, "target_quantile": 0.5, "clip_lr": 0.2,
+}
+
+REASON_LOW = ("proportional clipping C_{t,l} = beta * ||g_t(x_i)||_2 (Eq. 7) only scales each "
+              "example's gradient by beta, so a step's L2 sensitivity is unbounded, and the noise "
+              "scale sigma * beta * mean ||g_i|| is itself computed from the raw batch")
+REASON_HIGH = ("the clip threshold C_{t,h} = beta * (mean per-example gradient norm of round t-1) "
+               "and the initial threshold (mean initial norm of all clients) are raw, unnoised "
+               "statistics of the clients' data; they set the noise scale and leak through it")
+
+
+def options(config) -> dict:
+  """The run's SP-FL family options, validated (unknown names are errors)."""
+  opts = dict(DEFAULTS)
+  for k, v in dict(config.options).items():
+    check_choice("option", k, sorted(DEFAULTS))
+    opts[k] = v
+  check(0.0 <= float(opts["high_fraction"]) <= 1.0, "high_fraction", opts["high_fraction"],
+        "must be in [0, 1]")
+  for k in ("beta_high", "beta_low", "stat_noise_ratio", "min_clip", "clip_lr"):
+    check(float(opts[k]) > 0, k, opts[k], "must be > 0")
+  check(0.0 < float(opts["target_quantile"]) < 1.0, "target_quantile", opts["target_quantile"],
+        "must be in (0, 1)")
+  check_choice("example_sampling", opts["example_sampling"], EXAMPLE_SAMPLINGS)
+  check(int(opts["init_norm_examples"]) >= 1, "init_norm_examples", opts["init_norm_examples"],
+        "must be >= 1")
+  opts["low_cap"] = float(config.clip if opts["low_cap"] is None else opts["low_cap"])
+  opts["stat_bound"] = float(4.0 * config.clip if opts["stat_bound"] is None else opts["stat_bound"])
+  check(opts["low_cap"] > 0, "low_cap", opts["low_cap"], "must be > 0")
+  check(opts["stat_bound"] > 0, "stat_bound", opts["stat_bound"], "must be > 0")
+  return opts
+
+
+def privacy_classes(num_clients: int, high_fraction: float, seed: int) -> np.ndarray:
+  """``[num_clients]`` int32: HIGH (0) for a random ``round(high_fraction * N)`` clients, else LOW."""
+  perm = np.random.default_rng([seed, _CLASS_TAG]).permutation(num_clients)
+  cls = np.full(num_clients, LOW, np.int32)
+  cls[perm[:int(round(high_fraction * num_clients))]] = HIGH
+  return cls
+
+
+def resolve_sigma(config, data, opts) -> float:
+  """``sigma``: ``noise_multiplier``, or calibrated so that every client meets ``target_epsilon``.
+
+  Calibration takes the worst case: the smallest client (largest sampling
+  rate) taking part in every one of the ``rounds`` rounds (``rounds * Q``
+  steps).
+  """
+  if config.target_epsilon is not None:
+    return calibrate_example_noise(config.target_epsilon, config.delta,
+                                   config.rounds * config.local_steps, int(data.counts.min()),
+                                   config.batch_size, opts["example_sampling"], config.accountant)
+  if config.noise_multiplier is None:
+    raise ConfigError("noise_multiplier", None, "set noise_multiplier >= 0 or target_epsilon > 0")
+  return float(config.noise_multiplier)
+
+
+def _inf():
+  return jnp.asarray(jnp.inf, jnp.float32)
+
+
+def _class_mean(values, mask, weight):
+  """``(sum(values * mask * weight), sum(mask * weight))``."""
+  w = mask * weight
+  return jnp.sum(values * w), jnp.sum(w)
+
+
+def build_dpsgd_family(config, data, *, name: str, statistic: str, private: bool,
+                       client_args: Callable, threshold_rule: Callable,
+                       init_thresholds: Callable, hparams: dict, classes: list,
+                       class_names: tuple, mechanism, opts: dict,
+                       client_class: Optional[np.ndarray] = None) -> Setup:
+  """Shared builder: model, local DP-SGD, sampler, program and per-class accounting."""
+  del name
+  if config.sampling == "fixed":
+    check(config.cohort_size <= data.num_clients, "cohort_size", config.cohort_size,
+          f"must be <= the population ({data.num_clients} clients)")
+  model = make_model(config, data)
+  objective = objectives.supervised(model.apply)
+  max_examples = int(data.x.shape[1])
+  sampling = opts["example_sampling"]
+  check(config.batch_size <= int(data.counts.min()), "batch_size", config.batch_size,
+        f"must be <= the smallest client's examples ({int(data.counts.min())}): the per-step "
+        "sampling rate L / |D_n| is at most 1")
+  if sampling == "fixed":
+    capacity = None
+  else:
+    n_max = int(data.counts.max())
+    capacity = min(max_examples, poisson_capacity(n_max, min(1.0, config.batch_size / n_max)))
+  local_train = dp_sgd(objective, make_optimizer(config.client_optimizer, config.client_lr),
+                       config.local_steps, config.batch_size, max_examples, sampling, capacity,
+                       statistic, private)
+  sampler = make_sampler(config.sampling, data.num_clients, config.seed, config.sampling_prob,
+                         config.cohort_size, config.capacity)
+  if client_class is None:
+    client_class = np.zeros(data.num_clients, np.int32)
+  program = DPSGDProgram(
+      model=model, local_train=local_train, aggregator=aggregators.mean("realized"),
+      server_optimizer=make_optimizer(config.server_optimizer, config.server_lr),
+      mechanism=mechanism, client_class=jnp.asarray(client_class),
+      client_args=client_args, threshold_rule=threshold_rule, init_thresholds=init_thresholds,
+      hparams=hparams, weighting=config.weighting, class_names=class_names)
+  accounting = ExampleLevelAccounting(classes, data.counts, config.delta, config.accountant)
+  return Setup(program, sampler, accounting)
+
+
+def _constant_rule(thresholds, hp, stats, mask, classes):
+  del hp, stats, mask, classes
+  return thresholds
+
+
+def build_dp_fl(config, data) -> Setup:
+  """DP-FL: client-side DP-SGD with the constant clip bound ``config.clip``."""
+  opts = options(config)
+  sigma = resolve_sigma(config, data, opts)
+  mech = ExampleDPSGDMechanism(sigma, config.batch_size, config.local_steps,
+                               opts["example_sampling"], grad_noise_multiplier=sigma)
+  ids = tuple(range(data.num_clients))
+  classes = [PrivacyClass("all", ids, mech if sigma > 0 else None,
+                          "" if sigma > 0 else "noise_multiplier=0: clipping only")]
+
+  def client_args(thresholds, hp, cls):
+    return dp_args(jnp.full(cls.shape, thresholds[0]), 1.0, hp["sigma"])
+
+  return build_dpsgd_family(
+      config, data, name="dp-fl", statistic="none", private=True, client_args=client_args,
+      threshold_rule=_constant_rule, init_thresholds=lambda p: jnp.array([config.clip]),
+      hparams={"sigma": sigma}, classes=classes, class_names=("all",), mechanism=mech, opts=opts)
+
+
+def build_nodp_fl(config, data) -> Setup:
+  """NoDP-FL: the same local training (sampling, steps, server) without clipping or noise."""
+  opts = options(config)
+  ids = tuple(range(data.num_clients))
+  classes = [PrivacyClass("all", ids, None, "non-private: no clipping and no noise")]
+
+  def client_args(thresholds, hp, cls):
+    del thresholds, hp
+    return dp_args(jnp.full(cls.shape, jnp.inf), 1.0, 0.0)
+
+  return build_dpsgd_family(
+      config, data, name="nodp-fl", statistic="none", private=False, client_args=client_args,
+      threshold_rule=_constant_rule, init_thresholds=lambda p: jnp.zeros((1,)), hparams={},
+      classes=classes, class_names=(), mechanism=NonPrivate(), opts=opts)
+
+
+def _spfl_common(config, data):
+  opts = options(config)
+  sigma = resolve_sigma(config, data, opts)
+  cls = privacy_classes(data.num_clients, float(opts["high_fraction"]), config.seed)
+  high_ids = tuple(int(i) for i in np.flatnonzero(cls == HIGH))
+  low_ids = tuple(int(i) for i in np.flatnonzero(cls == LOW))
+  return opts, sigma, cls, high_ids, low_ids
+
+
+def build_spfl(config, data) -> Setup:
+  """SP-FL as published (Wu and Li 2024, Eqs. 5 and 7): no formal DP guarantee."""
+  opts, sigma, cls, high_ids, low_ids = _spfl_common(config, data)
+  classes = [PrivacyClass("high", high_ids, None, REASON_HIGH),
+             PrivacyClass("low", low_ids, None, REASON_LOW)]
+  # Nominal record: the noise multiplier in use. There is no accounted event.
+  mech = ExampleDPSGDMechanism(sigma, config.batch_size, config.local_steps,
+                               opts["example_sampling"], grad_noise_multiplier=sigma,
+                               formal_guarantee=False)
+  objective = objectives.supervised(make_model(config, data).apply)
+  per_client = int(opts["init_norm_examples"])
+
+  def init_thresholds(params):
+    # Sec. 2.1: the mean of all clients' initial per-example gradient norms (raw data).
+    fn = jax.jit(lambda p, x, y, n: mean_initial_norm(objective, p, x, y, n, per_client))
+    c0 = fn(params, data.x[:, :per_client], data.y[:, :per_client], data.counts)
+    return jnp.stack([c0, _inf()])
+
+  def client_args(thresholds, hp, c):
+    high = c == HIGH
+    return dp_args(jnp.where(high, thresholds[0], jnp.inf),
+                   jnp.where(high, 1.0, hp["beta_low"]), hp["sigma"])
+
+  def threshold_rule(thresholds, hp, stats, mask, c):
+    # Eq. 5: C_{t+1,h} = beta_h * mean per-example gradient norm of the round (high clients).
+    hi = (c == HIGH).astype(jnp.float32)
+    s, _ = _class_mean(stats.norm_sum, mask, hi)
+    e, _ = _class_mean(stats.examples, mask, hi)
+    new = jnp.where(e > 0, hp["beta_high"] * s / jnp.maximum(e, 1.0), thresholds[0])
+    return thresholds.at[0].set(new)
+
+  return build_dpsgd_family(
+      config, data, name="spfl", statistic="none", private=True, client_args=client_args,
+      threshold_rule=threshold_rule, init_thresholds=init_thresholds,
+      hparams={"sigma": sigma, "beta_high": float(opts["beta_high"]),
+               "beta_low": float(opts["beta_low"])},
+      classes=classes, class_names=("high", "low"), mechanism=mech, opts=opts, client_class=cls)
+
+
+def build_spfl_sound(config, data) -> Setup:
+  """SP-FL with privatised thresholds and a data-independent low-class cap: a real epsilon per class."""
+  opts, sigma, cls, high_ids, low_ids = _spfl_common(config, data)
+  check(sigma > 0, "noise_multiplier", sigma, "must be > 0 for spfl-sound")
+  stat_noise = float(opts["stat_noise_ratio"]) * sigma
+  z_grad = split_noise_multiplier(sigma, stat_noise)
+  sampling = opts["example_sampling"]
+  high_mech = ExampleDPSGDMechanism(sigma, config.batch_size, config.local_steps, sampling,
+                                    grad_noise_multiplier=z_grad, stat_noise=stat_noise)
+  low_mech = ExampleDPSGDMechanism(sigma, config.batch_size, config.local_steps, sampling,
+                                   grad_noise_multiplier=sigma)
+  classes = [
+      PrivacyClass("high", high_ids, high_mech,
+                   "clip threshold from a noisy per-example norm statistic (accounted: the "
+                   "gradient and the statistic share the step's multiplier, Andrew et al. 2021)"),
+      PrivacyClass("low", low_ids, low_mech,
+                   "proportional scaling by beta_low under the data-independent cap low_cap; "
+                   "noise sigma * low_cap")]
+  L, Q = float(config.batch_size), float(config.local_steps)
+
+  def client_args(thresholds, hp, c):
+    high = c == HIGH
+    return dp_args(jnp.where(high, thresholds[0], hp["low_cap"]),
+                   jnp.where(high, 1.0, hp["beta_low"]),
+                   jnp.where(high, hp["z_grad"], hp["sigma"]),
+                   jnp.where(high, hp["stat_noise"], 0.0), hp["stat_bound"])
+
+  def threshold_rule(thresholds, hp, stats, mask, c):
+    # Only the high clients' noisy statistics are used (low clients upload none).
+    hi = (c == HIGH).astype(jnp.float32)
+    s, n = _class_mean(stats.stat_sum, mask, hi)
+    expected = n * Q * L  # public: cohort membership, Q and L
+    mean_norm = hp["stat_bound"] * (0.5 + s / jnp.maximum(expected, 1.0))
+    mean_norm = jnp.clip(mean_norm, hp["min_clip"], hp["stat_bound"])
+    new = jnp.where(n > 0, hp["beta_high"] * mean_norm, thresholds[0])
+    return thresholds.at[0].set(new)
+
+  hparams = {"sigma": sigma, "z_grad": z_grad, "stat_noise": stat_noise,
+             "beta_high": float(opts["beta_high"]), "beta_low": float(opts["beta_low"]),
+             "low_cap": opts["low_cap"], "stat_bound": opts["stat_bound"],
+             "min_clip": float(opts["min_clip"])}
+  return build_dpsgd_family(
+      config, data, name="spfl-sound", statistic="norm", private=True, client_args=client_args,
+      threshold_rule=threshold_rule,
+      init_thresholds=lambda p: jnp.array([config.clip, opts["low_cap"]]),
+      hparams=hparams, classes=classes, class_names=("high", "low"), mechanism=high_mech,
+      opts=opts, client_class=cls)
+

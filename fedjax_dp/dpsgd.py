@@ -1,0 +1,390 @@
+"""Client-side DP-SGD (Abadi et al., CCS 2016) for example-level DP in federated learning.
+
+Each client trains the round's global model on its own data with Q local
+DP-SGD steps, run per client under ``jax.vmap`` and over the steps under
+``lax.scan``. One step:
+
+1. sample a batch from the client's ``|D_n|`` examples: Poisson sampling with
+   rate ``q_n = L / |D_n|`` (each example independently), or a fixed-size
+   batch of ``L`` examples drawn without replacement;
+2. per-example gradients ``g_i`` by a nested ``jax.vmap`` (clients x examples);
+3. per-example scaling and clipping ``g_i * min(1, s, C / ||g_i||)`` (``s`` is
+   a constant scale, the SP-FL proportional factor beta; ``s = 1`` is plain
+   clipping to ``C``);
+4. Gaussian noise ``N(0, (sigma C)^2 I)`` on the batch's clipped sum, divided
+   by the expected batch size ``L`` (public), and one optimizer step.
+
+``C``, ``s`` and ``sigma`` come in per client as arrays (:class:`DPArgs`), so
+a clip bound that changes every round or differs between privacy classes does
+not recompile the round.
+
+Optionally each step also releases a noisy per-example *statistic* of the
+batch's gradient norms (for adaptive clip bounds): ``sum_i (s_i - 1/2) +
+N(0, stat_noise^2)`` with ``s_i`` in ``[0, 1]`` (``"below"``:
+``1[||g_i|| <= C]``, Andrew et al., NeurIPS 2021; ``"norm"``:
+``min(||g_i||, B) / B``). Shifting by 1/2 halves its add/remove sensitivity
+to 1/2 (Andrew et al., Sec. 3).
+
+Privacy (example-level, local to each client): the privacy unit is one
+example of one client. With a data-independent ``C`` (or one computed only
+from earlier noisy releases) and Poisson sampling, each step is the sampled
+Gaussian mechanism ``PoissonSampledDpEvent(q_n, GaussianDpEvent(z))`` for
+add/remove one example of that client, where ``z = sigma`` without a
+statistic and ``z = (sigma^-2 + (2 stat_noise)^-2)^(-1/2)`` with one; the
+uploaded model is post-processing. With ``C = inf`` (SP-FL's proportional
+clipping as published) the noise scale is computed from the batch's own
+gradient norms (see :func:`dp_gradient`) and *no* DP guarantee holds.
+Not covered in any case: the client's example count ``|D_n|`` (used for the
+sampling rate and the server's weights; treated as public), the per-client
+losses and raw norm statistics reported in the run's metrics (diagnostics).
+The accounting lives in :mod:`fedjax_dp.privacy.example_level`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_dp.algorithms.fedavg import CohortBatch, ServerState, mask_rows, tree_sub
+from fedjax_dp.errors import check, check_choice
+from fedjax_dp.transforms import gaussian_like, global_norm, salted
+
+EXAMPLE_SAMPLINGS = ("poisson", "fixed")
+STATISTICS = ("none", "below", "norm")
+SALT_STAT = 0x57A7
+
+
+class DPArgs(NamedTuple):
+  """One client's DP-SGD settings for this round (arrays; batched under vmap).
+
+  Attributes:
+    clip: per-example L2 bound ``C`` (``inf``: no bound; the noise scale is
+      then data-dependent and there is no DP guarantee).
+    scale: constant factor ``s`` applied to every per-example gradient before
+      clipping (SP-FL's proportional clipping factor beta; 1 for plain DP-SGD).
+    noise_multiplier: ``sigma``: the noise on a step's clipped sum has standard
+      deviation ``sigma * C`` (``sigma * s * mean_i ||g_i||`` when ``C = inf``).
+    stat_noise: standard deviation of the noise on the step's norm statistic.
+    stat_bound: ``B`` of the ``"norm"`` statistic ``min(||g_i||, B) / B``.
+  """
+
+  clip: jax.Array
+  scale: jax.Array
+  noise_multiplier: jax.Array
+  stat_noise: jax.Array
+  stat_bound: jax.Array
+
+
+def dp_args(clip, scale=1.0, noise_multiplier=0.0, stat_noise=0.0, stat_bound=1.0) -> DPArgs:
+  """A :class:`DPArgs` of float32 arrays (broadcast to a common shape)."""
+  vals = jnp.broadcast_arrays(*(jnp.asarray(v, jnp.float32) for v in
+                                (clip, scale, noise_multiplier, stat_noise, stat_bound)))
+  return DPArgs(*vals)
+
+
+class StepStats(NamedTuple):
+  """What a client reports after its local steps (sums over the steps).
+
+  ``stat_sum`` is the noisy shifted statistic (a DP release when the clip
+  bound and its noise are data-independent); everything else is raw and not
+  private (diagnostics, and the published SP-FL threshold rule).
+  """
+
+  loss: jax.Array           # mean per-example loss over the sampled examples
+  norm_sum: jax.Array       # sum of raw per-example gradient norms (not private)
+  examples: jax.Array       # realized number of sampled examples (not private)
+  clipped: jax.Array        # number of examples whose gradient was scaled down
+  noise_std: jax.Array      # mean over steps of the noise std on the sum
+  stat_sum: jax.Array       # sum over steps of the noisy shifted statistic
+  overflow: jax.Array       # steps whose Poisson draw exceeded the batch capacity
+
+
+def per_example_grads(objective: Callable, params, anchor, x: jax.Array, y: jax.Array):
+  """Per-example losses ``[B]`` and gradients (leaves ``[B, ...]``) by ``jax.vmap``.
+
+  ``objective(params, (x, y, mask), anchor)`` is evaluated on one example at a
+  time; under the engine's client ``vmap`` this is the nested clients x
+  examples vmap.
+  """
+  def one(p, xi, yi):
+    return objective(p, (xi[None], yi[None], jnp.ones((1,), jnp.float32)), anchor)
+  return jax.vmap(jax.value_and_grad(one), in_axes=(None, 0, 0))(params, x, y)
+
+
+def clip_factors(norms: jax.Array, clip: jax.Array, scale: jax.Array) -> jax.Array:
+  """Per-example factors ``min(1, s, C / ||g_i||)``: ``||factor_i g_i|| <= min(C, s ||g_i||)``."""
+  return jnp.minimum(jnp.minimum(1.0, scale), clip / jnp.maximum(norms, 1e-30))
+
+
+def poisson_indices(count: jax.Array, rate: jax.Array, capacity: int, max_examples: int,
+                    key: jax.Array):
+  """Poisson sampling: each of the first ``count`` rows joins with probability ``rate``.
+
+  The selected rows are packed into a fixed ``capacity`` (chosen on the host
+  so that overflow has probability below 1e-9 per step); an overflow drops
+  the highest-index selected rows and is counted (``overflow``), so a run can
+  report it. Returns ``(idx [capacity], mask [capacity], overflow)``.
+  """
+  u = jax.random.uniform(key, (max_examples,))
+  sel = (u < rate) & (jnp.arange(max_examples) < count)
+  n = jnp.sum(sel)
+  idx = jnp.nonzero(sel, size=capacity, fill_value=0)[0]
+  mask = (jnp.arange(capacity) < n).astype(jnp.float32)
+  return idx, mask, (n > capacity).astype(jnp.float32)
+
+
+def fixed_indices(count: jax.Array, size: int, max_examples: int, key: jax.Array):
+  """``size`` distinct rows uniformly from the first ``count`` (needs ``count >= size``)."""
+  u = jax.random.uniform(key, (max_examples,))
+  u = jnp.where(jnp.arange(max_examples) < count, u, 2.0)
+  idx = jnp.argsort(u)[:size]
+  return idx, jnp.ones((size,), jnp.float32), jnp.zeros((), jnp.float32)
+
+
+def dp_gradient(objective: Callable, params, anchor, x: jax.Array, y: jax.Array,
+                mask: jax.Array, args: DPArgs, key: jax.Array, expected_batch: float,
+                statistic: str = "none"):
+  """One DP-SGD gradient: ``(sum_i mask_i clip(g_i) + N(0, (sigma C)^2 I)) / L``.
+
+  Args:
+    objective: ``(params, (x, y, mask), anchor) -> loss``.
+    params: the current local model.
+    anchor: the round's global model (passed through to the objective).
+    x, y: the sampled batch (``[K, ...]``, ``[K]``).
+    mask: ``[K]`` 1.0 for sampled examples (0 for the capacity's padding).
+    args: this client's :class:`DPArgs`.
+    key: noise key.
+    expected_batch: ``L``, the public denominator.
+    statistic: "none", "below" or "norm" (module docstring).
+
+  Returns:
+    ``(gradient, info)`` with ``info`` a dict of scalars: ``loss_sum``,
+    ``norm_sum``, ``examples``, ``clipped``, ``noise_std``, ``stat``.
+
+  Privacy: the noise standard deviation is ``sigma * C`` for the bound in
+  force. When ``C = inf`` (SP-FL's proportional clipping, Eq. 7) the bound in
+  force is ``s * ||g_i||`` per example and the noise uses
+  ``sigma * s * mean_i ||g_i||`` over the batch: it depends on the data and
+  the step has no sensitivity bound, hence no DP guarantee.
+  """
+  check_choice("statistic", statistic, STATISTICS)
+  losses, grads = per_example_grads(objective, params, anchor, x, y)
+  norms = jax.vmap(global_norm)(grads)
+  factors = clip_factors(norms, args.clip, args.scale) * mask
+  clipped_sum = jax.tree_util.tree_map(
+      lambda g: jnp.tensordot(factors, g, axes=(0, 0)).astype(g.dtype), grads)
+  examples = jnp.sum(mask)
+  mean_norm = jnp.sum(norms * mask) / jnp.maximum(examples, 1.0)
+  bound = jnp.where(jnp.isfinite(args.clip), args.clip, args.scale * mean_norm)
+  noise_std = args.noise_multiplier * bound
+  noisy = jax.tree_util.tree_map(jnp.add, clipped_sum, gaussian_like(clipped_sum, noise_std, key))
+  grad = jax.tree_util.tree_map(lambda g: g / expected_batch, noisy)
+  if statistic == "none":
+    stat = jnp.zeros((), jnp.float32)
+  else:
+    if statistic == "below":
+      s = (norms <= args.clip).astype(jnp.float32)
+    else:
+      s = jnp.minimum(norms, args.stat_bound) / args.stat_bound
+    stat = jnp.sum((s - 0.5) * mask) + args.stat_noise * jax.random.normal(
+        salted(key, SALT_STAT), (), jnp.float32)
+  info = {"loss_sum": jnp.sum(losses * mask), "norm_sum": jnp.sum(norms * mask),
+          "examples": examples, "clipped": jnp.sum((factors < 1.0) * mask),
+          "noise_std": noise_std, "stat": stat}
+  return grad, info
+
+
+def plain_gradient(objective: Callable, params, anchor, x, y, mask, key, expected_batch: float):
+  """Non-private counterpart of :func:`dp_gradient`: ``sum_i mask_i g_i / L``, no per-example work."""
+  del key
+  def total(p):
+    return objective(p, (x, y, mask), anchor) * jnp.sum(mask)
+  loss_sum, g = jax.value_and_grad(total)(params)
+  grad = jax.tree_util.tree_map(lambda t: t / expected_batch, g)
+  zero = jnp.zeros((), jnp.float32)
+  return grad, {"loss_sum": loss_sum, "norm_sum": zero, "examples": jnp.sum(mask),
+                "clipped": zero, "noise_std": zero, "stat": zero}
+
+
+def dp_sgd(objective: Callable, optimizer: optax.GradientTransformation, local_steps: int,
+           batch_size: int, max_examples: int, sampling: str = "poisson",
+           capacity: Optional[int] = None, statistic: str = "none", private: bool = True,
+           unroll: int | bool = 1) -> Callable:
+  """Q local DP-SGD steps on one client's data, as one ``lax.scan``.
+
+  Args:
+    objective: ``(params, (x, y, mask), anchor) -> loss``.
+    optimizer: the client optimizer, applied to the noisy gradient (fresh
+      state each round).
+    local_steps: Q.
+    batch_size: ``L``: the expected (Poisson) or exact (fixed) batch size;
+      the Poisson rate of a client with ``|D_n|`` examples is ``L / |D_n|``.
+    max_examples: rows of the padded client arrays.
+    sampling: "poisson" or "fixed".
+    capacity: Poisson batch capacity (default: overflow probability < 1e-9
+      for the smallest client is the caller's job; here ``max_examples``).
+    statistic: the per-step noisy norm statistic ("none", "below", "norm").
+    private: False runs the same sampling and steps with plain minibatch
+      gradients (no per-example work, clip or noise): the NoDP baseline.
+    unroll: ``lax.scan`` unroll factor.
+
+  Returns:
+    ``train(params0, x, y, count, key, args) -> (params_Q, StepStats)``.
+  """
+  check(local_steps >= 1, "local_steps", local_steps, "must be >= 1")
+  check(batch_size >= 1, "batch_size", batch_size, "must be >= 1")
+  check_choice("example_sampling", sampling, EXAMPLE_SAMPLINGS)
+  check_choice("statistic", statistic, STATISTICS)
+  cap = int(capacity or max_examples) if sampling == "poisson" else int(batch_size)
+  check(1 <= cap <= max_examples, "capacity", cap, f"must be in [1, {max_examples}]")
+  L = float(batch_size)
+
+  def train(params0, x, y, count, key, args: DPArgs):
+    rate = L / jnp.maximum(count, 1).astype(jnp.float32)
+
+    def step(carry, k):
+      params, opt_state = carry
+      k_batch, k_noise = jax.random.split(k)
+      if sampling == "poisson":
+        idx, mask, overflow = poisson_indices(count, rate, cap, max_examples, k_batch)
+      else:
+        idx, mask, overflow = fixed_indices(count, cap, max_examples, k_batch)
+      if private:
+        g, info = dp_gradient(objective, params, params0, x[idx], y[idx], mask, args, k_noise, L,
+                              statistic)
+      else:
+        g, info = plain_gradient(objective, params, params0, x[idx], y[idx], mask, k_noise, L)
+      upd, opt_state = optimizer.update(g, opt_state, params)
+      return (optax.apply_updates(params, upd), opt_state), dict(info, overflow=overflow)
+
+    keys = jax.random.split(key, local_steps)
+    (params, _), infos = jax.lax.scan(step, (params0, optimizer.init(params0)), keys, unroll=unroll)
+    examples = jnp.sum(infos["examples"])
+    stats = StepStats(
+        loss=jnp.sum(infos["loss_sum"]) / jnp.maximum(examples, 1.0),
+        norm_sum=jnp.sum(infos["norm_sum"]), examples=examples,
+        clipped=jnp.sum(infos["clipped"]), noise_std=jnp.mean(infos["noise_std"]),
+        stat_sum=jnp.sum(infos["stat"]), overflow=jnp.sum(infos["overflow"]))
+    return params, stats
+
+  return train
+
+
+def mean_initial_norm(objective: Callable, params, x, y, counts, per_client: int) -> jax.Array:
+  """Mean per-example gradient L2 norm at ``params`` over every client's first ``per_client`` rows.
+
+  SP-FL's initial clip threshold ("the mean of all clients' initial gradient
+  L2 norms", Sec. 2.1). It reads the raw data: not private.
+  """
+  per_client = int(min(per_client, x.shape[1]))
+
+  def client(xc, yc, c):
+    _, g = per_example_grads(objective, params, params, xc[:per_client], yc[:per_client])
+    m = (jnp.arange(per_client) < c).astype(jnp.float32)
+    return jnp.sum(jax.vmap(global_norm)(g) * m), jnp.sum(m)
+
+  sums, ns = jax.lax.map(lambda a: client(*a), (x, y, counts))
+  return jnp.sum(sums) / jnp.maximum(jnp.sum(ns), 1.0)
+
+
+class DPSGDState(NamedTuple):
+  """Server state, the round's clip thresholds (one per privacy class) and the settings.
+
+  ``hparams`` (noise multipliers, betas, learning rates of threshold rules,
+  the clients' privacy classes) live in the state rather than in the
+  compiled function, so a sweep over them (or over seeds) reuses one
+  compilation (with JAX's persistent compilation cache).
+  """
+
+  server: ServerState
+  thresholds: jax.Array
+  hparams: dict
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class DPSGDProgram:
+  """A round of client-side DP-SGD with per-class thresholds, for the engine.
+
+  Per round: each cohort client gets :class:`DPArgs` from its privacy class
+  and the current thresholds (``client_args``), runs :func:`dp_sgd`, uploads
+  its model; the server averages the models weighted by ``weighting``
+  ("examples": sample counts, as in SP-FL Sec. 2.4 f); equivalently it adds
+  the weighted mean of the deltas ``w_n - w_t``, with server SGD at rate 1)
+  and then updates the thresholds from what the clients reported
+  (``threshold_rule``).
+
+  Attributes:
+    model: a :class:`fedjax_dp.models.Model`.
+    local_train: from :func:`dp_sgd`.
+    aggregator: combines the deltas (``fedjax_dp.aggregators.mean``).
+    server_optimizer: optax optimizer on ``-aggregate``.
+    mechanism: the per-step privacy record (for the run's summary).
+    client_class: ``[num_clients]`` int32 privacy class of every client
+      (kept in the state's ``hparams``, like the other settings).
+    client_args: ``(thresholds, hparams, classes [C]) -> DPArgs`` with ``[C]``
+      leaves.
+    threshold_rule: ``(thresholds, hparams, StepStats [C], mask [C],
+      classes [C]) -> thresholds``.
+    init_thresholds: ``params -> thresholds`` at round 0.
+    hparams: name -> float, placed in the state as float32 scalars.
+    weighting: "examples" or "uniform".
+    class_names: names of the classes, for the metrics.
+  """
+
+  model: Any
+  local_train: Callable
+  aggregator: Any
+  server_optimizer: optax.GradientTransformation
+  mechanism: Any
+  client_class: jax.Array
+  client_args: Callable
+  threshold_rule: Callable
+  init_thresholds: Callable
+  hparams: Any = dataclasses.field(default_factory=dict)
+  weighting: str = "examples"
+  class_names: tuple = ("all",)
+  clip: Optional[float] = None  # update-level clip (none here; per-example clipping instead)
+
+  def init(self, key: jax.Array) -> DPSGDState:
+    params = self.model.init(key)
+    server = ServerState(params, self.server_optimizer.init(params), self.aggregator.init(params),
+                         jnp.zeros((), jnp.int32))
+    hp = {k: jnp.asarray(v, jnp.float32) for k, v in dict(self.hparams).items()}
+    hp["client_class"] = jnp.asarray(self.client_class, jnp.int32)
+    return DPSGDState(server, jnp.asarray(self.init_thresholds(params), jnp.float32), hp)
+
+  def eval_params(self, state: DPSGDState):
+    return state.server.params
+
+  def round_step(self, state: DPSGDState, batch: CohortBatch, key: jax.Array):
+    server = state.server
+    k_clients, k_agg = jax.random.split(key)
+    keys = jax.random.split(k_clients, batch.mask.shape[0])
+    classes = state.hparams["client_class"][batch.ids]
+    args = self.client_args(state.thresholds, state.hparams, classes)
+    params_q, stats = jax.vmap(self.local_train, in_axes=(None, 0, 0, 0, 0, 0))(
+        server.params, batch.x, batch.y, batch.counts, keys, args)
+    deltas = mask_rows(tree_sub(params_q, server.params), batch.mask)
+    weights = (jnp.ones_like(batch.mask) if self.weighting == "uniform"
+               else batch.counts.astype(jnp.float32))
+    agg, agg_state = self.aggregator.aggregate(deltas, weights, batch.mask, server.agg_state, k_agg)
+    grads = jax.tree_util.tree_map(jnp.negative, agg)
+    updates, opt_state = self.server_optimizer.update(grads, server.opt_state, server.params)
+    params = optax.apply_updates(server.params, updates)
+    thresholds = self.threshold_rule(state.thresholds, state.hparams, stats, batch.mask, classes)
+    m = batch.mask
+    examples = jnp.maximum(jnp.sum(stats.examples * m), 1.0)
+    metrics = {"client_loss": stats.loss, "update_norm": jax.vmap(global_norm)(deltas), "mask": m,
+               "aggregate_norm": global_norm(agg),
+               "fraction_examples_clipped": jnp.sum(stats.clipped * m) / examples,
+               "mean_example_grad_norm": jnp.sum(stats.norm_sum * m) / examples,
+               "noise_std": jnp.sum(stats.noise_std * m) / jnp.maximum(jnp.sum(m), 1.0),
+               "poisson_overflow_steps": jnp.sum(stats.overflow * m)}
+    for i, name in enumerate(self.class_names):
+      metrics[f"clip_{name}"] = state.thresholds[i]
+    new_server = ServerState(params, opt_state, agg_state, server.round + 1)
+    return DPSGDState(new_server, thresholds, state.hparams), metrics

@@ -1,0 +1,269 @@
+"""Example-level privacy accounting of client-side DP-SGD, one ledger per client.
+
+The privacy unit is **one example of one client** (example-level DP, local to
+each client), not a whole client: the guarantee says that the models a client
+uploads (and everything computed from them) change little when one of *its*
+examples is added or removed (Poisson per-step sampling) or replaced
+(fixed-size per-step sampling). It says nothing about hiding a client's
+participation or its whole data set.
+
+Each client has its own :class:`fedjax_dp.privacy.PrivacyLedger`: for every
+round it took part in, its ``Q`` local steps are composed, each step one
+``PoissonSampledDpEvent(L / |D_n|, GaussianDpEvent(z))`` (or
+``SampledWithoutReplacementDpEvent(|D_n|, L, GaussianDpEvent(z / 2))`` for
+fixed-size batches); dp_accounting computes epsilon. Clients are grouped into
+privacy classes (SP-FL's high and low privacy need); each class reports the
+max and the median epsilon over its clients, or, for a class whose
+mechanism has no formal guarantee, ``formal_guarantee: false`` with the
+reason and no epsilon at all.
+
+Treated as public (not covered): the client's example count ``|D_n|`` (it
+sets the sampling rate and the server's weights) and which clients take part
+in which round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional, Sequence
+
+import dp_accounting
+import numpy as np
+
+from fedjax_dp.errors import check, check_choice, check_open_unit
+from fedjax_dp.privacy.ledger import ACCOUNTANTS, PrivacyLedger
+from fedjax_dp.privacy.mechanisms import RELATIONS, calibrate_noise_multiplier, gaussian_round_event
+
+PRIVACY_UNIT = "one example of one client (example-level DP, local to each client)"
+
+
+def split_noise_multiplier(z: float, stat_noise: float) -> float:
+  """Gradient noise multiplier ``z_Delta`` when a norm statistic shares the budget.
+
+  Andrew et al., "Differentially Private Learning with Adaptive Clipping",
+  NeurIPS 2021, Sec. 3: releasing the gradient sum with multiplier
+  ``z_Delta`` and a statistic of sensitivity 1/2 with noise ``stat_noise``
+  (multiplier ``2 stat_noise``) on the same sample is one Gaussian mechanism
+  with multiplier ``z`` when ``z_Delta = (z^-2 - (2 stat_noise)^-2)^(-1/2)``.
+
+  Raises:
+    ConfigError: unless ``2 * stat_noise > z > 0``.
+  """
+  check(z > 0, "noise_multiplier", z, "must be > 0 to split it")
+  check(2.0 * stat_noise > z, "stat_noise", stat_noise,
+        f"must be > noise_multiplier / 2 = {z / 2:g} (Andrew et al. 2021, Sec. 3)")
+  return float((z ** -2 - (2.0 * stat_noise) ** -2) ** -0.5)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExampleDPSGDMechanism:
+  """What one client's local DP-SGD releases, for the ledger.
+
+  Attributes:
+    noise_multiplier: the accounted multiplier ``z`` of one step (with a norm
+      statistic, the combined multiplier; the gradient's own is
+      ``grad_noise_multiplier``).
+    batch_size: ``L``: expected (Poisson) or exact (fixed) examples per step.
+    local_steps: ``Q`` steps per round the client takes part in.
+    sampling: per-step example sampling, "poisson" or "fixed".
+    grad_noise_multiplier: the gradient sum's multiplier (``z`` when no
+      statistic is released, ``z_Delta`` of :func:`split_noise_multiplier`
+      otherwise).
+    stat_noise: noise standard deviation of the per-step statistic (0: none).
+
+  Privacy: example-level, see the module docstring. Each step's per-example
+  gradients are clipped to a bound that does not depend on the step's data
+  (a constant, or computed only from earlier noisy releases), so the
+  step's sum has L2 sensitivity ``C`` (add/remove) or ``2C`` (replace-one)
+  and Gaussian noise ``z_Delta * C``.
+  """
+
+  noise_multiplier: float
+  batch_size: int
+  local_steps: int
+  sampling: str = "poisson"
+  grad_noise_multiplier: Optional[float] = None
+  stat_noise: float = 0.0
+  privacy_unit: str = PRIVACY_UNIT
+  formal_guarantee: bool = True
+
+  def __post_init__(self):
+    check(self.noise_multiplier is not None and self.noise_multiplier >= 0,
+          "noise_multiplier", self.noise_multiplier, "must be >= 0")
+    check(self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1")
+    check(self.local_steps >= 1, "local_steps", self.local_steps, "must be >= 1")
+    check_choice("example_sampling", self.sampling, tuple(RELATIONS))
+
+  @property
+  def relation(self) -> str:
+    return RELATIONS[self.sampling]
+
+  @property
+  def guarantee_note(self) -> str:
+    if self.noise_multiplier == 0:
+      return "noise_multiplier=0: clipping only, no differential privacy guarantee"
+    rel = ("add/remove one example" if self.relation == "add_remove"
+           else "replace one example") + " of one client's data"
+    return (f"example-level DP, privacy unit: {PRIVACY_UNIT}; neighbouring relation: {rel}; "
+            "per-step sampled Gaussian mechanism composed over the client's own local steps")
+
+  def step_event(self, num_examples: int) -> dp_accounting.DpEvent:
+    """One local step of a client holding ``num_examples`` examples."""
+    n = int(num_examples)
+    check(n >= self.batch_size or self.sampling == "poisson", "batch_size", self.batch_size,
+          f"must be <= the client's examples ({n}) with fixed-size sampling")
+    if self.noise_multiplier == 0:
+      return dp_accounting.NonPrivateDpEvent()
+    return gaussian_round_event(self.noise_multiplier, self.sampling,
+                                min(1.0, self.batch_size / n), n, self.batch_size)
+
+  def round_event(self, num_examples: int) -> dp_accounting.DpEvent:
+    """The ``Q`` steps of one round for a client with ``num_examples`` examples."""
+    return dp_accounting.SelfComposedDpEvent(self.step_event(num_examples), self.local_steps)
+
+
+def calibrate_example_noise(target_epsilon: float, delta: float, steps: int, num_examples: int,
+                            batch_size: int, sampling: str = "poisson",
+                            accountant: str = "rdp") -> float:
+  """Smallest ``z`` with epsilon <= target after ``steps`` local steps of one client.
+
+  Uses :func:`fedjax_dp.privacy.calibrate_noise_multiplier` (dp_accounting's
+  calibration) with the per-step event of a client holding ``num_examples``
+  examples. Pass the largest number of steps any client can take (every
+  round) and the smallest client to bound every client's epsilon.
+  """
+  n = int(num_examples)
+  return calibrate_noise_multiplier(target_epsilon, delta, int(steps), sampling,
+                                    min(1.0, batch_size / n), n, int(batch_size), accountant)
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivacyClass:
+  """A group of clients that share one mechanism.
+
+  Attributes:
+    name: e.g. "high", "low" or "all".
+    client_ids: the clients of the class.
+    mechanism: an :class:`ExampleDPSGDMechanism` when the class has a formal
+      guarantee, else None.
+    reason: why there is no formal guarantee (required when ``mechanism`` is
+      None), or a note on the guarantee.
+  """
+
+  name: str
+  client_ids: tuple
+  mechanism: Optional[ExampleDPSGDMechanism] = None
+  reason: str = ""
+
+  def __post_init__(self):
+    check(self.mechanism is not None or bool(self.reason), "reason", self.reason,
+          "a class without a formal guarantee must say why")
+
+  @property
+  def formal_guarantee(self) -> bool:
+    return self.mechanism is not None and self.mechanism.noise_multiplier > 0
+
+
+class ExampleLevelAccounting:
+  """Per-client ledgers grouped by privacy class (engine accounting interface).
+
+  Args:
+    classes: the :class:`PrivacyClass` es; every client in at most one.
+    counts: ``[num_clients]`` examples per client.
+    delta: the target delta of every client's guarantee.
+    accountant: "rdp" or "pld".
+  """
+
+  def __init__(self, classes: Sequence[PrivacyClass], counts, delta: float,
+               accountant: str = "rdp"):
+    check_open_unit("delta", delta)
+    check_choice("accountant", accountant, ACCOUNTANTS)
+    self.classes = list(classes)
+    self.counts = np.asarray(counts, np.int64)
+    self.delta = float(delta)
+    self.accountant = accountant
+    n = len(self.counts)
+    self.participation = np.zeros(n, np.int64)
+    self.class_of = np.full(n, -1, np.int64)
+    for i, c in enumerate(self.classes):
+      ids = np.asarray(c.client_ids, np.int64)
+      check(np.all(self.class_of[ids] < 0), "classes", c.name, "clients must be in one class only")
+      self.class_of[ids] = i
+    self.ledgers = {}
+    for i, c in enumerate(self.classes):
+      if c.formal_guarantee:
+        for cid in c.client_ids:
+          self.ledgers[int(cid)] = PrivacyLedger(self.delta, accountant, c.mechanism.relation)
+    self._memo: dict = {}
+
+  def on_round(self, cohort) -> None:
+    """Composes ``Q`` steps into the ledger of every client of the cohort."""
+    for cid in np.asarray(cohort.real_ids, np.int64):
+      cid = int(cid)
+      self.participation[cid] += 1
+      k = self.class_of[cid]
+      if k >= 0 and cid in self.ledgers:
+        mech = self.classes[k].mechanism
+        self.ledgers[cid].compose(mech.step_event(self.counts[cid]), mech.local_steps)
+
+  def client_epsilon(self, cid: int) -> Optional[float]:
+    """Epsilon of client ``cid`` (None when its class has no formal guarantee)."""
+    ledger = self.ledgers.get(int(cid))
+    if ledger is None:
+      return None
+    if ledger.rounds == 0:
+      return 0.0
+    key = (ledger.relation, repr(ledger.event()))
+    if key not in self._memo:
+      self._memo[key] = ledger.epsilon()
+    return self._memo[key]
+
+  def report(self) -> dict:
+    per_class = {}
+    flat = {}
+    all_formal = bool(self.classes)
+    eps_all = []
+    for c in self.classes:
+      ids = np.asarray(c.client_ids, np.int64)
+      rec = {"formal_guarantee": c.formal_guarantee, "clients": int(len(ids)),
+             "clients_participated": int(np.sum(self.participation[ids] > 0)),
+             "max_rounds_participated": int(self.participation[ids].max()) if len(ids) else 0}
+      if c.formal_guarantee:
+        eps = np.array([self.client_epsilon(i) for i in ids], np.float64)
+        rec.update(epsilon_max=float(eps.max()), epsilon_median=float(np.median(eps)),
+                   noise_multiplier=c.mechanism.noise_multiplier,
+                   grad_noise_multiplier=c.mechanism.grad_noise_multiplier,
+                   step_event=repr(c.mechanism.step_event(int(self.counts[ids].min()))),
+                   note=c.reason or c.mechanism.guarantee_note)
+        if not math.isfinite(rec["epsilon_max"]):
+          rec.update(formal_guarantee=False, epsilon_max=None, epsilon_median=None,
+                     reason="epsilon is infinite")
+        else:
+          eps_all.append(rec["epsilon_max"])
+      else:
+        rec.update(epsilon_max=None, epsilon_median=None, reason=c.reason)
+      all_formal = all_formal and rec["formal_guarantee"]
+      per_class[c.name] = rec
+      flat[f"epsilon_{c.name}_max"] = rec["epsilon_max"]
+      flat[f"epsilon_{c.name}_median"] = rec["epsilon_median"]
+    relations = sorted({c.mechanism.relation for c in self.classes if c.mechanism is not None})
+    missing = [f"{c.name}: {per_class[c.name]['reason']}" for c in self.classes
+               if not per_class[c.name]["formal_guarantee"]]
+    note = (f"example-level DP, privacy unit: {PRIVACY_UNIT}; epsilon is the max over all clients of all classes"
+            if all_formal else "no formal DP guarantee for " + "; ".join(missing))
+    return {
+        "epsilon": max(eps_all) if all_formal and eps_all else None,
+        "delta": self.delta,
+        "accountant": self.accountant,
+        "formal_guarantee": all_formal,
+        "privacy_unit": PRIVACY_UNIT,
+        "neighbouring_relation": "; ".join(f"{r} one example of one client" for r in relations) or None,
+        "guarantee_note": note,
+        "classes": per_class,
+        **flat,
+    }
+
+
+__all__ = ["PRIVACY_UNIT", "ExampleDPSGDMechanism", "ExampleLevelAccounting", "PrivacyClass",
+           "calibrate_example_noise", "split_noise_multiplier"]

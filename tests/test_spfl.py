@@ -1,0 +1,319 @@
+"""SP-FL, spfl-sound, DP-FL, ADP-FL and NoDP-FL: client-side DP-SGD, thresholds, per-class ledgers."""
+
+import math
+
+import dp_accounting
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from dp_accounting import rdp
+
+from fedjax_dp import objectives
+from fedjax_dp.algorithms import build
+from fedjax_dp.algorithms.adp_fl import quantile_update
+from fedjax_dp.algorithms.spfl import HIGH, LOW, privacy_classes
+from fedjax_dp.config import make_config
+from fedjax_dp.data import FederatedData
+from fedjax_dp.dpsgd import (StepStats, clip_factors, dp_args, dp_gradient, mean_initial_norm,
+                             per_example_grads, poisson_indices)
+from fedjax_dp.engine import run
+from fedjax_dp.errors import ConfigError
+from fedjax_dp.models import get_model
+from fedjax_dp.privacy.example_level import (ExampleDPSGDMechanism, ExampleLevelAccounting,
+                                             PrivacyClass, calibrate_example_noise,
+                                             split_noise_multiplier)
+from fedjax_dp.sampling import Cohort
+from fedjax_dp.transforms import global_norm
+
+SHAPE = (8, 8, 1)
+
+
+def _model():
+  return get_model("mlp", SHAPE, 10, hidden=(16,))
+
+
+def _batch(n=12, seed=0):
+  rng = np.random.default_rng(seed)
+  return (jnp.asarray(rng.random((n,) + SHAPE, np.float32)),
+          jnp.asarray(rng.integers(0, 10, n).astype(np.int32)))
+
+
+def _setup():
+  model = _model()
+  params = model.init(jax.random.PRNGKey(0))
+  return model, objectives.supervised(model.apply), params
+
+
+def _data(num_clients=8, per_client=24, seed=0):
+  rng = np.random.default_rng(seed)
+  n = num_clients * per_client
+  x = rng.random((n,) + SHAPE, np.float32)
+  y = rng.integers(0, 10, n).astype(np.int32)
+  parts = np.array_split(rng.permutation(n), num_clients)
+  return FederatedData.from_partition("synthetic", x, y, parts, x[:64], y[:64], 10)
+
+
+def _config(algorithm, **kw):
+  base = dict(algorithm=algorithm, model="mlp", num_clients=8, rounds=2, sampling="fixed",
+              cohort_size=4, local_steps=2, batch_size=4, client_lr=0.1, weighting="examples",
+              clip=1.0, noise_multiplier=1.0, target_epsilon=None, eval_every=1)
+  base.update(kw)
+  return make_config(**base)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_per_example_clip_bound_holds(jit):
+  _, objective, params = _setup()
+  x, y = _batch()
+  _, g = jax.jit(lambda p: per_example_grads(objective, p, p, x, y))(params)
+  norms = jax.vmap(global_norm)(g)
+  clip = float(np.median(np.asarray(norms)))  # half the examples are clipped
+  fn = jax.jit(clip_factors) if jit else clip_factors
+  f = fn(norms, jnp.float32(clip), jnp.float32(1.0))
+  clipped = jax.vmap(global_norm)(jax.tree_util.tree_map(
+      lambda t: t * f.reshape((-1,) + (1,) * (t.ndim - 1)), g))
+  assert np.all(np.asarray(clipped) <= clip * (1 + 1e-5))
+  small = np.asarray(norms) <= clip
+  np.testing.assert_allclose(np.asarray(clipped)[small], np.asarray(norms)[small], rtol=1e-6)
+  # Proportional scaling (Eq. 7): every norm scaled by beta, no bound.
+  fp = clip_factors(norms, jnp.float32(jnp.inf), jnp.float32(0.7))
+  np.testing.assert_allclose(np.asarray(fp), 0.7, rtol=1e-6)
+  # The sum the step releases (sigma = 0): its norm is at most (examples) * C.
+  args = dp_args(clip, 1.0, 0.0)
+  grad, info = jax.jit(lambda a: dp_gradient(objective, params, params, x, y, jnp.ones(12), a,
+                                             jax.random.PRNGKey(1), 1.0))(args)
+  assert float(global_norm(grad)) <= 12 * clip * (1 + 1e-5)
+  assert int(info["clipped"]) == int(np.sum(~small))
+
+
+def test_noise_std_is_sigma_times_bound_in_force():
+  _, objective, params = _setup()
+  x, y = _batch(16)
+  n_params = sum(p.size for p in jax.tree_util.tree_leaves(params))
+  tol = 4.0 / math.sqrt(2 * n_params)  # 4 standard errors of a sample std
+
+  def noise(args, mask):
+    fn = jax.jit(lambda a, k: dp_gradient(objective, params, params, x, y, mask, a, k, 1.0))
+    noisy, info = fn(args, jax.random.PRNGKey(3))
+    clean, _ = fn(args._replace(noise_multiplier=jnp.zeros_like(args.noise_multiplier)),
+                  jax.random.PRNGKey(3))
+    diff = jnp.concatenate([jnp.ravel(a - b) for a, b in zip(
+        jax.tree_util.tree_leaves(noisy), jax.tree_util.tree_leaves(clean))])
+    return float(jnp.std(diff)), info
+
+  # Constant bound: std = sigma * C.
+  std, info = noise(dp_args(0.3, 1.0, 1.7), jnp.ones(16))
+  assert std == pytest.approx(1.7 * 0.3, rel=tol)
+  assert float(info["noise_std"]) == pytest.approx(1.7 * 0.3, rel=1e-6)
+  # Published proportional clipping: std = sigma * beta * mean ||g_i|| of the batch.
+  _, g = jax.jit(lambda p: per_example_grads(objective, p, p, x, y))(params)
+  mean_norm = float(jnp.mean(jax.vmap(global_norm)(g)))
+  std, info = noise(dp_args(jnp.inf, 0.5, 2.0), jnp.ones(16))
+  assert std == pytest.approx(2.0 * 0.5 * mean_norm, rel=tol)
+
+
+def test_poisson_indices_sample_only_real_rows():
+  key = jax.random.PRNGKey(0)
+  count, rate, cap, m = 50, 0.2, 40, 64
+  draw = jax.jit(jax.vmap(lambda k: poisson_indices(jnp.int32(count), jnp.float32(rate), cap, m, k)))
+  idxs, masks, overs = draw(jax.random.split(key, 200))
+  sizes = []
+  for idx, mask, over in zip(np.asarray(idxs), np.asarray(masks), np.asarray(overs)):
+    sel = idx[mask > 0]
+    assert np.all(sel < count) and len(set(sel.tolist())) == len(sel)
+    assert float(over) == 0.0
+    sizes.append(len(sel))
+  # Binomial(50, 0.2): mean 10, std of the mean over 200 draws ~0.2.
+  assert np.mean(sizes) == pytest.approx(10.0, abs=1.0)
+
+
+def test_spfl_thresholds_follow_the_formulas():
+  data = _data()
+  cfg = _config("spfl", options={"beta_high": 0.8, "beta_low": 0.6, "high_fraction": 0.5})
+  setup = build(cfg, data)
+  prog = setup.program
+  state = prog.init(jax.random.PRNGKey(0))
+  # Initial threshold: the mean initial per-example gradient norm of all clients (Sec. 2.1).
+  objective = objectives.supervised(prog.model.apply)
+  norms = []
+  pe_norms = jax.jit(lambda p, x, y: jax.vmap(global_norm)(per_example_grads(objective, p, p, x, y)[1]))
+  for c in range(data.num_clients):
+    k = min(32, int(data.counts[c]))
+    norms.extend(np.asarray(pe_norms(state.server.params, data.x[c, :k], data.y[c, :k])).tolist())
+  assert float(state.thresholds[0]) == pytest.approx(np.mean(norms), rel=1e-5)
+  # Eq. 5: C_{t+1,h} = beta_h * mean per-example norm of the round's high clients.
+  classes = jnp.array([HIGH, LOW, HIGH, HIGH])
+  mask = jnp.array([1.0, 1.0, 1.0, 0.0])
+  stats = StepStats(loss=jnp.zeros(4), norm_sum=jnp.array([10.0, 100.0, 6.0, 50.0]),
+                    examples=jnp.array([4.0, 4.0, 4.0, 4.0]), clipped=jnp.zeros(4),
+                    noise_std=jnp.zeros(4), stat_sum=jnp.zeros(4), overflow=jnp.zeros(4))
+  new = prog.threshold_rule(state.thresholds, state.hparams, stats, mask, classes)
+  assert float(new[0]) == pytest.approx(0.8 * 16.0 / 8.0, rel=1e-6)
+  # Client arguments: high clip C_h with scale 1, low clip inf with scale beta_l.
+  args = prog.client_args(new, state.hparams, classes)
+  assert float(args.clip[0]) == pytest.approx(1.6) and math.isinf(float(args.clip[1]))
+  assert float(args.scale[1]) == pytest.approx(0.6) and float(args.scale[0]) == 1.0
+
+  # spfl-sound: C_h = beta_h * clamp(B (1/2 + noisy shifted sum / (n_high Q L)), min_clip, B).
+  sound = build(_config("spfl-sound", options={"beta_high": 0.8, "stat_bound": 4.0,
+                                               "low_cap": 0.5}), data).program
+  st = sound.init(jax.random.PRNGKey(0))
+  assert float(st.thresholds[0]) == pytest.approx(1.0)  # data-independent start: config.clip
+  stats = stats._replace(stat_sum=jnp.array([-1.0, 50.0, -2.0, 9.0]))
+  new = sound.threshold_rule(st.thresholds, st.hparams, stats, mask, classes)
+  expected = 0.8 * 4.0 * (0.5 + (-3.0) / (2 * 2 * 4))
+  assert float(new[0]) == pytest.approx(expected, rel=1e-6)
+  args = sound.client_args(new, st.hparams, classes)
+  assert float(args.clip[1]) == pytest.approx(0.5)  # the low class's cap
+  # High: the gradient gets z_Delta > z (the statistic takes the rest); low: z.
+  z = float(st.hparams["sigma"])
+  assert float(args.noise_multiplier[1]) == pytest.approx(z)
+  assert float(args.noise_multiplier[0]) == pytest.approx(split_noise_multiplier(z, 5 * z), rel=1e-5)
+
+  # adp-fl: C <- C exp(-eta (b~ - gamma)).
+  adp = build(_config("adp-fl", options={"clip_lr": 0.3, "target_quantile": 0.6}), data).program
+  st = adp.init(jax.random.PRNGKey(0))
+  new = adp.threshold_rule(st.thresholds, st.hparams, stats, mask, classes)
+  b = 0.5 + (-1.0 + 50.0 - 2.0) / (3 * 2 * 4)
+  assert float(new[0]) == pytest.approx(1.0 * math.exp(-0.3 * (b - 0.6)), rel=1e-5)
+
+
+def test_adp_quantile_tracks_a_known_quantile():
+  rng = np.random.default_rng(0)
+  gamma, clip, E = 0.3, 5.0, 200
+  for _ in range(400):
+    norms = rng.lognormal(0.0, 0.5, E)
+    noisy = np.sum((norms <= clip) - 0.5) + rng.normal(0, 5.0)
+    clip = float(quantile_update(clip, noisy, E, gamma, 0.2))
+  true_q = float(np.exp(0.5 * (-0.5244)))  # lognormal(0, 0.5) quantile at 0.3
+  assert clip == pytest.approx(true_q, rel=0.1)
+  assert np.mean(rng.lognormal(0.0, 0.5, 100000) <= clip) == pytest.approx(gamma, abs=0.05)
+
+
+def test_split_noise_multiplier_keeps_the_total():
+  z = 1.3
+  zd = split_noise_multiplier(z, 2.0)
+  assert (zd ** -2 + 4.0 ** -2) ** -0.5 == pytest.approx(z, rel=1e-12)
+  with pytest.raises(ConfigError):
+    split_noise_multiplier(z, 0.6)
+
+
+def _direct(event, count, delta, relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE):
+  acc = rdp.RdpAccountant(neighboring_relation=relation)
+  acc.compose(event, count)
+  return acc.get_epsilon(delta)
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
+def test_per_class_ledgers_equal_direct_dp_accounting(sampling):
+  counts = np.array([100, 100, 50, 100, 80, 100])
+  mech_a = ExampleDPSGDMechanism(1.1, 10, 3, sampling)
+  mech_b = ExampleDPSGDMechanism(0.9, 10, 3, sampling)
+  acc = ExampleLevelAccounting([PrivacyClass("a", (0, 1, 2), mech_a),
+                                PrivacyClass("b", (3, 4), mech_b),
+                                PrivacyClass("c", (5,), None, "published rule: no bound")],
+                               counts, 1e-5)
+  cohorts = [[0, 2, 3, 5], [0, 4], [0, 2, 4, 5], [1]]
+  for ids in cohorts:
+    ids = np.array(ids, np.int32)
+    acc.on_round(Cohort(ids, np.ones(len(ids), np.float32)))
+  rel = (dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE if sampling == "poisson"
+         else dp_accounting.NeighboringRelation.REPLACE_ONE)
+
+  def event(z, n):
+    if sampling == "poisson":
+      return dp_accounting.PoissonSampledDpEvent(10 / n, dp_accounting.GaussianDpEvent(z))
+    return dp_accounting.SampledWithoutReplacementDpEvent(n, 10, dp_accounting.GaussianDpEvent(z / 2))
+
+  eps = {0: _direct(event(1.1, 100), 3 * 3, 1e-5, rel), 1: _direct(event(1.1, 100), 3, 1e-5, rel),
+         2: _direct(event(1.1, 50), 2 * 3, 1e-5, rel), 3: _direct(event(0.9, 100), 3, 1e-5, rel),
+         4: _direct(event(0.9, 80), 2 * 3, 1e-5, rel)}
+  for cid, e in eps.items():
+    assert acc.client_epsilon(cid) == pytest.approx(e, rel=1e-9)
+  rep = acc.report()
+  assert rep["classes"]["a"]["epsilon_max"] == pytest.approx(max(eps[0], eps[1], eps[2]), rel=1e-9)
+  assert rep["classes"]["a"]["epsilon_median"] == pytest.approx(
+      float(np.median([eps[0], eps[1], eps[2]])), rel=1e-9)
+  assert rep["epsilon_b_max"] == pytest.approx(max(eps[3], eps[4]), rel=1e-9)
+  # A class without a mechanism never gets an epsilon, and neither does the run.
+  assert rep["classes"]["c"]["formal_guarantee"] is False
+  assert rep["epsilon_c_max"] is None and rep["epsilon"] is None and rep["formal_guarantee"] is False
+  assert "one example of one client" in rep["privacy_unit"]
+
+
+def test_calibration_meets_the_target_for_every_client():
+  z = calibrate_example_noise(2.0, 1e-5, 40, 100, 10)
+  e = _direct(dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(z)), 40, 1e-5)
+  assert e <= 2.0 + 1e-9 and e > 1.8
+
+
+def _run(cfg, data):
+  setup = build(cfg, data)
+  return run(setup.program, data, setup.sampler, cfg.rounds, seed=cfg.seed,
+             accounting=setup.accounting, progress=False)
+
+
+ALGS = ["spfl", "spfl-sound", "dp-fl", "adp-fl", "nodp-fl"]
+
+
+@pytest.fixture(scope="module")
+def runs():
+  """One tiny run of each algorithm (spfl with Poisson per-step sampling, the others fixed)."""
+  data = _data()
+  out = {}
+  for alg in ALGS:
+    opts = {"example_sampling": "poisson"} if alg in ("spfl", "adp-fl") else {}
+    out[alg] = _run(_config(alg, options=opts), data)
+  return out
+
+
+@pytest.mark.parametrize("alg", ALGS)
+def test_end_to_end_each_algorithm(runs, alg):
+  res = runs[alg]
+  s = res.summary
+  assert math.isfinite(s["final_test_loss"]) and len(res.history) == 2
+  assert "one example of one client" in s["privacy_unit"]
+  if alg in ("spfl-sound", "dp-fl", "adp-fl"):
+    assert s["formal_guarantee"] is True and 0 < s["epsilon"] < math.inf
+    for c in s["classes"].values():
+      assert c["formal_guarantee"] and c["epsilon_max"] >= c["epsilon_median"] >= 0
+  else:
+    assert s["formal_guarantee"] is False and s["epsilon"] is None
+  if alg == "adp-fl":
+    assert res.history[-1]["clip_all"] != pytest.approx(1.0)  # the bound moved
+
+
+def test_published_spfl_reports_no_guarantee_with_reasons(runs):
+  s = runs["spfl"].summary
+  for name in ("high", "low"):
+    c = s["classes"][name]
+    assert c["formal_guarantee"] is False and c["epsilon_max"] is None and c["epsilon_median"] is None
+    assert len(c["reason"]) > 20
+  assert "unbounded" in s["classes"]["low"]["reason"]
+  assert s["epsilon"] is None and s["epsilon_high_max"] is None and s["epsilon_low_max"] is None
+  assert "no formal DP guarantee" in s["guarantee_note"]
+
+
+def test_privacy_classes_split_and_bad_options():
+  cls = privacy_classes(10, 0.3, 0)
+  assert np.sum(cls == HIGH) == 3 and np.sum(cls == LOW) == 7
+  data = _data()
+  with pytest.raises(ConfigError, match="option"):
+    build(_config("spfl", options={"betta": 1.0}), data)
+  with pytest.raises(ConfigError, match="high_fraction"):
+    build(_config("spfl", options={"high_fraction": 1.5}), data)
+  with pytest.raises(ConfigError, match="batch_size"):
+    build(_config("dp-fl", batch_size=1000), data)
+  with pytest.raises(ConfigError, match="stat_noise"):
+    build(_config("adp-fl", options={"stat_noise_ratio": 0.2}), data)
+
+
+def test_mean_initial_norm_masks_padding():
+  _, objective, params = _setup()
+  x, y = _batch(6)
+  xs, ys = jnp.stack([x, x]), jnp.stack([y, y])
+  _, g = per_example_grads(objective, params, params, x, y)
+  norms = np.asarray(jax.vmap(global_norm)(g))
+  got = mean_initial_norm(objective, params, xs, ys, jnp.array([6, 2]), 6)
+  assert float(got) == pytest.approx(np.concatenate([norms, norms[:2]]).mean(), rel=1e-5)
