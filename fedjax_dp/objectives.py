@@ -43,3 +43,36 @@ def proximal(objective: Objective, mu: float) -> Objective:
     return objective(params, batch, anchor) + 0.5 * mu * sq_distance(params, anchor)
 
   return wrapped
+
+
+def blur(objective: Objective, lam: float, radius: float) -> Objective:
+  """BLUR, bounded local update regularisation (Cheng et al., CVPR 2022, Sec. 4.1, Eq. 5).
+
+  The client minimises ``h_i(w) = f_i(w) + (lam/2) * max(0, ||w - w_t||^2 - S^2)``
+  where ``w_t`` is the round's global model (the objective's ``anchor``), ``S``
+  the clipping bound (``radius``) and the norm runs over the whole parameter
+  vector. The gradient of the regulariser is 0 while the local update is inside
+  the ball of radius S and ``lam * (w - w_t)`` outside it (on the sphere itself
+  it is 0), so an SGD step outside the ball discounts the accumulated update by
+  ``(1 - lam * eta_l)`` (Lemma 2).
+
+  Privacy: BLUR only changes local training; ``S`` and ``w_t`` are public. It
+  does not bound the update's norm (clipping still does): it makes updates
+  smaller before the clip, so less is lost to it.
+
+  Args:
+    objective: the local objective ``f_i`` (``(params, batch, anchor) -> loss``).
+    lam: lambda >= 0 (the paper's grid: 0.05, 0.1, 0.2, 0.4, 0.8).
+    radius: S > 0, normally the clip bound.
+  """
+  check(lam is not None and lam >= 0, "lambda", lam, "must be >= 0")
+  check(radius is not None and radius > 0, "radius", radius, "must be > 0 (the clip bound S)")
+  r2 = float(radius) ** 2
+
+  def wrapped(params, batch, anchor):
+    d2 = sq_distance(params, anchor)
+    # jnp.where (not jnp.maximum) so the gradient on the sphere is exactly 0.
+    excess = jnp.where(d2 > r2, d2 - r2, 0.0)
+    return objective(params, batch, anchor) + 0.5 * lam * excess
+
+  return wrapped

@@ -25,6 +25,9 @@ ALGORITHMS = {
     "dp-fl": "fedjax_dp.algorithms.spfl:build_dp_fl",
     "nodp-fl": "fedjax_dp.algorithms.spfl:build_nodp_fl",
     "adp-fl": "fedjax_dp.algorithms.adp_fl:build_adp_fl",
+    "dp_fedavg+blur": "fedjax_dp.algorithms.blur_lus:build_dp_fedavg_blur",
+    "dp_fedavg+lus": "fedjax_dp.algorithms.blur_lus:build_dp_fedavg_lus",
+    "blur+lus": "fedjax_dp.algorithms.blur_lus:build_blur_lus",
 }
 
 

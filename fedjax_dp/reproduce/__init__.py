@@ -11,6 +11,7 @@ import importlib
 from fedjax_dp.errors import check_choice
 
 REPRODUCTIONS: dict = {
+    "cheng2022": "fedjax_dp.reproduce.cheng2022:run",
     "spfl2024": "fedjax_dp.reproduce.spfl2024:run",
 }
 

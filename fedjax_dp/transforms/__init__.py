@@ -6,8 +6,8 @@ in as the extra argument ``key=``. Transforms are applied per client under
 ``optax.chain(clip_l2(S), add_gaussian_noise(sigma * S))``.
 
 ``optax.chain`` hands the same ``key`` to every member, so each random transform
-first folds its own salt into the key: two random transforms in one chain draw
-independent noise.
+first folds its own salt into the key: two different random transforms in one
+chain draw independent noise (two of the same kind need distinct ``salt=``).
 """
 
 from fedjax_dp.transforms.core import (
@@ -18,5 +18,7 @@ from fedjax_dp.transforms.core import (
     identity,
     salted,
 )
+from fedjax_dp.transforms.sparsify import sparsify_by_utility
 
-__all__ = ["add_gaussian_noise", "clip_l2", "gaussian_like", "global_norm", "identity", "salted"]
+__all__ = ["add_gaussian_noise", "clip_l2", "gaussian_like", "global_norm", "identity", "salted",
+           "sparsify_by_utility"]

@@ -1,0 +1,100 @@
+"""LUS, local update sparsification by first-order utility (Cheng et al., CVPR 2022, Sec. 4.2).
+
+For every element ``k`` of the client's update ``Delta = w_{t,Q} - w_{t,0}`` the
+utility cost of zeroing it is the first-order Taylor term (Eq. 9-11)
+``T_k = |g_k * Delta_k|`` with ``g`` the gradient of the local loss at the final
+local model ``w_{t,Q}``. In each layer ``j`` (here: each leaf of the parameter
+pytree, so a layer's kernel and bias are ranked separately) the ``s_j``
+elements with the largest ``T`` are kept and the rest are zeroed (Eq. 12). The
+sparsity ``c = 1 - s_j / d_j`` is the fraction zeroed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_dp.errors import check
+
+
+def kept_count(size: int, sparsity: float) -> int:
+  """``s_j``: elements kept in a leaf of ``size`` elements, ``round((1 - c) * d_j)``, at least 1.
+
+  Rounds half up after a small tolerance so that e.g. ``c = 0.7`` on 10
+  elements keeps exactly 3 (not 4 from ``(1 - 0.7) * 10 = 3.0000000000000004``).
+  """
+  if sparsity == 0:
+    return int(size)
+  return int(min(size, max(1, math.floor((1.0 - sparsity) * size + 0.5 - 1e-9))))
+
+
+def _sortable_bits(x: jax.Array) -> jax.Array:
+  """uint32 keys with the same order as the float32 values (NaN lowest)."""
+  x = x.astype(jnp.float32) + 0.0  # -0.0 -> +0.0: equal floats, equal keys
+  u = jax.lax.bitcast_convert_type(x, jnp.uint32)
+  sign = jnp.uint32(0x80000000)
+  key = jnp.where((u & sign) != 0, ~u, u | sign)
+  return jnp.where(jnp.isnan(x), jnp.uint32(0), key)
+
+
+def top_s_mask(scores: jax.Array, s: int) -> jax.Array:
+  """0/1 mask (same shape as ``scores``) of exactly ``s`` largest entries.
+
+  The s-th largest value is found exactly by a 32-step bitwise search over
+  order-preserving integer keys (cheap under ``vmap``, unlike a sort or a
+  large-k ``top_k`` on CPU). Ties are broken deterministically: among equal
+  scores the element with the lower flat (row-major) index is kept. NaN
+  scores rank lowest.
+  """
+  flat = scores.reshape(-1)
+  d = flat.shape[0]
+  if s >= d:
+    return jnp.ones_like(scores)
+  keys = _sortable_bits(flat)
+
+  def bit(i, t):
+    cand = t | jnp.left_shift(jnp.uint32(1), jnp.uint32(31 - i))
+    return jnp.where(jnp.sum(keys >= cand) >= s, cand, t)
+
+  threshold = jax.lax.fori_loop(0, 32, bit, jnp.uint32(0))  # the s-th largest key
+  above = keys > threshold
+  at = keys == threshold
+  room = s - jnp.sum(above)
+  keep = above | (at & (jnp.cumsum(at) <= room))
+  return keep.astype(scores.dtype).reshape(scores.shape)
+
+
+def sparsify_by_utility(sparsity: float) -> optax.GradientTransformationExtraArgs:
+  """Per-layer top-s sparsification of the update by utility ``|g * Delta|`` (Eq. 12).
+
+  Called as ``update(delta, state, params, grad=g)``: ``grad`` is a pytree like
+  ``delta`` holding the gradient of the local loss at ``w_{t,Q}`` (see
+  :func:`fedjax_dp.algorithms.blur_lus.lus_gradient`). Without ``grad`` it
+  raises a TypeError.
+
+  Privacy: the mask depends on the client's data, so it is not private by
+  itself; it is safe only when clipping and noise come after it (as in
+  Alg. 2: sparsify, clip to S, add noise): the clipped update still has
+  L2 norm <= S, so the sum's sensitivity and the accounting are DP-FedAvg's.
+
+  Args:
+    sparsity: c in [0, 1), the fraction of each layer's elements zeroed
+      (the paper's grid: 0.1, 0.3, 0.5, 0.7, 0.9; default in the paper 0.7).
+      ``c = 0`` keeps everything.
+  """
+  check(sparsity is not None and 0 <= sparsity < 1, "sparsity", sparsity, "must be in [0, 1)")
+  sparsity = float(sparsity)
+
+  def update(updates, state, params=None, *, grad, **extra):
+    del params, extra
+
+    def one(u, g):
+      scores = jnp.abs(g.astype(jnp.float32) * u.astype(jnp.float32))
+      return u * top_s_mask(scores, kept_count(u.size, sparsity)).astype(u.dtype)
+
+    return jax.tree_util.tree_map(one, updates, grad), state
+
+  return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update)
