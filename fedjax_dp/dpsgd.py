@@ -49,7 +49,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dp.algorithms.fedavg import CohortBatch, ServerState, mask_rows, tree_sub
+from fedjax_dp.algorithms.fedavg import (CohortBatch, ServerState, client_keys, client_weights,
+                                         mask_rows, server_step, tree_sub)
 from fedjax_dp.errors import check, check_choice
 from fedjax_dp.transforms import gaussian_like, global_norm, salted
 
@@ -363,18 +364,14 @@ class DPSGDProgram:
   def round_step(self, state: DPSGDState, batch: CohortBatch, key: jax.Array):
     server = state.server
     k_clients, k_agg = jax.random.split(key)
-    keys = jax.random.split(k_clients, batch.mask.shape[0])
+    keys = client_keys(k_clients, batch.ids)
     classes = state.hparams["client_class"][batch.ids]
     args = self.client_args(state.thresholds, state.hparams, classes)
     params_q, stats = jax.vmap(self.local_train, in_axes=(None, 0, 0, 0, 0, 0))(
         server.params, batch.x, batch.y, batch.counts, keys, args)
     deltas = mask_rows(tree_sub(params_q, server.params), batch.mask)
-    weights = (jnp.ones_like(batch.mask) if self.weighting == "uniform"
-               else batch.counts.astype(jnp.float32))
-    agg, agg_state = self.aggregator.aggregate(deltas, weights, batch.mask, server.agg_state, k_agg)
-    grads = jax.tree_util.tree_map(jnp.negative, agg)
-    updates, opt_state = self.server_optimizer.update(grads, server.opt_state, server.params)
-    params = optax.apply_updates(server.params, updates)
+    new_server, agg = server_step(self.aggregator, self.server_optimizer, server, deltas,
+                                  client_weights(self.weighting, batch), batch.mask, k_agg)
     thresholds = self.threshold_rule(state.thresholds, state.hparams, stats, batch.mask, classes)
     m = batch.mask
     examples = jnp.maximum(jnp.sum(stats.examples * m), 1.0)
@@ -386,5 +383,4 @@ class DPSGDProgram:
                "poisson_overflow_steps": jnp.sum(stats.overflow * m)}
     for i, name in enumerate(self.class_names):
       metrics[f"clip_{name}"] = state.thresholds[i]
-    new_server = ServerState(params, opt_state, agg_state, server.round + 1)
     return DPSGDState(new_server, thresholds, state.hparams), metrics

@@ -48,6 +48,26 @@ def client_keys(key: jax.Array, ids: jax.Array) -> jax.Array:
   return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ids)
 
 
+def client_weights(weighting: str, batch: "CohortBatch") -> jax.Array:
+  """Aggregation weights: 1 per client ("uniform") or its number of examples ("examples")."""
+  return (jnp.ones_like(batch.mask) if weighting == "uniform"
+          else batch.counts.astype(jnp.float32))
+
+
+def server_step(aggregator: Aggregator, server_optimizer: optax.GradientTransformation,
+                state: "ServerState", deltas, weights, mask, key):
+  """Aggregates the cohort's deltas and applies the server optimizer to ``-aggregate``.
+
+  Returns ``(new_state, aggregate)``; SGD with learning rate eta_g gives
+  ``w_{t+1} = w_t + eta_g * aggregate``.
+  """
+  agg, agg_state = aggregator.aggregate(deltas, weights, mask, state.agg_state, key)
+  grads = jax.tree_util.tree_map(jnp.negative, agg)
+  updates, opt_state = server_optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  return ServerState(params, opt_state, agg_state, state.round + 1), agg
+
+
 def mask_rows(tree, mask):
   """Zeros the rows of padded clients (exact zeros, whatever they computed)."""
   return jax.tree_util.tree_map(
@@ -112,12 +132,8 @@ class FedAvgProgram:
     deltas, norms, losses = jax.vmap(self.client_update, in_axes=(None, 0, 0, 0, 0))(
         state.params, batch.x, batch.y, batch.counts, keys)
     deltas = mask_rows(deltas, batch.mask)
-    weights = (jnp.ones_like(batch.mask) if self.weighting == "uniform"
-               else batch.counts.astype(jnp.float32))
-    agg, agg_state = self.aggregator.aggregate(deltas, weights, batch.mask, state.agg_state, k_agg)
-    grads = jax.tree_util.tree_map(jnp.negative, agg)
-    updates, opt_state = self.server_optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    new_state, agg = server_step(self.aggregator, self.server_optimizer, state, deltas,
+                                 client_weights(self.weighting, batch), batch.mask, k_agg)
     metrics = {"client_loss": losses, "update_norm": norms, "mask": batch.mask,
                "aggregate_norm": global_norm(agg)}
-    return ServerState(params, opt_state, agg_state, state.round + 1), metrics
+    return new_state, metrics
