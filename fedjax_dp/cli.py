@@ -41,7 +41,9 @@ def _add_run(sub):
 
 def _add_privacy(sub):
   p = sub.add_parser("privacy", help="epsilon of a sampled Gaussian mechanism, or the noise for a target epsilon")
-  p.add_argument("--mechanism", default="gaussian", help="gaussian (default)")
+  p.add_argument("--mechanism", default="gaussian", help="gaussian (default) or sign-flip (DP-RSA)")
+  p.add_argument("--keep-prob", type=float, help="sign-flip: keep probability gamma in (0.5, 1)")
+  p.add_argument("--dimension", type=int, help="sign-flip: coordinates released per round (model size d)")
   p.add_argument("--sampling", default="poisson", help="poisson or fixed")
   p.add_argument("--sampling-prob", type=float)
   p.add_argument("--num-clients", type=int)
@@ -112,7 +114,14 @@ def _cmd_run(args) -> int:
 def _cmd_privacy(args) -> int:
   from fedjax_dp.privacy import GaussianSumMechanism, calibrate_noise_multiplier, epsilon_for
   from fedjax_dp.privacy.mechanisms import RELATIONS
-  check(args.mechanism == "gaussian", "mechanism", args.mechanism, "must be 'gaussian'")
+  if args.mechanism == "sign-flip":
+    from fedjax_dp.privacy.sign import SignFlipMechanism, composed_epsilon
+    check(args.keep_prob is not None and 0.5 < args.keep_prob < 1, "keep_prob", args.keep_prob, "must be in (0.5, 1)")
+    check(args.dimension is not None and args.dimension >= 1, "dimension", args.dimension, "must be >= 1")
+    print(json.dumps({"mechanism": "sign-flip", "keep_prob": args.keep_prob, **composed_epsilon(
+        SignFlipMechanism(args.keep_prob, args.dimension), args.rounds, args.delta)}))
+    return 0
+  check(args.mechanism == "gaussian", "mechanism", args.mechanism, "must be 'gaussian' or 'sign-flip'")
   check(args.rounds >= 1, "rounds", args.rounds, "must be >= 1")
   check((args.noise_multiplier is None) != (args.target_epsilon is None), "noise_multiplier/target_epsilon",
         (args.noise_multiplier, args.target_epsilon), "give exactly one of --noise-multiplier and --target-epsilon")

@@ -8,5 +8,6 @@ result.
 """
 
 from fedjax_dp.aggregators.base import Aggregator, DENOMINATORS, mean, weighted_sum
+from fedjax_dp.aggregators import robust
 
-__all__ = ["Aggregator", "DENOMINATORS", "mean", "weighted_sum"]
+__all__ = ["Aggregator", "DENOMINATORS", "mean", "weighted_sum", "robust"]

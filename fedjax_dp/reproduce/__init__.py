@@ -13,6 +13,7 @@ from fedjax_dp.errors import check_choice
 REPRODUCTIONS: dict = {
     "cheng2022": "fedjax_dp.reproduce.cheng2022:run",
     "spfl2024": "fedjax_dp.reproduce.spfl2024:run",
+    "zhu2022": "fedjax_dp.reproduce.zhu2022:run",
 }
 
 

@@ -1,0 +1,321 @@
+"""Byzantine-robust aggregators under the shared contract.
+
+Every aggregator here is ``Aggregator(init, aggregate)`` with
+``aggregate(updates, weights, mask, state, key) -> (aggregate, state)`` (see
+:mod:`fedjax_dp.aggregators`), where the leaves of ``updates`` have a leading
+client axis ``[N, ...]``.
+
+Rows that must not count:
+
+* padded rows (``mask == 0``) never influence the result: they are excluded,
+  not zeroed (a zero row biases a median or a geometric median);
+* rows holding any non-finite entry (Inf or NaN, which a Byzantine worker may
+  send) are *rejected*: treated exactly like padding. :func:`finite_rows`
+  gives the mask the aggregators use, so a program can report the number of
+  rejected rows (``nonfinite_rows`` in the run's metrics). An aggregate of a
+  cohort whose rows are all rejected is zero (no step), never NaN.
+
+:func:`guard_nonfinite` wraps any aggregator (e.g. the plain ``mean`` of
+:mod:`fedjax_dp.aggregators.base`) with the same rejection; :func:`get` builds
+every aggregator by name already guarded.
+
+Aggregators that need a whole-vector geometry (geometric median, Krum,
+centered clipping) view each client's pytree as one flat vector.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_dp.aggregators.base import Aggregator, mean
+from fedjax_dp.errors import check, check_choice
+
+NAMES = ("mean", "sign_vote", "sign_sum", "geometric_median", "coordinate_median",
+         "trimmed_mean", "krum", "centered_clipping")
+
+
+def _empty_init(params):
+  del params
+  return optax.EmptyState()
+
+
+def _rows(tree) -> jax.Array:
+  """``[N, D]`` float32: each client's leaves concatenated."""
+  leaves = jax.tree_util.tree_leaves(tree)
+  n = leaves[0].shape[0]
+  return jnp.concatenate([x.reshape(n, -1).astype(jnp.float32) for x in leaves], axis=1)
+
+
+def _unrows(vec: jax.Array, like):
+  """Inverse of :func:`_rows` for one aggregated vector ``[D]`` (``like`` has the client axis)."""
+  leaves, treedef = jax.tree_util.tree_flatten(like)
+  out, start = [], 0
+  for x in leaves:
+    size = int(x[0].size)
+    out.append(vec[start:start + size].reshape(x.shape[1:]).astype(x.dtype))
+    start += size
+  return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def finite_rows(updates, mask: jax.Array) -> jax.Array:
+  """``mask`` with every row that holds a non-finite entry set to 0."""
+  ok = jnp.ones(mask.shape, bool)
+  for x in jax.tree_util.tree_leaves(updates):
+    ok &= jnp.all(jnp.isfinite(x.reshape(x.shape[0], -1)), axis=1)
+  return jnp.where(ok, mask, 0.0).astype(mask.dtype)
+
+
+def _zero_nonreal(updates, mask):
+  """Rows outside ``mask`` replaced by exact zeros (so Inf * 0 never makes NaN)."""
+  return jax.tree_util.tree_map(
+      lambda u: jnp.where(mask.reshape((-1,) + (1,) * (u.ndim - 1)) > 0, u, jnp.zeros_like(u)),
+      updates)
+
+
+def guard_nonfinite(aggregator: Aggregator) -> Aggregator:
+  """Rejects rows with Inf/NaN entries (treats them as padding) before ``aggregator``."""
+
+  def aggregate(updates, weights, mask, state, key):
+    m = finite_rows(updates, mask)
+    return aggregator.aggregate(_zero_nonreal(updates, m), weights, m, state, key)
+
+  return Aggregator(aggregator.init, aggregate)
+
+
+def _sorted_real(values: jax.Array, mask: jax.Array) -> jax.Array:
+  """Sorts ``[N, D]`` along clients with non-real rows moved to the end (as +inf)."""
+  return jnp.sort(jnp.where(mask[:, None] > 0, values, jnp.inf), axis=0)
+
+
+def _coord_median(values: jax.Array, mask: jax.Array) -> jax.Array:
+  """Coordinate-wise median of the real rows of ``[N, D]`` (0 when none is real)."""
+  n = jnp.sum(mask > 0).astype(jnp.int32)
+  s = _sorted_real(values, mask)
+  lo = jnp.maximum((n - 1) // 2, 0)
+  hi = jnp.maximum(n // 2, 0)
+  med = 0.5 * (s[lo] + s[hi])
+  return jnp.where(n > 0, med, 0.0)
+
+
+def coordinate_median() -> Aggregator:
+  """Coordinate-wise median of the real rows (Yin et al., ICML 2018). Weights are ignored."""
+
+  def aggregate(updates, weights, mask, state, key):
+    del weights, key
+    m = finite_rows(updates, mask)
+    return _unrows(_coord_median(_rows(updates), m), updates), state
+
+  return Aggregator(_empty_init, aggregate)
+
+
+def trimmed_mean(beta: float = 0.1) -> Aggregator:
+  """Coordinate-wise trimmed mean (Yin et al., ICML 2018).
+
+  For each coordinate, drops the ``floor(beta * n)`` largest and smallest of the
+  ``n`` real values and averages the rest. Weights are ignored.
+
+  Args:
+    beta: fraction trimmed at each end, in [0, 0.5).
+  """
+  check(0 <= beta < 0.5, "trim_beta", beta, "must be in [0, 0.5)")
+
+  def aggregate(updates, weights, mask, state, key):
+    del weights, key
+    m = finite_rows(updates, mask)
+    n = jnp.sum(m > 0).astype(jnp.int32)
+    f = jnp.floor(beta * n).astype(jnp.int32)
+    s = _sorted_real(_rows(updates), m)
+    idx = jnp.arange(s.shape[0])[:, None]
+    keep = (idx >= f) & (idx < n - f)
+    total = jnp.sum(jnp.where(keep, s, 0.0), axis=0)
+    out = total / jnp.maximum(n - 2 * f, 1)
+    return _unrows(out, updates), state
+
+  return Aggregator(_empty_init, aggregate)
+
+
+def _sign_total(updates, weights, mask):
+  m = finite_rows(updates, mask)
+  w = (weights * m).astype(jnp.float32)
+  return jax.tree_util.tree_map(
+      lambda u: jnp.tensordot(w, jnp.sign(jnp.where(
+          m.reshape((-1,) + (1,) * (u.ndim - 1)) > 0, u, 0.0)).astype(jnp.float32), axes=(0, 0)),
+      updates)
+
+
+def sign_vote() -> Aggregator:
+  """Majority vote of signs, ``sign(sum_i w_i sign(u_i))`` (signSGD, Bernstein et al., ICLR 2019).
+
+  Ties give 0. Each real row casts a vote of weight ``w_i`` whatever its
+  magnitude, so b attackers move each coordinate's vote by at most b weights.
+  """
+
+  def aggregate(updates, weights, mask, state, key):
+    del key
+    total = _sign_total(updates, weights, mask)
+    return jax.tree_util.tree_map(lambda t, u: jnp.sign(t).astype(u.dtype), total, updates), state
+
+  return Aggregator(_empty_init, aggregate)
+
+
+def sign_sum() -> Aggregator:
+  """Sum of the rows' signs, ``sum_i w_i sign(u_i)``: the master's term of RSA (Li et al., AAAI 2019).
+
+  This is the aggregation of RSA and DP-RSA (Zhu and Ling, IJCAI 2022, Eq. 11):
+  the master takes the sign of whatever a worker sends, so a worker moves each
+  coordinate by at most its weight. NaN entries count 0 only through row
+  rejection (a row with any non-finite entry is rejected).
+  """
+
+  def aggregate(updates, weights, mask, state, key):
+    del key
+    total = _sign_total(updates, weights, mask)
+    return jax.tree_util.tree_map(lambda t, u: t.astype(u.dtype), total, updates), state
+
+  return Aggregator(_empty_init, aggregate)
+
+
+def weiszfeld(values: jax.Array, w: jax.Array, tol: float = 1e-6, max_iter: int = 100,
+              eps: float = 1e-8):
+  """Geometric median of the rows of ``[N, D]`` with weights ``w`` (zero weight: excluded).
+
+  Weiszfeld's iterations ``z <- sum_i (w_i / max(||x_i - z||, eps)) x_i / sum_i (...)``
+  from the coordinate-wise median, until the step's relative size
+  ``||z' - z|| <= tol * max(||z||, 1)`` or ``max_iter`` iterations.
+
+  Returns:
+    ``(z, iterations)``.
+  """
+  real = w > 0
+  values = jnp.where(real[:, None], values, 0.0)
+  z0 = _coord_median(values, real.astype(jnp.float32))
+
+  def cond(carry):
+    _, it, step = carry
+    return (it < max_iter) & (step > tol)
+
+  def body(carry):
+    z, it, _ = carry
+    d = jnp.sqrt(jnp.sum(jnp.square(values - z), axis=1))
+    a = jnp.where(real, w / jnp.maximum(d, eps), 0.0)
+    z_new = jnp.where(jnp.sum(a) > 0, a @ values / jnp.maximum(jnp.sum(a), 1e-30), z)
+    step = jnp.linalg.norm(z_new - z) / jnp.maximum(jnp.linalg.norm(z), 1.0)
+    return z_new, it + 1, step
+
+  z, it, _ = jax.lax.while_loop(cond, body, (z0, jnp.zeros((), jnp.int32), jnp.asarray(jnp.inf)))
+  return z, it
+
+
+def geometric_median(tol: float = 1e-6, max_iter: int = 100, eps: float = 1e-8) -> Aggregator:
+  """Weighted geometric median of the flattened rows (Weiszfeld; Chen et al. 2017).
+
+  Args:
+    tol: relative step size at which Weiszfeld's iterations stop.
+    max_iter: iteration cap.
+    eps: smoothing of the distances (avoids dividing by 0 at a data point).
+  """
+  check(tol > 0, "gm_tol", tol, "must be > 0")
+  check(int(max_iter) >= 1, "gm_max_iter", max_iter, "must be >= 1")
+
+  def aggregate(updates, weights, mask, state, key):
+    del key
+    m = finite_rows(updates, mask)
+    z, _ = weiszfeld(_rows(updates), weights * m, tol, int(max_iter), eps)
+    return _unrows(z, updates), state
+
+  return Aggregator(_empty_init, aggregate)
+
+
+def krum(num_byzantine: int, multi: int = 1) -> Aggregator:
+  """(Multi-)Krum (Blanchard et al., NeurIPS 2017). Weights are ignored.
+
+  Each real row's score is the sum of squared distances to its
+  ``n - f - 2`` nearest real rows (``f = num_byzantine``, at least 1 neighbour);
+  the mean of the ``multi`` lowest-scoring rows is returned.
+  """
+  check(int(num_byzantine) >= 0, "krum_f", num_byzantine, "must be >= 0")
+  check(int(multi) >= 1, "krum_m", multi, "must be >= 1")
+
+  def aggregate(updates, weights, mask, state, key):
+    del weights, key
+    m = finite_rows(updates, mask)
+    x = jnp.where(m[:, None] > 0, _rows(updates), 0.0)
+    n = jnp.sum(m > 0).astype(jnp.int32)
+    sq = jnp.sum(x * x, axis=1)
+    d = jnp.maximum(sq[:, None] + sq[None, :] - 2.0 * x @ x.T, 0.0)
+    real = m > 0
+    pair_ok = real[:, None] & real[None, :] & ~jnp.eye(x.shape[0], dtype=bool)
+    d = jnp.sort(jnp.where(pair_ok, d, jnp.inf), axis=1)
+    k = jnp.maximum(n - int(num_byzantine) - 2, 1)
+    take = jnp.arange(x.shape[0])[None, :] < k
+    score = jnp.sum(jnp.where(take & jnp.isfinite(d), d, 0.0), axis=1)
+    score = jnp.where(real, score, jnp.inf)
+    order = jnp.argsort(score)
+    chosen = jnp.zeros(x.shape[0]).at[order[:int(multi)]].set(1.0) * m
+    out = chosen @ x / jnp.maximum(jnp.sum(chosen), 1.0)
+    return _unrows(out, updates), state
+
+  return Aggregator(_empty_init, aggregate)
+
+
+def centered_clipping(tau: float = 1.0, iters: int = 1) -> Aggregator:
+  """Centered clipping (Karimireddy, He and Jaggi, ICML 2021, Eq. 2).
+
+  ``v <- v + (1/n) sum_i (x_i - v) min(1, tau / ||x_i - v||)``, ``iters``
+  times, from the previous round's aggregate (kept in the state; zeros at
+  first). Each row moves the result by at most ``tau / n``. Weights are ignored.
+  """
+  check(tau > 0, "cc_tau", tau, "must be > 0")
+  check(int(iters) >= 1, "cc_iters", iters, "must be >= 1")
+
+  def init(params):
+    return jax.tree_util.tree_map(jnp.zeros_like, params)
+
+  def aggregate(updates, weights, mask, state, key):
+    del weights, key
+    m = finite_rows(updates, mask)
+    x = jnp.where(m[:, None] > 0, _rows(updates), 0.0)
+    n = jnp.maximum(jnp.sum(m), 1.0)
+    v = _rows(jax.tree_util.tree_map(lambda s: s[None], state))[0]
+    for _ in range(int(iters)):
+      diff = x - v
+      norm = jnp.sqrt(jnp.sum(diff * diff, axis=1))
+      scale = jnp.minimum(1.0, tau / jnp.maximum(norm, 1e-30)) * m
+      v = v + scale @ diff / n
+    out = _unrows(v, updates)
+    return out, jax.tree_util.tree_map(lambda o, s: o.astype(s.dtype), out, state)
+
+  return Aggregator(init, aggregate)
+
+
+def get(name: str, *, num_byzantine: int = 0, trim_beta: float = 0.1, gm_tol: float = 1e-6,
+        gm_max_iter: int = 100, krum_m: int = 1, cc_tau: float = 1.0, cc_iters: int = 1) -> Aggregator:
+  """An aggregator by name, guarded against non-finite rows (see :func:`guard_nonfinite`).
+
+  Args:
+    name: one of :data:`NAMES`. "mean" is the realized-weight mean of
+      :mod:`fedjax_dp.aggregators.base` (not robust to large rows).
+    num_byzantine: f, used by Krum.
+    trim_beta, gm_tol, gm_max_iter, krum_m, cc_tau, cc_iters: see each aggregator.
+  """
+  check_choice("aggregator", name, NAMES)
+  if name == "mean":
+    agg = mean("realized")
+  elif name == "sign_vote":
+    agg = sign_vote()
+  elif name == "sign_sum":
+    agg = sign_sum()
+  elif name == "geometric_median":
+    agg = geometric_median(gm_tol, gm_max_iter)
+  elif name == "coordinate_median":
+    agg = coordinate_median()
+  elif name == "trimmed_mean":
+    agg = trimmed_mean(trim_beta)
+  elif name == "krum":
+    agg = krum(num_byzantine, krum_m)
+  else:
+    agg = centered_clipping(cc_tau, cc_iters)
+  return guard_nonfinite(agg)
+

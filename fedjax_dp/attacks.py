@@ -1,0 +1,175 @@
+"""Byzantine attacks: ``attack(updates[N], byzantine_mask[N], key, mask=None) -> updates[N]``.
+
+``updates`` is a pytree whose leaves have a leading client axis; the rows with
+``byzantine_mask == 1`` are replaced by what the attackers send, the others are
+returned unchanged. ``mask`` (optional, 1 for real clients) keeps padded rows
+out of the statistics an omniscient attacker computes from the regular rows.
+What a row *is* depends on the algorithm: a stochastic gradient for the
+gradient-aggregation baselines, the worker's local model ``z_j`` for RSA /
+DP-RSA, which then sends ``sign(x_0 - z_j)`` (Zhu and Ling, IJCAI 2022, Eq. 7).
+
+Attacks of Zhu and Ling (2022, Sec. "Numerical experiments"):
+
+* ``gaussian``: each element from N(0, sigma_b^2), sigma_b = 1e4.
+* ``sign_flip``: the worker's true row times -5.
+* ``sample_duplication``: every attacker copies one regular worker's row.
+
+and also ``alie`` (Baruah et al., NeurIPS 2019: mean - z * std of the regular
+rows, coordinate-wise), ``ipm`` (Xie et al., UAI 2020: -epsilon * mean of the
+regular rows) and ``nonfinite`` (rows of NaN or Inf, to test rejection).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+from jax.scipy.special import ndtri
+
+from fedjax_dp.errors import check, check_choice
+
+ATTACKS = ("none", "gaussian", "sign_flip", "sample_duplication", "alie", "ipm", "nonfinite")
+
+Attack = Callable  # (updates, byzantine_mask, key, mask=None) -> updates
+
+
+def byzantine_mask(ids: jax.Array, num_clients: int, num_byzantine: int) -> jax.Array:
+  """1.0 for the fixed Byzantine set, the last ``num_byzantine`` client ids."""
+  return (ids >= num_clients - num_byzantine).astype(jnp.float32)
+
+
+def _replace(updates, byz, new):
+  def one(u, n):
+    b = byz.reshape((-1,) + (1,) * (u.ndim - 1)) > 0
+    return jnp.where(b, n.astype(u.dtype), u)
+  return jax.tree_util.tree_map(one, updates, new)
+
+
+def _regular_weights(byz, mask):
+  w = 1.0 - byz
+  if mask is not None:
+    w = w * mask
+  return w
+
+
+def _regular_mean(updates, w):
+  denom = jnp.maximum(jnp.sum(w), 1.0)
+  return jax.tree_util.tree_map(lambda u: jnp.tensordot(w, u, axes=(0, 0)) / denom, updates)
+
+
+def none() -> Attack:
+  def attack(updates, byz, key, mask=None):
+    del byz, key, mask
+    return updates
+  return attack
+
+
+def gaussian(sigma: float = 1e4) -> Attack:
+  """Attackers send N(0, sigma^2) in every element (Zhu and Ling 2022, attack (i))."""
+  check(sigma > 0, "attack_sigma", sigma, "must be > 0")
+
+  def attack(updates, byz, key, mask=None):
+    del mask
+    leaves, treedef = jax.tree_util.tree_flatten(updates)
+    keys = jax.random.split(key, len(leaves))
+    noise = [sigma * jax.random.normal(k, u.shape, jnp.float32) for k, u in zip(keys, leaves)]
+    return _replace(updates, byz, jax.tree_util.tree_unflatten(treedef, noise))
+  return attack
+
+
+def sign_flip(scale: float = -5.0) -> Attack:
+  """Attackers send their true row times ``scale`` (-5 in Zhu and Ling 2022, attack (ii))."""
+
+  def attack(updates, byz, key, mask=None):
+    del key, mask
+    return _replace(updates, byz, jax.tree_util.tree_map(lambda u: scale * u, updates))
+  return attack
+
+
+def sample_duplication() -> Attack:
+  """Every attacker copies the row of one regular worker, the first real regular row
+  (Zhu and Ling 2022, attack (iii); with sorted cohorts, the regular worker of lowest id)."""
+
+  def attack(updates, byz, key, mask=None):
+    del key
+    src = jnp.argmax(_regular_weights(byz, mask))
+    return _replace(updates, byz, jax.tree_util.tree_map(
+        lambda u: jnp.broadcast_to(u[src], u.shape), updates))
+  return attack
+
+
+def alie(z: Optional[float] = None) -> Attack:
+  """"A little is enough" (Baruah et al., NeurIPS 2019): mean - z * std of the regular rows.
+
+  Args:
+    z: how many standard deviations to shift; None computes the paper's
+      ``z_max = Phi^{-1}((n - s) / n)`` with ``s = floor(n / 2 + 1) - b`` from
+      the cohort's ``n`` real rows and ``b`` attackers.
+  """
+
+  def attack(updates, byz, key, mask=None):
+    del key
+    w = _regular_weights(byz, mask)
+    mu = _regular_mean(updates, w)
+    var = _regular_mean(jax.tree_util.tree_map(
+        lambda u, m: jnp.square(u - m[None]), updates, mu), w)
+    if z is None:
+      n = jnp.sum(mask) if mask is not None else jnp.asarray(float(byz.shape[0]))
+      b = jnp.sum(byz * (mask if mask is not None else 1.0))
+      s = jnp.floor(n / 2 + 1) - b
+      zz = ndtri(jnp.clip((n - s) / jnp.maximum(n, 1.0), 1e-6, 1 - 1e-6))
+    else:
+      zz = z
+    new = jax.tree_util.tree_map(lambda m, v: jnp.broadcast_to(m - zz * jnp.sqrt(v), m.shape), mu, var)
+    return _replace(updates, byz, jax.tree_util.tree_map(
+        lambda u, n_: jnp.broadcast_to(n_[None], u.shape), updates, new))
+  return attack
+
+
+def ipm(epsilon: float = 0.1) -> Attack:
+  """Inner-product manipulation (Xie, Koyejo and Gupta, UAI 2020): ``-epsilon * mean`` of regular rows."""
+  check(epsilon > 0, "ipm_epsilon", epsilon, "must be > 0")
+
+  def attack(updates, byz, key, mask=None):
+    del key
+    mu = _regular_mean(updates, _regular_weights(byz, mask))
+    return _replace(updates, byz, jax.tree_util.tree_map(
+        lambda u, m: jnp.broadcast_to(-epsilon * m[None], u.shape), updates, mu))
+  return attack
+
+
+def nonfinite(value: str = "nan") -> Attack:
+  """Attackers send rows of NaN ("nan"), +Inf ("inf") or alternating +-Inf ("mixed")."""
+  check_choice("nonfinite_value", value, ("nan", "inf", "mixed"))
+
+  def attack(updates, byz, key, mask=None):
+    del key, mask
+    def fill(u):
+      if value == "nan":
+        return jnp.full(u.shape, jnp.nan)
+      if value == "inf":
+        return jnp.full(u.shape, jnp.inf)
+      return jnp.where(jnp.arange(u.size).reshape(u.shape) % 2 == 0, jnp.inf, -jnp.inf)
+    return _replace(updates, byz, jax.tree_util.tree_map(fill, updates))
+  return attack
+
+
+def get(name: str, *, sigma: float = 1e4, scale: float = -5.0, alie_z: Optional[float] = None,
+        ipm_epsilon: float = 0.1, nonfinite_value: str = "nan") -> Attack:
+  """An attack by name (one of :data:`ATTACKS`); "-" may stand for "_" (``sign-flip``)."""
+  name = str(name).replace("-", "_")
+  check_choice("attack", name, ATTACKS)
+  if name == "none":
+    return none()
+  if name == "gaussian":
+    return gaussian(sigma)
+  if name == "sign_flip":
+    return sign_flip(scale)
+  if name == "sample_duplication":
+    return sample_duplication()
+  if name == "alie":
+    return alie(alie_z)
+  if name == "ipm":
+    return ipm(ipm_epsilon)
+  return nonfinite(nonfinite_value)

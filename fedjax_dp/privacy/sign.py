@@ -1,0 +1,316 @@
+"""Privacy of DP-RSA's sign mechanisms (Zhu and Ling, IJCAI 2022, Theorems 1 and 2).
+
+What is protected: everything worker k sends to the (honest-but-curious)
+master, i.e. the perturbed signs ``F/G(sign(x_0 - x_k))`` of every round. The
+privacy unit is the worker's whole local data set, under the replace-one
+relation (the data set is replaced by any other); the population and the
+participation schedule are public. No amplification by sampling is claimed.
+The worker's local model ``x_k`` is never released.
+
+* Sign-Flipping (Eq. 8) is binary randomized response on each coordinate of
+  ``sign(u)``: ``(eps0, 0)``-DP per coordinate per round with
+  ``eps0 = ln(gamma / (1 - gamma))`` (Theorem 1), for any ``u``. One round
+  releases ``d`` coordinates, a run ``T`` rounds: ``d * T`` adaptively
+  composed randomized responses. In dp_accounting,
+  ``RandomizedResponseDpEvent(noise_parameter=p, num_buckets=2)`` outputs a
+  uniform bucket with probability ``p``, so the keep probability is
+  ``1 - p/2``: ``p = 2 (1 - gamma)``.
+* Sign-Gaussian (Eq. 9) ``sign(u + e)`` has a guarantee only with a bounded
+  difference. With ``|u_i| <= c`` (``norm="linf"`` clip) each coordinate's
+  output is ``(eps0, 0)``-DP with ``eps0 = ln(Phi(c/sigma) / Phi(-c/sigma))``
+  (the flip probability is ``Phi(-|u_i|/sigma)``, Eq. 10); a binary ``eps0``-DP
+  mechanism is dominated by randomized response with the same ``eps0``
+  (Kairouz, Oh and Viswanath, ICML 2015, Thm. 2.2), so the composition is
+  accounted as randomized response with ``gamma = Phi(c/sigma)``. With
+  ``||u||_2 <= C`` (``norm="l2"``) the release is post-processing of a Gaussian
+  mechanism of L2 sensitivity ``2C`` (replace-one): ``GaussianDpEvent(sigma /
+  (2C))`` per round. Without a clip, the paper's Theorem 2 needs ``sigma``
+  large relative to ``max_i |u_i|``, a data-dependent quantity: such runs are
+  flagged ``formal_guarantee: false`` and get no epsilon.
+
+Accounting uses dp_accounting's RDP accountant. Its PLD accountant (0.6.0)
+composes a ``SelfComposedDpEvent`` of a ``RandomizedResponseDpEvent`` only
+once, ignoring the count, so it is refused here; the composed epsilon is
+checked against the exact privacy profile of composed randomized response
+(:func:`randomized_response_epsilon_exact`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+import dp_accounting
+import numpy as np
+
+from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit
+
+PRIVACY_UNIT = "worker (all of one worker's local data)"
+NORMS = ("linf", "l2")
+
+
+def _check_rdp(accountant: str) -> None:
+  check(accountant == "rdp", "accountant", accountant,
+        "must be 'rdp' for the sign mechanisms: dp_accounting's PLD accountant composes a "
+        "SelfComposedDpEvent of a RandomizedResponseDpEvent only once, ignoring the count")
+
+
+def keep_prob_for_epsilon(epsilon: float) -> float:
+  """gamma with ``ln(gamma / (1 - gamma)) = epsilon``."""
+  check(epsilon is not None and epsilon > 0, "epsilon", epsilon, "must be > 0")
+  return 1.0 / (1.0 + math.exp(-epsilon))
+
+
+def epsilon_of_keep_prob(keep_prob: float) -> float:
+  """Per-coordinate per-round epsilon of Sign-Flipping, ``ln(gamma / (1 - gamma))`` (Theorem 1)."""
+  check(keep_prob is not None and 0.5 <= keep_prob <= 1, "keep_prob", keep_prob, "must be in [0.5, 1]")
+  return math.inf if keep_prob == 1 else math.log(keep_prob / (1.0 - keep_prob))
+
+
+def sign_gaussian_sigma_for_epsilon(epsilon: float, clip: float) -> float:
+  """sigma with ``ln(Phi(c/sigma) / Phi(-c/sigma)) = epsilon`` for a per-coordinate clip ``c``."""
+  from scipy.stats import norm
+  check(clip is not None and clip > 0, "sign_clip", clip, "must be > 0")
+  return float(clip / norm.ppf(keep_prob_for_epsilon(epsilon)))
+
+
+def randomized_response_event(keep_prob: float) -> dp_accounting.DpEvent:
+  """Binary randomized response keeping the input with probability ``keep_prob``."""
+  return dp_accounting.RandomizedResponseDpEvent(noise_parameter=2.0 * (1.0 - keep_prob), num_buckets=2)
+
+
+def _rr_loss_table(keep_prob: float, count: int):
+  """``(P[J=j], L_j)`` for the responses j with positive loss within 60 sd of the mean.
+
+  Outside that window the binomial mass is below 1e-700 (negligible in float64).
+  """
+  from scipy.stats import binom
+  g, k = float(keep_prob), int(count)
+  eps0 = math.log(g / (1.0 - g))
+  sd = math.sqrt(k * g * (1 - g))
+  j_lo = max(k // 2 + 1, int(math.floor(k * g - 60.0 * sd - 60)))
+  j_hi = min(k, int(math.ceil(k * g + 60.0 * sd + 60)))
+  j = np.arange(j_lo, j_hi + 1, dtype=np.float64)
+  return binom.logpmf(j, k, g), eps0 * (2.0 * j - k)
+
+
+def _rr_delta(epsilon: float, table) -> float:
+  logp, loss = table
+  sel = loss > epsilon
+  return float(np.sum(np.exp(logp[sel]) - np.exp(logp[sel] + epsilon - loss[sel])))
+
+
+def randomized_response_delta_exact(epsilon: float, keep_prob: float, count: int) -> float:
+  """Exact delta(epsilon) of ``count`` composed binary randomized responses.
+
+  The privacy loss of one response is ``+-eps0`` (``eps0 = ln(gamma/(1-gamma))``);
+  under the first input ``J ~ Binomial(count, gamma)`` responses are kept and the
+  loss is ``L = eps0 (2J - count)``. The hockey-stick divergence is
+  ``delta(epsilon) = E[(1 - exp(epsilon - L))_+]`` (tight: randomized response
+  is symmetric, and its k-fold composition is the worst case for k ``eps0``-DP
+  mechanisms; Kairouz, Oh and Viswanath 2015, Thm. 3.3).
+  """
+  check(0.5 < keep_prob < 1, "keep_prob", keep_prob, "must be in (0.5, 1)")
+  return _rr_delta(epsilon, _rr_loss_table(keep_prob, count))
+
+
+def randomized_response_epsilon_exact(keep_prob: float, count: int, delta: float) -> float:
+  """Smallest epsilon with ``delta(epsilon) <= delta`` for ``count`` composed randomized responses.
+
+  A check on dp_accounting's composed value (never used in its place).
+  """
+  from scipy.optimize import brentq
+  check(0.5 < keep_prob < 1, "keep_prob", keep_prob, "must be in (0.5, 1)")
+  table = _rr_loss_table(keep_prob, count)
+  if _rr_delta(0.0, table) <= delta:
+    return 0.0
+  hi = int(count) * epsilon_of_keep_prob(keep_prob)
+  return float(brentq(lambda e: _rr_delta(e, table) - delta, 0.0, hi, xtol=1e-10 * max(1.0, hi)))
+
+
+@dataclasses.dataclass(frozen=True)
+class SignFlipMechanism:
+  """Sign-Flipping of DP-RSA: randomized response on each of ``dimension`` signs per round.
+
+  Privacy: ``(ln(gamma/(1-gamma)), 0)``-DP per coordinate per round (Zhu and
+  Ling 2022, Theorem 1), worker-level, replace-one. Per round the d
+  coordinates compose (``SelfComposedDpEvent(RR, d)``); the run composes T
+  rounds. Holds for any model difference: no clipping needed.
+  """
+
+  keep_prob: float
+  dimension: int
+  relation: str = "replace_one"
+  privacy_unit: str = PRIVACY_UNIT
+
+  def __post_init__(self):
+    epsilon_of_keep_prob(self.keep_prob)
+    check(int(self.dimension) >= 1, "dimension", self.dimension, "must be >= 1")
+
+  @property
+  def formal_guarantee(self) -> bool:
+    return self.keep_prob < 1
+
+  @property
+  def coordinate_keep_prob(self) -> float:
+    return self.keep_prob
+
+  @property
+  def epsilon_per_coordinate_round(self) -> Optional[float]:
+    return epsilon_of_keep_prob(self.keep_prob)
+
+  @property
+  def guarantee_note(self) -> str:
+    if not self.formal_guarantee:
+      return "keep_prob=1: signs sent exactly, no differential privacy guarantee"
+    return (f"worker-level DP (replace one worker's data set); ({self.epsilon_per_coordinate_round:.4g}, 0)-DP "
+            f"per coordinate per round (Zhu and Ling 2022, Thm. 1); epsilon composes d={self.dimension} "
+            "coordinates x rounds as randomized response")
+
+  def round_event(self) -> dp_accounting.DpEvent:
+    if not self.formal_guarantee:
+      return dp_accounting.NonPrivateDpEvent()
+    if self.keep_prob == 0.5:
+      return dp_accounting.NoOpDpEvent()
+    return dp_accounting.SelfComposedDpEvent(randomized_response_event(self.keep_prob), int(self.dimension))
+
+
+@dataclasses.dataclass(frozen=True)
+class SignGaussianMechanism:
+  """Sign-Gaussian of DP-RSA, ``sign(clip(u) + N(0, sigma^2 I))``.
+
+  Privacy (worker-level, replace-one): with ``clip`` and ``norm="linf"``,
+  ``(ln(Phi(c/sigma)/Phi(-c/sigma)), 0)``-DP per coordinate per round, composed
+  as the dominating randomized response; with ``norm="l2"``, a Gaussian
+  mechanism of sensitivity ``2 clip`` per round (sign is post-processing).
+  Without ``clip``: no formal guarantee (the paper's Theorem 2 condition on
+  ``sigma`` versus ``max_i |u_i|`` is data dependent).
+  """
+
+  sigma: float
+  dimension: int
+  clip: Optional[float] = None
+  norm: str = "linf"
+  relation: str = "replace_one"
+  privacy_unit: str = PRIVACY_UNIT
+
+  def __post_init__(self):
+    check(self.sigma is not None and self.sigma > 0, "sign_sigma", self.sigma, "must be > 0")
+    check(int(self.dimension) >= 1, "dimension", self.dimension, "must be >= 1")
+    check(self.clip is None or self.clip > 0, "sign_clip", self.clip, "must be > 0 or unset")
+    check_choice("sign_clip_norm", self.norm, NORMS)
+
+  @property
+  def formal_guarantee(self) -> bool:
+    return self.clip is not None
+
+  @property
+  def coordinate_keep_prob(self) -> Optional[float]:
+    """Worst-case keep probability Phi(c/sigma) of one coordinate (linf clip only)."""
+    if self.clip is None or self.norm != "linf":
+      return None
+    from scipy.stats import norm
+    return float(norm.cdf(self.clip / self.sigma))
+
+  @property
+  def epsilon_per_coordinate_round(self) -> Optional[float]:
+    g = self.coordinate_keep_prob
+    if g is None:
+      return None
+    from scipy.stats import norm
+    r = self.clip / self.sigma
+    return float(norm.logcdf(r) - norm.logcdf(-r))
+
+  @property
+  def guarantee_note(self) -> str:
+    if self.clip is None:
+      return ("no formal guarantee: Sign-Gaussian without a clip of the model difference (the paper's "
+              "Theorem 2 condition on sigma versus max_i |x_0 - x_k|_i is data dependent)")
+    if self.norm == "linf":
+      return (f"worker-level DP (replace one worker's data set); coordinates clipped to [-{self.clip:g}, "
+              f"{self.clip:g}]: ({self.epsilon_per_coordinate_round:.4g}, 0)-DP per coordinate per round, "
+              f"composed over d={self.dimension} coordinates x rounds as the dominating randomized response")
+    return (f"worker-level DP (replace one worker's data set); difference clipped to L2 norm {self.clip:g}: "
+            f"Gaussian mechanism with noise multiplier sigma/(2 clip)={self.sigma / (2 * self.clip):.4g} "
+            "per round; sign is post-processing")
+
+  def round_event(self) -> dp_accounting.DpEvent:
+    if self.clip is None:
+      return dp_accounting.NonPrivateDpEvent()
+    if self.norm == "l2":
+      return dp_accounting.GaussianDpEvent(self.sigma / (2.0 * self.clip))
+    return dp_accounting.SelfComposedDpEvent(randomized_response_event(self.coordinate_keep_prob),
+                                             int(self.dimension))
+
+
+def composed_epsilon(mechanism, rounds: int, delta: float) -> dict:
+  """Whole-run epsilon of ``rounds`` rounds of a sign mechanism, through dp_accounting (RDP).
+
+  Returns a dict with ``epsilon`` (dp_accounting), ``epsilon_per_coordinate_round``
+  and, for randomized-response mechanisms, ``epsilon_exact`` (the exact value
+  of the composed randomized response, :func:`randomized_response_epsilon_exact`)
+  and ``epsilon_basic_composition`` (``d T eps0``, pure DP).
+
+  Raises:
+    ConfigError: if dp_accounting's epsilon is below the exact value (an
+      accountant that mishandled the composition), which would be a false claim.
+  """
+  from fedjax_dp.privacy.ledger import epsilon_for
+  check(int(rounds) >= 1, "rounds", rounds, "must be >= 1")
+  check_open_unit("delta", delta)
+  out = {"epsilon_per_coordinate_round": mechanism.epsilon_per_coordinate_round,
+         "rounds": int(rounds), "dimension": int(mechanism.dimension), "delta": delta,
+         "accountant": "rdp", "neighbouring_relation": mechanism.relation,
+         "formal_guarantee": bool(mechanism.formal_guarantee),
+         "guarantee_note": mechanism.guarantee_note, "dp_event": repr(mechanism.round_event())}
+  if not mechanism.formal_guarantee:
+    out["epsilon"] = None
+    return out
+  eps = epsilon_for(mechanism.round_event(), int(rounds), delta, "rdp", mechanism.relation)
+  out["epsilon"] = eps
+  g = mechanism.coordinate_keep_prob
+  if g is not None and 0.5 < g < 1:
+    count = int(rounds) * int(mechanism.dimension)
+    exact = randomized_response_epsilon_exact(g, count, delta)
+    out["epsilon_exact"] = exact
+    out["epsilon_basic_composition"] = count * mechanism.epsilon_per_coordinate_round
+    if eps < exact * (1 - 1e-6):
+      raise ConfigError("accountant", "rdp",
+                        f"composed epsilon {eps} is below the exact value {exact} of {count} composed "
+                        "randomized responses: the accountant mishandled the composition")
+  return out
+
+
+class SignAccounting:
+  """Run accounting for DP-RSA: the ledger's epsilon plus the per-coordinate epsilon.
+
+  Wraps :class:`fedjax_dp.accounting.LedgerAccounting` (RDP only); on the last
+  round (``rounds``) it also reports the exact composed value as a check.
+  """
+
+  def __init__(self, mechanism, delta: float, rounds: int, accountant: str = "rdp"):
+    from fedjax_dp.accounting import LedgerAccounting
+    if mechanism.formal_guarantee:
+      _check_rdp(accountant)
+    self.mechanism = mechanism
+    self.rounds = int(rounds)
+    self._inner = LedgerAccounting(mechanism, delta, accountant)
+    self.ledger = self._inner.ledger
+
+  def on_round(self, cohort) -> None:
+    self._inner.on_round(cohort)
+
+  def report(self) -> dict:
+    rep = self._inner.report()
+    rep["epsilon_per_coordinate_round"] = self.mechanism.epsilon_per_coordinate_round
+    g = self.mechanism.coordinate_keep_prob
+    done = self.ledger.rounds
+    if (rep["formal_guarantee"] and done == self.rounds and g is not None and 0.5 < g < 1):
+      count = done * int(self.mechanism.dimension)
+      exact = randomized_response_epsilon_exact(g, count, self.ledger.delta)
+      rep["epsilon_exact_check"] = exact
+      if rep["epsilon"] < exact * (1 - 1e-6):
+        raise ConfigError("accountant", self.ledger.accountant,
+                          f"composed epsilon {rep['epsilon']} below the exact {exact}")
+    return rep

@@ -1,0 +1,122 @@
+"""Sign transforms and the two DP mechanisms of DP-RSA (Zhu and Ling, IJCAI 2022).
+
+Each is an ``optax.GradientTransformationExtraArgs`` applied to one worker's
+vector ``u = x_0 - x_k`` (a pytree) and returns a pytree of +-1:
+
+* :func:`to_sign`: ``sign(u)`` with the paper's convention ``sign(0) = +1``
+  (non-private RSA, Eq. 6).
+* :func:`sign_flip`: Sign-Flipping (Eq. 8): each coordinate of ``sign(u)`` is
+  kept with probability ``gamma`` and flipped with probability ``1 - gamma``.
+* :func:`sign_gaussian`: Sign-Gaussian (Eq. 9): ``sign(u + e)``,
+  ``e ~ N(0, sigma^2 I)``; with ``clip`` the difference is first bounded (per
+  coordinate to ``[-clip, clip]`` with ``norm="linf"``, or in L2 norm with
+  ``norm="l2"``), which is what gives it a formal guarantee (see
+  :mod:`fedjax_dp.privacy.sign`).
+
+The random transforms fold the salts of :mod:`fedjax_dp.transforms.core` into
+``key=`` so they draw independently of other transforms in a chain.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_dp.errors import check, check_choice
+from fedjax_dp.transforms.core import (SALT_SIGN_FLIP, SALT_SIGN_GAUSSIAN, clip_l2, gaussian_like,
+                                       salted)
+
+NORMS = ("linf", "l2")
+
+
+def paper_sign(x: jax.Array) -> jax.Array:
+  """+1 for ``x >= 0``, -1 otherwise (Zhu and Ling 2022: sign returns 1 for non-negative input)."""
+  return jnp.where(x >= 0, 1.0, -1.0).astype(x.dtype)
+
+
+def _stateless(update) -> optax.GradientTransformationExtraArgs:
+  return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update)
+
+
+def to_sign() -> optax.GradientTransformationExtraArgs:
+  """``sign(u)`` (no privacy)."""
+
+  def update(updates, state, params=None, **extra):
+    del params, extra
+    return jax.tree_util.tree_map(paper_sign, updates), state
+
+  return _stateless(update)
+
+
+def sign_flip(keep_prob: float) -> optax.GradientTransformationExtraArgs:
+  """Sign-Flipping, Zhu and Ling (2022) Eq. 8; needs ``key=``.
+
+  Privacy: per coordinate and round this is binary randomized response:
+  (ln(gamma / (1 - gamma)), 0)-DP for any change of the worker's data
+  (Theorem 1), whatever ``u`` is (no clipping needed).
+
+  Args:
+    keep_prob: gamma in [0.5, 1]; 1 keeps every sign (no privacy).
+  """
+  check(keep_prob is not None and 0.5 <= keep_prob <= 1, "keep_prob", keep_prob, "must be in [0.5, 1]")
+
+  def update(updates, state, params=None, *, key, **extra):
+    del params, extra
+    leaves, treedef = jax.tree_util.tree_flatten(updates)
+    keys = jax.random.split(salted(key, SALT_SIGN_FLIP), len(leaves))
+    out = [paper_sign(u) * jnp.where(jax.random.bernoulli(k, keep_prob, u.shape), 1.0, -1.0).astype(u.dtype)
+           for k, u in zip(keys, leaves)]
+    return jax.tree_util.tree_unflatten(treedef, out), state
+
+  return _stateless(update)
+
+
+def clip_linf(bound: float) -> optax.GradientTransformationExtraArgs:
+  """Clamps every coordinate to ``[-bound, bound]``."""
+  check(bound is not None and bound > 0, "sign_clip", bound, "must be > 0")
+
+  def update(updates, state, params=None, **extra):
+    del params, extra
+    return jax.tree_util.tree_map(lambda u: jnp.clip(u, -bound, bound), updates), state
+
+  return _stateless(update)
+
+
+def sign_gaussian(sigma: float, clip: Optional[float] = None,
+                  norm: str = "linf") -> optax.GradientTransformationExtraArgs:
+  """Sign-Gaussian, Zhu and Ling (2022) Eq. 9: ``sign(clip(u) + e)``; needs ``key=``.
+
+  The probability that coordinate i's sign is flipped is ``Phi(-|u_i| / sigma)``
+  (Eq. 10).
+
+  Privacy: only with ``clip``. ``norm="linf"`` bounds each coordinate to
+  ``[-clip, clip]``: each coordinate is then (ln(Phi(c/s) / Phi(-c/s)), 0)-DP
+  per round. ``norm="l2"`` bounds ``||u||_2 <= clip``: the release is
+  post-processing of a Gaussian mechanism with sensitivity ``2 clip``
+  (replace-one). Without ``clip`` the guarantee of the paper's Theorem 2 rests
+  on a data-dependent condition on ``sigma`` versus ``max_i |u_i|`` and is
+  not a DP guarantee.
+
+  Args:
+    sigma: noise standard deviation (> 0).
+    clip: the bound, or None (no formal guarantee).
+    norm: "linf" or "l2".
+  """
+  check(sigma is not None and sigma > 0, "sign_sigma", sigma, "must be > 0")
+  check_choice("sign_clip_norm", norm, NORMS)
+  if clip is not None:
+    bound = clip_linf(clip) if norm == "linf" else clip_l2(clip)
+  else:
+    bound = None
+
+  def update(updates, state, params=None, *, key, **extra):
+    del params, extra
+    if bound is not None:
+      updates, _ = bound.update(updates, optax.EmptyState())
+    noise = gaussian_like(updates, sigma, salted(key, SALT_SIGN_GAUSSIAN))
+    return jax.tree_util.tree_map(lambda u, e: paper_sign(u + e), updates, noise), state
+
+  return _stateless(update)

@@ -1,0 +1,182 @@
+"""One contract test over every aggregator, plus each robust aggregator's own math."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedjax_dp.aggregators import mean, robust
+
+D_A, D_B = (3,), (2, 2)
+CC = dict(cc_tau=3.0, cc_iters=10)
+ROBUST = [n for n in robust.NAMES if n != "mean"]
+
+
+_CACHE = {}
+
+
+def make(name):
+  if name not in _CACHE:
+    _CACHE[name] = robust.get(name, num_byzantine=2, trim_beta=0.2, **CC)
+  return _CACHE[name]
+
+
+def tree(rows):
+  rows = np.asarray(rows, np.float32)
+  return {"a": jnp.asarray(rows[:, :3]), "b": jnp.asarray(rows[:, 3:].reshape((-1,) + D_B))}
+
+
+def flat(t):
+  return np.concatenate([np.asarray(t["a"]).ravel(), np.asarray(t["b"]).ravel()])
+
+
+def run(agg, rows, mask=None, weights=None, jit=True):
+  u = tree(rows)
+  n = len(rows)
+  mask = jnp.ones(n) if mask is None else jnp.asarray(mask, jnp.float32)
+  weights = jnp.ones(n) if weights is None else jnp.asarray(weights, jnp.float32)
+  state = agg.init(jax.tree_util.tree_map(lambda x: x[0], u))
+  if not jit:
+    fn = agg.aggregate
+  else:
+    fn = _CACHE.setdefault(("jit", id(agg)), (agg, jax.jit(agg.aggregate)))[1]
+  out, _ = fn(u, weights, mask, state, jax.random.PRNGKey(0))
+  return flat(out)
+
+
+def honest(n=10, seed=0):
+  return 1.0 + 0.1 * np.random.default_rng(seed).normal(size=(n, 7))
+
+
+@pytest.mark.parametrize("name", robust.NAMES)
+@pytest.mark.parametrize("jit", [True, False])
+def test_permutation_invariance(name, jit):
+  rows = honest()
+  perm = np.random.default_rng(1).permutation(len(rows))
+  np.testing.assert_allclose(run(make(name), rows, jit=jit), run(make(name), rows[perm], jit=jit),
+                             rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", robust.NAMES)
+@pytest.mark.parametrize("pad_value", [0.0, 1e6])
+def test_padded_rows_are_ignored(name, pad_value):
+  rows = honest()
+  padded = np.concatenate([rows[:4], np.full((3, 7), pad_value), rows[4:]])
+  mask = np.r_[np.ones(4), np.zeros(3), np.ones(6)]
+  np.testing.assert_allclose(run(make(name), padded, mask), run(make(name), rows), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", robust.NAMES)
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, "mixed"])
+def test_nonfinite_rows_rejected_like_padding(name, bad):
+  rows = honest()
+  attacked = rows.copy()
+  if bad == "mixed":
+    attacked[-2:, ::2], attacked[-2:, 1::2] = np.inf, -np.inf
+  else:
+    attacked[-2:] = bad
+  out = run(make(name), attacked)
+  assert np.all(np.isfinite(out))
+  np.testing.assert_allclose(out, run(make(name), rows[:-2]), rtol=1e-5, atol=1e-5)
+  rows_nan_one = rows.copy()
+  rows_nan_one[0, 5] = np.nan  # one bad entry rejects the whole row
+  np.testing.assert_allclose(run(make(name), rows_nan_one), run(make(name), rows[1:]), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", robust.NAMES)
+def test_all_rows_rejected_gives_zero_step(name):
+  out = run(make(name), np.full((4, 7), np.nan))
+  np.testing.assert_array_equal(out, np.zeros(7))
+  out = run(make(name), honest(4), mask=np.zeros(4))
+  np.testing.assert_array_equal(out, np.zeros(7))
+
+
+@pytest.mark.parametrize("name", robust.NAMES)
+def test_large_norm_attackers(name):
+  """b=2 of 10 rows at norm ~1e4: robust aggregators stay near the honest rows, the mean does not."""
+  rows = honest()
+  attacked = rows.copy()
+  attacked[-2:] = 1e4 * np.random.default_rng(3).normal(size=(2, 7))
+  out = run(make(name), attacked)
+  if name in ("sign_vote",):
+    np.testing.assert_array_equal(out, np.ones(7))  # the 8 honest +1 votes win every coordinate
+  elif name == "sign_sum":
+    assert np.all(np.abs(out - run(make(name), rows[:-2])) <= 2)
+  elif name == "mean":
+    assert np.linalg.norm(out - rows[:-2].mean(0)) > 100  # not robust, as documented
+  else:
+    assert np.linalg.norm(out - rows[:-2].mean(0)) < 1.0, out
+
+
+def test_mean_entry_is_the_base_mean():
+  rows = honest()
+  w = np.arange(1, 11, dtype=np.float32)
+  np.testing.assert_allclose(run(make("mean"), rows, weights=w), run(mean("realized"), rows, weights=w),
+                             rtol=1e-6)
+  np.testing.assert_allclose(run(make("mean"), rows, weights=w), (w[:, None] * rows).sum(0) / w.sum(),
+                             rtol=1e-5)
+
+
+def test_coordinate_median_and_trimmed_mean_values():
+  rows = np.tile(np.array([[1.], [2.], [3.], [4.], [100.]]), (1, 7))
+  np.testing.assert_allclose(run(robust.coordinate_median(), rows), np.full(7, 3.0))
+  np.testing.assert_allclose(run(robust.coordinate_median(), rows[:4]), np.full(7, 2.5))
+  np.testing.assert_allclose(run(robust.trimmed_mean(0.2), rows), np.full(7, 3.0))
+  np.testing.assert_allclose(run(robust.trimmed_mean(0.0), rows), np.full(7, 22.0))
+
+
+def test_sign_vote_and_sum_values():
+  rows = np.array([[1, -1, 2, 0, 1, 1, -3], [1, -1, -2, 0, 1, 1, -3], [2, 5, -1, 0, 1, 1, -3]], float)
+  np.testing.assert_array_equal(run(robust.sign_vote(), rows), [1, -1, -1, 0, 1, 1, -1])
+  np.testing.assert_array_equal(run(robust.sign_sum(), rows), [3, -1, -1, 0, 3, 3, -3])
+  np.testing.assert_array_equal(run(robust.sign_sum(), rows, weights=[1, 1, 3]), [5, 1, -3, 0, 5, 5, -5])
+
+
+@pytest.mark.parametrize("max_iter", [1, 500])
+def test_geometric_median_optimality(max_iter):
+  rows = np.random.default_rng(5).normal(size=(9, 7))
+  w = np.random.default_rng(6).uniform(0.5, 2.0, 9)
+  z = run(robust.geometric_median(tol=1e-9, max_iter=max_iter), rows, weights=w)
+  diff = z - rows
+  grad = (w[:, None] * diff / np.linalg.norm(diff, axis=1, keepdims=True)).sum(0)
+  if max_iter == 500:
+    assert np.linalg.norm(grad) < 1e-3 * w.sum()
+  z_ref, iters = robust.weiszfeld(jnp.asarray(rows, jnp.float32), jnp.asarray(w, jnp.float32), 1e-9, max_iter)
+  assert int(iters) <= max_iter
+  np.testing.assert_allclose(z, np.asarray(z_ref), rtol=1e-5, atol=1e-6)
+
+
+def test_geometric_median_collinear_is_median():
+  rows = np.zeros((5, 7))
+  rows[:, 0] = [0., 1., 2., 10., 50.]
+  np.testing.assert_allclose(run(robust.geometric_median(1e-10, 1000), rows)[0], 2.0, atol=1e-3)
+
+
+def test_krum_selects_an_honest_row():
+  rows = honest()
+  attacked = rows.copy()
+  attacked[-2:] = 50.0
+  out = run(robust.krum(2), attacked)
+  assert min(np.linalg.norm(rows[:-2] - out, axis=1)) < 1e-5
+  multi = run(robust.krum(2, multi=3), attacked)
+  assert np.linalg.norm(multi - rows[:-2].mean(0)) < 0.5
+
+
+def test_centered_clipping_moves_at_most_tau_per_row_and_keeps_state():
+  agg = robust.centered_clipping(tau=1.0, iters=1)
+  u = tree(np.full((4, 7), 100.0))
+  state = agg.init(jax.tree_util.tree_map(lambda x: x[0], u))
+  out, state = agg.aggregate(u, jnp.ones(4), jnp.ones(4), state, jax.random.PRNGKey(0))
+  assert abs(np.linalg.norm(flat(out)) - 1.0) < 1e-5  # 4 rows each moved by tau / 4 along one direction
+  out2, _ = agg.aggregate(u, jnp.ones(4), jnp.ones(4), state, jax.random.PRNGKey(0))
+  assert abs(np.linalg.norm(flat(out2)) - 2.0) < 1e-5  # starts from the previous aggregate
+
+
+def test_bad_parameters_raise():
+  from fedjax_dp.errors import ConfigError
+  for fn in (lambda: robust.trimmed_mean(0.5), lambda: robust.geometric_median(tol=0),
+             lambda: robust.krum(-1), lambda: robust.centered_clipping(tau=0),
+             lambda: robust.get("average")):
+    with pytest.raises(ConfigError):
+      fn()

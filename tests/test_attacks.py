@@ -1,0 +1,115 @@
+"""Each attack's output: regular rows untouched, Byzantine rows as the attack defines."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.stats import norm
+
+from fedjax_dp import attacks
+from fedjax_dp.errors import ConfigError
+
+N = 8
+BYZ = np.array([0, 0, 0, 0, 0, 0, 1, 1], np.float32)  # the last two ids
+MASK = np.array([1, 1, 1, 1, 1, 0, 1, 1], np.float32)  # row 5 is padding
+
+
+def rows(seed=0):
+  r = np.random.default_rng(seed)
+  return {"w": jnp.asarray(r.normal(size=(N, 50)), jnp.float32),
+          "b": jnp.asarray(r.normal(size=(N, 4, 3)), jnp.float32)}
+
+
+def flat(t):
+  return np.concatenate([np.asarray(t["w"]).reshape(N, -1), np.asarray(t["b"]).reshape(N, -1)], 1)
+
+
+def apply(attack, mask=MASK, jit=True, seed=0):
+  u = rows(seed)
+  fn = jax.jit(attack) if jit else attack
+  out = fn(u, jnp.asarray(BYZ), jax.random.PRNGKey(7), mask=None if mask is None else jnp.asarray(mask))
+  return flat(u), flat(out)
+
+
+def regular_stats(x, mask=MASK):
+  w = (1 - BYZ) * (mask if mask is not None else 1)
+  mu = (w[:, None] * x).sum(0) / w.sum()
+  sd = np.sqrt((w[:, None] * (x - mu) ** 2).sum(0) / w.sum())
+  return mu, sd
+
+
+def test_byzantine_mask_is_the_last_ids():
+  ids = jnp.array([0, 3, 7, 9, 8, 0])
+  np.testing.assert_array_equal(attacks.byzantine_mask(ids, 10, 3), [0, 0, 1, 1, 1, 0])
+  np.testing.assert_array_equal(attacks.byzantine_mask(ids, 10, 0), np.zeros(6))
+
+
+@pytest.mark.parametrize("name", attacks.ATTACKS)
+@pytest.mark.parametrize("jit", [True, False])
+def test_regular_rows_untouched(name, jit):
+  x, out = apply(attacks.get(name), jit=jit)
+  np.testing.assert_array_equal(out[BYZ == 0], x[BYZ == 0])
+  if name != "none":
+    assert not np.array_equal(out[BYZ == 1], x[BYZ == 1])
+
+
+def test_gaussian_scale():
+  x, out = apply(attacks.get("gaussian", sigma=1e4))
+  v = out[BYZ == 1].ravel()
+  # 124 samples: the sample sd is within 25% of sigma with overwhelming probability.
+  assert abs(v.std() / 1e4 - 1) < 0.25 and abs(v.mean()) < 4 * 1e4 / np.sqrt(v.size)
+  assert not np.allclose(out[6], out[7])  # independent rows
+
+
+def test_sign_flip_is_minus_five_times_true_row():
+  x, out = apply(attacks.get("sign-flip"))
+  np.testing.assert_allclose(out[BYZ == 1], -5 * x[BYZ == 1], rtol=1e-6)
+  x, out = apply(attacks.get("sign_flip", scale=-2.0))
+  np.testing.assert_allclose(out[BYZ == 1], -2 * x[BYZ == 1], rtol=1e-6)
+
+
+def test_sample_duplication_copies_one_regular_real_row():
+  x, out = apply(attacks.get("sample-duplication"))
+  np.testing.assert_array_equal(out[6], x[0])
+  np.testing.assert_array_equal(out[7], x[0])
+  mask = MASK.copy()
+  mask[0] = 0  # row 0 padded: the first real regular row is 1
+  x, out = apply(attacks.get("sample_duplication"), mask=mask)
+  np.testing.assert_array_equal(out[6], x[1])
+
+
+def test_alie_default_z_and_explicit_z():
+  x, out = apply(attacks.get("alie"))
+  mu, sd = regular_stats(x)
+  n, b = MASK.sum(), (BYZ * MASK).sum()
+  z = norm.ppf((n - (np.floor(n / 2 + 1) - b)) / n)
+  np.testing.assert_allclose(out[6], mu - z * sd, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(out[7], mu - z * sd, rtol=1e-4, atol=1e-5)
+  x, out = apply(attacks.get("alie", alie_z=1.5), mask=None)
+  mu, sd = regular_stats(x, None)
+  np.testing.assert_allclose(out[7], mu - 1.5 * sd, rtol=1e-4, atol=1e-5)
+
+
+def test_ipm_excludes_padding():
+  x, out = apply(attacks.get("ipm", ipm_epsilon=0.5))
+  mu, _ = regular_stats(x)
+  np.testing.assert_allclose(out[6], -0.5 * mu, rtol=1e-5, atol=1e-6)
+  x_nomask, out_nomask = apply(attacks.get("ipm", ipm_epsilon=0.5), mask=None)
+  assert not np.allclose(out_nomask[6], out[6])  # the padded row would have counted
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "mixed"])
+def test_nonfinite(value):
+  _, out = apply(attacks.get("nonfinite", nonfinite_value=value))
+  assert not np.any(np.isfinite(out[BYZ == 1]))
+  if value == "nan":
+    assert np.all(np.isnan(out[BYZ == 1]))
+  if value == "mixed":
+    assert np.any(out[6] > 0) and np.any(out[6] < 0)
+
+
+def test_bad_names_and_parameters():
+  for kw in (dict(name="sybil"), dict(name="gaussian", sigma=0), dict(name="ipm", ipm_epsilon=-1),
+             dict(name="nonfinite", nonfinite_value="zero")):
+    with pytest.raises(ConfigError):
+      attacks.get(**kw)

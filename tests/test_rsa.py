@@ -1,0 +1,245 @@
+"""DP-RSA: sign mechanisms, master/worker updates, privacy accounting, small end-to-end runs."""
+
+import itertools
+import json
+import math
+
+import dp_accounting
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from fedjax_dp.algorithms.fedavg import CohortBatch
+from fedjax_dp.algorithms.rsa import RSAProgram, RSAState, master_step, worker_step
+from fedjax_dp import attacks
+from fedjax_dp.errors import ConfigError
+from fedjax_dp.privacy import sign as psign
+from fedjax_dp.transforms.sign import paper_sign, sign_flip, sign_gaussian, to_sign
+
+
+def _apply(tx, u, key=0, jit=True):
+  fn = lambda u, k: tx.update(u, tx.init(u), key=k)[0]
+  fn = jax.jit(fn) if jit else fn
+  return fn(u, jax.random.PRNGKey(key))
+
+
+@pytest.mark.parametrize("gamma", [0.55, 0.8])
+@pytest.mark.parametrize("jit", [True, False])
+def test_sign_flip_frequency_is_binomial(gamma, jit):
+  n = 200_000
+  u = {"a": jnp.linspace(-1, 1, n // 2), "b": jnp.linspace(1, -1, n // 2).reshape(100, -1)}
+  out = _apply(sign_flip(gamma), u, jit=jit)
+  flips = sum(int(jnp.sum(o != paper_sign(x))) for o, x in zip(jax.tree_util.tree_leaves(out),
+                                                               jax.tree_util.tree_leaves(u)))
+  assert stats.binomtest(flips, n, 1 - gamma).pvalue > 1e-3
+  assert set(np.unique(np.asarray(out["a"]))) <= {-1.0, 1.0}
+  np.testing.assert_array_equal(_apply(sign_flip(1.0), u)["a"], paper_sign(u["a"]))
+
+
+@pytest.mark.parametrize("value,sigma", [(0.5, 1.0), (-0.2, 0.1), (0.0, 1.0)])
+def test_sign_gaussian_flip_probability_is_normal_cdf(value, sigma):
+  n = 100_000
+  u = jnp.full((n,), value)
+  out = _apply(sign_gaussian(sigma), u)
+  flips = int(jnp.sum(out != paper_sign(u)))
+  p = stats.norm.cdf(-abs(value) / sigma)
+  if value == 0.0:  # sign(0) = +1, flipped when the noise is negative
+    p = 0.5
+  assert stats.binomtest(flips, n, p).pvalue > 1e-3
+
+
+def test_sign_gaussian_clips():
+  n = 100_000
+  big = jnp.full((n,), 5.0)
+  out = _apply(sign_gaussian(1.0, clip=0.5, norm="linf"), big)
+  assert stats.binomtest(int(jnp.sum(out < 0)), n, stats.norm.cdf(-0.5)).pvalue > 1e-3
+  out = _apply(sign_gaussian(1.0, clip=0.5 * math.sqrt(n), norm="l2"), big)  # ||u|| = 5 sqrt(n)
+  assert stats.binomtest(int(jnp.sum(out < 0)), n, stats.norm.cdf(-0.5)).pvalue > 1e-3
+  # Salted: the flip and the Gaussian draw independently from the same key.
+  assert not np.array_equal(_apply(sign_flip(0.6), jnp.ones(1000)), _apply(sign_gaussian(0.25), jnp.ones(1000) * 0.1))
+
+
+def test_paper_sign_and_to_sign():
+  np.testing.assert_array_equal(paper_sign(jnp.array([-2.0, 0.0, 3.0])), [-1, 1, 1])
+  np.testing.assert_array_equal(_apply(to_sign(), jnp.array([-2.0, 0.0, 3.0])), [-1, 1, 1])
+
+
+def test_master_and_worker_updates_with_known_inputs():
+  x0 = {"w": jnp.array([1.0, -2.0, 0.5])}
+  total = {"w": jnp.array([3.0, -1.0, 0.0])}
+  out = master_step(x0, total, lr=0.1, lam=0.01, l2=0.004)
+  np.testing.assert_allclose(out["w"], np.array([1.0, -2.0, 0.5]) - 0.1 * (0.004 * np.array([1.0, -2.0, 0.5])
+                                                                          + 0.01 * np.array([3.0, -1.0, 0.0])))
+  xk = {"w": jnp.array([1.5, -2.0, 0.0])}
+  g = {"w": jnp.array([0.2, 0.0, -1.0])}
+  out = worker_step(xk, x0, g, lr=0.1, lam=0.5)
+  np.testing.assert_allclose(out["w"], [1.5 - 0.1 * (0.2 + 0.5), -2.0 - 0.1 * 0.5, 0.0 - 0.1 * (-1.0 - 0.5)])
+
+
+class _Model:
+  def init(self, key):
+    return {"w": jnp.zeros(3)}
+
+
+def test_round_step_gathers_scatters_and_aggregates_signs():
+  """K=5 workers, the last (id 4) Byzantine with sign_flip; cohort [3, 4, 0, 1, pad]."""
+  grads = {"w": jnp.array([0.1, -0.2, 0.3])}
+  prog = RSAProgram(model=_Model(), gradient=lambda p, x, y, c, k: (jnp.sum(p["w"]), grads),
+                    perturb=to_sign(), attack=attacks.get("sign_flip"), num_clients=5,
+                    num_byzantine=1, lr=0.1, lam=0.01, l2=0.004, mechanism=None)
+  x0 = jnp.array([0.0, 1.0, -1.0])
+  workers = jnp.array([[1., 1., 1.], [-1., 2., 0.], [5., 5., 5.], [0., 0., -2.], [0.5, 0.5, -0.5]])
+  state = RSAState({"w": x0}, {"w": workers}, jnp.zeros((), jnp.int32))
+  ids = jnp.array([3, 4, 0, 1, 0])
+  mask = jnp.array([1., 1., 1., 1., 0.])
+  batch = CohortBatch(jnp.zeros((5, 2, 1)), jnp.zeros((5, 2), jnp.int32), jnp.ones(5, jnp.int32), ids, mask)
+  new, metrics = jax.jit(prog.round_step)(state, batch, jax.random.PRNGKey(0))
+  s = lambda v: np.where(v >= 0, 1.0, -1.0)
+  x0n, W = np.asarray(x0), np.asarray(workers)
+  total = s(x0n - W[3]) + s(x0n - (-5.0 * W[4])) + s(x0n - W[0]) + s(x0n - W[1])
+  np.testing.assert_allclose(new.master["w"], x0n - 0.1 * (0.004 * x0n + 0.01 * total), rtol=1e-6)
+  g = np.asarray(grads["w"])
+  expect = W.copy()
+  for k in (3, 4, 0, 1):  # Byzantine worker 4 keeps its honest local update
+    expect[k] = W[k] - 0.1 * (g + 0.01 * s(W[k] - x0n))
+  np.testing.assert_allclose(new.workers["w"], expect, rtol=1e-6)  # row 2 untouched, padding wrote nothing
+  assert float(metrics["flip_rate"]) == 0.0 and float(metrics["nonfinite_rows"]) == 0.0
+
+
+def test_nonfinite_byzantine_messages_are_rejected():
+  prog = RSAProgram(model=_Model(), gradient=lambda p, x, y, c, k: (0.0, {"w": jnp.zeros(3)}),
+                    perturb=to_sign(), attack=attacks.get("nonfinite"), num_clients=3,
+                    num_byzantine=1, lr=0.1, lam=0.01, l2=0.0, mechanism=None)
+  state = prog.init(jax.random.PRNGKey(0))
+  batch = CohortBatch(jnp.zeros((3, 1, 1)), jnp.zeros((3, 1), jnp.int32), jnp.ones(3, jnp.int32),
+                      jnp.arange(3), jnp.ones(3))
+  new, metrics = prog.round_step(state, batch, jax.random.PRNGKey(1))
+  assert np.all(np.isfinite(new.master["w"])) and float(metrics["nonfinite_rows"]) == 1.0
+  np.testing.assert_allclose(new.master["w"], -0.1 * 0.01 * 2 * np.ones(3))  # two honest +1 signs
+
+
+# ----------------------------------------------------------------------------- privacy
+
+
+def test_gamma_maps_onto_randomized_response_event():
+  """dp_accounting's own PLD of one response (count 1, which it handles) is ln(gamma/(1-gamma))."""
+  from dp_accounting import pld
+  for gamma in (0.55, 0.6, 0.8):
+    acc = pld.PLDAccountant(dp_accounting.NeighboringRelation.REPLACE_ONE)
+    acc.compose(psign.randomized_response_event(gamma))
+    assert acc.get_epsilon(1e-12) == pytest.approx(math.log(gamma / (1 - gamma)), rel=1e-3)
+
+
+def _brute_force_delta(eps, gamma, k):
+  delta = 0.0
+  for out in itertools.product([0, 1], repeat=k):
+    kept = sum(out)
+    p = gamma ** kept * (1 - gamma) ** (k - kept)
+    q = (1 - gamma) ** kept * gamma ** (k - kept)
+    delta += max(p - math.exp(eps) * q, 0.0)
+  return delta
+
+
+@pytest.mark.parametrize("gamma,k,eps", [(0.6, 5, 0.5), (0.7, 8, 1.0), (0.55, 10, 0.0)])
+def test_closed_form_matches_enumeration(gamma, k, eps):
+  assert psign.randomized_response_delta_exact(eps, gamma, k) == pytest.approx(
+      _brute_force_delta(eps, gamma, k), abs=1e-12)
+
+
+@pytest.mark.parametrize("gamma,d,rounds", [(0.6, 1, 1), (0.55, 30, 20), (0.799, 100, 50), (0.55, 42310, 400)])
+def test_ledger_epsilon_against_closed_form(gamma, d, rounds):
+  delta = 1e-5
+  mech = psign.SignFlipMechanism(gamma, d)
+  rep = psign.composed_epsilon(mech, rounds, delta)
+  count = d * rounds
+  exact = psign.randomized_response_epsilon_exact(gamma, count, delta)
+  assert rep["epsilon_exact"] == pytest.approx(exact)
+  assert exact <= rep["epsilon"] <= max(1.25 * exact, exact + 0.05)  # RDP is an upper bound, and tight-ish
+  assert rep["epsilon"] <= count * math.log(gamma / (1 - gamma)) + 1e-3 or count == 1
+  assert rep["epsilon_per_coordinate_round"] == pytest.approx(math.log(gamma / (1 - gamma)))
+  # The run's accounting composes the same thing round by round.
+  acc = psign.SignAccounting(mech, delta, rounds)
+  for _ in range(rounds):
+    acc.on_round(None)
+  r = acc.report()
+  assert r["epsilon"] == pytest.approx(rep["epsilon"], rel=1e-9)
+  assert r["epsilon_exact_check"] == pytest.approx(exact)
+  assert r["neighbouring_relation"] == "replace_one" and r["formal_guarantee"]
+
+
+def test_pld_refused_for_randomized_response():
+  with pytest.raises(ConfigError, match="PLD"):
+    psign.SignAccounting(psign.SignFlipMechanism(0.6, 10), 1e-5, 3, accountant="pld")
+
+
+def test_sign_gaussian_mechanisms():
+  assert not psign.SignGaussianMechanism(0.1, 10).formal_guarantee
+  sigma = psign.sign_gaussian_sigma_for_epsilon(0.4, 0.002)
+  m = psign.SignGaussianMechanism(sigma, 10, clip=0.002)
+  assert m.epsilon_per_coordinate_round == pytest.approx(0.4)
+  assert m.coordinate_keep_prob == pytest.approx(psign.keep_prob_for_epsilon(0.4))
+  l2 = psign.SignGaussianMechanism(1.0, 10, clip=0.25, norm="l2")
+  assert l2.round_event() == dp_accounting.GaussianDpEvent(2.0)
+  assert l2.epsilon_per_coordinate_round is None
+  acc = psign.SignAccounting(psign.SignGaussianMechanism(0.1, 10), 1e-5, 2)
+  acc.on_round(None)
+  rep = acc.report()
+  assert rep["epsilon"] is None and not rep["formal_guarantee"] and "no formal guarantee" in rep["guarantee_note"]
+
+
+def test_cli_privacy_sign_flip(capsys):
+  from fedjax_dp.cli import main
+  assert main(["privacy", "--mechanism", "sign-flip", "--keep-prob", "0.6", "--rounds", "20",
+               "--dimension", "30", "--delta", "1e-5"]) == 0
+  out = json.loads(capsys.readouterr().out)
+  assert out["epsilon_per_coordinate_round"] == pytest.approx(math.log(1.5))
+  assert out["epsilon"] == pytest.approx(psign.composed_epsilon(psign.SignFlipMechanism(0.6, 30), 20, 1e-5)["epsilon"])
+  assert out["epsilon"] >= out["epsilon_exact"]
+  assert main(["privacy", "--mechanism", "sign-flip", "--keep-prob", "0.3", "--rounds", "2",
+               "--dimension", "3", "--delta", "1e-5"]) == 2
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+def _config(algorithm, rounds=40, **options):
+  from fedjax_dp.config import make_config
+  return make_config(algorithm=algorithm, dataset="digits", num_clients=10, sampling="fixed",
+                     cohort_size=10, model="rsa_mlp", rounds=rounds, batch_size=16, client_lr=0.05,
+                     eval_every=rounds, noise_multiplier=None, target_epsilon=None, options=options)
+
+
+@pytest.fixture(scope="module")
+def digits():
+  from fedjax_dp.experiment import load_data
+  return load_data(_config("rsa"))
+
+
+def test_end_to_end_rsa_and_dp_rsa(digits):
+  from fedjax_dp.experiment import simulate
+  rsa = simulate(_config("rsa", byzantine=2, attack="sign_flip", **{"lambda": 0.05}), digits)
+  assert rsa.summary["final_accuracy"] > 0.3  # 10 classes: chance is 0.1
+  assert rsa.summary["epsilon"] is None and not rsa.summary["formal_guarantee"]
+  f = simulate(_config("dp-rsa-f", byzantine=2, attack="gaussian", epsilon=1.38, **{"lambda": 0.05}), digits)
+  assert math.isfinite(f.summary["final_accuracy"]) and f.summary["formal_guarantee"]
+  assert f.history[-1]["epsilon_per_coordinate_round"] == pytest.approx(1.38)
+  assert f.summary["epsilon"] >= f.summary["epsilon_exact_check"] > 0
+  assert abs(f.history[-1]["flip_rate"] - (1 - psign.keep_prob_for_epsilon(1.38))) < 0.01
+
+
+def test_end_to_end_sgd_fails_under_gaussian_attack_and_gm_does_not(digits):
+  from fedjax_dp.experiment import simulate
+  sgd = simulate(_config("sgd", rounds=30, byzantine=2, attack="gaussian"), digits)
+  gm = simulate(_config("gm", rounds=30, byzantine=2, attack="gaussian", gm_max_iter=20), digits)
+  assert gm.summary["final_accuracy"] > sgd.summary["final_accuracy"] + 0.2
+
+
+def test_bad_options_rejected_before_compiling(digits):
+  from fedjax_dp.algorithms import build
+  for cfg in (_config("rsa", alpha=1), _config("dp-rsa-f"), _config("dp-rsa-f", epsilon=1.0, keep_prob=0.7),
+              _config("rsa", byzantine=10), _config("dp-rsa-g", epsilon=1.0),
+              _config("sgd", attack="sybil")):
+    with pytest.raises(ConfigError):
+      build(cfg, digits)
