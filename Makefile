@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/fedjax-dp run --output-dir runs/quickstart
+	$(BIN)/fedjax-dp run --output-dir runs/quickstart --overwrite
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --durations=15

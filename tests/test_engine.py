@@ -144,4 +144,4 @@ def test_quickstart_reaches_sensible_accuracy():
   r = simulate(make_config())
   assert r.summary["formal_guarantee"] is True
   assert r.summary["epsilon"] <= 8.0 + 1e-9
-  assert r.summary["final_accuracy"] >= 0.75  # measured 0.877; chance is 0.1
+  assert r.summary["final_accuracy"] >= 0.75  # measured 0.872; chance is 0.1
