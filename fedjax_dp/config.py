@@ -37,6 +37,7 @@ class RunConfig:
   num_clients: int = 700
   dirichlet_alpha: float = 0.5
   shards_per_client: int = 2
+  min_labels_per_client: int = 1
   max_train: Optional[int] = None
   max_test: Optional[int] = None
   # Model.
@@ -84,6 +85,8 @@ class RunConfig:
     check(self.num_clients >= 1, "num_clients", self.num_clients, "must be >= 1")
     check_positive("dirichlet_alpha", self.dirichlet_alpha)
     check(self.shards_per_client >= 1, "shards_per_client", self.shards_per_client, "must be >= 1")
+    check(1 <= self.min_labels_per_client <= 2 * self.shards_per_client, "min_labels_per_client",
+          self.min_labels_per_client, f"must be in [1, 2 * shards_per_client = {2 * self.shards_per_client}]")
     for f in ("max_train", "max_test"):
       v = getattr(self, f)
       check(v is None or v >= 1, f, v, "must be >= 1 or unset")

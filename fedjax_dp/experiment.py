@@ -17,7 +17,8 @@ def load_data(config: RunConfig):
       config.dataset, config.num_clients, partition=config.partition, seed=config.seed,
       data_dir=config.data_dir, alpha=config.dirichlet_alpha,
       shards_per_client=config.shards_per_client, max_train=config.max_train,
-      max_test=config.max_test, download=config.download)
+      max_test=config.max_test, download=config.download,
+      min_labels=config.min_labels_per_client)
 
 
 def simulate(config: RunConfig, data=None, output_dir: Optional[str] = None,

@@ -95,6 +95,22 @@ def test_shards():
   assert len(np.unique(flat)) == len(flat)
 
 
+def test_shards_min_labels():
+  y = _labels(per_class=120)  # 60 shards of 20, one label each
+  rng = np.random.default_rng(0)
+  plain = partition.shards(y, 20, 3, np.random.default_rng(0))
+  # Without the constraint some client of this deal holds fewer than 3 labels ...
+  assert min(len(np.unique(y[p])) for p in plain) < 3
+  parts = partition.shards(y, 20, 3, rng, min_labels=3)
+  # ... with it every client holds 3 distinct labels, and the cover is still exact.
+  assert all(len(np.unique(y[p])) >= 3 for p in parts)
+  _assert_exact_cover(parts, len(y))
+  with pytest.raises(ConfigError, match="min_labels"):
+    partition.shards(y, 20, 1, rng, min_labels=3)  # at most 2 labels in one shard
+  with pytest.raises(ConfigError, match="min_labels"):
+    partition.shards(_labels(per_class=7), 10, 3, rng, min_labels=6, max_deals=3)
+
+
 def test_natural():
   ids = np.array(["b", "a", "b", "c", "a", "b"])
   parts = partition.natural(ids)

@@ -411,8 +411,8 @@ def load_central(name: str, data_dir: Optional[str] = None,
 def partition_indices(labels: np.ndarray, num_clients: int, partition: str,
                       rng: np.random.Generator, alpha: float = 0.5,
                       shards_per_client: int = 2,
-                      client_ids: Optional[np.ndarray] = None
-                      ) -> list[np.ndarray]:
+                      client_ids: Optional[np.ndarray] = None,
+                      min_labels: int = 1) -> list[np.ndarray]:
   """Dispatches to a partitioner in :mod:`fedjax_dp.data.partition` by name.
 
   Args:
@@ -423,6 +423,7 @@ def partition_indices(labels: np.ndarray, num_clients: int, partition: str,
     alpha: Dirichlet concentration (``dirichlet`` only).
     shards_per_client: Shards per client (``shards`` only).
     client_ids: Per-example client ids (``natural`` only).
+    min_labels: Minimum distinct labels per client (``shards`` only).
 
   Returns:
     One index array per client.
@@ -433,7 +434,7 @@ def partition_indices(labels: np.ndarray, num_clients: int, partition: str,
   if partition == "dirichlet":
     return partition_lib.dirichlet(labels, num_clients, alpha, rng)
   if partition == "shards":
-    return partition_lib.shards(labels, num_clients, shards_per_client, rng)
+    return partition_lib.shards(labels, num_clients, shards_per_client, rng, min_labels)
   check(client_ids is not None, "partition", partition, _NATURAL_NEEDS_IDS)
   return partition_lib.natural(client_ids)
 
@@ -444,7 +445,7 @@ def load_federated(name: str, num_clients: int, partition: str = "iid",
                    max_train: Optional[int] = None,
                    max_test: Optional[int] = None,
                    cache_dir: Optional[str] = None,
-                   download: bool = False) -> FederatedData:
+                   download: bool = False, min_labels: int = 1) -> FederatedData:
   """Loads a data set and splits its training set among clients.
 
   Args:
@@ -460,6 +461,7 @@ def load_federated(name: str, num_clients: int, partition: str = "iid",
     max_test: See :func:`load_central`.
     cache_dir: See :func:`load_central`.
     download: See :func:`load_central`.
+    min_labels: With ``shards``: every client holds at least this many labels.
 
   Returns:
     The padded :class:`FederatedData`; the test set stays centralized.
@@ -480,7 +482,8 @@ def load_federated(name: str, num_clients: int, partition: str = "iid",
                       max_test=max_test, seed=seed)
   rng = np.random.default_rng([seed, _PARTITION_TAG])
   parts = partition_indices(data.train_y, num_clients, partition, rng,
-                            alpha=alpha, shards_per_client=shards_per_client)
+                            alpha=alpha, shards_per_client=shards_per_client,
+                            min_labels=min_labels)
   return FederatedData.from_partition(name, data.train_x, data.train_y, parts,
                                       data.test_x, data.test_y,
                                       data.num_classes)

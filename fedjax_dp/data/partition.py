@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from fedjax_dp.errors import check, check_positive
+from fedjax_dp.errors import ConfigError, check, check_positive
 
 PARTITIONERS = ("iid", "dirichlet", "shards", "natural")
 
@@ -98,7 +98,8 @@ def dirichlet(labels: Sequence[int], num_clients: int, alpha: float,
 
 
 def shards(labels: Sequence[int], num_clients: int, shards_per_client: int,
-           rng: np.random.Generator) -> list[np.ndarray]:
+           rng: np.random.Generator, min_labels: int = 1,
+           max_deals: int = 1000) -> list[np.ndarray]:
   """Pathological non-iid "shards" partition (McMahan et al. 2017, FedAvg).
 
   Examples are sorted by label, cut into ``num_clients * shards_per_client``
@@ -115,6 +116,11 @@ def shards(labels: Sequence[int], num_clients: int, shards_per_client: int,
     shards_per_client: Shards per client, ``>= 1`` with
       ``num_clients * shards_per_client <= len(labels)``.
     rng: Source of randomness.
+    min_labels: Every client must hold at least this many distinct labels
+      (e.g. SP-FL's "at least 3 labels per client"). The random deal of shards
+      is redrawn until it holds (rejection sampling, so every admissible deal
+      stays equally likely); a ConfigError after ``max_deals`` failed deals.
+    max_deals: Cap on the number of deals tried.
 
   Returns:
     ``num_clients`` disjoint index arrays, each of size
@@ -132,8 +138,20 @@ def shards(labels: Sequence[int], num_clients: int, shards_per_client: int,
   shard_size = n // num_shards
   keep = rng.permutation(n)[:num_shards * shard_size]
   keep = keep[np.argsort(labels[keep], kind="stable")]
+  check(isinstance(min_labels, (int, np.integer)) and 1 <= min_labels <= 2 * shards_per_client,
+        "min_labels", min_labels, f"must be in [1, 2 * shards_per_client = {2 * shards_per_client}]")
   shard_rows = keep.reshape(num_shards, shard_size)
-  deal = rng.permutation(num_shards).reshape(num_clients, shards_per_client)
+  shard_labels = labels[shard_rows]  # [num_shards, shard_size]
+  for _ in range(max_deals):
+    deal = rng.permutation(num_shards).reshape(num_clients, shards_per_client)
+    held = shard_labels[deal].reshape(num_clients, -1)
+    distinct = np.array([np.unique(h).size for h in held])
+    if distinct.min() >= min_labels:
+      break
+  else:
+    raise ConfigError("min_labels", min_labels,
+                      f"no deal of {shards_per_client} shards per client gave every client that many "
+                      f"labels in {max_deals} tries; lower it or raise shards_per_client")
   return [rng.permutation(shard_rows[d].reshape(-1)).astype(np.int64)
           for d in deal]
 

@@ -48,6 +48,7 @@ PAPER_GAINS = {"adp-fl": 2.25, "dp-fl": 4.41}  # accuracy points, SP-FL over the
 DATASETS = ("mnist", "fashion_mnist")
 
 _BASE = dict(model="spfl_cnn", partition="shards", num_clients=100, shards_per_client=5,
+             min_labels_per_client=3,
              sampling="fixed", weighting="examples", client_optimizer="sgd",
              server_optimizer="sgd", server_lr=1.0, delta=1e-5, accountant="rdp")
 
