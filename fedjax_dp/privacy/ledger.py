@@ -7,9 +7,12 @@ Google's ``dp_accounting`` (RDP by default, PLD on request) for epsilon.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 from typing import Optional
+
+import numpy as np
 
 import dp_accounting
 from dp_accounting import pld, rdp
@@ -60,11 +63,30 @@ def epsilon_for(event: dp_accounting.DpEvent, count: int, delta: float,
     return float(acc.get_epsilon(delta))
 
 
+@functools.lru_cache(maxsize=256)
+def _event_rdp(event: dp_accounting.DpEvent, relation: str) -> np.ndarray:
+  """The RDP curve (at ``DEFAULT_RDP_ORDERS``) of one ``event``, computed by dp_accounting once.
+
+  RDP composes by addition, so a ledger of many rounds adds ``count`` times
+  this curve instead of asking the accountant to recompute the event's curve
+  every time epsilon is reported (for a Poisson-sampled Gaussian that costs
+  about 0.17 s; per round, it dominated short simulations). The curve is read
+  from a fresh ``RdpAccountant`` that composed the event once.
+  """
+  acc = make_accountant("rdp", relation)
+  with quiet_accounting():
+    acc.compose(event)
+  return np.array(acc._rdp)  # pylint: disable=protected-access
+
+
 class PrivacyLedger:
   """Composes one ``DpEvent`` per round and reports epsilon at a fixed delta.
 
-  Rounds with the same event are run-length encoded, so asking for epsilon after
-  every round costs one dp_accounting call on a short composed event.
+  Rounds with the same event are run-length encoded. With the RDP accountant
+  each distinct event's RDP curve is computed once (:func:`_event_rdp`) and
+  epsilon comes from ``rdp_privacy_accountant.compute_epsilon`` on the summed
+  curve, so reporting epsilon after every round stays cheap; with PLD the
+  composed event is handed to a fresh accountant each time.
 
   Args:
     delta: the target delta in (0, 1).
@@ -99,8 +121,14 @@ class PrivacyLedger:
     """Epsilon of all rounds so far (``inf`` for a non-private event, 0 before any round)."""
     if not self._runs:
       return 0.0
-    acc = make_accountant(self.accountant, self.relation)
-    with quiet_accounting():
-      acc.compose(self.event())
-      eps = float(acc.get_epsilon(self.delta if delta is None else delta))
+    target = self.delta if delta is None else delta
+    if self.accountant == "rdp":
+      curve = sum(c * _event_rdp(e, self.relation) for e, c in self._runs)
+      eps = float(rdp.rdp_privacy_accountant.compute_epsilon(
+          rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS, curve, target)[0])
+    else:
+      acc = make_accountant(self.accountant, self.relation)
+      with quiet_accounting():
+        acc.compose(self.event())
+        eps = float(acc.get_epsilon(target))
     return eps if math.isfinite(eps) else math.inf
