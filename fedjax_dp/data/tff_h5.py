@@ -118,20 +118,17 @@ def load_tff_h5_federated(train_path, test_path, feature_x: str,
                                 and max_clients >= 1),
         "max_clients", max_clients, "must be None or an integer >= 1")
   x_fn = x_fn or (lambda a: a)
-  xs, ys = [], []
-  for _, x, y in _read_all(train_path, feature_x, feature_y, example_filter,
-                           max_clients):
-    xs.append(x_fn(x))
-    ys.append(np.asarray(y, dtype=np.int32).reshape(-1))
-  check(len(xs) >= 1, "train_path", str(train_path),
-        "must hold at least one non-empty client")
-  tx, ty = [], []
-  for _, x, y in _read_all(test_path, feature_x, feature_y, example_filter,
-                           None):
-    tx.append(x_fn(x))
-    ty.append(np.asarray(y, dtype=np.int32).reshape(-1))
-  check(len(tx) >= 1, "test_path", str(test_path),
-        "must hold at least one non-empty client")
+
+  def per_client(field, path, limit):
+    xs, ys = [], []
+    for _, x, y in _read_all(path, feature_x, feature_y, example_filter, limit):
+      xs.append(x_fn(x))
+      ys.append(np.asarray(y, dtype=np.int32).reshape(-1))
+    check(len(xs) >= 1, field, str(path), "must hold at least one non-empty client")
+    return xs, ys
+
+  xs, ys = per_client("train_path", train_path, max_clients)
+  tx, ty = per_client("test_path", test_path, None)
   counts = [len(y) for y in ys]
   bounds = np.cumsum([0] + counts)
   parts = [np.arange(bounds[k], bounds[k + 1]) for k in range(len(counts))]
