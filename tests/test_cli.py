@@ -38,6 +38,13 @@ def test_bad_input_exits_2_with_one_line(args, field, capsys, tmp_path):
   assert not out_dir.exists()  # nothing written before validation
 
 
+def test_unknown_algorithm_option_is_rejected(capsys, tmp_path):
+  assert main(["run", *TINY, "--set", "lamda=0.4", "--output-dir", str(tmp_path / "o")]) == 2
+  err = capsys.readouterr().err
+  assert "option" in err and "lamda" in err and "dp_fedavg" in err
+  assert not (tmp_path / "o" / "metrics.jsonl").exists()
+
+
 def test_error_from_a_real_process_has_no_traceback(tmp_path):
   proc = subprocess.run([sys.executable, "-m", "fedjax_dp.cli", "run", "--clip", "-1", "--output-dir", str(tmp_path / "o")],
                         capture_output=True, text=True)

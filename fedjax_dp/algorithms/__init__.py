@@ -41,6 +41,20 @@ ALGORITHMS = {
 }
 
 
+def read_options(config, defaults: dict) -> dict:
+  """``config.options`` over an algorithm's ``defaults``; an unknown name is a ConfigError.
+
+  Every builder reads its ``--set NAME=VALUE`` settings through this, so a
+  misspelt option fails before compilation instead of being ignored.
+  """
+  from fedjax_dp.errors import check
+  opts = dict(config.options or {})
+  for k in opts:
+    check(k in defaults, "option", k,
+          f"must be one of {sorted(defaults)} for algorithm {config.algorithm!r}")
+  return {**defaults, **opts}
+
+
 def get_builder(name: str) -> Callable:
   from fedjax_dp.errors import check_choice
   check_choice("algorithm", name, sorted(ALGORITHMS))

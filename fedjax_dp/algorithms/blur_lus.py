@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dp import objectives
-from fedjax_dp.algorithms import Setup
+from fedjax_dp.algorithms import Setup, read_options
 from fedjax_dp.algorithms.dp_fedavg import build_fedavg_family, make_model
 from fedjax_dp.client import sample_batch
 from fedjax_dp.errors import check
@@ -52,10 +52,8 @@ DEFAULTS = {"lambda": 0.4, "sparsity": 0.7, "lus_batches": 1}
 
 def blur_lus_options(config) -> dict:
   """``lambda``, ``sparsity`` and ``lus_batches`` from ``config.options``, validated."""
+  out = read_options(config, DEFAULTS)
   opts = dict(config.options or {})
-  for k in opts:
-    check(k in DEFAULTS, "options", k, f"must be one of {sorted(DEFAULTS)} for {config.algorithm}")
-  out = {**DEFAULTS, **opts}
   try:
     lam, c, nb = float(out["lambda"]), float(out["sparsity"]), out["lus_batches"]
   except (TypeError, ValueError):

@@ -19,7 +19,7 @@ import optax
 
 from fedjax_dp import aggregators, objectives
 from fedjax_dp.accounting import LedgerAccounting
-from fedjax_dp.algorithms import Setup
+from fedjax_dp.algorithms import Setup, read_options
 from fedjax_dp.algorithms.fedavg import FedAvgProgram
 from fedjax_dp.client import local_sgd, make_optimizer
 from fedjax_dp.errors import ConfigError, check
@@ -94,9 +94,11 @@ def build_fedavg_family(config, data, *, private: bool,
 
 def build_fedavg(config, data) -> Setup:
   """Non-private FedAvg: weighted mean of client deltas (``weighting`` chooses the weights)."""
+  read_options(config, {})
   return build_fedavg_family(config, data, private=False)
 
 
 def build_dp_fedavg(config, data) -> Setup:
   """User-level DP-FedAvg (clip S, noise z S on the sum)."""
+  read_options(config, {})
   return build_fedavg_family(config, data, private=True)

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 
 from fedjax_dp import attacks, objectives
 from fedjax_dp.aggregators import robust
-from fedjax_dp.algorithms import Setup
+from fedjax_dp.algorithms import Setup, read_options
 from fedjax_dp.client import sample_batch
 from fedjax_dp.errors import check, check_choice
 from fedjax_dp.transforms import global_norm
@@ -47,14 +47,6 @@ BYZANTINE_OPTIONS = {"byzantine": 0, "attack": "none", "attack_sigma": 1e4, "att
                      "alie_z": None, "ipm_epsilon": 0.1, "nonfinite_value": "nan", "l2": 0.004}
 AGGREGATOR_OPTIONS = {"trim_beta": 0.1, "gm_tol": 1e-6, "gm_max_iter": 100, "krum_m": 1,
                       "cc_tau": 1.0, "cc_iters": 1}
-
-
-def read_options(config, defaults: dict) -> dict:
-  """``config.options`` over ``defaults``; unknown names are a ConfigError."""
-  opts = dict(config.options or {})
-  for k in opts:
-    check_choice("option", k, sorted(defaults))
-  return {**defaults, **opts}
 
 
 def byzantine_pieces(config, data, opts):

@@ -43,9 +43,9 @@ import optax
 
 from fedjax_dp import attacks, objectives
 from fedjax_dp.aggregators import robust
-from fedjax_dp.algorithms import Setup
+from fedjax_dp.algorithms import Setup, read_options
 from fedjax_dp.algorithms.robust_sgd import (BYZANTINE_OPTIONS, byzantine_pieces, nonfinite_count,
-                                             read_options, stochastic_gradient)
+                                             stochastic_gradient)
 from fedjax_dp.errors import ConfigError, check
 from fedjax_dp.transforms import global_norm
 from fedjax_dp.transforms.sign import paper_sign, sign_flip, sign_gaussian, to_sign

@@ -58,7 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp import aggregators, objectives
-from fedjax_dp.algorithms import Setup
+from fedjax_dp.algorithms import Setup, read_options
 from fedjax_dp.algorithms.dp_fedavg import make_model
 from fedjax_dp.client import make_optimizer
 from fedjax_dp.dpsgd import EXAMPLE_SAMPLINGS, DPSGDProgram, dp_args, dp_sgd, mean_initial_norm
@@ -88,10 +88,7 @@ REASON_HIGH = ("the clip threshold C_{t,h} = beta * (mean per-example gradient n
 
 def options(config) -> dict:
   """The run's SP-FL family options, validated (unknown names are errors)."""
-  opts = dict(DEFAULTS)
-  for k, v in dict(config.options).items():
-    check_choice("option", k, sorted(DEFAULTS))
-    opts[k] = v
+  opts = read_options(config, DEFAULTS)
   check(0.0 <= float(opts["high_fraction"]) <= 1.0, "high_fraction", opts["high_fraction"],
         "must be in [0, 1]")
   for k in ("beta_high", "beta_low", "stat_noise_ratio", "min_clip", "clip_lr"):
