@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+import dp_accounting
+
 from fedjax_dp.privacy import PrivacyLedger
 
 
@@ -26,7 +28,8 @@ class LedgerAccounting:
     self.ledger.compose(self._event)
 
   def report(self) -> dict:
-    formal = bool(self.mechanism.formal_guarantee) and self.mechanism.round_event() != _NONPRIVATE
+    formal = (bool(self.mechanism.formal_guarantee)
+              and not isinstance(self._event, dp_accounting.NonPrivateDpEvent))
     eps = self.ledger.epsilon() if formal else None
     if eps is not None and not math.isfinite(eps):
       eps, formal = None, False
@@ -40,11 +43,3 @@ class LedgerAccounting:
         "guarantee_note": self.mechanism.guarantee_note,
         "dp_event": repr(self._event),
     }
-
-
-def _nonprivate():
-  import dp_accounting
-  return dp_accounting.NonPrivateDpEvent()
-
-
-_NONPRIVATE = _nonprivate()
