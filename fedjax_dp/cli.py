@@ -78,7 +78,7 @@ def _parse_options(items) -> dict:
 
 
 def _cmd_run(args) -> int:
-  from fedjax_dp.config import RunConfig, field_types, load_config_file, make_config, parse_value
+  from fedjax_dp.config import field_types, load_config_file, make_config, parse_value
   base = load_config_file(args.config) if args.config else {}
   types = field_types()
   overrides = {}
@@ -112,8 +112,8 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_privacy(args) -> int:
-  from fedjax_dp.privacy import GaussianSumMechanism, calibrate_noise_multiplier, epsilon_for
-  from fedjax_dp.privacy.mechanisms import RELATIONS
+  from fedjax_dp.errors import check_choice, check_open_unit
+  from fedjax_dp.privacy import ACCOUNTANTS, GaussianSumMechanism, calibrate_noise_multiplier, epsilon_for
   if args.mechanism == "sign-flip":
     from fedjax_dp.privacy.sign import SignFlipMechanism, composed_epsilon
     check(args.keep_prob is not None and 0.5 < args.keep_prob < 1, "keep_prob", args.keep_prob, "must be in (0.5, 1)")
@@ -123,6 +123,8 @@ def _cmd_privacy(args) -> int:
     return 0
   check(args.mechanism == "gaussian", "mechanism", args.mechanism, "must be 'gaussian' or 'sign-flip'")
   check(args.rounds >= 1, "rounds", args.rounds, "must be >= 1")
+  check_choice("accountant", args.accountant, ACCOUNTANTS)
+  check_open_unit("delta", args.delta)
   check((args.noise_multiplier is None) != (args.target_epsilon is None), "noise_multiplier/target_epsilon",
         (args.noise_multiplier, args.target_epsilon), "give exactly one of --noise-multiplier and --target-epsilon")
   common = dict(sampling=args.sampling, sampling_prob=args.sampling_prob, num_clients=args.num_clients,
@@ -135,13 +137,10 @@ def _cmd_privacy(args) -> int:
     z = args.noise_multiplier
     out["noise_multiplier"] = z
   mech = GaussianSumMechanism(1.0, z, **common)
-  from fedjax_dp.privacy.ledger import ACCOUNTANTS
-  from fedjax_dp.errors import check_choice, check_open_unit
-  check_choice("accountant", args.accountant, ACCOUNTANTS)
-  check_open_unit("delta", args.delta)
-  out["epsilon"] = epsilon_for(mech.round_event(), args.rounds, args.delta, args.accountant, RELATIONS[args.sampling])
+  event = mech.round_event()
+  out["epsilon"] = epsilon_for(event, args.rounds, args.delta, args.accountant, mech.relation)
   out["neighbouring_relation"] = mech.relation
-  out["dp_event"] = repr(mech.round_event())
+  out["dp_event"] = repr(event)
   print(json.dumps(out))
   return 0
 
