@@ -202,6 +202,9 @@ def run(program, data, sampler, rounds: int, *, seed: int = 0, accounting=None,
   }
   if accounting is not None:
     summary.update(accounting.report())
+  noise = getattr(getattr(program, "mechanism", None), "noise_multiplier", None)
+  if noise is not None:
+    summary["noise_multiplier"] = noise
   summary["config"] = config
   if out_dir is not None:
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import pathlib
 from typing import Optional
 
 from fedjax_dp.config import RunConfig
@@ -32,10 +30,4 @@ def simulate(config: RunConfig, data=None, output_dir: Optional[str] = None,
                accounting=setup.accounting, eval_every=config.eval_every, output_dir=output_dir,
                progress=progress, config=config.to_dict(), placement=config.placement,
                on_round=on_round)
-  if output_dir is not None:
-    noise = getattr(setup.program.mechanism, "noise_multiplier", None)
-    if noise is not None:
-      result.summary["noise_multiplier"] = noise
-      path = pathlib.Path(output_dir) / "summary.json"
-      path.write_text(json.dumps(result.summary, indent=2, default=str) + "\n")
   return result
