@@ -5,9 +5,12 @@ DP-SGD steps, run per client under ``jax.vmap`` and over the steps under
 ``lax.scan``. One step:
 
 1. sample a batch from the client's ``|D_n|`` examples: Poisson sampling with
-   rate ``q_n = L / |D_n|`` (each example independently), or a fixed-size
-   batch of ``L`` examples drawn without replacement;
+   rate ``q_n = L / |D_n|`` (each example independently; a draw above the
+   step's capacity keeps a uniformly random subset, which the ledger
+   accounts), or a fixed-size batch of ``L`` examples drawn without
+   replacement;
 2. per-example gradients ``g_i`` by a nested ``jax.vmap`` (clients x examples);
+   a gradient with a NaN or Inf entry is replaced by zeros (and counted);
 3. per-example scaling and clipping ``g_i * min(1, s, C / ||g_i||)`` (``s`` is
    a constant scale, the SP-FL proportional factor beta; ``s = 1`` is plain
    clipping to ``C``);
@@ -26,18 +29,20 @@ N(0, stat_noise^2)`` with ``s_i`` in ``[0, 1]`` (``"below"``:
 to 1/2 (Andrew et al., Sec. 3).
 
 Privacy (example-level, local to each client): the privacy unit is one
-example of one client. With a data-independent ``C`` (or one computed only
-from earlier noisy releases) and Poisson sampling, each step is the sampled
-Gaussian mechanism ``PoissonSampledDpEvent(q_n, GaussianDpEvent(z))`` for
-add/remove one example of that client, where ``z = sigma`` without a
-statistic and ``z = (sigma^-2 + (2 stat_noise)^-2)^(-1/2)`` with one; the
-uploaded model is post-processing. With ``C = inf`` (SP-FL's proportional
-clipping as published) the noise scale is computed from the batch's own
-gradient norms (see :func:`dp_gradient`) and *no* DP guarantee holds.
-Not covered in any case: the client's example count ``|D_n|`` (used for the
-sampling rate and the server's weights; treated as public), the per-client
-losses and raw norm statistics reported in the run's metrics (diagnostics).
-The accounting lives in :mod:`fedjax_dp.privacy.example_level`.
+example of one client, under replace-one (the client's example count, which
+sets its sampling rate and weight, is public). With a data-independent ``C``
+(or one computed only from earlier noisy releases) each step is a sampled
+Gaussian mechanism with multiplier ``z = sigma`` without a statistic and
+``z = (sigma^-2 + (2 stat_noise)^-2)^(-1/2)`` with one; the uploaded model is
+post-processing. The accounting lives in
+:mod:`fedjax_dp.privacy.example_level`. SP-FL's proportional clipping as
+published needs ``data_dependent_noise=True`` in :func:`dp_sgd` (chosen when
+the round is built): then a client with ``C = inf`` gets noise scaled by its
+batch's own mean gradient norm and *no* DP guarantee holds. Without it the
+noise is always ``sigma * C`` (an infinite ``C`` then gives an infinite
+noise, never a silent data-dependent one). Not covered in any case: the
+per-client losses and raw norm statistics reported in the run's metrics
+(diagnostics).
 """
 
 from __future__ import annotations
@@ -102,6 +107,7 @@ class StepStats(NamedTuple):
   noise_std: jax.Array      # mean over steps of the noise std on the sum
   stat_sum: jax.Array       # sum over steps of the noisy shifted statistic
   overflow: jax.Array       # steps whose Poisson draw exceeded the batch capacity
+  nonfinite: jax.Array      # sampled examples whose gradient was NaN/Inf (zeroed)
 
 
 def per_example_grads(objective: Callable, params, anchor, x: jax.Array, y: jax.Array):
@@ -126,14 +132,19 @@ def poisson_indices(count: jax.Array, rate: jax.Array, capacity: int, max_exampl
   """Poisson sampling: each of the first ``count`` rows joins with probability ``rate``.
 
   The selected rows are packed into a fixed ``capacity`` (chosen on the host
-  so that overflow has probability below 1e-9 per step); an overflow drops
-  the highest-index selected rows and is counted (``overflow``), so a run can
-  report it. Returns ``(idx [capacity], mask [capacity], overflow)``.
+  so that overflow has probability below 1e-9 per step). When more rows are
+  selected, a uniformly random ``capacity`` of them are kept: each row's
+  uniform draw ``u_i`` is also its priority, and given ``u_i < rate`` the
+  priorities of the selected rows are i.i.d. uniform, so the ``capacity``
+  smallest form a uniform random subset. That is the truncation
+  ``TruncatedSubsampledGaussianDpEvent`` accounts for. Returns
+  ``(idx [capacity], mask [capacity], overflow)``; ``overflow`` is 1.0 when
+  rows were dropped (a raw diagnostic).
   """
   u = jax.random.uniform(key, (max_examples,))
   sel = (u < rate) & (jnp.arange(max_examples) < count)
   n = jnp.sum(sel)
-  idx = jnp.nonzero(sel, size=capacity, fill_value=0)[0]
+  _, idx = jax.lax.top_k(-jnp.where(sel, u, 2.0), capacity)
   mask = (jnp.arange(capacity) < n).astype(jnp.float32)
   return idx, mask, (n > capacity).astype(jnp.float32)
 
@@ -148,7 +159,7 @@ def fixed_indices(count: jax.Array, size: int, max_examples: int, key: jax.Array
 
 def dp_gradient(objective: Callable, params, anchor, x: jax.Array, y: jax.Array,
                 mask: jax.Array, args: DPArgs, key: jax.Array, expected_batch: float,
-                statistic: str = "none"):
+                statistic: str = "none", data_dependent_noise: bool = False):
   """One DP-SGD gradient: ``(sum_i mask_i clip(g_i) + N(0, (sigma C)^2 I)) / L``.
 
   Args:
@@ -161,26 +172,38 @@ def dp_gradient(objective: Callable, params, anchor, x: jax.Array, y: jax.Array,
     key: noise key.
     expected_batch: ``L``, the public denominator.
     statistic: "none", "below" or "norm" (module docstring).
+    data_dependent_noise: SP-FL's published rule (a static choice): where
+      ``C = inf``, scale the noise by the batch's mean gradient norm.
 
   Returns:
     ``(gradient, info)`` with ``info`` a dict of scalars: ``loss_sum``,
-    ``norm_sum``, ``examples``, ``clipped``, ``noise_std``, ``stat``.
+    ``norm_sum``, ``examples``, ``clipped``, ``noise_std``, ``stat``,
+    ``nonfinite`` (examples whose gradient had NaN/Inf and was zeroed).
 
   Privacy: the noise standard deviation is ``sigma * C`` for the bound in
-  force. When ``C = inf`` (SP-FL's proportional clipping, Eq. 7) the bound in
-  force is ``s * ||g_i||`` per example and the noise uses
-  ``sigma * s * mean_i ||g_i||`` over the batch: it depends on the data and
-  the step has no sensitivity bound, hence no DP guarantee.
+  force. With ``data_dependent_noise`` and ``C = inf`` (SP-FL's proportional
+  clipping, Eq. 7) the bound in force is ``s * ||g_i||`` per example and the
+  noise uses ``sigma * s * mean_i ||g_i||`` over the batch: it depends on the
+  data and the step has no sensitivity bound, hence no DP guarantee. A
+  non-finite gradient is zeroed before clipping, so it cannot turn the sum
+  into NaN and void the bound.
   """
   check_choice("statistic", statistic, STATISTICS)
   losses, grads = per_example_grads(objective, params, anchor, x, y)
   norms = jax.vmap(global_norm)(grads)
+  finite = jnp.isfinite(norms)
+  grads = jax.tree_util.tree_map(
+      lambda g: jnp.where(finite.reshape((-1,) + (1,) * (g.ndim - 1)), g, jnp.zeros_like(g)), grads)
+  norms = jnp.where(finite, norms, 0.0)
   factors = clip_factors(norms, args.clip, args.scale) * mask
   clipped_sum = jax.tree_util.tree_map(
       lambda g: jnp.tensordot(factors, g, axes=(0, 0)).astype(g.dtype), grads)
   examples = jnp.sum(mask)
   mean_norm = jnp.sum(norms * mask) / jnp.maximum(examples, 1.0)
-  bound = jnp.where(jnp.isfinite(args.clip), args.clip, args.scale * mean_norm)
+  if data_dependent_noise:
+    bound = jnp.where(jnp.isfinite(args.clip), args.clip, args.scale * mean_norm)
+  else:
+    bound = args.clip
   noise_std = args.noise_multiplier * bound
   noisy = jax.tree_util.tree_map(jnp.add, clipped_sum, gaussian_like(clipped_sum, noise_std, key))
   grad = jax.tree_util.tree_map(lambda g: g / expected_batch, noisy)
@@ -195,7 +218,8 @@ def dp_gradient(objective: Callable, params, anchor, x: jax.Array, y: jax.Array,
         salted(key, SALT_STAT), (), jnp.float32)
   info = {"loss_sum": jnp.sum(losses * mask), "norm_sum": jnp.sum(norms * mask),
           "examples": examples, "clipped": jnp.sum((factors < 1.0) * mask),
-          "noise_std": noise_std, "stat": stat}
+          "noise_std": noise_std, "stat": stat,
+          "nonfinite": jnp.sum((~finite) * mask)}
   return grad, info
 
 
@@ -208,13 +232,13 @@ def plain_gradient(objective: Callable, params, anchor, x, y, mask, key, expecte
   grad = jax.tree_util.tree_map(lambda t: t / expected_batch, g)
   zero = jnp.zeros((), jnp.float32)
   return grad, {"loss_sum": loss_sum, "norm_sum": zero, "examples": jnp.sum(mask),
-                "clipped": zero, "noise_std": zero, "stat": zero}
+                "clipped": zero, "noise_std": zero, "stat": zero, "nonfinite": zero}
 
 
 def dp_sgd(objective: Callable, optimizer: optax.GradientTransformation, local_steps: int,
            batch_size: int, max_examples: int, sampling: str = "poisson",
            capacity: Optional[int] = None, statistic: str = "none", private: bool = True,
-           unroll: int | bool = 1) -> Callable:
+           data_dependent_noise: bool = False, unroll: int | bool = 1) -> Callable:
   """Q local DP-SGD steps on one client's data, as one ``lax.scan``.
 
   Args:
@@ -231,6 +255,8 @@ def dp_sgd(objective: Callable, optimizer: optax.GradientTransformation, local_s
     statistic: the per-step noisy norm statistic ("none", "below", "norm").
     private: False runs the same sampling and steps with plain minibatch
       gradients (no per-example work, clip or noise): the NoDP baseline.
+    data_dependent_noise: see :func:`dp_gradient` (published SP-FL only; the
+      run then has no formal guarantee).
     unroll: ``lax.scan`` unroll factor.
 
   Returns:
@@ -256,7 +282,7 @@ def dp_sgd(objective: Callable, optimizer: optax.GradientTransformation, local_s
         idx, mask, overflow = fixed_indices(count, cap, max_examples, k_batch)
       if private:
         g, info = dp_gradient(objective, params, params0, x[idx], y[idx], mask, args, k_noise, L,
-                              statistic)
+                              statistic, data_dependent_noise)
       else:
         g, info = plain_gradient(objective, params, params0, x[idx], y[idx], mask, k_noise, L)
       upd, opt_state = optimizer.update(g, opt_state, params)
@@ -269,7 +295,8 @@ def dp_sgd(objective: Callable, optimizer: optax.GradientTransformation, local_s
         loss=jnp.sum(infos["loss_sum"]) / jnp.maximum(examples, 1.0),
         norm_sum=jnp.sum(infos["norm_sum"]), examples=examples,
         clipped=jnp.sum(infos["clipped"]), noise_std=jnp.mean(infos["noise_std"]),
-        stat_sum=jnp.sum(infos["stat"]), overflow=jnp.sum(infos["overflow"]))
+        stat_sum=jnp.sum(infos["stat"]), overflow=jnp.sum(infos["overflow"]),
+        nonfinite=jnp.sum(infos["nonfinite"]))
     return params, stats
 
   return train
@@ -380,7 +407,8 @@ class DPSGDProgram:
                "fraction_examples_clipped": jnp.sum(stats.clipped * m) / examples,
                "mean_example_grad_norm": jnp.sum(stats.norm_sum * m) / examples,
                "noise_std": jnp.sum(stats.noise_std * m) / jnp.maximum(jnp.sum(m), 1.0),
-               "poisson_overflow_steps": jnp.sum(stats.overflow * m)}
+               "poisson_overflow_steps": jnp.sum(stats.overflow * m),
+               "nonfinite_example_grads": jnp.sum(stats.nonfinite * m)}
     for i, name in enumerate(self.class_names):
       metrics[f"clip_{name}"] = state.thresholds[i]
     return DPSGDState(new_server, thresholds, state.hparams), metrics

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from dp_accounting import rdp
+from dp_accounting import pld, rdp
 
 from fedjax_dp import objectives
 from fedjax_dp.algorithms import build
@@ -93,8 +93,9 @@ def test_noise_std_is_sigma_times_bound_in_force():
   n_params = sum(p.size for p in jax.tree_util.tree_leaves(params))
   tol = 4.0 / math.sqrt(2 * n_params)  # 4 standard errors of a sample std
 
-  def noise(args, mask):
-    fn = jax.jit(lambda a, k: dp_gradient(objective, params, params, x, y, mask, a, k, 1.0))
+  def noise(args, mask, data_dependent=False):
+    fn = jax.jit(lambda a, k: dp_gradient(objective, params, params, x, y, mask, a, k, 1.0,
+                                          data_dependent_noise=data_dependent))
     noisy, info = fn(args, jax.random.PRNGKey(3))
     clean, _ = fn(args._replace(noise_multiplier=jnp.zeros_like(args.noise_multiplier)),
                   jax.random.PRNGKey(3))
@@ -109,8 +110,23 @@ def test_noise_std_is_sigma_times_bound_in_force():
   # Published proportional clipping: std = sigma * beta * mean ||g_i|| of the batch.
   _, g = jax.jit(lambda p: per_example_grads(objective, p, p, x, y))(params)
   mean_norm = float(jnp.mean(jax.vmap(global_norm)(g)))
-  std, info = noise(dp_args(jnp.inf, 0.5, 2.0), jnp.ones(16))
+  std, info = noise(dp_args(jnp.inf, 0.5, 2.0), jnp.ones(16), data_dependent=True)
   assert std == pytest.approx(2.0 * 0.5 * mean_norm, rel=tol)
+  # Without the build-time choice an infinite bound never gets data-dependent noise.
+  _, info = noise(dp_args(jnp.inf, 0.5, 2.0), jnp.ones(16))
+  assert math.isinf(float(info["noise_std"]))
+
+
+def test_nonfinite_example_gradient_is_zeroed_before_clipping():
+  _, objective, params = _setup()
+  x, y = _batch(6)
+  x = x.at[2].set(jnp.inf)
+  args = dp_args(0.5, 1.0, 0.0)
+  grad, info = jax.jit(lambda a: dp_gradient(objective, params, params, x, y, jnp.ones(6), a,
+                                             jax.random.PRNGKey(1), 1.0))(args)
+  assert int(info["nonfinite"]) == 1
+  assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree_util.tree_leaves(grad))
+  assert float(global_norm(grad)) <= 5 * 0.5 * (1 + 1e-5)
 
 
 def test_poisson_indices_sample_only_real_rows():
@@ -126,6 +142,22 @@ def test_poisson_indices_sample_only_real_rows():
     sizes.append(len(sel))
   # Binomial(50, 0.2): mean 10, std of the mean over 200 draws ~0.2.
   assert np.mean(sizes) == pytest.approx(10.0, abs=1.0)
+
+
+def test_poisson_overflow_keeps_a_uniform_random_subset():
+  # Rate 0.9 over 50 rows into a capacity of 10: nearly every step overflows,
+  # and each row must be kept with the same frequency (10/50), whatever its index.
+  count, rate, cap, m, trials = 50, 0.9, 10, 64, 4000
+  draw = jax.jit(jax.vmap(lambda k: poisson_indices(jnp.int32(count), jnp.float32(rate), cap, m, k)))
+  idxs, masks, overs = draw(jax.random.split(jax.random.PRNGKey(1), trials))
+  assert float(jnp.mean(overs)) > 0.99
+  kept = np.zeros(m)
+  for idx, mask in zip(np.asarray(idxs), np.asarray(masks)):
+    kept[idx[mask > 0]] += 1
+  freq = kept[:count] / trials
+  assert np.all(kept[count:] == 0)
+  # Binomial(4000, ~0.2) per row: 5 standard errors is 0.032.
+  np.testing.assert_allclose(freq, cap / count, atol=0.032)
 
 
 def test_spfl_thresholds_follow_the_formulas():
@@ -147,7 +179,8 @@ def test_spfl_thresholds_follow_the_formulas():
   mask = jnp.array([1.0, 1.0, 1.0, 0.0])
   stats = StepStats(loss=jnp.zeros(4), norm_sum=jnp.array([10.0, 100.0, 6.0, 50.0]),
                     examples=jnp.array([4.0, 4.0, 4.0, 4.0]), clipped=jnp.zeros(4),
-                    noise_std=jnp.zeros(4), stat_sum=jnp.zeros(4), overflow=jnp.zeros(4))
+                    noise_std=jnp.zeros(4), stat_sum=jnp.zeros(4), overflow=jnp.zeros(4),
+                    nonfinite=jnp.zeros(4))
   new = prog.threshold_rule(state.thresholds, state.hparams, stats, mask, classes)
   assert float(new[0]) == pytest.approx(0.8 * 16.0 / 8.0, rel=1e-6)
   # Client arguments: high clip C_h with scale 1, low clip inf with scale beta_l.
@@ -191,6 +224,21 @@ def test_adp_quantile_tracks_a_known_quantile():
   assert np.mean(rng.lognormal(0.0, 0.5, 100000) <= clip) == pytest.approx(gamma, abs=0.05)
 
 
+def test_adp_quantile_update_is_clamped():
+  # A statistic far below its range (every norm above C, plus noise) grows C
+  # geometrically without bound; the clamp keeps it finite.
+  c = jnp.float32(1.0)
+  for _ in range(200):
+    c = quantile_update(c, -1e4, 10.0, 0.9, 5.0, 1e-3, 50.0)
+  assert float(c) == pytest.approx(50.0)
+  assert float(quantile_update(jnp.float32(1.0), 1e4, 10.0, 0.1, 5.0, 1e-3, 50.0)) == pytest.approx(1e-3)
+  # Unclamped, the same sequence overflows to inf (the defect the clamp prevents).
+  c = jnp.float32(1.0)
+  for _ in range(200):
+    c = quantile_update(c, -1e4, 10.0, 0.9, 5.0)
+  assert math.isinf(float(c))
+
+
 def test_split_noise_multiplier_keeps_the_total():
   z = 1.3
   zd = split_noise_multiplier(z, 2.0)
@@ -199,36 +247,41 @@ def test_split_noise_multiplier_keeps_the_total():
     split_noise_multiplier(z, 0.6)
 
 
-def _direct(event, count, delta, relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE):
-  acc = rdp.RdpAccountant(neighboring_relation=relation)
+def _direct(event, count, delta, accountant="rdp"):
+  rel = dp_accounting.NeighboringRelation.REPLACE_ONE
+  acc = (rdp.RdpAccountant(neighboring_relation=rel) if accountant == "rdp"
+         else pld.PLDAccountant(neighboring_relation=rel))
   acc.compose(event, count)
   return acc.get_epsilon(delta)
 
 
-@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
-def test_per_class_ledgers_equal_direct_dp_accounting(sampling):
+@pytest.mark.parametrize("sampling,capacity", [("poisson", None), ("poisson", 30), ("fixed", None)])
+def test_per_class_ledgers_equal_direct_dp_accounting(sampling, capacity):
   counts = np.array([100, 100, 50, 100, 80, 100])
-  mech_a = ExampleDPSGDMechanism(1.1, 10, 3, sampling)
-  mech_b = ExampleDPSGDMechanism(0.9, 10, 3, sampling)
+  accountant = "pld" if sampling == "poisson" else "rdp"
+  mech_a = ExampleDPSGDMechanism(1.1, 10, 3, sampling, capacity=capacity)
+  mech_b = ExampleDPSGDMechanism(0.9, 10, 3, sampling, capacity=capacity)
   acc = ExampleLevelAccounting([PrivacyClass("a", (0, 1, 2), mech_a),
                                 PrivacyClass("b", (3, 4), mech_b),
                                 PrivacyClass("c", (5,), None, "published rule: no bound")],
-                               counts, 1e-5)
+                               counts, 1e-5, accountant)
   cohorts = [[0, 2, 3, 5], [0, 4], [0, 2, 4, 5], [1]]
   for ids in cohorts:
     ids = np.array(ids, np.int32)
     acc.on_round(Cohort(ids, np.ones(len(ids), np.float32)))
-  rel = (dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE if sampling == "poisson"
-         else dp_accounting.NeighboringRelation.REPLACE_ONE)
 
   def event(z, n):
-    if sampling == "poisson":
+    if sampling == "fixed":
+      return dp_accounting.SampledWithoutReplacementDpEvent(n, 10, dp_accounting.GaussianDpEvent(z / 2))
+    if capacity is None:
       return dp_accounting.PoissonSampledDpEvent(10 / n, dp_accounting.GaussianDpEvent(z))
-    return dp_accounting.SampledWithoutReplacementDpEvent(n, 10, dp_accounting.GaussianDpEvent(z / 2))
+    return dp_accounting.TruncatedSubsampledGaussianDpEvent(n, 10 / n, capacity, z)
 
-  eps = {0: _direct(event(1.1, 100), 3 * 3, 1e-5, rel), 1: _direct(event(1.1, 100), 3, 1e-5, rel),
-         2: _direct(event(1.1, 50), 2 * 3, 1e-5, rel), 3: _direct(event(0.9, 100), 3, 1e-5, rel),
-         4: _direct(event(0.9, 80), 2 * 3, 1e-5, rel)}
+  eps = {0: _direct(event(1.1, 100), 3 * 3, 1e-5, accountant),
+         1: _direct(event(1.1, 100), 3, 1e-5, accountant),
+         2: _direct(event(1.1, 50), 2 * 3, 1e-5, accountant),
+         3: _direct(event(0.9, 100), 3, 1e-5, accountant),
+         4: _direct(event(0.9, 80), 2 * 3, 1e-5, accountant)}
   for cid, e in eps.items():
     assert acc.client_epsilon(cid) == pytest.approx(e, rel=1e-9)
   rep = acc.report()
@@ -240,12 +293,45 @@ def test_per_class_ledgers_equal_direct_dp_accounting(sampling):
   assert rep["classes"]["c"]["formal_guarantee"] is False
   assert rep["epsilon_c_max"] is None and rep["epsilon"] is None and rep["formal_guarantee"] is False
   assert "one example of one client" in rep["privacy_unit"]
+  assert rep["neighbouring_relation"].startswith("replace_one")
 
 
-def test_calibration_meets_the_target_for_every_client():
-  z = calibrate_example_noise(2.0, 1e-5, 40, 100, 10)
-  e = _direct(dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(z)), 40, 1e-5)
-  assert e <= 2.0 + 1e-9 and e > 1.8
+def test_example_counts_are_public_so_poisson_is_accounted_under_replace_one():
+  # The count sets the rate L/n and the weights, so the relation that keeps it
+  # fixed is replace-one. Its epsilon is well above the add/remove value the
+  # ledger reported before (about 4.0 with RDP for this client, target 4).
+  mech = ExampleDPSGDMechanism(1.142, 32, 160, "poisson")
+  assert mech.relation == "replace_one"
+  acc = ExampleLevelAccounting([PrivacyClass("all", (0,), mech)], np.array([600]), 1e-5, "pld")
+  acc.on_round(Cohort(np.array([0], np.int32), np.ones(1, np.float32)))
+  eps = acc.client_epsilon(0)
+  add_remove = rdp.RdpAccountant()
+  add_remove.compose(dp_accounting.PoissonSampledDpEvent(32 / 600, dp_accounting.GaussianDpEvent(1.142)),
+                     160)
+  assert eps == pytest.approx(5.57, abs=0.01)
+  assert eps > add_remove.get_epsilon(1e-5) + 1.0
+  # RDP has no Poisson-sampled Gaussian under replace-one: refused before building.
+  with pytest.raises(ConfigError, match="accountant.*pld"):
+    ExampleLevelAccounting([PrivacyClass("all", (0,), mech)], np.array([600]), 1e-5, "rdp")
+
+
+def test_truncated_poisson_steps_are_accounted():
+  trunc = ExampleDPSGDMechanism(1.0, 10, 1, "poisson", capacity=12).step_event(100)
+  assert isinstance(trunc, dp_accounting.TruncatedSubsampledGaussianDpEvent)
+  assert (trunc.dataset_size, trunc.truncated_batch_size) == (100, 12)
+  full = ExampleDPSGDMechanism(1.0, 10, 1, "poisson").step_event(100)
+  # A tight capacity costs privacy: more examples' presence changes which others are kept.
+  assert _direct(trunc, 50, 1e-5, "pld") > _direct(full, 50, 1e-5, "pld") + 0.05
+  # A capacity that holds every example drops nothing: plain Poisson.
+  assert isinstance(ExampleDPSGDMechanism(1.0, 10, 1, "poisson", capacity=100).step_event(100),
+                    dp_accounting.PoissonSampledDpEvent)
+
+
+@pytest.mark.parametrize("sampling,accountant", [("fixed", "rdp"), ("poisson", "pld")])
+def test_calibration_meets_the_target_for_every_client(sampling, accountant):
+  z = calibrate_example_noise(2.0, 1e-5, 40, 100, 10, sampling, accountant)
+  e = _direct(ExampleDPSGDMechanism(z, 10, 1, sampling).step_event(100), 40, 1e-5, accountant)
+  assert 1.8 < e <= 2.0 + 1e-9
 
 
 def _run(cfg, data):
@@ -263,8 +349,9 @@ def runs():
   data = _data()
   out = {}
   for alg in ALGS:
-    opts = {"example_sampling": "poisson"} if alg in ("spfl", "adp-fl") else {}
-    out[alg] = _run(_config(alg, options=opts), data)
+    poisson = alg in ("spfl", "adp-fl")
+    opts = {"example_sampling": "poisson"} if poisson else {}
+    out[alg] = _run(_config(alg, options=opts, accountant="pld" if poisson else "rdp"), data)
   return out
 
 

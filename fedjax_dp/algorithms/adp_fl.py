@@ -10,15 +10,19 @@ forms the noisy fraction of per-example norms under ``C``,
 geometrically towards the ``target_quantile`` gamma:
 ``C <- C * exp(-clip_lr * (b~ - gamma))``.
 
-Privacy: example-level (one example of one client, local to each client).
-The budget is split as in Andrew et al.: the statistic has sensitivity 1/2
-and noise ``stat_noise`` (multiplier ``2 stat_noise``), the gradient sum gets
+Privacy: example-level (one example of one client, local to each client),
+under replace-one. The budget is split as in Andrew et al.: each example
+moves the statistic by at most 1/2 and the clipped sum by at most ``C``,
+with noise ``stat_noise`` and ``z_Delta C``; scaled so both have noise ``z``
+the example's joint contribution has norm at most 1 (so replacing it moves
+the pair by at most 2, the unit of the replace-one event), when the gradient gets
 ``z_Delta = (z^-2 - (2 stat_noise)^-2)^(-1/2)``, and each step is accounted
 as one sampled Gaussian mechanism with multiplier ``z``. The bound of a
 round is post-processing of earlier noisy releases, so it does not depend on
 the current step's data. Options: ``target_quantile`` (0.5), ``clip_lr``
-(0.2), ``stat_noise_ratio`` (5: ``stat_noise = 5 z``), ``example_sampling``;
-the initial bound is ``config.clip``.
+(0.2), ``stat_noise_ratio`` (5: ``stat_noise = 5 z``), ``example_sampling``,
+``min_clip`` (1e-3) and ``max_clip`` (``1000 * clip``), the data-independent
+clamp of the bound; the initial bound is ``config.clip``.
 """
 
 from __future__ import annotations
@@ -26,21 +30,24 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from fedjax_dp.algorithms import Setup
-from fedjax_dp.algorithms.spfl import build_dpsgd_family, options, resolve_sigma
+from fedjax_dp.algorithms.spfl import build_dpsgd_family, example_mechanism, options, resolve_sigma
 from fedjax_dp.dpsgd import dp_args
 from fedjax_dp.errors import check
-from fedjax_dp.privacy.example_level import (ExampleDPSGDMechanism, PrivacyClass,
-                                             split_noise_multiplier)
+from fedjax_dp.privacy.example_level import PrivacyClass, split_noise_multiplier
 
 
-def quantile_update(clip, stat_sum, expected, target_quantile, clip_lr):
+def quantile_update(clip, stat_sum, expected, target_quantile, clip_lr, min_clip=0.0,
+                    max_clip=jnp.inf):
   """Andrew et al. 2021, Alg. 1: ``C * exp(-eta_C (b~ - gamma))`` with ``b~ = 1/2 + stat_sum / expected``.
 
   ``stat_sum`` is the noisy sum of ``1[||g_i|| <= C] - 1/2``; ``expected`` is
-  the public expected number of examples it covers.
+  the public expected number of examples it covers. The result is clamped to
+  the data-independent ``[min_clip, max_clip]`` (post-processing), so a run of
+  extreme noise draws cannot drive the bound to 0 or to an infinite value
+  (whose noise ``sigma * C`` would turn the model into NaN).
   """
   b = 0.5 + stat_sum / jnp.maximum(expected, 1.0)
-  return clip * jnp.exp(-clip_lr * (b - target_quantile))
+  return jnp.clip(clip * jnp.exp(-clip_lr * (b - target_quantile)), min_clip, max_clip)
 
 
 def build_adp_fl(config, data) -> Setup:
@@ -50,9 +57,7 @@ def build_adp_fl(config, data) -> Setup:
   check(sigma > 0, "noise_multiplier", sigma, "must be > 0 for adp-fl")
   stat_noise = float(opts["stat_noise_ratio"]) * sigma
   z_grad = split_noise_multiplier(sigma, stat_noise)
-  mech = ExampleDPSGDMechanism(sigma, config.batch_size, config.local_steps,
-                               opts["example_sampling"], grad_noise_multiplier=z_grad,
-                               stat_noise=stat_noise)
+  mech = example_mechanism(config, data, opts, sigma, z_grad, stat_noise)
   classes = [PrivacyClass("all", tuple(range(data.num_clients)), mech,
                           "adaptive clip bound from noisy per-example quantile bits (accounted: "
                           "the gradient and the bits share the step's multiplier z)")]
@@ -65,11 +70,12 @@ def build_adp_fl(config, data) -> Setup:
     del cls
     n = jnp.sum(mask)
     new = quantile_update(thresholds[0], jnp.sum(stats.stat_sum * mask), n * Q * L,
-                          hp["target_quantile"], hp["clip_lr"])
+                          hp["target_quantile"], hp["clip_lr"], hp["min_clip"], hp["max_clip"])
     return thresholds.at[0].set(jnp.where(n > 0, new, thresholds[0]))
 
   hparams = {"sigma": sigma, "z_grad": z_grad, "stat_noise": stat_noise,
-             "target_quantile": float(opts["target_quantile"]), "clip_lr": float(opts["clip_lr"])}
+             "target_quantile": float(opts["target_quantile"]), "clip_lr": float(opts["clip_lr"]),
+             "min_clip": float(opts["min_clip"]), "max_clip": float(opts["max_clip"])}
   return build_dpsgd_family(
       config, data, name="adp-fl", statistic="below", private=True, client_args=client_args,
       threshold_rule=threshold_rule, init_thresholds=lambda p: jnp.array([config.clip]),

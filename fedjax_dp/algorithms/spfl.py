@@ -31,7 +31,9 @@ counts (Sec. 2.4 f; ``weighting="examples"``).
   clipping (Andrew et al., NeurIPS 2021).
 
 Privacy: example-level (the privacy unit is one example of one client, local
-to each client; not a whole client), accounted per client by
+to each client; not a whole client) under replace-one, so each client's
+example count (its sampling rate and its weight in the average) is public;
+accounted per client by
 :class:`fedjax_dp.privacy.example_level.ExampleLevelAccounting`.
 As published, SP-FL has **no formal DP guarantee**: the low class's
 proportional clipping leaves each step's sensitivity unbounded (and sets the
@@ -41,11 +43,13 @@ with these reasons and prints no epsilon. ``spfl-sound``, ``dp-fl`` and
 ``adp-fl`` have a real per-class epsilon.
 
 Options (``--set name=value``): ``high_fraction`` (0.5), ``beta_high`` (1.0),
-``beta_low`` (0.9), ``example_sampling`` ("poisson" or "fixed"),
+``beta_low`` (0.9), ``example_sampling`` ("fixed", accounted with RDP, or
+"poisson", accounted with PLD: ``--accountant pld``),
 ``init_norm_examples`` (32; spfl's initial threshold reads this many
 examples per client), ``low_cap`` (spfl-sound; default ``clip``),
 ``stat_bound`` (spfl-sound ``B``; default ``4 * clip``), ``stat_noise_ratio``
 (5: the statistic's noise is this times ``sigma``), ``min_clip`` (1e-3),
+``max_clip`` (adp-fl's upper clamp; default ``1000 * clip``),
 ``target_quantile`` and ``clip_lr`` (adp-fl; 0.5 and 0.2).
 """
 
@@ -73,9 +77,9 @@ HIGH, LOW = 0, 1
 _CLASS_TAG = 0x5BF1
 
 DEFAULTS = {
-    "high_fraction": 0.5, "beta_high": 1.0, "beta_low": 0.9, "example_sampling": "poisson",
+    "high_fraction": 0.5, "beta_high": 1.0, "beta_low": 0.9, "example_sampling": "fixed",
     "init_norm_examples": 32, "low_cap": None, "stat_bound": None, "stat_noise_ratio": 5.0,
-    "min_clip": 1e-3, "target_quantile": 0.5, "clip_lr": 0.2,
+    "min_clip": 1e-3, "max_clip": None, "target_quantile": 0.5, "clip_lr": 0.2,
 }
 
 REASON_LOW = ("proportional clipping C_{t,l} = beta * ||g_t(x_i)||_2 (Eq. 7) only scales each "
@@ -100,8 +104,11 @@ def options(config) -> dict:
         "must be >= 1")
   opts["low_cap"] = float(config.clip if opts["low_cap"] is None else opts["low_cap"])
   opts["stat_bound"] = float(4.0 * config.clip if opts["stat_bound"] is None else opts["stat_bound"])
+  opts["max_clip"] = float(1e3 * config.clip if opts["max_clip"] is None else opts["max_clip"])
   check(opts["low_cap"] > 0, "low_cap", opts["low_cap"], "must be > 0")
   check(opts["stat_bound"] > 0, "stat_bound", opts["stat_bound"], "must be > 0")
+  check(opts["max_clip"] > float(opts["min_clip"]), "max_clip", opts["max_clip"],
+        f"must be > min_clip={opts['min_clip']}")
   return opts
 
 
@@ -113,6 +120,29 @@ def privacy_classes(num_clients: int, high_fraction: float, seed: int) -> np.nda
   return cls
 
 
+def example_capacity(config, data, sampling: str) -> Optional[int]:
+  """The per-step batch capacity of Poisson example sampling (None for fixed-size batches).
+
+  Large enough that a step of the largest client drops examples with
+  probability below 1e-9; a draw above it keeps a random subset, which
+  :class:`ExampleDPSGDMechanism` accounts for.
+  """
+  if sampling == "fixed":
+    return None
+  n_max = int(data.counts.max())
+  return min(int(data.x.shape[1]), poisson_capacity(n_max, min(1.0, config.batch_size / n_max)))
+
+
+def example_mechanism(config, data, opts, sigma: float, grad_noise_multiplier: float,
+                      stat_noise: float = 0.0, formal_guarantee: bool = True) -> ExampleDPSGDMechanism:
+  """The run's per-step record: batch size, steps, sampling and capacity from the config."""
+  sampling = opts["example_sampling"]
+  return ExampleDPSGDMechanism(sigma, config.batch_size, config.local_steps, sampling,
+                               grad_noise_multiplier=grad_noise_multiplier, stat_noise=stat_noise,
+                               capacity=example_capacity(config, data, sampling),
+                               formal_guarantee=formal_guarantee)
+
+
 def resolve_sigma(config, data, opts) -> float:
   """``sigma``: ``noise_multiplier``, or calibrated so that every client meets ``target_epsilon``.
 
@@ -120,10 +150,12 @@ def resolve_sigma(config, data, opts) -> float:
   rate) taking part in every one of the ``rounds`` rounds (``rounds * Q``
   steps).
   """
+  sampling = opts["example_sampling"]
   if config.target_epsilon is not None:
     return calibrate_example_noise(config.target_epsilon, config.delta,
                                    config.rounds * config.local_steps, int(data.counts.min()),
-                                   config.batch_size, opts["example_sampling"], config.accountant)
+                                   config.batch_size, sampling, config.accountant,
+                                   example_capacity(config, data, sampling))
   if config.noise_multiplier is None:
     raise ConfigError("noise_multiplier", None, "set noise_multiplier >= 0 or target_epsilon > 0")
   return float(config.noise_multiplier)
@@ -143,9 +175,19 @@ def build_dpsgd_family(config, data, *, name: str, statistic: str, private: bool
                        client_args: Callable, threshold_rule: Callable,
                        init_thresholds: Callable, hparams: dict, classes: list,
                        class_names: tuple, mechanism, opts: dict,
-                       client_class: Optional[np.ndarray] = None) -> Setup:
-  """Shared builder: model, local DP-SGD, sampler, program and per-class accounting."""
+                       client_class: Optional[np.ndarray] = None,
+                       data_dependent_noise: bool = False) -> Setup:
+  """Shared builder: model, local DP-SGD, sampler, program and per-class accounting.
+
+  ``data_dependent_noise`` (published SP-FL only) lets a client with an
+  infinite clip bound scale its noise by its own batch's gradient norms; a
+  build that asks for it may not claim a formal guarantee for any class.
+  """
   del name
+  if data_dependent_noise:
+    check(not any(c.formal_guarantee for c in classes), "data_dependent_noise", True,
+          "noise scaled by the batch's own gradient norms has no sensitivity bound: no class "
+          "of such a run may claim a formal guarantee")
   if config.sampling == "fixed":
     check(config.cohort_size <= data.num_clients, "cohort_size", config.cohort_size,
           f"must be <= the population ({data.num_clients} clients)")
@@ -156,14 +198,10 @@ def build_dpsgd_family(config, data, *, name: str, statistic: str, private: bool
   check(config.batch_size <= int(data.counts.min()), "batch_size", config.batch_size,
         f"must be <= the smallest client's examples ({int(data.counts.min())}): the per-step "
         "sampling rate L / |D_n| is at most 1")
-  if sampling == "fixed":
-    capacity = None
-  else:
-    n_max = int(data.counts.max())
-    capacity = min(max_examples, poisson_capacity(n_max, min(1.0, config.batch_size / n_max)))
   local_train = dp_sgd(objective, make_optimizer(config.client_optimizer, config.client_lr),
-                       config.local_steps, config.batch_size, max_examples, sampling, capacity,
-                       statistic, private)
+                       config.local_steps, config.batch_size, max_examples, sampling,
+                       example_capacity(config, data, sampling), statistic, private,
+                       data_dependent_noise)
   sampler = make_sampler(config.sampling, data.num_clients, config.seed, config.sampling_prob,
                          config.cohort_size, config.capacity)
   if client_class is None:
@@ -187,8 +225,7 @@ def build_dp_fl(config, data) -> Setup:
   """DP-FL: client-side DP-SGD with the constant clip bound ``config.clip``."""
   opts = options(config)
   sigma = resolve_sigma(config, data, opts)
-  mech = ExampleDPSGDMechanism(sigma, config.batch_size, config.local_steps,
-                               opts["example_sampling"], grad_noise_multiplier=sigma)
+  mech = example_mechanism(config, data, opts, sigma, sigma)
   ids = tuple(range(data.num_clients))
   classes = [PrivacyClass("all", ids, mech if sigma > 0 else None,
                           "" if sigma > 0 else "noise_multiplier=0: clipping only")]
@@ -233,9 +270,7 @@ def build_spfl(config, data) -> Setup:
   classes = [PrivacyClass("high", high_ids, None, REASON_HIGH),
              PrivacyClass("low", low_ids, None, REASON_LOW)]
   # Nominal record: the noise multiplier in use. There is no accounted event.
-  mech = ExampleDPSGDMechanism(sigma, config.batch_size, config.local_steps,
-                               opts["example_sampling"], grad_noise_multiplier=sigma,
-                               formal_guarantee=False)
+  mech = example_mechanism(config, data, opts, sigma, sigma, formal_guarantee=False)
   objective = objectives.supervised(make_model(config, data).apply)
   per_client = int(opts["init_norm_examples"])
 
@@ -263,7 +298,8 @@ def build_spfl(config, data) -> Setup:
       threshold_rule=threshold_rule, init_thresholds=init_thresholds,
       hparams={"sigma": sigma, "beta_high": float(opts["beta_high"]),
                "beta_low": float(opts["beta_low"])},
-      classes=classes, class_names=("high", "low"), mechanism=mech, opts=opts, client_class=cls)
+      classes=classes, class_names=("high", "low"), mechanism=mech, opts=opts, client_class=cls,
+      data_dependent_noise=True)
 
 
 def build_spfl_sound(config, data) -> Setup:
@@ -272,11 +308,8 @@ def build_spfl_sound(config, data) -> Setup:
   check(sigma > 0, "noise_multiplier", sigma, "must be > 0 for spfl-sound")
   stat_noise = float(opts["stat_noise_ratio"]) * sigma
   z_grad = split_noise_multiplier(sigma, stat_noise)
-  sampling = opts["example_sampling"]
-  high_mech = ExampleDPSGDMechanism(sigma, config.batch_size, config.local_steps, sampling,
-                                    grad_noise_multiplier=z_grad, stat_noise=stat_noise)
-  low_mech = ExampleDPSGDMechanism(sigma, config.batch_size, config.local_steps, sampling,
-                                   grad_noise_multiplier=sigma)
+  high_mech = example_mechanism(config, data, opts, sigma, z_grad, stat_noise)
+  low_mech = example_mechanism(config, data, opts, sigma, sigma)
   classes = [
       PrivacyClass("high", high_ids, high_mech,
                    "clip threshold from a noisy per-example norm statistic (accounted: the "

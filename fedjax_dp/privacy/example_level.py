@@ -3,23 +3,38 @@
 The privacy unit is **one example of one client** (example-level DP, local to
 each client), not a whole client: the guarantee says that the models a client
 uploads (and everything computed from them) change little when one of *its*
-examples is added or removed (Poisson per-step sampling) or replaced
-(fixed-size per-step sampling). It says nothing about hiding a client's
-participation or its whole data set.
+examples is **replaced** by any other example. It says nothing about hiding a
+client's participation or its whole data set.
+
+Why replace-one: each client's example count ``|D_n|`` sets its per-step
+sampling rate ``L / |D_n|``, its aggregation weight (SP-FL weights clients by
+their counts) and the fixed-size sampler's population. Under replace-one the
+count is the same in both neighbouring data sets, so using it is not a
+leak; under add/remove one example it would be (a neighbour with one more
+example has another rate and weight), and the add/remove epsilon would
+understate the cost.
 
 Each client has its own :class:`fedjax_dp.privacy.PrivacyLedger`: for every
-round it took part in, its ``Q`` local steps are composed, each step one
-``PoissonSampledDpEvent(L / |D_n|, GaussianDpEvent(z))`` (or
-``SampledWithoutReplacementDpEvent(|D_n|, L, GaussianDpEvent(z / 2))`` for
-fixed-size batches); dp_accounting computes epsilon. Clients are grouped into
-privacy classes (SP-FL's high and low privacy need); each class reports the
-max and the median epsilon over its clients, or, for a class whose
-mechanism has no formal guarantee, ``formal_guarantee: false`` with the
-reason and no epsilon at all.
+round it took part in, its ``Q`` local steps are composed, each step
 
-Treated as public (not covered): the client's example count ``|D_n|`` (it
-sets the sampling rate and the server's weights) and which clients take part
-in which round.
+* fixed-size batches: ``SampledWithoutReplacementDpEvent(|D_n|, L,
+  GaussianDpEvent(z / 2))`` (replacing an example moves the clipped sum by up
+  to ``2C``), accounted with RDP;
+* Poisson batches (rate ``L / |D_n|``, packed into a fixed capacity ``K``;
+  when more than ``K`` examples are drawn a uniformly random ``K`` of them
+  are kept): ``TruncatedSubsampledGaussianDpEvent(|D_n|, L / |D_n|, K, z)``
+  (``PoissonSampledDpEvent(L / |D_n|, GaussianDpEvent(z))`` when ``K >=
+  |D_n|``, where nothing can be dropped), accounted with PLD: dp_accounting's
+  RDP accountant has no Poisson-sampled Gaussian under replace-one.
+
+Clients are grouped into privacy classes (SP-FL's high and low privacy need);
+each class reports the max and the median epsilon over its clients, or, for
+a class whose mechanism has no formal guarantee, ``formal_guarantee: false``
+with the reason and no epsilon at all.
+
+Public by design (not covered): each client's example count ``|D_n|``
+(invariant under the relation) and which clients take part in which round
+(the client-level cohort draw does not depend on any example).
 """
 
 from __future__ import annotations
@@ -32,10 +47,11 @@ import dp_accounting
 import numpy as np
 
 from fedjax_dp.errors import check, check_choice, check_open_unit
-from fedjax_dp.privacy.ledger import ACCOUNTANTS, PrivacyLedger
-from fedjax_dp.privacy.mechanisms import RELATIONS, calibrate_noise_multiplier, gaussian_round_event
+from fedjax_dp.privacy.ledger import ACCOUNTANTS, PrivacyLedger, check_supported
+from fedjax_dp.privacy.mechanisms import SAMPLINGS, calibrate
 
 PRIVACY_UNIT = "one example of one client (example-level DP, local to each client)"
+RELATION = "replace_one"
 
 
 def split_noise_multiplier(z: float, stat_noise: float) -> float:
@@ -66,57 +82,68 @@ class ExampleDPSGDMechanism:
       ``grad_noise_multiplier``).
     batch_size: ``L``: expected (Poisson) or exact (fixed) examples per step.
     local_steps: ``Q`` steps per round the client takes part in.
-    sampling: per-step example sampling, "poisson" or "fixed".
+    sampling: per-step example sampling, "fixed" or "poisson".
     grad_noise_multiplier: the gradient sum's multiplier (``z`` when no
       statistic is released, ``z_Delta`` of :func:`split_noise_multiplier`
       otherwise).
     stat_noise: noise standard deviation of the per-step statistic (0: none).
+    capacity: Poisson only: the most examples a step keeps (``K``; a larger
+      draw keeps a uniformly random ``K`` of them). None: never truncated.
 
-  Privacy: example-level, see the module docstring. Each step's per-example
-  gradients are clipped to a bound that does not depend on the step's data
-  (a constant, or computed only from earlier noisy releases), so the
-  step's sum has L2 sensitivity ``C`` (add/remove) or ``2C`` (replace-one)
-  and Gaussian noise ``z_Delta * C``.
+  Privacy: example-level under replace-one, see the module docstring. Each
+  step's per-example gradients are clipped to a bound that does not depend on
+  the step's data (a constant, or computed only from earlier noisy
+  releases), so replacing one example moves the step's sum by at most ``2C``,
+  with Gaussian noise ``z_Delta * C`` on it.
   """
 
   noise_multiplier: float
   batch_size: int
   local_steps: int
-  sampling: str = "poisson"
+  sampling: str = "fixed"
   grad_noise_multiplier: Optional[float] = None
   stat_noise: float = 0.0
+  capacity: Optional[int] = None
   privacy_unit: str = PRIVACY_UNIT
   formal_guarantee: bool = True
 
   def __post_init__(self):
-    check(self.noise_multiplier is not None and self.noise_multiplier >= 0,
-          "noise_multiplier", self.noise_multiplier, "must be >= 0")
+    check(self.noise_multiplier is not None and self.noise_multiplier >= 0
+          and math.isfinite(self.noise_multiplier), "noise_multiplier", self.noise_multiplier,
+          "must be a finite number >= 0")
     check(self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1")
     check(self.local_steps >= 1, "local_steps", self.local_steps, "must be >= 1")
-    check_choice("example_sampling", self.sampling, tuple(RELATIONS))
+    check_choice("example_sampling", self.sampling, SAMPLINGS)
+    check(self.capacity is None or self.capacity >= 1, "capacity", self.capacity, "must be >= 1")
 
   @property
   def relation(self) -> str:
-    return RELATIONS[self.sampling]
+    return RELATION
 
   @property
   def guarantee_note(self) -> str:
     if self.noise_multiplier == 0:
       return "noise_multiplier=0: clipping only, no differential privacy guarantee"
-    rel = ("add/remove one example" if self.relation == "add_remove"
-           else "replace one example") + " of one client's data"
-    return (f"example-level DP, privacy unit: {PRIVACY_UNIT}; neighbouring relation: {rel}; "
-            "per-step sampled Gaussian mechanism composed over the client's own local steps")
+    return (f"example-level DP, privacy unit: {PRIVACY_UNIT}; neighbouring relation: replace one "
+            "example of one client's data (its example count is public); per-step sampled "
+            f"Gaussian mechanism ({self.sampling} batches) composed over the client's own local steps")
 
   def step_event(self, num_examples: int) -> dp_accounting.DpEvent:
     """One local step of a client holding ``num_examples`` examples."""
     n = int(num_examples)
-    check(n >= self.batch_size or self.sampling == "poisson", "batch_size", self.batch_size,
+    L = int(self.batch_size)
+    check(n >= L or self.sampling == "poisson", "batch_size", L,
           f"must be <= the client's examples ({n}) with fixed-size sampling")
     if self.noise_multiplier == 0:
       return dp_accounting.NonPrivateDpEvent()
-    return gaussian_round_event(self.noise_multiplier, self.sampling,
-                                min(1.0, self.batch_size / n), n, self.batch_size)
+    z = float(self.noise_multiplier)
+    if self.sampling == "fixed":
+      # Replacing one example moves the clipped sum by up to 2C.
+      return dp_accounting.SampledWithoutReplacementDpEvent(n, L, dp_accounting.GaussianDpEvent(z / 2.0))
+    q = min(1.0, L / n)
+    if self.capacity is None or self.capacity >= n:
+      return dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z))
+    return dp_accounting.TruncatedSubsampledGaussianDpEvent(n, q, int(self.capacity), z)
 
   def round_event(self, num_examples: int) -> dp_accounting.DpEvent:
     """The ``Q`` steps of one round for a client with ``num_examples`` examples."""
@@ -124,18 +151,18 @@ class ExampleDPSGDMechanism:
 
 
 def calibrate_example_noise(target_epsilon: float, delta: float, steps: int, num_examples: int,
-                            batch_size: int, sampling: str = "poisson",
-                            accountant: str = "rdp") -> float:
+                            batch_size: int, sampling: str = "fixed", accountant: str = "rdp",
+                            capacity: Optional[int] = None) -> float:
   """Smallest ``z`` with epsilon <= target after ``steps`` local steps of one client.
 
-  Uses :func:`fedjax_dp.privacy.calibrate_noise_multiplier` (dp_accounting's
+  Uses :func:`fedjax_dp.privacy.mechanisms.calibrate` (dp_accounting's
   calibration) with the per-step event of a client holding ``num_examples``
   examples. Pass the largest number of steps any client can take (every
   round) and the smallest client to bound every client's epsilon.
   """
-  n = int(num_examples)
-  return calibrate_noise_multiplier(target_epsilon, delta, int(steps), sampling,
-                                    min(1.0, batch_size / n), n, int(batch_size), accountant)
+  def make_event(z):
+    return ExampleDPSGDMechanism(z, batch_size, 1, sampling, capacity=capacity).step_event(num_examples)
+  return calibrate(make_event, int(steps), RELATION, target_epsilon, delta, accountant)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,6 +220,8 @@ class ExampleLevelAccounting:
     self.ledgers = {}
     for i, c in enumerate(self.classes):
       if c.formal_guarantee:
+        smallest = int(self.counts[np.asarray(c.client_ids, np.int64)].min())
+        check_supported(c.mechanism.step_event(smallest), accountant, RELATION)
         for cid in c.client_ids:
           self.ledgers[int(cid)] = PrivacyLedger(self.delta, accountant, c.mechanism.relation)
     self._memo: dict = {}
@@ -247,7 +276,6 @@ class ExampleLevelAccounting:
       per_class[c.name] = rec
       flat[f"epsilon_{c.name}_max"] = rec["epsilon_max"]
       flat[f"epsilon_{c.name}_median"] = rec["epsilon_median"]
-    relations = sorted({c.mechanism.relation for c in self.classes if c.mechanism is not None})
     missing = [f"{c.name}: {per_class[c.name]['reason']}" for c in self.classes
                if not per_class[c.name]["formal_guarantee"]]
     note = (f"example-level DP, privacy unit: {PRIVACY_UNIT}; epsilon is the max over all clients of all classes"
@@ -258,7 +286,7 @@ class ExampleLevelAccounting:
         "accountant": self.accountant,
         "formal_guarantee": all_formal,
         "privacy_unit": PRIVACY_UNIT,
-        "neighbouring_relation": "; ".join(f"{r} one example of one client" for r in relations) or None,
+        "neighbouring_relation": RELATION + " (one example of one client; its example count is public)",
         "guarantee_note": note,
         "classes": per_class,
         **flat,

@@ -9,12 +9,13 @@ agree by construction.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+import math
+from typing import Callable, Optional
 
 import dp_accounting
 
 from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit, check_positive
-from fedjax_dp.privacy.ledger import ACCOUNTANTS, make_accountant, quiet_accounting
+from fedjax_dp.privacy.ledger import ACCOUNTANTS, check_supported, make_accountant, quiet_accounting
 
 SAMPLINGS = ("poisson", "fixed")
 RELATIONS = {"poisson": "add_remove", "fixed": "replace_one"}
@@ -112,33 +113,70 @@ def gaussian_round_event(z: float, sampling: str, sampling_prob=None, num_client
       num_clients, cohort_size, dp_accounting.GaussianDpEvent(z / 2.0))
 
 
+def calibrate(make_event: Callable[[float], dp_accounting.DpEvent], count: int, relation: str,
+              target_epsilon: float, delta: float, accountant: str = "rdp") -> float:
+  """Smallest noise multiplier ``z`` whose event, self-composed ``count`` times, meets (epsilon, delta).
+
+  Uses ``dp_accounting.calibrate_dp_mechanism`` (a bracketed search over the
+  accountant's own epsilon); the result is within a relative tolerance of the
+  minimum and never below it (the returned value meets the target). The
+  bracket is found by halving from 1 (or doubling), never probing below
+  ``1e-3`` with RDP or ``0.1`` with PLD, whose discretised distribution at a
+  tiny multiplier would need tens of GiB; if even that floor meets the
+  target, the floor is returned (it meets the target; smaller values are not
+  searched).
+
+  Args:
+    make_event: ``z -> DpEvent`` of one round (or one step).
+    count: how many times the event is composed.
+    relation: "add_remove" or "replace_one".
+    target_epsilon, delta: the target guarantee.
+    accountant: "rdp" or "pld"; it must support the event (checked first).
+  """
+  check_positive("target_epsilon", target_epsilon)
+  check(math.isfinite(target_epsilon), "target_epsilon", target_epsilon, "must be a finite number")
+  check_open_unit("delta", delta)
+  check(int(count) >= 1, "rounds", count, "must be >= 1")
+  check_choice("accountant", accountant, ACCOUNTANTS)
+  check_supported(make_event(1.0), accountant, relation)
+
+  def composed(z):
+    return dp_accounting.SelfComposedDpEvent(make_event(z), int(count))
+
+  def meets(z):
+    acc = make_accountant(accountant, relation)
+    acc.compose(composed(z))
+    return acc.get_epsilon(delta) <= target_epsilon
+
+  calib = dp_accounting.mechanism_calibration
+  floor = 1e-3 if accountant == "rdp" else 0.1
+  try:
+    with quiet_accounting():
+      if not meets(1.0):
+        bracket = calib.LowerEndpointAndGuess(1.0, 2.0)
+      else:
+        hi, lo = 1.0, 0.5
+        while lo > floor and meets(lo):
+          hi, lo = lo, lo / 2
+        lo = max(lo, floor)
+        if meets(lo):
+          return float(lo)
+        bracket = calib.ExplicitBracketInterval(lo, hi)
+      return float(dp_accounting.calibrate_dp_mechanism(
+          lambda: make_accountant(accountant, relation), composed, target_epsilon, delta,
+          bracket, tol=1e-4))
+  except (ValueError, RuntimeError) as e:  # the target cannot be met
+    raise ConfigError("target_epsilon", target_epsilon,
+                      f"no noise multiplier meets it with delta={delta}, {count} compositions ({e})")
+
+
 def calibrate_noise_multiplier(target_epsilon: float, delta: float, rounds: int,
                                sampling: str = "poisson", sampling_prob=None,
                                num_clients=None, cohort_size=None,
                                accountant: str = "rdp") -> float:
-  """Smallest noise multiplier whose ``rounds``-fold composition meets (epsilon, delta).
-
-  Uses ``dp_accounting.calibrate_dp_mechanism`` (a bracketed search over the
-  accountant's own epsilon); the result is within a relative tolerance of the
-  minimum and never below it (the returned value meets the target).
-  """
-  check_positive("target_epsilon", target_epsilon)
-  check_open_unit("delta", delta)
-  check(int(rounds) >= 1, "rounds", rounds, "must be >= 1")
-  check_choice("accountant", accountant, ACCOUNTANTS)
+  """Smallest noise multiplier of :class:`GaussianSumMechanism` meeting (epsilon, delta) after ``rounds``."""
   # Validate the sampling description before searching.
   GaussianSumMechanism(1.0, 1.0, sampling, sampling_prob, num_clients, cohort_size)
-  relation = RELATIONS[sampling]
-
-  def make_event(z):
-    return dp_accounting.SelfComposedDpEvent(
-        gaussian_round_event(z, sampling, sampling_prob, num_clients, cohort_size), int(rounds))
-
-  try:
-    with quiet_accounting():
-      return float(dp_accounting.calibrate_dp_mechanism(
-          lambda: make_accountant(accountant, relation), make_event, target_epsilon, delta,
-          dp_accounting.mechanism_calibration.LowerEndpointAndGuess(1e-3, 1.0), tol=1e-4))
-  except (ValueError, RuntimeError) as e:  # the target cannot be met
-    raise ConfigError("target_epsilon", target_epsilon,
-                      f"no noise multiplier meets it with delta={delta}, rounds={rounds} ({e})")
+  return calibrate(
+      lambda z: gaussian_round_event(z, sampling, sampling_prob, num_clients, cohort_size),
+      rounds, RELATIONS[sampling], target_epsilon, delta, accountant)

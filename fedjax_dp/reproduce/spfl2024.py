@@ -50,7 +50,7 @@ DATASETS = ("mnist", "fashion_mnist")
 _BASE = dict(model="spfl_cnn", partition="shards", num_clients=100, shards_per_client=5,
              min_labels_per_client=3,
              sampling="fixed", weighting="examples", client_optimizer="sgd",
-             server_optimizer="sgd", server_lr=1.0, delta=1e-5, accountant="rdp")
+             server_optimizer="sgd", server_lr=1.0, delta=1e-5)
 
 SCALES = {
     # For the notebook and the tests: a 3,000-example subset, 2 rounds.
@@ -94,7 +94,9 @@ def make_config(method: str, dataset: str, p: dict, *, epsilon: float, cohort: i
   opts = {"example_sampling": p["example_sampling"]}
   if method.startswith("spfl"):
     opts.update(SPFL_OPTIONS)
-  return mk(dict(_BASE), algorithm=method, dataset=dataset, data_dir=data_dir,
+  # Poisson per-step batches are accounted under replace-one, which only the PLD accountant has.
+  accountant = "pld" if p["example_sampling"] == "poisson" else "rdp"
+  return mk(dict(_BASE, accountant=accountant), algorithm=method, dataset=dataset, data_dir=data_dir,
             max_train=p["max_train"], max_test=p["max_test"], rounds=p["rounds"],
             cohort_size=cohort, local_steps=steps, batch_size=p["batch_size"],
             client_lr=p["lr"], clip=p["clip"], noise_multiplier=None,
