@@ -13,6 +13,7 @@ import math
 import dp_accounting
 
 from fedjax_dp.privacy import PrivacyLedger
+from fedjax_dp.privacy.ledger import check_supported
 
 
 class LedgerAccounting:
@@ -22,6 +23,7 @@ class LedgerAccounting:
     self.mechanism = mechanism
     self.ledger = PrivacyLedger(delta, accountant, mechanism.relation)
     self._event = mechanism.round_event()
+    check_supported(self._event, accountant, mechanism.relation)
 
   def on_round(self, cohort) -> None:
     del cohort  # the event of a sampled round does not depend on the draw

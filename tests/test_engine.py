@@ -1,5 +1,7 @@
 """The round engine: vmap equals a Python loop, padding is inert, seeds reproduce, sampling."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -145,3 +147,24 @@ def test_quickstart_reaches_sensible_accuracy():
   assert r.summary["formal_guarantee"] is True
   assert r.summary["epsilon"] <= 8.0 + 1e-9
   assert r.summary["final_accuracy"] >= 0.75  # measured 0.872; chance is 0.1
+
+
+def test_a_diverged_client_does_not_void_the_dp_fedavg_bound(digits):
+  # One client's data holds Inf: its local update is non-finite. Before the fix
+  # clip_l2 turned it into NaN and the released model was NaN.
+  x = np.array(digits.x, copy=True)
+  x[5] = np.inf
+  data = dataclasses.replace(digits, x=x)
+  program = build(_config(algorithm="dp_fedavg"), data).program
+  state = program.init(jax.random.PRNGKey(0))
+  new_state, metrics = jax.jit(program.round_step)(state, _batch(data, [5, 9, 17], [1, 1, 1]),
+                                                   jax.random.PRNGKey(1))
+  assert int(metrics["nonfinite_updates"]) == 1
+  for leaf in jax.tree_util.tree_leaves(new_state.params):
+    assert bool(jnp.all(jnp.isfinite(leaf)))
+
+
+def test_an_accountant_that_cannot_compose_the_event_is_refused_before_compiling(digits):
+  # dp_accounting's PLD accountant has no sampled-without-replacement event.
+  with pytest.raises(ConfigError, match="accountant.*rdp"):
+    build(_config(algorithm="dp_fedavg", sampling="fixed", cohort_size=10, accountant="pld"), digits)

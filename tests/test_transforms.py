@@ -25,6 +25,22 @@ def _apply(tx, tree, key=None, jit=False):
 
 
 @pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("bad", [jnp.inf, -jnp.inf, jnp.nan, 1e30])
+def test_clip_zeroes_nonfinite_updates(jit, bad):
+  # An Inf entry used to become NaN after scaling (inf * 0); a 1e30 entry overflows the norm.
+  tree = _tree(jax.random.PRNGKey(1))
+  tree["w"] = tree["w"].at[2, 3].set(bad)
+  out = _apply(clip_l2(0.7), tree, jit=jit)
+  for leaf in jax.tree_util.tree_leaves(out):
+    np.testing.assert_array_equal(np.asarray(leaf), 0.0)
+
+
+def test_clip_refuses_an_infinite_bound():
+  with pytest.raises(ConfigError, match="clip"):
+    clip_l2(float("inf"))
+
+
+@pytest.mark.parametrize("jit", [False, True])
 @pytest.mark.parametrize("scale", [0.01, 1.0, 100.0])
 def test_clip_bound_holds(jit, scale):
   bound = 0.7

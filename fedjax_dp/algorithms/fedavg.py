@@ -135,5 +135,6 @@ class FedAvgProgram:
     new_state, agg = server_step(self.aggregator, self.server_optimizer, state, deltas,
                                  client_weights(self.weighting, batch), batch.mask, k_agg)
     metrics = {"client_loss": losses, "update_norm": norms, "mask": batch.mask,
-               "aggregate_norm": global_norm(agg)}
+               "aggregate_norm": global_norm(agg),
+               "nonfinite_updates": jnp.sum(batch.mask * ~jnp.isfinite(norms))}
     return new_state, metrics

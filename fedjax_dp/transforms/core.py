@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -43,15 +45,21 @@ def clip_l2(bound: float) -> optax.GradientTransformationExtraArgs:
   The norm is over the concatenation of all leaves (one vector per client), as
   in DP-FedAvg (Cheng et al. 2022, Alg. 1, line "clip"). After this transform
   the update's L2 norm is at most ``bound``: that is the sensitivity the
-  mechanism records rely on.
+  mechanism records rely on. An update whose norm is not finite (a NaN or
+  Inf entry from a diverged client, or a norm that overflows) becomes all
+  zeros, so the bound holds for every input (scaling Inf would give NaN, and
+  one NaN row would make the released sum NaN).
   """
   check_positive("clip", bound)
+  check(math.isfinite(bound), "clip", bound, "must be a finite number")
 
   def update(updates, state, params=None, **extra):
     del params, extra
     norm = global_norm(updates)
-    scale = jnp.minimum(1.0, bound / jnp.maximum(norm, 1e-30))
-    return jax.tree_util.tree_map(lambda u: (u * scale).astype(u.dtype), updates), state
+    finite = jnp.isfinite(norm)
+    scale = jnp.where(finite, jnp.minimum(1.0, bound / jnp.maximum(norm, 1e-30)), 0.0)
+    return jax.tree_util.tree_map(
+        lambda u: jnp.where(finite, u * scale, jnp.zeros_like(u)).astype(u.dtype), updates), state
 
   return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update)
 
