@@ -9,6 +9,7 @@ formal guarantee exists (``None`` otherwise).
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import dp_accounting
 
@@ -17,10 +18,17 @@ from fedjax_dp.privacy.ledger import check_supported
 
 
 class LedgerAccounting:
-  """One mechanism record, one ``DpEvent`` per round, composed by a :class:`PrivacyLedger`."""
+  """One mechanism record, one ``DpEvent`` per round, composed by a :class:`PrivacyLedger`.
 
-  def __init__(self, mechanism, delta: float, accountant: str = "rdp"):
+  ``attacker_knowledge`` (runs with Byzantine clients) is recorded in the
+  report; "omniscient" voids the guarantee (the attackers' messages depend
+  on honest raw state, see :data:`fedjax_dp.attacks.OMNISCIENT_REASON`).
+  """
+
+  def __init__(self, mechanism, delta: float, accountant: str = "rdp",
+               attacker_knowledge: Optional[str] = None):
     self.mechanism = mechanism
+    self.attacker_knowledge = attacker_knowledge
     self.ledger = PrivacyLedger(delta, accountant, mechanism.relation)
     self._event = mechanism.round_event()
     check_supported(self._event, accountant, mechanism.relation)
@@ -32,9 +40,14 @@ class LedgerAccounting:
   def report(self) -> dict:
     formal = (bool(self.mechanism.formal_guarantee)
               and not isinstance(self._event, dp_accounting.NonPrivateDpEvent))
+    note = self.mechanism.guarantee_note
+    if formal and self.attacker_knowledge == "omniscient":
+      from fedjax_dp.attacks import OMNISCIENT_REASON
+      formal, note = False, OMNISCIENT_REASON
     eps = self.ledger.epsilon() if formal else None
     if eps is not None and not math.isfinite(eps):
       eps, formal = None, False
+    extra = {} if self.attacker_knowledge is None else {"attacker_knowledge": self.attacker_knowledge}
     return {
         "epsilon": eps,
         "delta": self.ledger.delta,
@@ -42,6 +55,7 @@ class LedgerAccounting:
         "formal_guarantee": formal,
         "privacy_unit": self.mechanism.privacy_unit,
         "neighbouring_relation": self.mechanism.relation,
-        "guarantee_note": self.mechanism.guarantee_note,
+        "guarantee_note": note,
         "dp_event": repr(self._event),
+        **extra,
     }

@@ -17,11 +17,24 @@ Attacks of Zhu and Ling (2022, Sec. "Numerical experiments"):
 and also ``alie`` (Baruah et al., NeurIPS 2019: mean - z * std of the regular
 rows, coordinate-wise), ``ipm`` (Xie et al., UAI 2020: -epsilon * mean of the
 regular rows) and ``nonfinite`` (rows of NaN or Inf, to test rejection).
+
+What an attacker knows matters for privacy. Every :class:`Attack` says
+whether it reads the regular (honest) rows (``reads_honest``). An algorithm
+with a privacy mechanism hands such an attack only what honest clients
+*release* (for DP-RSA: their perturbed sign messages), so the attackers'
+messages are post-processing of private releases and the guarantee stands:
+the run's ``attacker_knowledge`` is ``"released"``. An attack that is given
+honest clients' raw state instead (``attacker_knowledge="omniscient"``; e.g.
+ALIE on the workers' raw models) makes the attackers' messages depend on
+honest data that no mechanism protected, so the run reports
+``formal_guarantee: false`` with that reason (see :data:`OMNISCIENT_REASON`).
 """
 
 from __future__ import annotations
 
 from typing import Callable, Optional
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -30,8 +43,30 @@ from jax.scipy.special import ndtri
 from fedjax_dp.errors import check, check_choice
 
 ATTACKS = ("none", "gaussian", "sign_flip", "sample_duplication", "alie", "ipm", "nonfinite")
+KNOWLEDGE = ("released", "omniscient")
+OMNISCIENT_REASON = ("omniscient attack: the Byzantine messages are computed from honest clients' raw "
+                     "state (not from what they release), so they depend on data no mechanism "
+                     "protected and the release has no formal guarantee")
 
-Attack = Callable  # (updates, byzantine_mask, key, mask=None) -> updates
+
+@dataclasses.dataclass(frozen=True)
+class Attack:
+  """A Byzantine attack: ``attack(updates, byzantine_mask, key, mask=None) -> updates``.
+
+  Attributes:
+    name: one of :data:`ATTACKS`.
+    reads_honest: True when the attackers' rows are computed from the
+      regular rows (sample duplication, ALIE, IPM); False when they use only
+      their own row or nothing (Gaussian, sign flip, non-finite).
+    fn: the pure function.
+  """
+
+  name: str
+  reads_honest: bool
+  fn: Callable
+
+  def __call__(self, updates, byz, key, mask=None):
+    return self.fn(updates, byz, key, mask=mask)
 
 
 def byzantine_mask(ids: jax.Array, num_clients: int, num_byzantine: int) -> jax.Array:
@@ -62,7 +97,7 @@ def none() -> Attack:
   def attack(updates, byz, key, mask=None):
     del byz, key, mask
     return updates
-  return attack
+  return Attack("none", False, attack)
 
 
 def gaussian(sigma: float = 1e4) -> Attack:
@@ -75,7 +110,7 @@ def gaussian(sigma: float = 1e4) -> Attack:
     keys = jax.random.split(key, len(leaves))
     noise = [sigma * jax.random.normal(k, u.shape, jnp.float32) for k, u in zip(keys, leaves)]
     return _replace(updates, byz, jax.tree_util.tree_unflatten(treedef, noise))
-  return attack
+  return Attack("gaussian", False, attack)
 
 
 def sign_flip(scale: float = -5.0) -> Attack:
@@ -84,7 +119,7 @@ def sign_flip(scale: float = -5.0) -> Attack:
   def attack(updates, byz, key, mask=None):
     del key, mask
     return _replace(updates, byz, jax.tree_util.tree_map(lambda u: scale * u, updates))
-  return attack
+  return Attack("sign_flip", False, attack)
 
 
 def sample_duplication() -> Attack:
@@ -96,7 +131,7 @@ def sample_duplication() -> Attack:
     src = jnp.argmax(_regular_weights(byz, mask))
     return _replace(updates, byz, jax.tree_util.tree_map(
         lambda u: jnp.broadcast_to(u[src], u.shape), updates))
-  return attack
+  return Attack("sample_duplication", True, attack)
 
 
 def alie(z: Optional[float] = None) -> Attack:
@@ -124,7 +159,7 @@ def alie(z: Optional[float] = None) -> Attack:
     new = jax.tree_util.tree_map(lambda m, v: jnp.broadcast_to(m - zz * jnp.sqrt(v), m.shape), mu, var)
     return _replace(updates, byz, jax.tree_util.tree_map(
         lambda u, n_: jnp.broadcast_to(n_[None], u.shape), updates, new))
-  return attack
+  return Attack("alie", True, attack)
 
 
 def ipm(epsilon: float = 0.1) -> Attack:
@@ -136,7 +171,7 @@ def ipm(epsilon: float = 0.1) -> Attack:
     mu = _regular_mean(updates, _regular_weights(byz, mask))
     return _replace(updates, byz, jax.tree_util.tree_map(
         lambda u, m: jnp.broadcast_to(-epsilon * m[None], u.shape), updates, mu))
-  return attack
+  return Attack("ipm", True, attack)
 
 
 def nonfinite(value: str = "nan") -> Attack:
@@ -152,7 +187,7 @@ def nonfinite(value: str = "nan") -> Attack:
         return jnp.full(u.shape, jnp.inf)
       return jnp.where(jnp.arange(u.size).reshape(u.shape) % 2 == 0, jnp.inf, -jnp.inf)
     return _replace(updates, byz, jax.tree_util.tree_map(fill, updates))
-  return attack
+  return Attack("nonfinite", False, attack)
 
 
 def get(name: str, *, sigma: float = 1e4, scale: float = -5.0, alie_z: Optional[float] = None,

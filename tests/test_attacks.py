@@ -44,6 +44,12 @@ def test_byzantine_mask_is_the_last_ids():
   np.testing.assert_array_equal(attacks.byzantine_mask(ids, 10, 0), np.zeros(6))
 
 
+def test_every_attack_declares_whether_it_reads_honest_rows():
+  reads = {name: attacks.get(name).reads_honest for name in attacks.ATTACKS}
+  assert reads == {"none": False, "gaussian": False, "sign_flip": False, "sample_duplication": True,
+                   "alie": True, "ipm": True, "nonfinite": False}
+
+
 @pytest.mark.parametrize("name", attacks.ATTACKS)
 @pytest.mark.parametrize("jit", [True, False])
 def test_regular_rows_untouched(name, jit):

@@ -108,6 +108,49 @@ def test_round_step_gathers_scatters_and_aggregates_signs():
   assert float(metrics["flip_rate"]) == 0.0 and float(metrics["nonfinite_rows"]) == 0.0
 
 
+@pytest.mark.parametrize("knowledge", ["released", "omniscient"])
+def test_sample_duplication_copies_the_released_message(knowledge):
+  """The attackers copy what a regular worker *sends* (here a perturbation that negates
+  every sign), not its raw model; reading the raw model is only the omniscient variant."""
+  import optax
+  negate = optax.GradientTransformationExtraArgs(
+      lambda p: optax.EmptyState(), lambda u, s, p=None, **kw: (jax.tree_util.tree_map(
+          lambda v: -paper_sign(v), u), s))
+  prog = RSAProgram(model=_Model(), gradient=lambda p, x, y, c, k: (0.0, {"w": jnp.zeros(3)}),
+                    perturb=negate, attack=attacks.get("sample_duplication"), num_clients=5,
+                    num_byzantine=1, lr=0.1, lam=0.01, l2=0.0, mechanism=None,
+                    attacker_knowledge=knowledge)
+  x0 = jnp.array([0.0, 1.0, -1.0])
+  workers = jnp.array([[1., 1., 1.], [-1., 2., 0.], [5., 5., 5.], [0., 0., -2.], [0.5, 0.5, -0.5]])
+  state = RSAState({"w": x0}, {"w": workers}, jnp.zeros((), jnp.int32))
+  batch = CohortBatch(jnp.zeros((5, 2, 1)), jnp.zeros((5, 2), jnp.int32), jnp.ones(5, jnp.int32),
+                      jnp.array([3, 4, 0, 1, 0]), jnp.array([1., 1., 1., 1., 0.]))
+  new, _ = jax.jit(prog.round_step)(state, batch, jax.random.PRNGKey(0))
+  s = lambda v: np.where(v >= 0, 1.0, -1.0)
+  x0n, W = np.asarray(x0), np.asarray(workers)
+  honest = -s(x0n - W[3]) - s(x0n - W[0]) - s(x0n - W[1])
+  # Worker 3 is the first regular worker of the cohort: the one copied.
+  byz = -s(x0n - W[3]) if knowledge == "released" else s(x0n - W[3])
+  np.testing.assert_allclose(new.master["w"], x0n - 0.1 * 0.01 * (honest + byz), rtol=1e-6)
+
+
+@pytest.mark.parametrize("attack,knowledge,formal", [
+    ("alie", "released", True), ("alie", "omniscient", False), ("sample_duplication", "released", True),
+    ("ipm", "omniscient", False), ("gaussian", "omniscient", True)])
+def test_omniscient_attacks_void_the_guarantee(digits, attack, knowledge, formal):
+  from fedjax_dp.algorithms import build
+  setup = build(_config("dp-rsa-f", byzantine=2, attack=attack, attacker_knowledge=knowledge,
+                        epsilon=1.0), digits)
+  setup.accounting.on_round(None)
+  rep = setup.accounting.report()
+  # Gaussian noise reads no honest row: "omniscient" changes nothing it reads.
+  assert rep["attacker_knowledge"] == ("omniscient" if not formal else "released")
+  assert rep["formal_guarantee"] is formal
+  assert (rep["epsilon"] is None) is (not formal)
+  if not formal:
+    assert "omniscient" in rep["guarantee_note"]
+
+
 def test_nonfinite_byzantine_messages_are_rejected():
   prog = RSAProgram(model=_Model(), gradient=lambda p, x, y, c, k: (0.0, {"w": jnp.zeros(3)}),
                     perturb=to_sign(), attack=attacks.get("nonfinite"), num_clients=3,

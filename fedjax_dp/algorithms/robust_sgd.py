@@ -16,12 +16,16 @@ with ``alpha = client_lr``. One program for every aggregator ``A``:
   ``krum_m``), ``centered_clipping`` (``cc_tau``, ``cc_iters``).
 
 Rows with Inf/NaN are rejected by every aggregator (``nonfinite_rows`` in the
-metrics). Privacy: none (exact gradients are sent).
+metrics). Privacy: none (exact gradients are sent). What honest workers
+release is their raw gradient, so an attack reading the regular rows reads
+only released rows (``attacker_knowledge`` is "released" either way).
 
 Options (``--set name=value``): ``byzantine`` (b, default 0), ``attack``
 (:data:`fedjax_dp.attacks.ATTACKS`), ``attack_sigma``, ``attack_scale``,
-``alie_z``, ``ipm_epsilon``, ``nonfinite_value``, ``l2`` (u, default 0.004:
-f_0 = 0.002 ||x||^2 as in the paper) and the aggregator's parameters above.
+``alie_z``, ``ipm_epsilon``, ``nonfinite_value``, ``attacker_knowledge``
+("released" or "omniscient", see :mod:`fedjax_dp.attacks`), ``l2`` (u,
+default 0.004: f_0 = 0.002 ||x||^2 as in the paper) and the aggregator's
+parameters above.
 """
 
 from __future__ import annotations
@@ -44,21 +48,29 @@ AGGREGATORS = {"sgd": "mean", "signsgd": "sign_vote", "gm": "geometric_median",
                "centered_clipping": "centered_clipping"}
 
 BYZANTINE_OPTIONS = {"byzantine": 0, "attack": "none", "attack_sigma": 1e4, "attack_scale": -5.0,
-                     "alie_z": None, "ipm_epsilon": 0.1, "nonfinite_value": "nan", "l2": 0.004}
+                     "alie_z": None, "ipm_epsilon": 0.1, "nonfinite_value": "nan", "l2": 0.004,
+                     "attacker_knowledge": "released"}
 AGGREGATOR_OPTIONS = {"trim_beta": 0.1, "gm_tol": 1e-6, "gm_max_iter": 100, "krum_m": 1,
                       "cc_tau": 1.0, "cc_iters": 1}
 
 
 def byzantine_pieces(config, data, opts):
-  """``(num_byzantine, attack)`` from the options, validated against the population."""
+  """``(num_byzantine, attack, knowledge)`` from the options, validated against the population.
+
+  ``knowledge`` is what the attack actually reads: "omniscient" only when
+  the attack reads the regular rows and ``attacker_knowledge`` asks for their
+  raw state; else "released" (see :mod:`fedjax_dp.attacks`).
+  """
   b = opts["byzantine"]
   check(isinstance(b, int) and 0 <= b < data.num_clients, "byzantine", b,
         f"must be an int in [0, num_clients={data.num_clients})")
   check(opts["l2"] is not None and opts["l2"] >= 0, "l2", opts["l2"], "must be >= 0")
+  check_choice("attacker_knowledge", opts["attacker_knowledge"], attacks.KNOWLEDGE)
   attack = attacks.get(opts["attack"], sigma=opts["attack_sigma"], scale=opts["attack_scale"],
                        alie_z=opts["alie_z"], ipm_epsilon=opts["ipm_epsilon"],
                        nonfinite_value=opts["nonfinite_value"])
-  return b, attack
+  omniscient = attack.reads_honest and b > 0 and opts["attacker_knowledge"] == "omniscient"
+  return b, attack, "omniscient" if omniscient else "released"
 
 
 def stochastic_gradient(objective: Callable, batch_size: int) -> Callable:
@@ -127,7 +139,7 @@ def build_robust_sgd(config, data, method: str) -> Setup:
   from fedjax_dp.sampling import make_sampler
   check_choice("method", method, sorted(AGGREGATORS))
   opts = read_options(config, {**BYZANTINE_OPTIONS, **AGGREGATOR_OPTIONS})
-  b, attack = byzantine_pieces(config, data, opts)
+  b, attack, _ = byzantine_pieces(config, data, opts)
   aggregator = robust.get(AGGREGATORS[method], num_byzantine=b, trim_beta=opts["trim_beta"],
                           gm_tol=opts["gm_tol"], gm_max_iter=opts["gm_max_iter"],
                           krum_m=opts["krum_m"], cc_tau=opts["cc_tau"], cc_iters=opts["cc_iters"])
@@ -139,7 +151,8 @@ def build_robust_sgd(config, data, method: str) -> Setup:
       model=model, gradient=stochastic_gradient(objectives.supervised(model.apply), config.batch_size),
       aggregator=aggregator, attack=attack, num_clients=data.num_clients, num_byzantine=b,
       lr=float(config.client_lr), l2=float(opts["l2"]), mechanism=mechanism)
-  return Setup(program, sampler, LedgerAccounting(mechanism, config.delta, config.accountant))
+  return Setup(program, sampler, LedgerAccounting(mechanism, config.delta, config.accountant,
+                                                  attacker_knowledge="released"))
 
 
 def _builder(method):

@@ -14,8 +14,13 @@ gathered by ``batch.ids`` and scattered back). At iteration t+1, with
   and sends ``F/G(sign(x_0 - x_k))`` (both at time t);
 * Byzantine worker j (the fixed set of the last ``byzantine`` ids) runs the
   same local update but sends ``sign(x_0 - z_j)`` where ``z_j`` is the attack's
-  row computed from the workers' models (:mod:`fedjax_dp.attacks`; e.g.
-  ``sign_flip``: ``z_j = -5 x_j``); its message is not perturbed;
+  row computed from its own model (:mod:`fedjax_dp.attacks`; ``gaussian``:
+  ``z_j ~ N(0, sigma_b^2)``, ``sign_flip``: ``z_j = -5 x_j``); its message is
+  not perturbed. An attack that reads the regular workers (``sample_duplication``,
+  ``alie``, ``ipm``) is applied to the regular workers' *messages*, what they
+  release (Zhu and Ling's attack (iii) copies a regular worker's message);
+  with ``attacker_knowledge="omniscient"`` it reads their raw models instead,
+  and the run then claims no DP guarantee;
 * master (Eq. 11): ``x_0 <- x_0 - alpha (grad f_0(x_0) + lambda sum_k sign(m_k))``
   (the :func:`fedjax_dp.aggregators.robust.sign_sum` of the messages; a
   message with Inf/NaN is rejected).
@@ -93,7 +98,7 @@ class RSAProgram:
     model: the model.
     gradient: ``(params, x, y, count, key) -> (loss, grad)``.
     perturb: optax-style transform of ``u = x_0 - x_k`` into the sent signs.
-    attack: the Byzantine attack on the workers' models.
+    attack: the Byzantine attack (:class:`fedjax_dp.attacks.Attack`).
     num_clients, num_byzantine: K and b.
     lr, lam, l2: alpha, lambda, u.
     mechanism: privacy record of one round.
@@ -110,6 +115,7 @@ class RSAProgram:
   l2: float
   mechanism: Any
   clip: Any = None
+  attacker_knowledge: str = "released"
 
   def init(self, key):
     x0 = self.model.init(key)
@@ -135,10 +141,14 @@ class RSAProgram:
     new_xk, honest, losses, norms, flips = jax.vmap(self._worker, in_axes=(None, 0, 0, 0, 0, 0))(
         state.master, xk, batch.x, batch.y, batch.counts, keys)
     byz = attacks.byzantine_mask(batch.ids, self.num_clients, self.num_byzantine)
-    z = self.attack(xk, byz, k_attack, mask=batch.mask)
-    byz_msg = jax.tree_util.tree_map(lambda m, zz: _attacker_sign(m[None] - zz), state.master, z)
-    sent = jax.tree_util.tree_map(
-        lambda h, a: jnp.where(byz.reshape((-1,) + (1,) * (h.ndim - 1)) > 0, a, h), honest, byz_msg)
+    if self.attack.reads_honest and self.attacker_knowledge == "released":
+      # The attackers see what the regular workers send (perturbed under DP-RSA).
+      sent = self.attack(honest, byz, k_attack, mask=batch.mask)
+    else:
+      z = self.attack(xk, byz, k_attack, mask=batch.mask)
+      byz_msg = jax.tree_util.tree_map(lambda m, zz: _attacker_sign(m[None] - zz), state.master, z)
+      sent = jax.tree_util.tree_map(
+          lambda h, a: jnp.where(byz.reshape((-1,) + (1,) * (h.ndim - 1)) > 0, a, h), honest, byz_msg)
     total, _ = robust.get("sign_sum").aggregate(sent, jnp.ones_like(batch.mask), batch.mask,
                                                 optax.EmptyState(), k_agg)
     master = master_step(state.master, total, self.lr, self.lam, self.l2)
@@ -190,20 +200,23 @@ def build_rsa_family(config, data, variant: str) -> Setup:
            "dp-rsa-g": {"sign_sigma": None, "epsilon": None, "sign_clip": None, "sign_clip_norm": "linf"}}
   opts = read_options(config, {**RSA_OPTIONS, **extra[variant]})
   check(opts["lambda"] is not None and opts["lambda"] > 0, "lambda", opts["lambda"], "must be > 0")
-  b, attack = byzantine_pieces(config, data, opts)
+  b, attack, knowledge = byzantine_pieces(config, data, opts)
   model = make_model(config, data)
   dim = int(num_params(jax.eval_shape(model.init, jax.random.PRNGKey(0))))
   perturb, mechanism = _perturbation(variant, opts, dim)
   sampler = make_sampler(config.sampling, data.num_clients, config.seed, config.sampling_prob,
                          config.cohort_size, config.capacity)
   if variant == "rsa":
-    accounting = LedgerAccounting(mechanism, config.delta, config.accountant)
+    accounting = LedgerAccounting(mechanism, config.delta, config.accountant,
+                                  attacker_knowledge=knowledge)
   else:
-    accounting = SignAccounting(mechanism, config.delta, config.rounds, config.accountant)
+    accounting = SignAccounting(mechanism, config.delta, config.rounds, config.accountant,
+                                attacker_knowledge=knowledge)
   program = RSAProgram(
       model=model, gradient=stochastic_gradient(objectives.supervised(model.apply), config.batch_size),
       perturb=perturb, attack=attack, num_clients=data.num_clients, num_byzantine=b,
-      lr=float(config.client_lr), lam=float(opts["lambda"]), l2=float(opts["l2"]), mechanism=mechanism)
+      lr=float(config.client_lr), lam=float(opts["lambda"]), l2=float(opts["l2"]), mechanism=mechanism,
+      attacker_knowledge=knowledge)
   return Setup(program, sampler, accounting)
 
 

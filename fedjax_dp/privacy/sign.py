@@ -289,13 +289,14 @@ class SignAccounting:
   round (``rounds``) it also reports the exact composed value as a check.
   """
 
-  def __init__(self, mechanism, delta: float, rounds: int, accountant: str = "rdp"):
+  def __init__(self, mechanism, delta: float, rounds: int, accountant: str = "rdp",
+               attacker_knowledge: Optional[str] = None):
     from fedjax_dp.accounting import LedgerAccounting
     if mechanism.formal_guarantee:
       _check_rdp(accountant)
     self.mechanism = mechanism
     self.rounds = int(rounds)
-    self._inner = LedgerAccounting(mechanism, delta, accountant)
+    self._inner = LedgerAccounting(mechanism, delta, accountant, attacker_knowledge)
     self.ledger = self._inner.ledger
 
   def on_round(self, cohort) -> None:
