@@ -40,7 +40,8 @@ def _add_run(sub):
 
 
 def _add_privacy(sub):
-  p = sub.add_parser("privacy", help="epsilon of a sampled Gaussian mechanism, or the noise for a target epsilon")
+  p = sub.add_parser("privacy", help="epsilon of a sampled Gaussian mechanism, or the noise for a target epsilon "
+                     "(one JSON object; an infinite epsilon is written as null with epsilon_nonfinite)")
   p.add_argument("--mechanism", default="gaussian", help="gaussian (default) or sign-flip (DP-RSA)")
   p.add_argument("--keep-prob", type=float, help="sign-flip: keep probability gamma in (0.5, 1)")
   p.add_argument("--dimension", type=int, help="sign-flip: coordinates released per round (model size d)")
@@ -52,7 +53,8 @@ def _add_privacy(sub):
   p.add_argument("--target-epsilon", type=float)
   p.add_argument("--rounds", type=int, required=True)
   p.add_argument("--delta", type=float, required=True)
-  p.add_argument("--accountant", default="rdp")
+  p.add_argument("--accountant", default="rdp",
+                 help="rdp (default) or pld (gaussian only: sign-flip is accounted with rdp)")
 
 
 def _add_reproduce(sub):
@@ -112,18 +114,26 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_privacy(args) -> int:
+  """Prints one strict-JSON object: the epsilon of a mechanism, or the noise for a target epsilon."""
+  import math
+  from fedjax_dp.config import check_finite
   from fedjax_dp.errors import check_choice, check_open_unit
+  from fedjax_dp.jsonio import dumps
   from fedjax_dp.privacy import ACCOUNTANTS, GaussianSumMechanism, calibrate_noise_multiplier, epsilon_for
+  for name in ("keep_prob", "sampling_prob", "noise_multiplier", "target_epsilon", "delta"):
+    # argparse's float() accepts "inf" and "nan": refused before any computation.
+    check_finite(name, getattr(args, name))
+  check_choice("mechanism", args.mechanism, ("gaussian", "sign-flip"))
+  check_choice("accountant", args.accountant, ACCOUNTANTS)
   if args.mechanism == "sign-flip":
-    from fedjax_dp.privacy.sign import SignFlipMechanism, composed_epsilon
+    from fedjax_dp.privacy.sign import SignFlipMechanism, _check_rdp, composed_epsilon
+    _check_rdp(args.accountant)
     check(args.keep_prob is not None and 0.5 < args.keep_prob < 1, "keep_prob", args.keep_prob, "must be in (0.5, 1)")
     check(args.dimension is not None and args.dimension >= 1, "dimension", args.dimension, "must be >= 1")
-    print(json.dumps({"mechanism": "sign-flip", "keep_prob": args.keep_prob, **composed_epsilon(
+    print(dumps({"mechanism": "sign-flip", "keep_prob": args.keep_prob, **composed_epsilon(
         SignFlipMechanism(args.keep_prob, args.dimension), args.rounds, args.delta)}))
     return 0
-  check(args.mechanism == "gaussian", "mechanism", args.mechanism, "must be 'gaussian' or 'sign-flip'")
   check(args.rounds >= 1, "rounds", args.rounds, "must be >= 1")
-  check_choice("accountant", args.accountant, ACCOUNTANTS)
   check_open_unit("delta", args.delta)
   check((args.noise_multiplier is None) != (args.target_epsilon is None), "noise_multiplier/target_epsilon",
         (args.noise_multiplier, args.target_epsilon), "give exactly one of --noise-multiplier and --target-epsilon")
@@ -138,10 +148,17 @@ def _cmd_privacy(args) -> int:
     out["noise_multiplier"] = z
   mech = GaussianSumMechanism(1.0, z, **common)
   event = mech.round_event()
-  out["epsilon"] = epsilon_for(event, args.rounds, args.delta, args.accountant, mech.relation)
+  eps = epsilon_for(event, args.rounds, args.delta, args.accountant, mech.relation)
+  out["epsilon"] = eps  # written as null with "epsilon_nonfinite" beside it when infinite
+  out["formal_guarantee"] = math.isfinite(eps)
+  if math.isfinite(eps) or z == 0:
+    out["guarantee_note"] = mech.guarantee_note
+  else:
+    out["guarantee_note"] = (f"epsilon is infinite at delta={args.delta:g}: no formal differential privacy "
+                             "guarantee")
   out["neighbouring_relation"] = mech.relation
   out["dp_event"] = repr(event)
-  print(json.dumps(out))
+  print(dumps(out))
   return 0
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
 import pathlib
 import typing
 from typing import Any, Mapping, Optional
@@ -22,6 +24,25 @@ WEIGHTINGS = ("uniform", "examples")
 PLACEMENTS = ("device", "host")
 DEFAULT_MODELS = {"digits": "digits_cnn", "mnist": "cnn2", "fashion_mnist": "cnn2", "emnist": "cnn2",
                   "cifar10": "cnn2"}
+
+
+def is_nonfinite(value: Any) -> bool:
+  """True for a NaN or infinite real number (Python or numpy); False for anything else."""
+  if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    return False
+  try:
+    return not math.isfinite(value)
+  except (TypeError, ValueError, OverflowError):
+    return False
+
+
+def check_finite(field: str, value: Any) -> None:
+  """Raises :class:`ConfigError` if ``value`` is a NaN or infinite number (``None`` passes).
+
+  An infinite clip or noise multiplier would otherwise pass ``> 0`` checks and
+  end in a NaN model with a reported epsilon.
+  """
+  check(not is_nonfinite(value), field, value, "must be a finite number")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +97,10 @@ class RunConfig:
     from fedjax_dp.client import OPTIMIZERS
     from fedjax_dp.data import DATASETS, PARTITIONERS
     from fedjax_dp.models import CONV_IMPLS, MODELS
+    # Every numeric field is finite, checked before any other check of it.
+    for f in dataclasses.fields(self):
+      if f.name != "options":
+        check_finite(f.name, getattr(self, f.name))
     check_choice("algorithm", self.algorithm, sorted(ALGORITHMS))
     check_choice("dataset", self.dataset, DATASETS)
     check_choice("partition", self.partition, [p for p in PARTITIONERS if p != "natural"])

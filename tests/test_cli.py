@@ -1,14 +1,18 @@
 """The command line: run, privacy, and clear one-line errors with exit status 2."""
 
 import json
+import math
 import subprocess
 import sys
 
 import dp_accounting
+import numpy as np
 import pytest
 from dp_accounting import rdp
 
 from fedjax_dp.cli import main
+from fedjax_dp.config import RunConfig
+from fedjax_dp.errors import ConfigError
 
 TINY = ["--num-clients", "40", "--rounds", "2", "--local-steps", "2", "--model", "mlp", "--no-progress"]
 
@@ -101,3 +105,145 @@ def test_privacy_target_epsilon_and_fixed_sampling(capsys):
   assert main(["privacy", "--sampling-prob", "0.04", "--noise-multiplier", "1.1", "--rounds", "30",
                "--delta", "1e-5", "--accountant", "pld"]) == 0
   assert json.loads(capsys.readouterr().out)["accountant"] == "pld"
+
+
+def _strict_loads(s):
+  """json.loads that refuses NaN, Infinity and -Infinity (as strict JSON parsers do)."""
+  return json.loads(s, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+
+
+PRIVACY = ["privacy", "--rounds", "10", "--delta", "1e-5"]
+SIGN_FLIP = [*PRIVACY, "--mechanism", "sign-flip", "--keep-prob", "0.7", "--dimension", "10"]
+
+
+@pytest.mark.parametrize("extra", [
+    ["--sampling-prob", "0.1", "--noise-multiplier", "1"],
+    SIGN_FLIP[len(PRIVACY):],
+])
+def test_privacy_unknown_accountant_is_refused_for_every_mechanism(extra, capsys):
+  assert main([*PRIVACY, *extra, "--accountant", "moments"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and "accountant" in err and "'moments'" in err
+  assert "rdp" in err and "pld" in err
+
+
+def test_privacy_sign_flip_refuses_pld(capsys):
+  assert main([*SIGN_FLIP, "--accountant", "pld"]) == 2
+  captured = capsys.readouterr()
+  err = captured.err.strip()
+  assert captured.out == "" and len(err.splitlines()) == 1
+  assert "accountant" in err and "'pld'" in err and "must be 'rdp'" in err
+  assert "RandomizedResponseDpEvent only once" in err
+  assert main([*SIGN_FLIP, "--accountant", "rdp"]) == 0
+  out = _strict_loads(capsys.readouterr().out)
+  assert out["accountant"] == "rdp" and out["formal_guarantee"] is True and math.isfinite(out["epsilon"])
+
+
+def test_privacy_without_noise_is_strict_json_with_no_guarantee(capsys):
+  assert main([*PRIVACY, "--sampling-prob", "0.1", "--noise-multiplier", "0"]) == 0
+  out = _strict_loads(capsys.readouterr().out)
+  assert out["epsilon"] is None and out["epsilon_nonfinite"] == "Infinity"
+  assert out["formal_guarantee"] is False and "no differential privacy guarantee" in out["guarantee_note"]
+  assert main([*PRIVACY, "--sampling-prob", "0.1", "--noise-multiplier", "1"]) == 0
+  out = _strict_loads(capsys.readouterr().out)
+  assert out["formal_guarantee"] is True and out["epsilon"] > 0 and "epsilon_nonfinite" not in out
+  assert out["guarantee_note"]
+
+
+@pytest.mark.parametrize("args,field", [
+    ([*PRIVACY, "--sampling-prob", "0.1", "--noise-multiplier", "inf"], "noise_multiplier"),
+    ([*PRIVACY, "--sampling-prob", "0.1", "--noise-multiplier=-inf"], "noise_multiplier"),
+    ([*PRIVACY, "--sampling-prob", "0.1", "--target-epsilon", "inf"], "target_epsilon"),
+    ([*PRIVACY, "--sampling-prob", "0.1", "--target-epsilon", "nan"], "target_epsilon"),
+    (["privacy", "--rounds", "10", "--delta", "nan", "--sampling-prob", "0.1", "--noise-multiplier", "1"], "delta"),
+    ([*PRIVACY, "--sampling-prob", "inf", "--noise-multiplier", "1"], "sampling_prob"),
+    ([*PRIVACY, "--sampling-prob", "nan", "--target-epsilon", "2"], "sampling_prob"),
+    ([*PRIVACY, "--mechanism", "sign-flip", "--keep-prob", "nan", "--dimension", "10"], "keep_prob"),
+    ([*PRIVACY, "--mechanism", "sign-flip", "--keep-prob", "inf", "--dimension", "10"], "keep_prob"),
+    (["privacy", "--rounds", "10", "--delta", "inf", *SIGN_FLIP[len(PRIVACY):]], "delta"),
+])
+def test_privacy_refuses_non_finite_numbers(args, field, capsys):
+  assert main(args) == 2
+  captured = capsys.readouterr()
+  err = captured.err.strip()
+  assert captured.out == "" and len(err.splitlines()) == 1
+  assert f"invalid {field}=" in err and "must be a finite number" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("extra,field", [
+    (["--clip", "inf"], "clip"),
+    (["--clip", "nan"], "clip"),
+    (["--noise-multiplier", "inf", "--target-epsilon", "none"], "noise_multiplier"),
+    (["--target-epsilon", "inf"], "target_epsilon"),
+    (["--client-lr", "nan"], "client_lr"),
+    (["--server-lr", "inf"], "server_lr"),
+    (["--partition", "dirichlet", "--dirichlet-alpha", "inf"], "dirichlet_alpha"),
+    (["--sampling-prob", "nan"], "sampling_prob"),
+    (["--delta=-inf"], "delta"),
+])
+def test_run_refuses_non_finite_fields_before_writing(extra, field, capsys, tmp_path):
+  out_dir = tmp_path / "x"
+  assert main(["run", *TINY, *extra, "--output-dir", str(out_dir)]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and f"invalid {field}=" in err and "must be a finite number" in err
+  assert not out_dir.exists() or not any(out_dir.iterdir())
+
+
+def test_run_config_file_with_non_finite_values_is_refused(capsys, tmp_path):
+  cfg = tmp_path / "c.json"
+  cfg.write_text('{"clip": Infinity, "rounds": 2}')  # Python's json reads these constants
+  assert main(["run", "--config", str(cfg), "--no-progress", "--output-dir", str(tmp_path / "x")]) == 2
+  assert "invalid clip=inf: must be a finite number" in capsys.readouterr().err
+  assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "Infinity", "-Infinity", "NaN", "INF", "infinity"])
+def test_run_refuses_non_finite_algorithm_options(value, capsys, tmp_path):
+  out_dir = tmp_path / "x"
+  assert main(["run", *TINY, "--algorithm", "blur+lus", "--set", f"lambda={value}",
+               "--output-dir", str(out_dir)]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and "option lambda" in err and "must be a finite number" in err
+  assert not out_dir.exists() or not any(out_dir.iterdir())
+
+
+@pytest.mark.parametrize("field", ["clip", "noise_multiplier", "client_lr", "server_lr", "dirichlet_alpha",
+                                   "sampling_prob", "delta", "target_epsilon"])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, np.float32("nan")])
+def test_run_config_refuses_non_finite_numbers(field, value):
+  changes = {field: value}
+  if field == "noise_multiplier":
+    changes["target_epsilon"] = None
+  with pytest.raises(ConfigError) as e:
+    RunConfig(**changes)
+  assert e.value.field == field and e.value.allowed == "must be a finite number"
+
+
+def test_run_config_refuses_non_finite_int_fields():
+  with pytest.raises(ConfigError) as e:
+    RunConfig(rounds=math.inf)
+  assert e.value.field == "rounds" and "finite" in str(e.value)
+  with pytest.raises(ConfigError) as e:
+    RunConfig(max_train=math.nan)
+  assert e.value.field == "max_train" and "finite" in str(e.value)
+
+
+def test_read_options_refuses_non_finite_values_but_keeps_named_choices():
+  from fedjax_dp.algorithms import read_options
+  cfg = RunConfig(algorithm="blur+lus", options={"lambda": math.inf})
+  with pytest.raises(ConfigError) as e:
+    read_options(cfg, {"lambda": 0.4, "sparsity": 0.7})
+  assert e.value.field == "option lambda" and "finite" in e.value.allowed
+  cfg = RunConfig(algorithm="blur+lus", options={"sparsity": "NaN"})
+  with pytest.raises(ConfigError, match="option sparsity"):
+    read_options(cfg, {"lambda": 0.4, "sparsity": 0.7})
+  cfg = RunConfig(algorithm="dp-rsa-f", options={"keep_prob": math.nan})
+  with pytest.raises(ConfigError, match="option keep_prob"):
+    read_options(cfg, {"keep_prob": None, "epsilon": None})
+  # An option whose value is a name ("nan" picks the non-finite attack) is not a number.
+  cfg = RunConfig(algorithm="sgd", options={"attack": "nonfinite", "nonfinite_value": "inf"})
+  opts = read_options(cfg, {"attack": "none", "nonfinite_value": "nan"})
+  assert opts["nonfinite_value"] == "inf"
+  cfg = RunConfig(algorithm="sgd", options={"nonfinite_value": math.nan})
+  with pytest.raises(ConfigError, match="option nonfinite_value"):
+    read_options(cfg, {"nonfinite_value": "nan"})

@@ -41,17 +41,43 @@ ALGORITHMS = {
 }
 
 
+_NONFINITE_WORDS = ("inf", "+inf", "-inf", "nan", "+nan", "-nan", "infinity", "+infinity", "-infinity")
+
+
+def _nonfinite_option(value, named: bool) -> bool:
+  """True if ``value`` (or a number inside a list/tuple/dict of it) is NaN or infinite.
+
+  The CLI reads ``--set`` values with ``json.loads``, which turns ``NaN`` and
+  ``Infinity`` into floats and leaves ``inf`` or ``nan`` as strings; both are
+  refused unless the option takes a name (``named``: its default is a string,
+  e.g. ``nonfinite_value="nan"`` picks an attack).
+  """
+  from fedjax_dp.config import is_nonfinite
+  if isinstance(value, str):
+    return not named and value.strip().lower() in _NONFINITE_WORDS
+  if isinstance(value, (list, tuple)):
+    return any(_nonfinite_option(v, named) for v in value)
+  if isinstance(value, dict):
+    return any(_nonfinite_option(v, named) for v in value.values())
+  return is_nonfinite(value)
+
+
 def read_options(config, defaults: dict) -> dict:
   """``config.options`` over an algorithm's ``defaults``; an unknown name is a ConfigError.
 
   Every builder reads its ``--set NAME=VALUE`` settings through this, so a
-  misspelt option fails before compilation instead of being ignored.
+  misspelt option fails before compilation instead of being ignored. A NaN or
+  infinite value (a float, or the strings "inf", "-inf", "nan", "infinity" in
+  any case) is refused too, except the strings for an option whose default is a
+  string (a name, such as ``nonfinite_value``).
   """
   from fedjax_dp.errors import check
   opts = dict(config.options or {})
-  for k in opts:
+  for k, v in opts.items():
     check(k in defaults, "option", k,
           f"must be one of {sorted(defaults)} for algorithm {config.algorithm!r}")
+    check(not _nonfinite_option(v, named=isinstance(defaults[k], str)), f"option {k}", v,
+          "must be a finite number")
   return {**defaults, **opts}
 
 
