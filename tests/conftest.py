@@ -12,11 +12,15 @@ _REPO = pathlib.Path(__file__).resolve().parents[1]
 def shared_data_dir() -> pathlib.Path:
   """The offline copies of real data sets (``$FEDJAX_DP_DATA``).
 
-  Defaults to ``<repo>/../shared/data``; tests using it are skipped when the
-  directory is absent.
+  Defaults to ``<repo>/../shared/data``, which a fresh clone does not have;
+  tests using it are skipped, saying how to enable them, when the directory is
+  absent. Tests that need one data set also skip when its sub-folder is absent.
   """
   d = pathlib.Path(os.environ.get("FEDJAX_DP_DATA") or
                    _REPO.parent / "shared" / "data")
   if not d.is_dir():
-    pytest.skip(f"real data sets not found at {d} (set FEDJAX_DP_DATA)")
+    pytest.skip(f"real data sets not found at {d}: set FEDJAX_DP_DATA to a folder holding mnist/ "
+                "(train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-...), fashion-mnist/ "
+                "(same names), cifar10/ (train.tar.gz, test.tar.gz) or tff-h5/ "
+                "(shakespeare_train.h5, shakespeare_test.h5) to run the tests on real data")
   return d
