@@ -376,6 +376,9 @@ class DPSGDProgram:
   weighting: str = "examples"
   class_names: tuple = ("all",)
   clip: Optional[float] = None  # update-level clip (none here; per-example clipping instead)
+  # The aggregate of the clients' DP-SGD models and the thresholds, which sound variants set
+  # from noisy statistics only (see fedjax_dp.engine).
+  released_metrics = ("aggregate_norm", "clip_*")
 
   def init(self, key: jax.Array) -> DPSGDState:
     params = self.model.init(key)

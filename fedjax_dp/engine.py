@@ -11,12 +11,28 @@ A *program* is any object with ``init(key) -> state``,
 ``eval_params(state) -> params``, and attributes ``model`` and ``clip``.
 ``metrics`` holds per-client arrays ``client_loss``, ``update_norm`` and
 ``mask`` (others pass through when scalar).
+
+Released and diagnostic outputs. A run's records keep apart what the privacy
+guarantee covers from raw statistics it does not:
+
+* covered (top level of each ``metrics.jsonl`` row and of ``summary.json``):
+  the test accuracy and loss of the released model, and the scalar metrics a
+  program lists in ``released_metrics`` (computed only from the noisy
+  release, e.g. the norm of the noisy aggregate, an adaptive clip bound set
+  from noisy statistics);
+* public by design: the round number, the configuration, and the accounting
+  fields (epsilon and its parts are functions of public settings);
+* raw diagnostics, under ``diagnostics``: the realized cohort size, client
+  losses, pre-clip update norms and the fraction clipped, every other program
+  metric, the timings, and the sampler's capacity (which grows with a large
+  draw). None of these is noised.
+
+``release="private"`` writes (and returns) only the first two groups.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import pathlib
 import time
@@ -28,8 +44,20 @@ import numpy as np
 
 from fedjax_dp.algorithms.fedavg import CohortBatch
 from fedjax_dp.errors import check, check_choice
+from fedjax_dp.jsonio import dumps
 
 PLACEMENTS = ("device", "host")
+RELEASES = ("all", "private")
+ROW_COVERED = ("test_accuracy", "test_loss", "diverged")
+SUMMARY_COVERED = ("final_accuracy", "final_test_loss", "diverged")
+PUBLIC_BY_DESIGN = ("round", "rounds", "config", "noise_multiplier", "epsilon and every field of the "
+                    "privacy report (functions of the public settings and, for example-level runs, of "
+                    "the public participation and example counts)")
+
+
+def is_released(name: str, released_metrics) -> bool:
+  """Whether a program metric is in ``released_metrics`` (names; a trailing ``*`` is a prefix)."""
+  return any(name == r or (r.endswith("*") and name.startswith(r[:-1])) for r in released_metrics)
 
 
 @dataclasses.dataclass
@@ -71,26 +99,33 @@ def _quantiles(values: np.ndarray) -> dict:
   return {"mean": float(values.mean()), "q10": float(q[0]), "q50": float(q[1]), "q90": float(q[2])}
 
 
-def summarize_round(metrics: dict, clip: Optional[float]) -> dict:
-  """Host-side summary of one round's per-client metrics (real clients only)."""
+def summarize_round(metrics: dict, clip: Optional[float], released_metrics=()) -> tuple:
+  """Host-side summary of one round's metrics: ``(released, diagnostics)``.
+
+  ``released`` holds the scalar metrics named in ``released_metrics``;
+  ``diagnostics`` the realized cohort size, the real clients' mean loss, the
+  quantiles of their pre-clip update norms, the fraction clipped and every
+  other scalar metric (raw, not covered by any guarantee).
+  """
   mask = np.asarray(metrics["mask"]) > 0
-  out = {"cohort_size": int(mask.sum())}
+  diag = {"cohort_size": int(mask.sum())}
   losses = np.asarray(metrics["client_loss"])[mask]
-  out["train_loss"] = float(losses.mean()) if losses.size else None
+  diag["train_loss"] = float(losses.mean()) if losses.size else None
   norms = np.asarray(metrics["update_norm"])[mask]
-  out["update_norm"] = _quantiles(norms)
+  diag["update_norm"] = _quantiles(norms)
   if clip is not None and norms.size:
-    out["fraction_clipped"] = float(np.mean(norms > clip))
+    diag["fraction_clipped"] = float(np.mean(norms > clip))
+  released = {}
   for k, v in metrics.items():
     if k not in ("client_loss", "update_norm", "mask") and np.ndim(v) == 0:
-      out[k] = float(v)
-  return out
+      (released if is_released(k, released_metrics) else diag)[k] = float(v)
+  return released, diag
 
 
 def run(program, data, sampler, rounds: int, *, seed: int = 0, accounting=None,
         eval_every: int = 1, output_dir: Optional[str] = None, progress: bool = True,
         config: Optional[dict] = None, placement: str = "device",
-        on_round: Optional[Callable[[dict], None]] = None) -> RunResult:
+        on_round: Optional[Callable[[dict], None]] = None, release: str = "all") -> RunResult:
   """Runs ``rounds`` federated rounds and returns the history and a summary.
 
   Args:
@@ -109,10 +144,16 @@ def run(program, data, sampler, rounds: int, *, seed: int = 0, accounting=None,
       gathers the cohort inside the compiled round; "host" gathers the cohort's
       rows with NumPy each round (for populations that do not fit).
     on_round: optional callback with each round's record.
+    release: "all" (default) keeps the raw diagnostics under ``diagnostics``
+      in every record and in the summary; "private" leaves them out, so the
+      outputs hold only what the guarantee covers and what is public by
+      design (module docstring).
   """
   check(rounds >= 1, "rounds", rounds, "must be >= 1")
   check(eval_every >= 1, "eval_every", eval_every, "must be >= 1")
   check_choice("placement", placement, PLACEMENTS)
+  check_choice("release", release, RELEASES)
+  released_metrics = tuple(getattr(program, "released_metrics", ()))
   out_dir = pathlib.Path(output_dir) if output_dir else None
   if out_dir is not None:
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -147,6 +188,7 @@ def run(program, data, sampler, rounds: int, *, seed: int = 0, accounting=None,
   t_start = time.perf_counter()
   first_round_s = None
   accuracy = loss = None
+  diverged = False
   try:
     for r in range(rounds):
       t0 = time.perf_counter()
@@ -156,7 +198,8 @@ def run(program, data, sampler, rounds: int, *, seed: int = 0, accounting=None,
       seconds = time.perf_counter() - t0
       if first_round_s is None:
         first_round_s = seconds
-      rec = {"round": r + 1, **summarize_round(metrics, getattr(program, "clip", None))}
+      released, diag = summarize_round(metrics, getattr(program, "clip", None), released_metrics)
+      rec = {"round": r + 1, **released}
       if accounting is not None:
         accounting.on_round(cohort)
         rep = accounting.report()
@@ -169,17 +212,19 @@ def run(program, data, sampler, rounds: int, *, seed: int = 0, accounting=None,
         accuracy, loss = float(acc), float(tl)
         rec["test_accuracy"], rec["test_loss"] = accuracy, loss
         if not math.isfinite(loss):
-          rec["diverged"] = True
-      rec["seconds"] = seconds
+          rec["diverged"] = diverged = True
+      if release == "all":
+        rec["diagnostics"] = dict(diag, seconds=seconds)
       history.append(rec)
       if out_dir is not None:
-        metrics_file.write(json.dumps(rec) + "\n")
+        metrics_file.write(dumps(rec) + "\n")
         metrics_file.flush()
       if on_round is not None:
         on_round(rec)
       if bar is not None:
-        post = {"acc": f"{accuracy:.4f}" if accuracy is not None else "-",
-                "loss": f"{rec['train_loss']:.3f}" if rec.get("train_loss") is not None else "-"}
+        post = {"acc": f"{accuracy:.4f}" if accuracy is not None else "-"}
+        if release == "all" and diag.get("train_loss") is not None:
+          post["loss"] = f"{diag['train_loss']:.3f}"
         if rec.get("epsilon") is not None:
           post["eps"] = f"{rec['epsilon']:.2f}"
         bar.set_postfix(post, refresh=False)
@@ -193,12 +238,8 @@ def run(program, data, sampler, rounds: int, *, seed: int = 0, accounting=None,
   summary = {
       "final_accuracy": accuracy,
       "final_test_loss": loss,
+      "diverged": diverged,
       "rounds": rounds,
-      "seconds_total": total,
-      "seconds_first_round": first_round_s,
-      "seconds_per_round_after_first": (total - first_round_s) / max(rounds - 1, 1),
-      "cohort_capacity": int(sampler.capacity),
-      "capacity_grew": int(getattr(sampler, "capacity_grew", 0)),
   }
   if accounting is not None:
     summary.update(accounting.report())
@@ -206,6 +247,24 @@ def run(program, data, sampler, rounds: int, *, seed: int = 0, accounting=None,
   if noise is not None:
     summary["noise_multiplier"] = noise
   summary["config"] = config
+  summary["release"] = {
+      "mode": release,
+      "covered_by_guarantee": {"summary": list(SUMMARY_COVERED),
+                               "metrics_rows": list(ROW_COVERED) + list(released_metrics)},
+      "public_by_design": list(PUBLIC_BY_DESIGN),
+      "diagnostics": ("raw, unnoised statistics (realized cohort sizes, client losses, pre-clip norms, "
+                      "timings, the sampler's capacity): not covered by the guarantee"
+                      + (", and left out of this run's outputs" if release == "private" else
+                         ", grouped under 'diagnostics'")),
+  }
+  if release == "all":
+    summary["diagnostics"] = {
+        "seconds_total": total,
+        "seconds_first_round": first_round_s,
+        "seconds_per_round_after_first": (total - first_round_s) / max(rounds - 1, 1),
+        "cohort_capacity": int(sampler.capacity),
+        "capacity_grew": int(getattr(sampler, "capacity_grew", 0)),
+    }
   if out_dir is not None:
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    (out_dir / "summary.json").write_text(dumps(summary, indent=2, default=str) + "\n")
   return RunResult(history, summary, state)

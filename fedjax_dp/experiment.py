@@ -20,8 +20,11 @@ def load_data(config: RunConfig):
 
 
 def simulate(config: RunConfig, data=None, output_dir: Optional[str] = None,
-             progress: bool = False, on_round=None) -> RunResult:
-  """Runs the simulation ``config`` describes (``data`` may be passed in to reuse it)."""
+             progress: bool = False, on_round=None, release: str = "all") -> RunResult:
+  """Runs the simulation ``config`` describes (``data`` may be passed in to reuse it).
+
+  ``release``: "all" or "private" (see :func:`fedjax_dp.engine.run`).
+  """
   from fedjax_dp.algorithms import build
   if data is None:
     data = load_data(config)
@@ -29,5 +32,5 @@ def simulate(config: RunConfig, data=None, output_dir: Optional[str] = None,
   result = run(setup.program, data, setup.sampler, config.rounds, seed=config.seed,
                accounting=setup.accounting, eval_every=config.eval_every, output_dir=output_dir,
                progress=progress, config=config.to_dict(), placement=config.placement,
-               on_round=on_round)
+               on_round=on_round, release=release)
   return result

@@ -45,7 +45,7 @@ cells = [
         "    h = [x for x in r.history if 'test_accuracy' in x]\n"
         "    axes[0].plot([x['round'] for x in h], [x['test_accuracy'] for x in h], label=alg)\n"
         "    rounds = [x['round'] for x in r.history]\n"
-        "    q = {k: np.array([x['update_norm'][k] for x in r.history]) for k in ('q10', 'q50', 'q90')}\n"
+        "    q = {k: np.array([x['diagnostics']['update_norm'][k] for x in r.history]) for k in ('q10', 'q50', 'q90')}\n"
         "    axes[1].fill_between(rounds, q['q10'], q['q90'], alpha=0.3)\n"
         "    axes[1].plot(rounds, q['q50'], label=f'{alg} (median, 10-90%)')\n"
         "axes[1].axhline(base['clip'], color='k', ls='--', label='clip S')\n"
@@ -59,7 +59,7 @@ cells = [
         "    alg = 'dp_fedavg' if lam == 0 else 'dp_fedavg+blur'\n"
         "    opts = {} if lam == 0 else {'lambda': lam}\n"
         "    r = simulate(make_config(base, algorithm=alg, options=opts), data)\n"
-        "    med = np.mean([x['update_norm']['q50'] for x in r.history])\n"
+        "    med = np.mean([x['diagnostics']['update_norm']['q50'] for x in r.history])\n"
         "    print(f'lambda={lam:<4} median pre-clip norm={med:.3f}  acc={r.summary[\"final_accuracy\"]:.4f}')"),
     new_code_cell(
         "import jax, jax.numpy as jnp\n"

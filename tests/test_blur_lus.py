@@ -241,7 +241,7 @@ def test_end_to_end_each_variant(e2e, algorithm):
     assert res.summary["epsilon"] is None and not res.summary["formal_guarantee"]
   else:
     assert res.summary["epsilon"] > 0 and res.summary["formal_guarantee"]
-    assert all(h["update_norm"]["q50"] > 0 for h in res.history)
+    assert all(h["diagnostics"]["update_norm"]["q50"] > 0 for h in res.history)
   eps = {a: e2e[a].summary["epsilon"] for a in VARIANTS}
   assert len(set(eps.values())) == 1  # same noise, sampling, rounds: same epsilon
 
@@ -249,8 +249,8 @@ def test_end_to_end_each_variant(e2e, algorithm):
 def test_blur_shrinks_update_norms(e2e):
   # Same seed, same cohort, same minibatches in round 1: BLUR pulls local models
   # back towards the ball, so the pre-clip norms are smaller.
-  plain = e2e["dp_fedavg"].history[0]["update_norm"]
-  blurred = e2e["dp_fedavg+blur"].history[0]["update_norm"]
+  plain = e2e["dp_fedavg"].history[0]["diagnostics"]["update_norm"]
+  blurred = e2e["dp_fedavg+blur"].history[0]["diagnostics"]["update_norm"]
   assert blurred["q50"] < plain["q50"] and blurred["mean"] < plain["mean"]
 
 

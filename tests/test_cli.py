@@ -63,16 +63,37 @@ def test_run_writes_metrics_and_summary_and_protects_them(tmp_path, capsys):
   assert "final test accuracy=" in printed and "epsilon=" in printed
   rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
   assert [r["round"] for r in rows] == [1, 2]
-  for key in ("train_loss", "epsilon", "update_norm", "fraction_clipped", "seconds", "test_accuracy"):
+  for key in ("epsilon", "test_accuracy", "aggregate_norm"):
     assert key in rows[-1]
+  for key in ("cohort_size", "train_loss", "update_norm", "fraction_clipped", "seconds"):
+    assert key in rows[-1]["diagnostics"] and key not in rows[-1]
   summary = json.loads((out / "summary.json").read_text())
-  for key in ("final_accuracy", "epsilon", "delta", "rounds", "config", "noise_multiplier"):
+  for key in ("final_accuracy", "epsilon", "delta", "rounds", "config", "noise_multiplier", "release"):
     assert key in summary
+  assert "capacity_grew" in summary["diagnostics"] and "capacity_grew" not in summary
   assert summary["config"]["num_clients"] == 40 and summary["rounds"] == 2
   before = (out / "metrics.jsonl").read_text()
   assert main(["run", *TINY, "--output-dir", str(out)]) == 2  # an earlier run is not overwritten
   assert "output_dir" in capsys.readouterr().err
   assert (out / "metrics.jsonl").read_text() == before
+
+
+def test_release_private_writes_only_covered_and_public_fields(tmp_path, capsys):
+  out = tmp_path / "run"
+  assert main(["run", *TINY, "--output-dir", str(out), "--release", "private"]) == 0
+  rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+  summary = json.loads((out / "summary.json").read_text())
+  covered = set(summary["release"]["covered_by_guarantee"]["metrics_rows"])
+  for r in rows:
+    assert "diagnostics" not in r
+    assert set(r) <= covered | {"round", "epsilon"}
+  assert "diagnostics" not in summary and summary["release"]["mode"] == "private"
+  rows_text = (out / "metrics.jsonl").read_text()
+  summary_text = json.dumps({k: v for k, v in summary.items() if k != "config"})
+  for raw in ("cohort_size", "train_loss", "update_norm", "fraction_clipped", "seconds"):
+    assert f'"{raw}"' not in rows_text
+  for raw in ("capacity_grew", "cohort_capacity", "seconds_total"):
+    assert f'"{raw}"' not in summary_text
 
 
 def test_run_with_config_file_and_noise_multiplier(tmp_path, capsys):

@@ -79,7 +79,8 @@ def test_same_seed_same_result(digits):
   r1 = simulate(_config(rounds=2), digits)
   r2 = simulate(_config(rounds=2), digits)
   r3 = simulate(_config(rounds=2, seed=1), digits)
-  strip = lambda h: [{k: v for k, v in r.items() if k != "seconds"} for r in h]
+  strip = lambda h: [{k: ({kk: vv for kk, vv in v.items() if kk != "seconds"} if k == "diagnostics" else v)
+                      for k, v in r.items()} for r in h]
   assert strip(r1.history) == strip(r2.history)
   leaves = lambda r: jax.tree_util.tree_leaves(r.state.params)
   for x, y in zip(leaves(r1), leaves(r2)):
@@ -100,7 +101,8 @@ def test_history_records_and_epsilon_increase(digits, tmp_path):
   eps = [h["epsilon"] for h in r.history]
   assert eps[0] < eps[1] < eps[2] == pytest.approx(r.summary["epsilon"])
   for h in r.history:
-    assert 0 <= h["fraction_clipped"] <= 1 and h["update_norm"]["q10"] <= h["update_norm"]["q90"]
+    d = h["diagnostics"]
+    assert 0 <= d["fraction_clipped"] <= 1 and d["update_norm"]["q10"] <= d["update_norm"]["q90"]
   assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 3
   assert (tmp_path / "summary.json").exists()
 
@@ -168,3 +170,18 @@ def test_an_accountant_that_cannot_compose_the_event_is_refused_before_compiling
   # dp_accounting's PLD accountant has no sampled-without-replacement event.
   with pytest.raises(ConfigError, match="accountant.*rdp"):
     build(_config(algorithm="dp_fedavg", sampling="fixed", cohort_size=10, accountant="pld"), digits)
+
+
+def test_realized_denominator_with_poisson_sampling_is_refused_in_private_runs(digits, capsys):
+  # |P_t| is an unnoised statistic of the secret draw; the released average reveals it.
+  with pytest.raises(ConfigError, match="denominator.*expected"):
+    build(_config(algorithm="dp_fedavg", denominator="realized"), digits)
+  # Fixed-size sampling: the cohort size is public, so the realized denominator is fine,
+  # and non-private FedAvg has no guarantee to lose.
+  build(_config(algorithm="dp_fedavg", denominator="realized", sampling="fixed", cohort_size=10), digits)
+  build(_config(algorithm="fedavg", denominator="realized"), digits)
+  from fedjax_dp.cli import main
+  assert main(["run", "--num-clients", "40", "--denominator", "realized", "--rounds", "1",
+               "--output-dir", "/nonexistent/never-written"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "denominator" in err[0]

@@ -269,7 +269,7 @@ def test_end_to_end_rsa_and_dp_rsa(digits):
   assert math.isfinite(f.summary["final_accuracy"]) and f.summary["formal_guarantee"]
   assert f.history[-1]["epsilon_per_coordinate_round"] == pytest.approx(1.38)
   assert f.summary["epsilon"] >= f.summary["epsilon_exact_check"] > 0
-  assert abs(f.history[-1]["flip_rate"] - (1 - psign.keep_prob_for_epsilon(1.38))) < 0.01
+  assert abs(f.history[-1]["diagnostics"]["flip_rate"] - (1 - psign.keep_prob_for_epsilon(1.38))) < 0.01
 
 
 def test_end_to_end_sgd_fails_under_gaussian_attack_and_gm_does_not(digits):

@@ -106,6 +106,8 @@ class FedAvgProgram:
   weighting: str = "uniform"
   clip: Optional[float] = None
   client_extras: Optional[Callable] = None
+  # Metrics computed only from the noisy aggregate (see fedjax_dp.engine).
+  released_metrics = ("aggregate_norm",)
 
   def init(self, key: jax.Array) -> ServerState:
     params = self.model.init(key)

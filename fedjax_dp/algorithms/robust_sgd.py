@@ -107,6 +107,7 @@ class RobustSGDProgram:
   l2: float
   mechanism: Any
   clip: Any = None
+  released_metrics = ("aggregate_norm",)
 
   def init(self, key):
     params = self.model.init(key)

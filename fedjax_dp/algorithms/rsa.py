@@ -116,6 +116,8 @@ class RSAProgram:
   mechanism: Any
   clip: Any = None
   attacker_knowledge: str = "released"
+  # The master model is post-processing of the messages (see fedjax_dp.engine).
+  released_metrics = ("master_norm",)
 
   def init(self, key):
     x0 = self.model.init(key)

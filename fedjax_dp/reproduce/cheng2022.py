@@ -245,7 +245,7 @@ def plot(runs: list, settings: dict, out_dir: pathlib.Path) -> list:
       continue
     h = rs[0]["history"]
     rounds = [x["round"] for x in h]
-    q = {k: np.array([x["update_norm"][k] for x in h]) for k in ("q10", "q50", "q90")}
+    q = {k: np.array([x["diagnostics"]["update_norm"][k] for x in h]) for k in ("q10", "q50", "q90")}
     ax.fill_between(rounds, q["q10"], q["q90"], alpha=0.3, label="10-90% of clients")
     ax.plot(rounds, q["q50"], label="median")
     ax.axhline(clip, color="k", ls="--", lw=1, label=f"clip S={clip:g}")
@@ -320,12 +320,16 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
           "epsilon": s.get("epsilon") if private else None, "delta": DELTA,
           "noise_multiplier": config.noise_multiplier if private else None,
           "accuracy": s["final_accuracy"],
-          "fraction_clipped": (float(np.mean([h.get("fraction_clipped", 0.0) for h in result.history]))
-                               if private else None),
-          "update_norm_q50_last": last["update_norm"]["q50"],
+          # Raw diagnostics of the runs (pre-clip norms, fraction clipped): not covered by epsilon.
+          "fraction_clipped": (float(np.mean([h["diagnostics"].get("fraction_clipped", 0.0)
+                                              for h in result.history])) if private else None),
+          "update_norm_q50_last": last["diagnostics"]["update_norm"]["q50"],
           "seconds": time.perf_counter() - t,
-          "history": [{k: h[k] for k in ("round", "update_norm", "test_accuracy", "train_loss",
-                                         "fraction_clipped") if k in h} for h in result.history],
+          "history": [{"round": h["round"], **({"test_accuracy": h["test_accuracy"]}
+                                              if "test_accuracy" in h else {}),
+                       "diagnostics": {k: h["diagnostics"][k] for k in
+                                       ("update_norm", "train_loss", "fraction_clipped")
+                                       if k in h["diagnostics"]}} for h in result.history],
       }
       runs.append(rec)
       f.write(json.dumps(rec) + "\n")

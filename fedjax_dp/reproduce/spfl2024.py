@@ -155,7 +155,7 @@ def _row(method, dataset, setting, value, summaries, epsilon):
       "noise_multiplier": s0.get("noise_multiplier"),
       "train_error_mean": float(np.mean([s["train_error"] for s in summaries])),
       "train_loss_mean": float(np.mean([s["train_loss"] for s in summaries])),
-      "seconds": float(np.sum([s["seconds_total"] for s in summaries])),
+      "seconds": float(np.sum([s["diagnostics"]["seconds_total"] for s in summaries])),
   }
 
 

@@ -166,7 +166,7 @@ def reproduce(scale: str = "small", output_dir: str = "runs/zhu2022", data_dir=N
              "epsilon_composed": summary.get("epsilon"), "delta": summary.get("delta"),
              "formal_guarantee": summary.get("formal_guarantee"),
              "guarantee_note": summary.get("guarantee_note"),
-             "seconds_per_run": summary.get("seconds_total")}
+             "seconds_per_run": summary["diagnostics"]["seconds_total"]}
       rows.append(row)
       if progress:
         print(f"[zhu2022] {partition:6s} {attack:18s} {label:22s} acc={row['accuracy_mean']:.4f}"
