@@ -7,8 +7,12 @@ N(0, (z S)^2 I) to the sum of clipped deltas, divides by the denominator
 (the expected cohort size qN by default, or the realized |P_t| as in the
 paper) and takes a server step (SGD with eta_g: ``w_{t+1} = w_t + eta_g * mean``).
 
-Privacy: user-level (add/remove one client under Poisson sampling); see
-:class:`fedjax_dp.privacy.GaussianSumMechanism`.
+Privacy: user-level (add/remove one client under Poisson sampling, replace
+one client under fixed-size sampling); see
+:class:`fedjax_dp.privacy.GaussianSumMechanism`. The realized denominator
+|P_t| is refused with Poisson sampling: it is an unnoised statistic of the
+draw, and the released average would reveal it. With fixed-size sampling
+|P_t| = M is public and either denominator gives the same guarantee.
 """
 
 from __future__ import annotations
@@ -74,6 +78,12 @@ def build_fedavg_family(config, data, *, private: bool,
   if private:
     check(config.weighting == "uniform", "weighting", config.weighting,
           "must be 'uniform' for a private algorithm (example-count weights change the sensitivity)")
+    check(not (config.sampling == "poisson" and config.denominator == "realized"), "denominator",
+          config.denominator,
+          "must be 'expected' with Poisson sampling in a private run: dividing by the realized "
+          "cohort size releases that size, an unnoised statistic of the secret draw (it can be "
+          "read off the noise scale of the released average); use --denominator expected "
+          "(q N, public), or --sampling fixed, whose cohort size is public")
     z = resolve_noise_multiplier(config, data)
     mechanism = GaussianSumMechanism(config.clip, z, config.sampling, config.sampling_prob,
                                      data.num_clients, config.cohort_size)
