@@ -138,7 +138,7 @@ def alie(z: Optional[float] = None) -> Attack:
   """"A little is enough" (Baruah et al., NeurIPS 2019): mean - z * std of the regular rows.
 
   Args:
-    z: how many standard deviations to shift; None computes the paper's
+    z: how many standard deviations to shift; None (or NaN) computes the paper's
       ``z_max = Phi^{-1}((n - s) / n)`` with ``s = floor(n / 2 + 1) - b`` from
       the cohort's ``n`` real rows and ``b`` attackers.
   """
@@ -149,13 +149,11 @@ def alie(z: Optional[float] = None) -> Attack:
     mu = _regular_mean(updates, w)
     var = _regular_mean(jax.tree_util.tree_map(
         lambda u, m: jnp.square(u - m[None]), updates, mu), w)
-    if z is None:
-      n = jnp.sum(mask) if mask is not None else jnp.asarray(float(byz.shape[0]))
-      b = jnp.sum(byz * (mask if mask is not None else 1.0))
-      s = jnp.floor(n / 2 + 1) - b
-      zz = ndtri(jnp.clip((n - s) / jnp.maximum(n, 1.0), 1e-6, 1 - 1e-6))
-    else:
-      zz = z
+    n = jnp.sum(mask) if mask is not None else jnp.asarray(float(byz.shape[0]))
+    b = jnp.sum(byz * (mask if mask is not None else 1.0))
+    s = jnp.floor(n / 2 + 1) - b
+    z_max = ndtri(jnp.clip((n - s) / jnp.maximum(n, 1.0), 1e-6, 1 - 1e-6))
+    zz = z_max if z is None else jnp.where(jnp.isnan(z), z_max, z)
     new = jax.tree_util.tree_map(lambda m, v: jnp.broadcast_to(m - zz * jnp.sqrt(v), m.shape), mu, var)
     return _replace(updates, byz, jax.tree_util.tree_map(
         lambda u, n_: jnp.broadcast_to(n_[None], u.shape), updates, new))
@@ -188,6 +186,20 @@ def nonfinite(value: str = "nan") -> Attack:
       return jnp.where(jnp.arange(u.size).reshape(u.shape) % 2 == 0, jnp.inf, -jnp.inf)
     return _replace(updates, byz, jax.tree_util.tree_map(fill, updates))
   return Attack("nonfinite", False, attack)
+
+
+ATTACK_HPARAMS = {"attack_sigma": 1e4, "attack_scale": -5.0, "alie_z": float("nan"),
+                  "ipm_epsilon": 0.1}
+
+
+def from_hparams(name: str, hp: dict, nonfinite_value: str = "nan") -> Attack:
+  """The attack ``name`` with its strengths read from ``hp`` (:data:`ATTACK_HPARAMS` keys).
+
+  Called inside the compiled round, so the strengths are data (``alie_z``
+  NaN means the paper's ``z_max``).
+  """
+  return get(name, sigma=hp["attack_sigma"], scale=hp["attack_scale"], alie_z=hp["alie_z"],
+             ipm_epsilon=hp["ipm_epsilon"], nonfinite_value=nonfinite_value)
 
 
 def get(name: str, *, sigma: float = 1e4, scale: float = -5.0, alie_z: Optional[float] = None,

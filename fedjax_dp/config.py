@@ -87,6 +87,11 @@ class RunConfig:
   target_epsilon: Optional[float] = 8.0
   delta: float = 1e-5
   accountant: str = "rdp"
+  # Byzantine clients (the last `byzantine` ids) and the server's aggregator.
+  byzantine: int = 0
+  attack: str = "none"
+  attacker_knowledge: str = "released"
+  aggregator: Optional[str] = None
   # Run.
   seed: int = 0
   eval_every: int = 5
@@ -144,6 +149,14 @@ class RunConfig:
     check_open_unit("delta", self.delta)
     check_choice("accountant", self.accountant, ACCOUNTANTS)
     check(self.eval_every >= 1, "eval_every", self.eval_every, "must be >= 1")
+    from fedjax_dp.attacks import ATTACKS, KNOWLEDGE
+    from fedjax_dp.aggregators.robust import NAMES
+    check(isinstance(self.byzantine, int) and 0 <= self.byzantine < self.num_clients, "byzantine",
+          self.byzantine, f"must be an int in [0, num_clients={self.num_clients})")
+    check_choice("attack", str(self.attack).replace("-", "_"), ATTACKS)
+    check_choice("attacker_knowledge", self.attacker_knowledge, KNOWLEDGE)
+    if self.aggregator is not None:
+      check_choice("aggregator", self.aggregator, NAMES)
     check(isinstance(self.options, Mapping), "options", self.options, "must be a mapping")
 
   @property

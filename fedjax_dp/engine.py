@@ -6,11 +6,13 @@
   sample cohort -> padded ids + mask -> gather client rows, program.round_step
   accounting.on_round(cohort)  <-       metrics -> metrics.jsonl, progress bar
 
-A *program* is any object with ``init(key) -> state``,
-``round_step(state, CohortBatch, key) -> (state, metrics)`` (pure),
-``eval_params(state) -> params``, and attributes ``model`` and ``clip``.
-``metrics`` holds per-client arrays ``client_loss``, ``update_norm`` and
-``mask`` (others pass through when scalar).
+The *program* is a :class:`fedjax_dp.round.Round` (the static structure of
+the one round) run with its ``hparams``: the jitted step is
+:func:`fedjax_dp.round.compiled_step`, cached per Round, so two runs that
+differ only in hyper-parameters share one compilation (and so does the
+test-set evaluation, cached per model). ``metrics`` holds per-client arrays
+``client_loss``, ``update_norm`` and ``mask`` (others pass through when
+scalar).
 
 Released and diagnostic outputs. A run's records keep apart what the privacy
 guarantee covers from raw statistics it does not:
@@ -33,6 +35,7 @@ guarantee covers from raw statistics it does not:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import pathlib
 import time
@@ -42,7 +45,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.algorithms.fedavg import CohortBatch
 from fedjax_dp.errors import check, check_choice
 from fedjax_dp.jsonio import dumps
 
@@ -67,9 +69,27 @@ class RunResult:
   state: Any
 
 
-def make_evaluator(model, test_x: np.ndarray, test_y: np.ndarray, batch_size: int = 1024):
-  """Jitted ``params -> (accuracy, loss)`` over the whole test set, in fixed-size chunks."""
+@functools.lru_cache(maxsize=64)
+def _evaluate_fn(model):
+  """The jitted test-set evaluation of ``model``, compiled once per model and test-set shape."""
   from fedjax_dp.models import cross_entropy
+
+  @jax.jit
+  def evaluate(params, xs, ys, ms):
+    def chunk(args):
+      x, y, m = args
+      logits = model.apply(params, x)
+      correct = jnp.sum((jnp.argmax(logits, -1) == y) * m)
+      return correct, cross_entropy(logits, y, m) * jnp.sum(m)
+    correct, loss = jax.lax.map(chunk, (xs, ys, ms))
+    n = jnp.sum(ms)
+    return jnp.sum(correct) / n, jnp.sum(loss) / n
+
+  return evaluate
+
+
+def make_evaluator(model, test_x: np.ndarray, test_y: np.ndarray, batch_size: int = 1024):
+  """``params -> (accuracy, loss)`` over the whole test set, in fixed-size chunks (jitted once)."""
   n = len(test_y)
   bs = min(batch_size, n)
   chunks = -(-n // bs)
@@ -78,18 +98,8 @@ def make_evaluator(model, test_x: np.ndarray, test_y: np.ndarray, batch_size: in
                    .reshape((chunks, bs) + test_x.shape[1:]))
   ys = jnp.asarray(np.concatenate([test_y, np.zeros(pad, test_y.dtype)]).reshape(chunks, bs))
   ms = jnp.asarray((np.arange(chunks * bs) < n).astype(np.float32).reshape(chunks, bs))
-
-  @jax.jit
-  def evaluate(params):
-    def chunk(args):
-      x, y, m = args
-      logits = model.apply(params, x)
-      correct = jnp.sum((jnp.argmax(logits, -1) == y) * m)
-      return correct, cross_entropy(logits, y, m) * jnp.sum(m)
-    correct, loss = jax.lax.map(chunk, (xs, ys, ms))
-    return jnp.sum(correct) / n, jnp.sum(loss) / n
-
-  return evaluate
+  fn = _evaluate_fn(model)
+  return lambda params: fn(params, xs, ys, ms)
 
 
 def _quantiles(values: np.ndarray) -> dict:
@@ -122,14 +132,22 @@ def summarize_round(metrics: dict, clip: Optional[float], released_metrics=()) -
   return released, diag
 
 
-def run(program, data, sampler, rounds: int, *, seed: int = 0, accounting=None,
+def clip_bound(program, hparams) -> Optional[float]:
+  """The L2 bound of the round's clip transform (for ``fraction_clipped``), or None."""
+  bound = getattr(getattr(program, "describe", None), "bound", None)
+  return None if bound is None else float(hparams[bound])
+
+
+def run(program, data, sampler, rounds: int, *, hparams: Optional[dict] = None, seed: int = 0,
+        accounting=None,
         eval_every: int = 1, output_dir: Optional[str] = None, progress: bool = True,
         config: Optional[dict] = None, placement: str = "device",
         on_round: Optional[Callable[[dict], None]] = None, release: str = "all") -> RunResult:
   """Runs ``rounds`` federated rounds and returns the history and a summary.
 
   Args:
-    program: the algorithm (see module docstring).
+    program: the algorithm's :class:`fedjax_dp.round.Round`.
+    hparams: its hyper-parameters (name -> array).
     data: a :class:`fedjax_dp.data.FederatedData`.
     sampler: a host sampler with ``sample() -> Cohort``.
     rounds: number of rounds T.
@@ -160,25 +178,23 @@ def run(program, data, sampler, rounds: int, *, seed: int = 0, accounting=None,
     metrics_file = open(out_dir / "metrics.jsonl", "w")
   key = jax.random.PRNGKey(seed)
   k_init, k_run = jax.random.split(key)
-  state = program.init(k_init)
+  from fedjax_dp.round import CohortBatch, compiled_step
+  hp = {k: jnp.asarray(v) for k, v in dict(hparams or {}).items()}
+  state = program.init(k_init, hp)
   evaluate = make_evaluator(program.model, data.test_x, data.test_y)
+  step = compiled_step(program, placement)
+  clip = clip_bound(program, hparams or {})
 
   if placement == "device":
     arrays = (jnp.asarray(data.x), jnp.asarray(data.y), jnp.asarray(data.counts))
 
-    @jax.jit
-    def step(state, arrays, ids, mask, key):
-      x, y, c = arrays
-      return program.round_step(state, CohortBatch(x[ids], y[ids], c[ids], ids, mask), key)
-
     def call(state, cohort, key):
-      return step(state, arrays, cohort.ids, cohort.mask, key)
+      return step(state, hp, arrays, cohort.ids, cohort.mask, key)
   else:
-    step = jax.jit(lambda state, batch, key: program.round_step(state, batch, key))
-
     def call(state, cohort, key):
       ids = cohort.ids
-      return step(state, CohortBatch(data.x[ids], data.y[ids], data.counts[ids], ids, cohort.mask), key)
+      batch = CohortBatch(data.x[ids], data.y[ids], data.counts[ids], ids, cohort.mask)
+      return step(state, hp, batch, key)
 
   bar = None
   if progress:
@@ -198,7 +214,7 @@ def run(program, data, sampler, rounds: int, *, seed: int = 0, accounting=None,
       seconds = time.perf_counter() - t0
       if first_round_s is None:
         first_round_s = seconds
-      released, diag = summarize_round(metrics, getattr(program, "clip", None), released_metrics)
+      released, diag = summarize_round(metrics, clip, released_metrics)
       rec = {"round": r + 1, **released}
       if accounting is not None:
         accounting.on_round(cohort)
@@ -243,7 +259,7 @@ def run(program, data, sampler, rounds: int, *, seed: int = 0, accounting=None,
   }
   if accounting is not None:
     summary.update(accounting.report())
-  noise = getattr(getattr(program, "mechanism", None), "noise_multiplier", None)
+  noise = getattr(getattr(accounting, "mechanism", None), "noise_multiplier", None)
   if noise is not None:
     summary["noise_multiplier"] = noise
   summary["config"] = config

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
+
 
 class ConfigError(ValueError):
   """Invalid user input: ``field``, ``value`` and what is ``allowed``."""
@@ -21,8 +23,18 @@ class ConfigError(ValueError):
 
 
 def check(cond: bool, field: str, value: Any, allowed: str) -> None:
-  """Raises :class:`ConfigError` unless ``cond`` holds."""
-  if not cond:
+  """Raises :class:`ConfigError` unless ``cond`` holds.
+
+  A condition on a traced value (a hyper-parameter inside a compiled round,
+  where pieces are built from ``hparams``) cannot be decided there and is
+  skipped: hyper-parameters are validated on the host before building (the
+  configuration and the algorithms' options).
+  """
+  try:
+    ok = bool(cond)
+  except jax.errors.ConcretizationTypeError:
+    return
+  if not ok:
     raise ConfigError(field, value, allowed)
 
 

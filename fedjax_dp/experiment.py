@@ -29,7 +29,8 @@ def simulate(config: RunConfig, data=None, output_dir: Optional[str] = None,
   if data is None:
     data = load_data(config)
   setup = build(config, data)
-  result = run(setup.program, data, setup.sampler, config.rounds, seed=config.seed,
+  result = run(setup.program, data, setup.sampler, config.rounds, hparams=setup.hparams,
+               seed=config.seed,
                accounting=setup.accounting, eval_every=config.eval_every, output_dir=output_dir,
                progress=progress, config=config.to_dict(), placement=config.placement,
                on_round=on_round, release=release)

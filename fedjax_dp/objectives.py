@@ -63,11 +63,11 @@ def blur(objective: Objective, lam: float, radius: float) -> Objective:
   Args:
     objective: the local objective ``f_i`` (``(params, batch, anchor) -> loss``).
     lam: lambda >= 0 (the paper's grid: 0.05, 0.1, 0.2, 0.4, 0.8).
-    radius: S > 0, normally the clip bound.
+    radius: S > 0, normally the clip bound (both may be traced hyper-parameters).
   """
   check(lam is not None and lam >= 0, "lambda", lam, "must be >= 0")
   check(radius is not None and radius > 0, "radius", radius, "must be > 0 (the clip bound S)")
-  r2 = float(radius) ** 2
+  r2 = jnp.square(radius)
 
   def wrapped(params, batch, anchor):
     d2 = sq_distance(params, anchor)

@@ -10,7 +10,7 @@ import pytest
 
 from fedjax_dp import objectives
 from fedjax_dp.algorithms import ALGORITHMS, build
-from fedjax_dp.algorithms.fedavg import mask_rows
+from fedjax_dp.round import mask_rows
 from fedjax_dp.config import make_config
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.transforms import clip_l2, global_norm, sparsify_by_utility
@@ -155,18 +155,21 @@ def test_order_sparsify_then_clip_bounds_the_released_norm():
 def test_builder_chain_order_padding_and_noise_on_the_sum(digits):
   cfg = _cfg(algorithm="blur+lus", clip=0.05)
   setup = build(cfg, digits)
-  prog = setup.program
-  p0 = prog.model.init(jax.random.PRNGKey(0))
+  rnd = setup.program
+  hp = {k: jnp.asarray(v) for k, v in setup.hparams.items()}
+  p0 = rnd.model.init(jax.random.PRNGKey(0))
   ids = jnp.array([0, 1, 2, 7])
   mask = jnp.array([1.0, 1.0, 1.0, 0.0])
   x, y, c = (jnp.asarray(digits.x)[ids], jnp.asarray(digits.y)[ids], jnp.asarray(digits.counts)[ids])
   keys = jax.random.split(jax.random.PRNGKey(1), 4)
-  clients = jax.jit(jax.vmap(prog.client_update, in_axes=(None, 0, 0, 0, 0)))
-  out, pre_norm, _ = clients(p0, x, y, c, keys)
+  empty = jnp.zeros((4, 0))
+  clients = jax.jit(jax.vmap(rnd.client(hp), in_axes=(None, 0, 0, 0, 0, 0, 0)))
+  res = clients(p0, x, y, c, empty, empty, keys)
+  out, pre_norm = res.upload, res.norm
   # Padded clients (mask 0) come out as exact zeros and do not change the real rows.
   ids2 = jnp.array([0, 1, 2, 30])
-  out2, _, _ = clients(p0, jnp.asarray(digits.x)[ids2], jnp.asarray(digits.y)[ids2],
-                       jnp.asarray(digits.counts)[ids2], keys)
+  out2 = clients(p0, jnp.asarray(digits.x)[ids2], jnp.asarray(digits.y)[ids2],
+                 jnp.asarray(digits.counts)[ids2], empty, empty, keys).upload
   for la, lb in zip(jax.tree_util.tree_leaves(mask_rows(out, mask)),
                     jax.tree_util.tree_leaves(mask_rows(out2, mask))):
     np.testing.assert_array_equal(la[:3], lb[:3])
@@ -179,11 +182,12 @@ def test_builder_chain_order_padding_and_noise_on_the_sum(digits):
     frac = np.mean(np.asarray(l)[0] != 0)
     assert frac <= 0.3 + 1e-6
   # The noise is the server's, on the sum: z * S, none added per client.
-  assert prog.mechanism.noise_stddev == pytest.approx(cfg.noise_multiplier * cfg.clip)
+  mechanism = setup.accounting.mechanism
+  assert mechanism.noise_stddev == pytest.approx(cfg.noise_multiplier * cfg.clip)
   zero = jax.tree_util.tree_map(jnp.zeros_like, out)
-  agg, _ = prog.aggregator.aggregate(zero, jnp.ones(4), mask, None, jax.random.PRNGKey(3))
+  agg, _ = rnd.aggregator(hp).aggregate(zero, jnp.ones(4), mask, None, jax.random.PRNGKey(3))
   flat = np.concatenate([np.asarray(a).ravel() for a in jax.tree_util.tree_leaves(agg)])
-  expected_std = prog.mechanism.noise_stddev / setup.sampler.expected_size
+  expected_std = mechanism.noise_stddev / setup.sampler.expected_size
   assert abs(flat.std() / expected_std - 1) < 0.05  # ~ 2,700 coordinates: 5% is > 3 sigma
 
 
@@ -196,7 +200,7 @@ def test_blur_lus_ledger_equals_dp_fedavg(digits, kw):
   setups = {a: build(_cfg(algorithm=a, rounds=rounds, **kw), digits) for a in VARIANTS}
   ref = setups["dp_fedavg"]
   for a, s in setups.items():
-    assert s.program.mechanism == ref.program.mechanism, a
+    assert s.accounting.mechanism == ref.accounting.mechanism, a
     for _ in range(rounds):
       s.accounting.on_round(None)
   eps = {a: s.accounting.report()["epsilon"] for a, s in setups.items()}

@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 
 from fedjax_dp.algorithms import build
-from fedjax_dp.algorithms.fedavg import CohortBatch, client_keys
+from fedjax_dp.round import CohortBatch, client_keys, compiled_step
 from fedjax_dp.config import make_config
 from fedjax_dp.data import load_federated
 from fedjax_dp.errors import ConfigError
@@ -35,23 +35,28 @@ def _batch(data, ids, mask):
                      ids, jnp.asarray(mask, jnp.float32))
 
 
+def _round(setup):
+  """``(round, hparams as arrays, state)`` of a built setup."""
+  hp = {k: jnp.asarray(v) for k, v in setup.hparams.items()}
+  return setup.program, hp, setup.program.init(jax.random.PRNGKey(0), hp)
+
+
 @pytest.mark.parametrize("algorithm", ["fedavg", "dp_fedavg"])
 def test_vmapped_round_equals_python_loop(digits, algorithm):
-  program = build(_config(algorithm=algorithm, noise_multiplier=0.0), digits).program
-  state = program.init(jax.random.PRNGKey(0))
+  rnd, hp, state = _round(build(_config(algorithm=algorithm, noise_multiplier=0.0), digits))
   ids, mask = [4, 9, 17, 30], [1, 1, 1, 1]
   key = jax.random.PRNGKey(7)
-  new_state, metrics = jax.jit(program.round_step)(state, _batch(digits, ids, mask), key)
+  new_state, metrics = compiled_step(rnd, "host")(state, hp, _batch(digits, ids, mask), key)
   # The same client update, one client at a time.
-  k_clients, _ = jax.random.split(key)
+  k_clients, _, _ = jax.random.split(key, 3)
   keys = client_keys(k_clients, jnp.asarray(ids))
-  update = jax.jit(program.client_update)
+  update = jax.jit(rnd.client(hp))
   deltas, norms = [], []
   for i, cid in enumerate(ids):
-    d, n, _ = update(state.params, jnp.asarray(digits.x[cid]), jnp.asarray(digits.y[cid]),
-                     jnp.asarray(digits.counts[cid]), keys[i])
-    deltas.append(d)
-    norms.append(float(n))
+    out = update(state.params, jnp.asarray(digits.x[cid]), jnp.asarray(digits.y[cid]),
+                 jnp.asarray(digits.counts[cid]), (), (), keys[i])
+    deltas.append(out.upload)
+    norms.append(float(out.norm))
   weights = np.ones(4) if algorithm == "dp_fedavg" else digits.counts[ids].astype(np.float64)
   mean = jax.tree_util.tree_map(lambda *ds: sum(w * d for w, d in zip(weights, ds)) / weights.sum(), *deltas)
   if algorithm == "dp_fedavg":  # expected-size denominator q N = 12
@@ -63,13 +68,12 @@ def test_vmapped_round_equals_python_loop(digits, algorithm):
 
 
 def test_padded_clients_are_inert(digits):
-  program = build(_config(), digits).program  # with noise: the noise key must not depend on padding
-  state = program.init(jax.random.PRNGKey(0))
-  step = jax.jit(program.round_step)
+  rnd, hp, state = _round(build(_config(), digits))  # with noise: the noise key must not depend on padding
+  step = compiled_step(rnd, "host")
   key = jax.random.PRNGKey(3)
-  a, _ = step(state, _batch(digits, [5, 11], [1, 1]), key)
+  a, _ = step(state, hp, _batch(digits, [5, 11], [1, 1]), key)
   # Same cohort padded to capacity 5 with slots that point at real clients' data.
-  b, m = step(state, _batch(digits, [5, 11, 0, 3, 7], [1, 1, 0, 0, 0]), key)
+  b, m = step(state, hp, _batch(digits, [5, 11, 0, 3, 7], [1, 1, 0, 0, 0]), key)
   for x, y in zip(jax.tree_util.tree_leaves(a.params), jax.tree_util.tree_leaves(b.params)):
     np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
   assert np.asarray(m["mask"]).tolist() == [1, 1, 0, 0, 0]
@@ -157,10 +161,9 @@ def test_a_diverged_client_does_not_void_the_dp_fedavg_bound(digits):
   x = np.array(digits.x, copy=True)
   x[5] = np.inf
   data = dataclasses.replace(digits, x=x)
-  program = build(_config(algorithm="dp_fedavg"), data).program
-  state = program.init(jax.random.PRNGKey(0))
-  new_state, metrics = jax.jit(program.round_step)(state, _batch(data, [5, 9, 17], [1, 1, 1]),
-                                                   jax.random.PRNGKey(1))
+  rnd, hp, state = _round(build(_config(algorithm="dp_fedavg"), data))
+  new_state, metrics = compiled_step(rnd, "host")(state, hp, _batch(data, [5, 9, 17], [1, 1, 1]),
+                                                  jax.random.PRNGKey(1))
   assert int(metrics["nonfinite_updates"]) == 1
   for leaf in jax.tree_util.tree_leaves(new_state.params):
     assert bool(jnp.all(jnp.isfinite(leaf)))

@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedjax_dp.algorithms.fedavg import CohortBatch
-from fedjax_dp.algorithms.rsa import RSAProgram, RSAState, master_step, worker_step
-from fedjax_dp import attacks
+from fedjax_dp.algorithms.rsa import rsa_round, worker_step
+from fedjax_dp.round import CohortBatch, compiled_step
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.privacy import sign as psign
 from fedjax_dp.transforms.sign import paper_sign, sign_flip, sign_gaussian, to_sign
@@ -66,12 +65,8 @@ def test_paper_sign_and_to_sign():
   np.testing.assert_array_equal(_apply(to_sign(), jnp.array([-2.0, 0.0, 3.0])), [-1, 1, 1])
 
 
-def test_master_and_worker_updates_with_known_inputs():
+def test_worker_update_with_known_inputs():
   x0 = {"w": jnp.array([1.0, -2.0, 0.5])}
-  total = {"w": jnp.array([3.0, -1.0, 0.0])}
-  out = master_step(x0, total, lr=0.1, lam=0.01, l2=0.004)
-  np.testing.assert_allclose(out["w"], np.array([1.0, -2.0, 0.5]) - 0.1 * (0.004 * np.array([1.0, -2.0, 0.5])
-                                                                          + 0.01 * np.array([3.0, -1.0, 0.0])))
   xk = {"w": jnp.array([1.5, -2.0, 0.0])}
   g = {"w": jnp.array([0.2, 0.0, -1.0])}
   out = worker_step(xk, x0, g, lr=0.1, lam=0.5)
@@ -83,28 +78,44 @@ class _Model:
     return {"w": jnp.zeros(3)}
 
 
+X0 = jnp.array([0.0, 1.0, -1.0])
+WORKERS = jnp.array([[1., 1., 1.], [-1., 2., 0.], [5., 5., 5.], [0., 0., -2.], [0.5, 0.5, -0.5]])
+BATCH = CohortBatch(jnp.zeros((5, 2, 1)), jnp.zeros((5, 2), jnp.int32), jnp.ones(5, jnp.int32),
+                    jnp.array([3, 4, 0, 1, 0]), jnp.array([1., 1., 1., 1., 0.]))
+
+
+def _hp(**kw):
+  from fedjax_dp.algorithms import AGGREGATOR_OPTIONS, BYZANTINE_OPTIONS, STATIC_AGGREGATOR_OPTIONS
+  hp = {k: v for k, v in {**BYZANTINE_OPTIONS, **AGGREGATOR_OPTIONS}.items()
+        if k not in STATIC_AGGREGATOR_OPTIONS and k != "nonfinite_value"}
+  hp.update(alie_z=float("nan"), server_lr=0.1, client_lr=0.1, l2=0.004, byzantine=1, **{"lambda": 0.01})
+  hp.update(kw)
+  return {k: jnp.asarray(v, jnp.int32 if k == "byzantine" else jnp.float32) for k, v in hp.items()}
+
+
+def _rsa_round(attack, grads, perturb=None, knowledge="released", num_clients=5, **hp):
+  rnd = rsa_round(_Model(), num_clients, lambda p, x, y, c, k: (jnp.sum(p["w"]), grads),
+                  perturb or (lambda hp: to_sign()), attack=attack, knowledge=knowledge)
+  hp = _hp(**hp)
+  return rnd, hp, rnd.init(jax.random.PRNGKey(0), hp)
+
+
 def test_round_step_gathers_scatters_and_aggregates_signs():
   """K=5 workers, the last (id 4) Byzantine with sign_flip; cohort [3, 4, 0, 1, pad]."""
   grads = {"w": jnp.array([0.1, -0.2, 0.3])}
-  prog = RSAProgram(model=_Model(), gradient=lambda p, x, y, c, k: (jnp.sum(p["w"]), grads),
-                    perturb=to_sign(), attack=attacks.get("sign_flip"), num_clients=5,
-                    num_byzantine=1, lr=0.1, lam=0.01, l2=0.004, mechanism=None)
-  x0 = jnp.array([0.0, 1.0, -1.0])
-  workers = jnp.array([[1., 1., 1.], [-1., 2., 0.], [5., 5., 5.], [0., 0., -2.], [0.5, 0.5, -0.5]])
-  state = RSAState({"w": x0}, {"w": workers}, jnp.zeros((), jnp.int32))
-  ids = jnp.array([3, 4, 0, 1, 0])
-  mask = jnp.array([1., 1., 1., 1., 0.])
-  batch = CohortBatch(jnp.zeros((5, 2, 1)), jnp.zeros((5, 2), jnp.int32), jnp.ones(5, jnp.int32), ids, mask)
-  new, metrics = jax.jit(prog.round_step)(state, batch, jax.random.PRNGKey(0))
+  rnd, hp, state = _rsa_round("sign_flip", grads)
+  state = state._replace(params={"w": X0}, rows={"w": WORKERS})
+  new, metrics = compiled_step(rnd, "host")(state, hp, BATCH, jax.random.PRNGKey(0))
   s = lambda v: np.where(v >= 0, 1.0, -1.0)
-  x0n, W = np.asarray(x0), np.asarray(workers)
+  x0n, W = np.asarray(X0), np.asarray(WORKERS)
   total = s(x0n - W[3]) + s(x0n - (-5.0 * W[4])) + s(x0n - W[0]) + s(x0n - W[1])
-  np.testing.assert_allclose(new.master["w"], x0n - 0.1 * (0.004 * x0n + 0.01 * total), rtol=1e-6)
+  # Eq. 11: x_0 - alpha (u x_0 + lambda sum_k sign(m_k)).
+  np.testing.assert_allclose(new.params["w"], x0n - 0.1 * (0.004 * x0n + 0.01 * total), rtol=1e-6)
   g = np.asarray(grads["w"])
   expect = W.copy()
   for k in (3, 4, 0, 1):  # Byzantine worker 4 keeps its honest local update
     expect[k] = W[k] - 0.1 * (g + 0.01 * s(W[k] - x0n))
-  np.testing.assert_allclose(new.workers["w"], expect, rtol=1e-6)  # row 2 untouched, padding wrote nothing
+  np.testing.assert_allclose(new.rows["w"], expect, rtol=1e-6)  # row 2 untouched, padding wrote nothing
   assert float(metrics["flip_rate"]) == 0.0 and float(metrics["nonfinite_rows"]) == 0.0
 
 
@@ -116,22 +127,16 @@ def test_sample_duplication_copies_the_released_message(knowledge):
   negate = optax.GradientTransformationExtraArgs(
       lambda p: optax.EmptyState(), lambda u, s, p=None, **kw: (jax.tree_util.tree_map(
           lambda v: -paper_sign(v), u), s))
-  prog = RSAProgram(model=_Model(), gradient=lambda p, x, y, c, k: (0.0, {"w": jnp.zeros(3)}),
-                    perturb=negate, attack=attacks.get("sample_duplication"), num_clients=5,
-                    num_byzantine=1, lr=0.1, lam=0.01, l2=0.0, mechanism=None,
-                    attacker_knowledge=knowledge)
-  x0 = jnp.array([0.0, 1.0, -1.0])
-  workers = jnp.array([[1., 1., 1.], [-1., 2., 0.], [5., 5., 5.], [0., 0., -2.], [0.5, 0.5, -0.5]])
-  state = RSAState({"w": x0}, {"w": workers}, jnp.zeros((), jnp.int32))
-  batch = CohortBatch(jnp.zeros((5, 2, 1)), jnp.zeros((5, 2), jnp.int32), jnp.ones(5, jnp.int32),
-                      jnp.array([3, 4, 0, 1, 0]), jnp.array([1., 1., 1., 1., 0.]))
-  new, _ = jax.jit(prog.round_step)(state, batch, jax.random.PRNGKey(0))
+  rnd, hp, state = _rsa_round("sample_duplication", {"w": jnp.zeros(3)}, lambda hp: negate,
+                              knowledge, l2=0.0)
+  state = state._replace(params={"w": X0}, rows={"w": WORKERS})
+  new, _ = compiled_step(rnd, "host")(state, hp, BATCH, jax.random.PRNGKey(0))
   s = lambda v: np.where(v >= 0, 1.0, -1.0)
-  x0n, W = np.asarray(x0), np.asarray(workers)
+  x0n, W = np.asarray(X0), np.asarray(WORKERS)
   honest = -s(x0n - W[3]) - s(x0n - W[0]) - s(x0n - W[1])
   # Worker 3 is the first regular worker of the cohort: the one copied.
   byz = -s(x0n - W[3]) if knowledge == "released" else s(x0n - W[3])
-  np.testing.assert_allclose(new.master["w"], x0n - 0.1 * 0.01 * (honest + byz), rtol=1e-6)
+  np.testing.assert_allclose(new.params["w"], x0n - 0.1 * 0.01 * (honest + byz), rtol=1e-6)
 
 
 @pytest.mark.parametrize("attack,knowledge,formal", [
@@ -152,15 +157,12 @@ def test_omniscient_attacks_void_the_guarantee(digits, attack, knowledge, formal
 
 
 def test_nonfinite_byzantine_messages_are_rejected():
-  prog = RSAProgram(model=_Model(), gradient=lambda p, x, y, c, k: (0.0, {"w": jnp.zeros(3)}),
-                    perturb=to_sign(), attack=attacks.get("nonfinite"), num_clients=3,
-                    num_byzantine=1, lr=0.1, lam=0.01, l2=0.0, mechanism=None)
-  state = prog.init(jax.random.PRNGKey(0))
+  rnd, hp, state = _rsa_round("nonfinite", {"w": jnp.zeros(3)}, num_clients=3, l2=0.0)
   batch = CohortBatch(jnp.zeros((3, 1, 1)), jnp.zeros((3, 1), jnp.int32), jnp.ones(3, jnp.int32),
                       jnp.arange(3), jnp.ones(3))
-  new, metrics = prog.round_step(state, batch, jax.random.PRNGKey(1))
-  assert np.all(np.isfinite(new.master["w"])) and float(metrics["nonfinite_rows"]) == 1.0
-  np.testing.assert_allclose(new.master["w"], -0.1 * 0.01 * 2 * np.ones(3))  # two honest +1 signs
+  new, metrics = compiled_step(rnd, "host")(state, hp, batch, jax.random.PRNGKey(1))
+  assert np.all(np.isfinite(new.params["w"])) and float(metrics["nonfinite_rows"]) == 1.0
+  np.testing.assert_allclose(new.params["w"], -0.1 * 0.01 * 2 * np.ones(3))  # two honest +1 signs
 
 
 # ----------------------------------------------------------------------------- privacy
@@ -249,9 +251,12 @@ def test_cli_privacy_sign_flip(capsys):
 
 def _config(algorithm, rounds=40, **options):
   from fedjax_dp.config import make_config
+  fields = {k: options.pop(k) for k in ("byzantine", "attack", "attacker_knowledge", "aggregator")
+            if k in options}
   return make_config(algorithm=algorithm, dataset="digits", num_clients=10, sampling="fixed",
                      cohort_size=10, model="rsa_mlp", rounds=rounds, batch_size=16, client_lr=0.05,
-                     eval_every=rounds, noise_multiplier=None, target_epsilon=None, options=options)
+                     eval_every=rounds, noise_multiplier=None, target_epsilon=None, options=options,
+                     **fields)
 
 
 @pytest.fixture(scope="module")
@@ -281,8 +286,11 @@ def test_end_to_end_sgd_fails_under_gaussian_attack_and_gm_does_not(digits):
 
 def test_bad_options_rejected_before_compiling(digits):
   from fedjax_dp.algorithms import build
+  for kw in ({"byzantine": 10}, {"attack": "sybil"}, {"aggregator": "mean_of_means"}):
+    with pytest.raises(ConfigError):
+      _config("rsa", **kw)
   for cfg in (_config("rsa", alpha=1), _config("dp-rsa-f"), _config("dp-rsa-f", epsilon=1.0, keep_prob=0.7),
-              _config("rsa", byzantine=10), _config("dp-rsa-g", epsilon=1.0),
-              _config("sgd", attack="sybil")):
+              _config("dp-rsa-g", epsilon=1.0), _config("rsa", aggregator="krum"),
+              _config("median", aggregator="krum")):
     with pytest.raises(ConfigError):
       build(cfg, digits)

@@ -28,7 +28,7 @@ def weighted_sum(updates, weights: jax.Array, mask: jax.Array):
 
 
 def mean(denominator: str = "realized", expected_size: Optional[float] = None,
-         noise_stddev: float = 0.0) -> Aggregator:
+         noise_stddev: Optional[float] = None) -> Aggregator:
   """Weighted mean, with optional Gaussian noise added to the weighted sum.
 
   Implements the server aggregation of DP-FedAvg (Cheng et al. 2022, Alg. 1):
@@ -41,17 +41,18 @@ def mean(denominator: str = "realized", expected_size: Optional[float] = None,
       fixed ``expected_size`` (``q N`` for Poisson sampling), which makes the
       noisy estimate of the mean update unbiased (McMahan et al. 2018).
     expected_size: required for "expected".
-    noise_stddev: standard deviation of the noise on the sum (``z * S`` for DP-FedAvg).
+    noise_stddev: standard deviation of the noise on the sum (``z * S`` for
+      DP-FedAvg; may be a traced hyper-parameter), or None for no noise.
   """
   check_choice("denominator", denominator, DENOMINATORS)
   if denominator == "expected":
     check(expected_size is not None and expected_size > 0, "expected_size", expected_size,
           "must be > 0 when denominator='expected'")
-  check(noise_stddev >= 0, "noise_stddev", noise_stddev, "must be >= 0")
+  check(noise_stddev is None or noise_stddev >= 0, "noise_stddev", noise_stddev, "must be >= 0")
 
   def aggregate(updates, weights, mask, state, key):
     total = weighted_sum(updates, weights, mask)
-    if noise_stddev > 0:
+    if noise_stddev is not None:
       noise = gaussian_like(total, noise_stddev, salted(key, SALT_GAUSSIAN))
       total = jax.tree_util.tree_map(jnp.add, total, noise)
     if denominator == "realized":

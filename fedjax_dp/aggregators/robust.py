@@ -119,7 +119,7 @@ def trimmed_mean(beta: float = 0.1) -> Aggregator:
   Args:
     beta: fraction trimmed at each end, in [0, 0.5).
   """
-  check(0 <= beta < 0.5, "trim_beta", beta, "must be in [0, 0.5)")
+  check((0 <= beta) & (beta < 0.5), "trim_beta", beta, "must be in [0, 0.5)")
 
   def aggregate(updates, weights, mask, state, key):
     del weights, key
@@ -235,7 +235,7 @@ def krum(num_byzantine: int, multi: int = 1) -> Aggregator:
   ``n - f - 2`` nearest real rows (``f = num_byzantine``, at least 1 neighbour);
   the mean of the ``multi`` lowest-scoring rows is returned.
   """
-  check(int(num_byzantine) >= 0, "krum_f", num_byzantine, "must be >= 0")
+  check(num_byzantine >= 0, "krum_f", num_byzantine, "must be >= 0")
   check(int(multi) >= 1, "krum_m", multi, "must be >= 1")
 
   def aggregate(updates, weights, mask, state, key):
@@ -248,7 +248,7 @@ def krum(num_byzantine: int, multi: int = 1) -> Aggregator:
     real = m > 0
     pair_ok = real[:, None] & real[None, :] & ~jnp.eye(x.shape[0], dtype=bool)
     d = jnp.sort(jnp.where(pair_ok, d, jnp.inf), axis=1)
-    k = jnp.maximum(n - int(num_byzantine) - 2, 1)
+    k = jnp.maximum(n - jnp.asarray(num_byzantine, jnp.int32) - 2, 1)
     take = jnp.arange(x.shape[0])[None, :] < k
     score = jnp.sum(jnp.where(take & jnp.isfinite(d), d, 0.0), axis=1)
     score = jnp.where(real, score, jnp.inf)

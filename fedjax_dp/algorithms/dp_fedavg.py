@@ -7,29 +7,33 @@ N(0, (z S)^2 I) to the sum of clipped deltas, divides by the denominator
 (the expected cohort size qN by default, or the realized |P_t| as in the
 paper) and takes a server step (SGD with eta_g: ``w_{t+1} = w_t + eta_g * mean``).
 
+Any run of the family may have Byzantine clients (``config.byzantine``, the
+last ids, sending ``config.attack``) and any aggregator (``config.aggregator``:
+the noised mean by default, or a robust one).
+
 Privacy: user-level (add/remove one client under Poisson sampling, replace
-one client under fixed-size sampling); see
-:class:`fedjax_dp.privacy.GaussianSumMechanism`. The realized denominator
-|P_t| is refused with Poisson sampling: it is an unnoised statistic of the
-draw, and the released average would reveal it. With fixed-size sampling
-|P_t| = M is public and either denominator gives the same guarantee.
+one client under fixed-size sampling), derived from the pieces that run
+(an attack that reads the regular clients' rows reads their clipped,
+un-noised updates, which no mechanism protects: such a run reports
+``attacker_knowledge: "omniscient"`` and no guarantee)
+via :func:`fedjax_dp.privacy.mechanisms.user_level_mechanism`: a robust
+aggregator adds no noise, so a run with one has no guarantee. The realized
+denominator |P_t| is refused with Poisson sampling in a private run: it is an
+unnoised statistic of the draw, and the released average would reveal it.
+With fixed-size sampling |P_t| = M is public and either denominator gives the
+same guarantee.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
-
-import optax
-
-from fedjax_dp import aggregators, objectives
 from fedjax_dp.accounting import LedgerAccounting
-from fedjax_dp.algorithms import Setup, read_options
-from fedjax_dp.algorithms.fedavg import FedAvgProgram
-from fedjax_dp.client import local_sgd, make_optimizer
+from fedjax_dp.algorithms import (Setup, cached_round, common_hparams, read_options,
+                                  STATIC_AGGREGATOR_OPTIONS)
+from fedjax_dp.algorithms.fedavg import Pieces, fedavg_round
 from fedjax_dp.errors import ConfigError, check
-from fedjax_dp.privacy import GaussianSumMechanism, NonPrivate, calibrate_noise_multiplier
+from fedjax_dp.privacy import calibrate_noise_multiplier
+from fedjax_dp.privacy.mechanisms import user_level_mechanism
 from fedjax_dp.sampling import make_sampler
-from fedjax_dp.transforms import clip_l2, identity
 
 
 def make_model(config, data):
@@ -49,30 +53,28 @@ def resolve_noise_multiplier(config, data) -> float:
   return float(config.noise_multiplier)
 
 
-def build_fedavg_family(config, data, *, private: bool,
-                        wrap_objective: Optional[Callable] = None,
-                        pre_clip: Sequence[optax.GradientTransformation] = (),
-                        client_extras: Optional[Callable] = None) -> Setup:
+def build_fedavg_family(config, data, *, private: bool, regularizer: str = "none",
+                        pre_clip: tuple = (), defaults: dict = None, validate=None) -> Setup:
   """Shared builder of the FedAvg family.
 
   Args:
     config: a :class:`fedjax_dp.config.RunConfig`.
     data: a :class:`fedjax_dp.data.FederatedData`.
-    private: clip to ``config.clip`` and add calibrated Gaussian noise to the sum.
-    wrap_objective: optional ``objective -> objective`` (a local regulariser).
-    pre_clip: client transforms applied to the delta before clipping (e.g. LUS).
-    client_extras: extra keyword arguments for the client transforms (see
-      :class:`FedAvgProgram`).
+    private: clip to ``clip`` and add calibrated Gaussian noise to the sum.
+    regularizer: "none" or "blur" (the local objective).
+    pre_clip: client transforms before the clip (``("sparsify",)`` for LUS).
+    defaults: the algorithm's own options (``--set``) and their defaults.
+    validate: optional check of the read options (raises ConfigError).
   """
+  opts = read_options(config, dict(defaults or {}), byzantine=True)
+  if validate is not None:
+    validate(opts)
   if config.sampling == "fixed":
     check(config.cohort_size <= data.num_clients, "cohort_size", config.cohort_size,
           f"must be <= the population ({data.num_clients} clients)")
-  model = make_model(config, data)
-  objective = objectives.supervised(model.apply)
-  if wrap_objective is not None:
-    objective = wrap_objective(objective)
-  local_train = local_sgd(objective, make_optimizer(config.client_optimizer, config.client_lr),
-                          config.local_steps, config.batch_size)
+  aggregator = config.aggregator or "mean"
+  check(aggregator not in ("sign_sum",), "aggregator", aggregator,
+        "must not be 'sign_sum' for the FedAvg family (RSA's sum of signs, unnormalised)")
   sampler = make_sampler(config.sampling, data.num_clients, config.seed, config.sampling_prob,
                          config.cohort_size, config.capacity)
   if private:
@@ -85,30 +87,45 @@ def build_fedavg_family(config, data, *, private: bool,
           "read off the noise scale of the released average); use --denominator expected "
           "(q N, public), or --sampling fixed, whose cohort size is public")
     z = resolve_noise_multiplier(config, data)
-    mechanism = GaussianSumMechanism(config.clip, z, config.sampling, config.sampling_prob,
-                                     data.num_clients, config.cohort_size)
-    transform = optax.chain(*pre_clip, clip_l2(config.clip))
-    aggregator = aggregators.mean(config.denominator, sampler.expected_size, mechanism.noise_stddev)
-    clip = config.clip
+    pieces = Pieces(transforms=tuple(pre_clip) + ("clip",), aggregator=aggregator,
+                    noise=aggregator == "mean", weighting="uniform",
+                    denominator=config.denominator, regularizer=regularizer)
   else:
-    mechanism = NonPrivate()
-    transform = optax.chain(*pre_clip) if pre_clip else identity()
-    aggregator = aggregators.mean("realized")
-    clip = None
-  program = FedAvgProgram(
-      model=model, local_train=local_train, client_transform=transform, aggregator=aggregator,
-      server_optimizer=make_optimizer(config.server_optimizer, config.server_lr),
-      mechanism=mechanism, weighting=config.weighting, clip=clip, client_extras=client_extras)
-  return Setup(program, sampler, LedgerAccounting(mechanism, config.delta, config.accountant))
+    z = 0.0
+    pieces = Pieces(transforms=tuple(pre_clip), aggregator=aggregator, noise=False,
+                    weighting=config.weighting, denominator="realized", regularizer=regularizer)
+  model = make_model(config, data)
+  static = {k: int(opts[k]) for k in STATIC_AGGREGATOR_OPTIONS}
+  lus_batches = int(opts.get("lus_batches", 1))
+  key = ("fedavg", model, data.num_clients, pieces, config.local_steps, config.batch_size,
+         config.client_optimizer, config.server_optimizer, str(config.attack).replace("-", "_"),
+         opts["nonfinite_value"], lus_batches, tuple(sorted(static.items())))
+  rnd = cached_round(key, lambda: fedavg_round(
+      model, data.num_clients, pieces, local_steps=config.local_steps,
+      batch_size=config.batch_size, client_optimizer=config.client_optimizer,
+      server_optimizer=config.server_optimizer, attack=key[8], nonfinite_value=opts["nonfinite_value"],
+      lus_batches=lus_batches, static=static))
+  hparams = common_hparams(
+      config, opts, client_lr=config.client_lr, clip=config.clip, noise_multiplier=z,
+      expected_size=sampler.expected_size, **{"lambda": opts.get("lambda", 0.0),
+                                              "sparsity": opts.get("sparsity", 0.0)})
+  mechanism = user_level_mechanism(pieces, hparams, config.sampling, config.sampling_prob,
+                                   data.num_clients, config.cohort_size)
+  # The clients' clipped updates are not released (only the noisy sum is): an attack that
+  # reads the regular clients' rows reads unprotected data, whatever attacker_knowledge says.
+  from fedjax_dp.attacks import get as get_attack
+  reads = get_attack(key[8]).reads_honest
+  knowledge = "omniscient" if config.byzantine and reads else "released"
+  accounting = LedgerAccounting(mechanism, config.delta, config.accountant,
+                                attacker_knowledge=knowledge if config.byzantine else None)
+  return Setup(rnd, sampler, accounting, hparams)
 
 
 def build_fedavg(config, data) -> Setup:
   """Non-private FedAvg: weighted mean of client deltas (``weighting`` chooses the weights)."""
-  read_options(config, {})
   return build_fedavg_family(config, data, private=False)
 
 
 def build_dp_fedavg(config, data) -> Setup:
   """User-level DP-FedAvg (clip S, noise z S on the sum)."""
-  read_options(config, {})
   return build_fedavg_family(config, data, private=True)

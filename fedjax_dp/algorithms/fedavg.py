@@ -1,142 +1,162 @@
-"""The FedAvg family's round: local training, client transforms, aggregation, server step.
+"""The FedAvg family on the one round: local SGD, client transforms, any attack and aggregator.
 
-One call of :meth:`FedAvgProgram.round_step` is one federated round and is
-traced into one compiled function by the engine. Algorithms of the family
-(FedAvg, DP-FedAvg, BLUR/LUS, ...) differ only in the pieces they pass in.
+A FedAvg-family round is described by a :class:`Pieces` record (static:
+which transforms, which aggregator, whether the aggregate is noised) and
+built by :func:`fedavg_round`; every number comes from ``hparams``:
+
+* ``client_lr``, ``server_lr``; ``lambda`` (BLUR) and ``sparsity`` (LUS);
+* ``clip``: the L2 bound of the ``clip`` transform, BLUR's radius and the
+  unit of the noise (one value, so they cannot disagree);
+* ``noise_multiplier``: the noised mean adds ``N(0, (z * clip)^2)`` to the sum;
+* ``expected_size``: the mean's public denominator (``denominator="expected"``);
+* ``byzantine`` and the attack strengths; the robust aggregators' parameters.
+
+Privacy is derived from the pieces that run
+(:func:`fedjax_dp.privacy.mechanisms.user_level_mechanism`): a round whose
+aggregate is not noised, or whose updates are not bounded, has no guarantee,
+whatever else the configuration says.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dp.aggregators import Aggregator
-from fedjax_dp.transforms import global_norm
+from fedjax_dp import aggregators, objectives
+from fedjax_dp.client import local_sgd, make_optimizer, sample_batch
+from fedjax_dp.round import ClientOut, Round, tree_sub
+from fedjax_dp.transforms import clip_l2, global_norm, identity, sparsify_by_utility
+
+# Client transforms by name: hp -> transform. BOUNDS names the hp key of the L2 bound a transform
+# enforces on its output (what a noised sum's sensitivity rests on).
+TRANSFORMS = {
+    "sparsify": lambda hp: sparsify_by_utility(hp["sparsity"]),
+    "clip": lambda hp: clip_l2(hp["clip"]),
+}
+BOUNDS = {"clip": "clip"}
+ROBUST = ("coordinate_median", "trimmed_mean", "geometric_median", "krum", "centered_clipping",
+          "sign_vote", "sign_sum")
 
 
-class CohortBatch(NamedTuple):
-  """The cohort's data, gathered inside the compiled round."""
-
-  x: jax.Array       # [C, M, ...]
-  y: jax.Array       # [C, M]
-  counts: jax.Array  # [C]
-  ids: jax.Array     # [C] client ids (rows of per-client state)
-  mask: jax.Array    # [C] 1.0 for real clients
-
-
-class ServerState(NamedTuple):
-  params: Any
-  opt_state: Any
-  agg_state: Any
-  round: jax.Array
-
-
-def tree_sub(a, b):
-  return jax.tree_util.tree_map(jnp.subtract, a, b)
-
-
-def client_keys(key: jax.Array, ids: jax.Array) -> jax.Array:
-  """One key per client, a function of the round key and the client id only.
-
-  A client's randomness does not depend on its slot in the cohort or on the
-  cohort's padded capacity.
-  """
-  return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ids)
-
-
-def client_weights(weighting: str, batch: "CohortBatch") -> jax.Array:
-  """Aggregation weights: 1 per client ("uniform") or its number of examples ("examples")."""
-  return (jnp.ones_like(batch.mask) if weighting == "uniform"
-          else batch.counts.astype(jnp.float32))
-
-
-def server_step(aggregator: Aggregator, server_optimizer: optax.GradientTransformation,
-                state: "ServerState", deltas, weights, mask, key):
-  """Aggregates the cohort's deltas and applies the server optimizer to ``-aggregate``.
-
-  Returns ``(new_state, aggregate)``; SGD with learning rate eta_g gives
-  ``w_{t+1} = w_t + eta_g * aggregate``.
-  """
-  agg, agg_state = aggregator.aggregate(deltas, weights, mask, state.agg_state, key)
-  grads = jax.tree_util.tree_map(jnp.negative, agg)
-  updates, opt_state = server_optimizer.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  return ServerState(params, opt_state, agg_state, state.round + 1), agg
-
-
-def mask_rows(tree, mask):
-  """Zeros the rows of padded clients (exact zeros, whatever they computed)."""
-  return jax.tree_util.tree_map(
-      lambda u: jnp.where(mask.reshape((-1,) + (1,) * (u.ndim - 1)) > 0, u, jnp.zeros_like(u)), tree)
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class FedAvgProgram:
-  """A FedAvg-family algorithm assembled from pure pieces.
+@dataclasses.dataclass(frozen=True)
+class Pieces:
+  """The static pieces of a round, for the privacy derivation and the summary.
 
   Attributes:
-    model: a :class:`fedjax_dp.models.Model`.
-    local_train: ``(params0, x, y, count, key) -> (params_Q, loss)`` (see
-      :func:`fedjax_dp.client.local_sgd`).
-    client_transform: optax-style transform of the client delta
-      ``Delta_i = w_{t,Q} - w_{t,0}``, called with ``key=`` and ``params=w_{t,Q}``
-      plus whatever ``client_extras`` returns.
-    aggregator: combines the cohort's transformed deltas.
-    server_optimizer: optax optimizer applied to ``-aggregate`` (SGD with learning
-      rate eta_g gives ``w_t = w_{t-1} + eta_g * aggregate``).
-    weighting: "uniform" (every client weight 1, required by the DP mechanisms)
-      or "examples" (weight = number of examples, as in McMahan et al. 2017).
-    mechanism: the privacy record of one round (for the ledger).
-    clip: the clip bound, if any, for the "fraction clipped" metric.
-    client_extras: optional ``(params_Q, params0, x, y, count, key) -> dict`` of
-      extra keyword arguments for ``client_transform`` (e.g. the gradient that
-      LUS scores elements with).
+    transforms: client transform names, in order (:data:`TRANSFORMS`).
+    aggregator: "mean" or a robust aggregator's name.
+    noise: the mean adds Gaussian noise scaled by the bound (``noise_multiplier * bound``).
+    weighting: "uniform" or "examples".
+    denominator: the mean's "expected" (public) or "realized" denominator.
+    regularizer: "none" or "blur".
   """
 
-  model: Any
-  local_train: Callable
-  client_transform: optax.GradientTransformationExtraArgs
-  aggregator: Aggregator
-  server_optimizer: optax.GradientTransformation
-  mechanism: Any
+  transforms: tuple = ()
+  aggregator: str = "mean"
+  noise: bool = False
   weighting: str = "uniform"
-  clip: Optional[float] = None
-  client_extras: Optional[Callable] = None
-  # Metrics computed only from the noisy aggregate (see fedjax_dp.engine).
-  released_metrics = ("aggregate_norm",)
+  denominator: str = "realized"
+  regularizer: str = "none"
 
-  def init(self, key: jax.Array) -> ServerState:
-    params = self.model.init(key)
-    return ServerState(params, self.server_optimizer.init(params), self.aggregator.init(params),
-                       jnp.zeros((), jnp.int32))
+  @property
+  def bound(self) -> Optional[str]:
+    """The hp key of the L2 bound on each released update: the last bounding transform's.
 
-  def eval_params(self, state: ServerState):
-    return state.params
+    A transform after the bound could change the norm again, so only a bound
+    that is the last transform counts.
+    """
+    if self.transforms and self.transforms[-1] in BOUNDS:
+      return BOUNDS[self.transforms[-1]]
+    return None
 
-  def client_update(self, params0, x, y, count, key):
-    """One client's local training and transformed delta: ``(delta, pre_norm, loss)``."""
-    k_train, k_tx, k_extra = jax.random.split(key, 3)
-    params_q, loss = self.local_train(params0, x, y, count, k_train)
-    delta = tree_sub(params_q, params0)
-    extras = {} if self.client_extras is None else self.client_extras(
-        params_q, params0, x, y, count, k_extra)
-    out, _ = self.client_transform.update(delta, self.client_transform.init(delta), params_q,
-                                          key=k_tx, **extras)
-    return out, global_norm(delta), loss
 
-  def round_step(self, state: ServerState, batch: CohortBatch, key: jax.Array):
-    k_clients, k_agg = jax.random.split(key)
-    keys = client_keys(k_clients, batch.ids)
-    deltas, norms, losses = jax.vmap(self.client_update, in_axes=(None, 0, 0, 0, 0))(
-        state.params, batch.x, batch.y, batch.counts, keys)
-    deltas = mask_rows(deltas, batch.mask)
-    new_state, agg = server_step(self.aggregator, self.server_optimizer, state, deltas,
-                                 client_weights(self.weighting, batch), batch.mask, k_agg)
-    metrics = {"client_loss": losses, "update_norm": norms, "mask": batch.mask,
-               "aggregate_norm": global_norm(agg),
-               "nonfinite_updates": jnp.sum(batch.mask * ~jnp.isfinite(norms))}
-    return new_state, metrics
+def make_aggregator(pieces: Pieces, static: dict) -> Callable:
+  """``hp -> Aggregator`` for ``pieces.aggregator``; ``static`` holds loop counts (krum_m, ...)."""
+  if pieces.aggregator == "mean":
+    def build(hp):
+      noise = hp["noise_multiplier"] * hp[pieces.bound] if pieces.noise else None
+      return aggregators.robust.guard_nonfinite(
+          aggregators.mean(pieces.denominator, hp["expected_size"], noise))
+    return build
+
+  def build_robust(hp):
+    return aggregators.robust.get(
+        pieces.aggregator, num_byzantine=hp["byzantine"], trim_beta=hp["trim_beta"],
+        gm_tol=hp["gm_tol"], gm_max_iter=static["gm_max_iter"], krum_m=static["krum_m"],
+        cc_tau=hp["cc_tau"], cc_iters=static["cc_iters"])
+  return build_robust
+
+
+def lus_gradient(objective, batch_size: int, lus_batches: int):
+  """LUS's gradient of the local loss at ``w_{t,Q}`` (Cheng et al. 2022, Eq. 10).
+
+  Returns ``(params_q, params0, x, y, count, key) -> grad``: the mean over
+  ``lus_batches`` minibatches of ``batch_size`` examples drawn from the
+  client's own data, or the exact gradient over all its examples when
+  ``lus_batches == 0``. ``objective`` is the local loss ``f_i`` without
+  BLUR's regulariser.
+  """
+  grad_fn = jax.grad(objective)
+
+  def grad(params_q, params0, x, y, count, key):
+    if lus_batches == 0:
+      mask = (jnp.arange(y.shape[0]) < count).astype(jnp.float32)
+      return grad_fn(params_q, (x, y, mask), params0)
+
+    def one(k):
+      return grad_fn(params_q, sample_batch(x, y, count, k, batch_size), params0)
+
+    grads = jax.lax.map(one, jax.random.split(key, lus_batches))
+    return jax.tree_util.tree_map(lambda g: jnp.mean(g, axis=0), grads)
+
+  return grad
+
+
+def fedavg_client(model, pieces: Pieces, *, local_steps: int, batch_size: int,
+                  client_optimizer: str, lus_batches: int = 1) -> Callable:
+  """``hp -> client``: Q local SGD steps (BLUR optional), then the client transforms.
+
+  The released update is ``transforms(w_{t,Q} - w_t)``; ``norm`` is the raw
+  update's norm (a diagnostic); LUS's ``sparsify`` gets the gradient of the
+  local loss at ``w_{t,Q}`` (:func:`lus_gradient`).
+  """
+  loss = objectives.supervised(model.apply)
+  lus = lus_gradient(loss, batch_size, lus_batches) if "sparsify" in pieces.transforms else None
+
+  def client(hp):
+    objective = objectives.blur(loss, hp["lambda"], hp["clip"]) if pieces.regularizer == "blur" else loss
+    train = local_sgd(objective, make_optimizer(client_optimizer, hp["client_lr"]), local_steps,
+                      batch_size)
+    tx = (optax.chain(*(TRANSFORMS[name](hp) for name in pieces.transforms)) if pieces.transforms
+          else identity())
+
+    def fn(params0, x, y, count, row, chp, key):
+      del row, chp
+      k_train, k_tx, k_extra = jax.random.split(key, 3)
+      params_q, train_loss = train(params0, x, y, count, k_train)
+      delta = tree_sub(params_q, params0)
+      extras = {} if lus is None else {"grad": lus(params_q, params0, x, y, count, k_extra)}
+      out, _ = tx.update(delta, tx.init(delta), params_q, key=k_tx, **extras)
+      return ClientOut(upload=out, loss=train_loss, norm=global_norm(delta))
+
+    return fn
+
+  return client
+
+
+def fedavg_round(model, num_clients: int, pieces: Pieces, *, local_steps: int, batch_size: int,
+                 client_optimizer: str, server_optimizer: str, attack: str = "none",
+                 nonfinite_value: str = "nan", lus_batches: int = 1, static: Optional[dict] = None
+                 ) -> Round:
+  """A FedAvg-family :class:`fedjax_dp.round.Round` from its pieces."""
+  static = dict({"gm_max_iter": 100, "krum_m": 1, "cc_iters": 1}, **(static or {}))
+  return Round(
+      model=model, num_clients=num_clients,
+      client=fedavg_client(model, pieces, local_steps=local_steps, batch_size=batch_size,
+                           client_optimizer=client_optimizer, lus_batches=lus_batches),
+      aggregator=make_aggregator(pieces, static), attack=attack, nonfinite_value=nonfinite_value,
+      weighting=pieces.weighting, server_optimizer=server_optimizer, describe=pieces)

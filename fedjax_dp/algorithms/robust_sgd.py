@@ -20,57 +20,47 @@ metrics). Privacy: none (exact gradients are sent). What honest workers
 release is their raw gradient, so an attack reading the regular rows reads
 only released rows (``attacker_knowledge`` is "released" either way).
 
-Options (``--set name=value``): ``byzantine`` (b, default 0), ``attack``
-(:data:`fedjax_dp.attacks.ATTACKS`), ``attack_sigma``, ``attack_scale``,
-``alie_z``, ``ipm_epsilon``, ``nonfinite_value``, ``attacker_knowledge``
-("released" or "omniscient", see :mod:`fedjax_dp.attacks`), ``l2`` (u,
-default 0.004: f_0 = 0.002 ||x||^2 as in the paper) and the aggregator's
-parameters above.
+Byzantine workers and their attack come from the run's ``byzantine`` and
+``attack`` settings (the same for every algorithm). Options (``--set
+name=value``): ``l2`` (u, default 0.004: f_0 = 0.002 ||x||^2 as in the
+paper), the attack strengths (``attack_sigma``, ``attack_scale``,
+``alie_z``, ``ipm_epsilon``, ``nonfinite_value``) and the aggregator's
+parameters above. Each is one round of :mod:`fedjax_dp.round`: a worker's
+upload is its stochastic gradient, the aggregate a gradient (``descent``),
+and the master's rate ``alpha`` is ``hp["server_lr"]``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable, NamedTuple
+from typing import Callable
 
 import jax
-import jax.numpy as jnp
 
-from fedjax_dp import attacks, objectives
-from fedjax_dp.aggregators import robust
-from fedjax_dp.algorithms import Setup, read_options
+from fedjax_dp import objectives
+from fedjax_dp.algorithms import (STATIC_AGGREGATOR_OPTIONS, Setup, cached_round, common_hparams,
+                                  read_options)
+from fedjax_dp.algorithms.fedavg import Pieces, make_aggregator
 from fedjax_dp.client import sample_batch
 from fedjax_dp.errors import check, check_choice
+from fedjax_dp.round import ClientOut, Round
 from fedjax_dp.transforms import global_norm
 
 AGGREGATORS = {"sgd": "mean", "signsgd": "sign_vote", "gm": "geometric_median",
                "median": "coordinate_median", "trimmed_mean": "trimmed_mean", "krum": "krum",
                "centered_clipping": "centered_clipping"}
-
-BYZANTINE_OPTIONS = {"byzantine": 0, "attack": "none", "attack_sigma": 1e4, "attack_scale": -5.0,
-                     "alie_z": None, "ipm_epsilon": 0.1, "nonfinite_value": "nan", "l2": 0.004,
-                     "attacker_knowledge": "released"}
-AGGREGATOR_OPTIONS = {"trim_beta": 0.1, "gm_tol": 1e-6, "gm_max_iter": 100, "krum_m": 1,
-                      "cc_tau": 1.0, "cc_iters": 1}
+L2_OPTIONS = {"l2": 0.004}
 
 
-def byzantine_pieces(config, data, opts):
-  """``(num_byzantine, attack, knowledge)`` from the options, validated against the population.
+def check_l2(opts: dict) -> None:
+  check(isinstance(opts["l2"], (int, float)) and opts["l2"] >= 0, "l2", opts["l2"], "must be >= 0")
 
-  ``knowledge`` is what the attack actually reads: "omniscient" only when
-  the attack reads the regular rows and ``attacker_knowledge`` asks for their
-  raw state; else "released" (see :mod:`fedjax_dp.attacks`).
-  """
-  b = opts["byzantine"]
-  check(isinstance(b, int) and 0 <= b < data.num_clients, "byzantine", b,
-        f"must be an int in [0, num_clients={data.num_clients})")
-  check(opts["l2"] is not None and opts["l2"] >= 0, "l2", opts["l2"], "must be >= 0")
-  check_choice("attacker_knowledge", opts["attacker_knowledge"], attacks.KNOWLEDGE)
-  attack = attacks.get(opts["attack"], sigma=opts["attack_sigma"], scale=opts["attack_scale"],
-                       alie_z=opts["alie_z"], ipm_epsilon=opts["ipm_epsilon"],
-                       nonfinite_value=opts["nonfinite_value"])
-  omniscient = attack.reads_honest and b > 0 and opts["attacker_knowledge"] == "omniscient"
-  return b, attack, "omniscient" if omniscient else "released"
+
+def attacker_knowledge(config) -> str:
+  """"omniscient" when the attack reads the regular rows and is told to read their raw state."""
+  from fedjax_dp.attacks import get
+  reads = get(config.attack).reads_honest
+  return "omniscient" if config.byzantine and reads and config.attacker_knowledge == "omniscient" \
+      else "released"
 
 
 def stochastic_gradient(objective: Callable, batch_size: int) -> Callable:
@@ -83,53 +73,21 @@ def stochastic_gradient(objective: Callable, batch_size: int) -> Callable:
   return fn
 
 
-def nonfinite_count(updates, mask) -> jax.Array:
-  return jnp.sum(mask) - jnp.sum(robust.finite_rows(updates, mask))
+def gradient_client(model, batch_size: int) -> Callable:
+  """``hp -> client`` uploading one stochastic gradient at the master's model."""
+  gradient = stochastic_gradient(objectives.supervised(model.apply), batch_size)
 
+  def client(hp):
+    del hp
 
-class MasterState(NamedTuple):
-  params: Any
-  agg_state: Any
-  round: jax.Array
+    def fn(params, x, y, count, row, chp, key):
+      del row, chp
+      loss, g = gradient(params, x, y, count, key)
+      return ClientOut(upload=g, loss=loss, norm=global_norm(g))
 
+    return fn
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class RobustSGDProgram:
-  """Stochastic-gradient aggregation with attacks (see module docstring)."""
-
-  model: Any
-  gradient: Callable
-  aggregator: Any
-  attack: Callable
-  num_clients: int
-  num_byzantine: int
-  lr: float
-  l2: float
-  mechanism: Any
-  clip: Any = None
-  released_metrics = ("aggregate_norm",)
-
-  def init(self, key):
-    params = self.model.init(key)
-    return MasterState(params, self.aggregator.init(params), jnp.zeros((), jnp.int32))
-
-  def eval_params(self, state):
-    return state.params
-
-  def round_step(self, state, batch, key):
-    k_workers, k_attack, k_agg = jax.random.split(key, 3)
-    keys = jax.random.split(k_workers, batch.mask.shape[0])
-    losses, grads = jax.vmap(self.gradient, in_axes=(None, 0, 0, 0, 0))(
-        state.params, batch.x, batch.y, batch.counts, keys)
-    norms = jax.vmap(global_norm)(grads)
-    byz = attacks.byzantine_mask(batch.ids, self.num_clients, self.num_byzantine)
-    sent = self.attack(grads, byz, k_attack, mask=batch.mask)
-    agg, agg_state = self.aggregator.aggregate(sent, jnp.ones_like(batch.mask), batch.mask,
-                                               state.agg_state, k_agg)
-    params = jax.tree_util.tree_map(lambda p, a: p - self.lr * (a + self.l2 * p), state.params, agg)
-    metrics = {"client_loss": losses, "update_norm": norms, "mask": batch.mask,
-               "aggregate_norm": global_norm(agg), "nonfinite_rows": nonfinite_count(sent, batch.mask)}
-    return MasterState(params, agg_state, state.round + 1), metrics
+  return client
 
 
 def build_robust_sgd(config, data, method: str) -> Setup:
@@ -139,21 +97,30 @@ def build_robust_sgd(config, data, method: str) -> Setup:
   from fedjax_dp.privacy import NonPrivate
   from fedjax_dp.sampling import make_sampler
   check_choice("method", method, sorted(AGGREGATORS))
-  opts = read_options(config, {**BYZANTINE_OPTIONS, **AGGREGATOR_OPTIONS})
-  b, attack, _ = byzantine_pieces(config, data, opts)
-  aggregator = robust.get(AGGREGATORS[method], num_byzantine=b, trim_beta=opts["trim_beta"],
-                          gm_tol=opts["gm_tol"], gm_max_iter=opts["gm_max_iter"],
-                          krum_m=opts["krum_m"], cc_tau=opts["cc_tau"], cc_iters=opts["cc_iters"])
+  check(config.aggregator in (None, AGGREGATORS[method]), "aggregator", config.aggregator,
+        f"must be unset or {AGGREGATORS[method]!r}: algorithm {method!r} is that aggregator")
+  opts = read_options(config, L2_OPTIONS, byzantine=True)
+  check_l2(opts)
   model = make_model(config, data)
+  pieces = Pieces(aggregator=AGGREGATORS[method], weighting="uniform")
+  static = {k: int(opts[k]) for k in STATIC_AGGREGATOR_OPTIONS}
+  attack = str(config.attack).replace("-", "_")
+  key = ("robust_sgd", model, data.num_clients, pieces, config.batch_size, attack,
+         opts["nonfinite_value"], tuple(sorted(static.items())))
+  rnd = cached_round(key, lambda: Round(
+      model=model, num_clients=data.num_clients, client=gradient_client(model, config.batch_size),
+      aggregator=make_aggregator(pieces, static), attack=attack,
+      nonfinite_value=opts["nonfinite_value"], descent=True, server_optimizer="sgd",
+      describe=pieces))
   sampler = make_sampler(config.sampling, data.num_clients, config.seed, config.sampling_prob,
                          config.cohort_size, config.capacity)
+  hparams = common_hparams(config, opts, server_lr=config.client_lr, l2=opts["l2"],
+                           expected_size=sampler.expected_size)
   mechanism = NonPrivate(relation="replace_one")
-  program = RobustSGDProgram(
-      model=model, gradient=stochastic_gradient(objectives.supervised(model.apply), config.batch_size),
-      aggregator=aggregator, attack=attack, num_clients=data.num_clients, num_byzantine=b,
-      lr=float(config.client_lr), l2=float(opts["l2"]), mechanism=mechanism)
-  return Setup(program, sampler, LedgerAccounting(mechanism, config.delta, config.accountant,
-                                                  attacker_knowledge="released"))
+  # Workers send their raw gradients: what an attack reads of them is what they release.
+  accounting = LedgerAccounting(mechanism, config.delta, config.accountant,
+                                attacker_knowledge="released")
+  return Setup(rnd, sampler, accounting, hparams)
 
 
 def _builder(method):

@@ -28,8 +28,13 @@ gathered by ``batch.ids`` and scattered back). At iteration t+1, with
 ``F`` is Sign-Flipping (Eq. 8, keep probability gamma), ``G`` Sign-Gaussian
 (Eq. 9); RSA sends ``sign(x_0 - x_k)`` exactly. ``sign(0) = +1`` as in the paper.
 
-Options (``--set name=value``): ``lambda`` (0.01), ``l2`` (u, 0.004), and those
-of :mod:`fedjax_dp.algorithms.robust_sgd` for Byzantine workers and attacks;
+Every worker's model is a per-client state row of the one round
+(:mod:`fedjax_dp.round`); the master's step is the round's descent step with
+rate ``alpha = hp["server_lr"]`` on ``lambda * sum_k sign(m_k) + u x_0``.
+
+Byzantine workers and their attack come from the run's ``byzantine``,
+``attack`` and ``attacker_knowledge`` settings. Options (``--set
+name=value``): ``lambda`` (0.01), ``l2`` (u, 0.004), the attack strengths;
 ``dp-rsa-f``: ``keep_prob`` or ``epsilon`` (per coordinate per round);
 ``dp-rsa-g``: ``sign_sigma`` or ``epsilon``, ``sign_clip`` (the bound that
 gives the formal guarantee; unset: no guarantee, flagged), ``sign_clip_norm``
@@ -39,40 +44,22 @@ each guarantee covers.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable, NamedTuple
+import functools
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from fedjax_dp import attacks, objectives
-from fedjax_dp.aggregators import robust
-from fedjax_dp.algorithms import Setup, read_options
-from fedjax_dp.algorithms.robust_sgd import (BYZANTINE_OPTIONS, byzantine_pieces, nonfinite_count,
-                                             stochastic_gradient)
+from fedjax_dp.aggregators import Aggregator, robust
+from fedjax_dp.algorithms import Setup, cached_round, common_hparams, read_options
+from fedjax_dp.algorithms.robust_sgd import L2_OPTIONS, attacker_knowledge, check_l2, stochastic_gradient
 from fedjax_dp.errors import ConfigError, check
+from fedjax_dp.round import ClientOut, Round
 from fedjax_dp.transforms import global_norm
 from fedjax_dp.transforms.sign import paper_sign, sign_flip, sign_gaussian, to_sign
 
-RSA_OPTIONS = {**BYZANTINE_OPTIONS, "lambda": 0.01}
+RSA_OPTIONS = {**L2_OPTIONS, "lambda": 0.01}
 VARIANTS = ("rsa", "dp-rsa-f", "dp-rsa-g")
-
-
-class RSAState(NamedTuple):
-  master: Any    # x_0
-  workers: Any   # x_k, leaves [num_clients, ...]
-  round: jax.Array
-
-
-def _tree_rows(tree, ids):
-  return jax.tree_util.tree_map(lambda w: w[ids], tree)
-
-
-def _scatter_rows(tree, ids, rows, mask, num_clients):
-  """``tree[ids] = rows`` for the real rows; padded slots (mask 0) write nothing."""
-  safe = jnp.where(mask > 0, ids, num_clients)
-  return jax.tree_util.tree_map(lambda w, r: w.at[safe].set(r.astype(w.dtype), mode="drop"), tree, rows)
 
 
 def _attacker_sign(v):
@@ -80,96 +67,104 @@ def _attacker_sign(v):
   return jnp.where(jnp.isfinite(v), paper_sign(jnp.nan_to_num(v)), v)
 
 
-def master_step(x0, sign_total, lr: float, lam: float, l2: float):
-  """Eq. 11: ``x_0 - alpha (u x_0 + lambda * sum_k sign(m_k))``."""
-  return jax.tree_util.tree_map(lambda p, s: p - lr * (l2 * p + lam * s), x0, sign_total)
-
-
-def worker_step(xk, x0, grad, lr: float, lam: float):
+def worker_step(xk, x0, grad, lr, lam):
   """Eq. 5: ``x_k - alpha (grad f_k(x_k) + lambda sign(x_k - x_0))``."""
   return jax.tree_util.tree_map(lambda w, m, g: w - lr * (g + lam * paper_sign(w - m)), xk, x0, grad)
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class RSAProgram:
-  """RSA / DP-RSA(F) / DP-RSA(G) (see module docstring).
+def perturbation(variant: str, sign_clip: bool = False, norm: str = "linf"):
+  """``hp -> transform`` of ``u = x_0 - x_k`` into the sent signs (Eq. 6, 8, 9)."""
+  if variant == "rsa":
+    return lambda hp: to_sign()
+  if variant == "dp-rsa-f":
+    return lambda hp: sign_flip(hp["keep_prob"])
+  return lambda hp: sign_gaussian(hp["sign_sigma"], hp["sign_clip"] if sign_clip else None, norm)
 
-  Attributes:
-    model: the model.
-    gradient: ``(params, x, y, count, key) -> (loss, grad)``.
-    perturb: optax-style transform of ``u = x_0 - x_k`` into the sent signs.
-    attack: the Byzantine attack (:class:`fedjax_dp.attacks.Attack`).
-    num_clients, num_byzantine: K and b.
-    lr, lam, l2: alpha, lambda, u.
-    mechanism: privacy record of one round.
+
+def rsa_client(gradient, perturb):
+  """``hp -> worker``: Eq. 5 on its own model (the state row) and the message ``F/G(x_0 - x_k)``.
+
+  ``gradient``: ``(params, x, y, count, key) -> (loss, grad)``; ``perturb``: ``hp -> transform``.
   """
 
-  model: Any
-  gradient: Callable
-  perturb: optax.GradientTransformationExtraArgs
-  attack: Callable
-  num_clients: int
-  num_byzantine: int
-  lr: float
-  lam: float
-  l2: float
-  mechanism: Any
-  clip: Any = None
-  attacker_knowledge: str = "released"
-  # The master model is post-processing of the messages (see fedjax_dp.engine).
-  released_metrics = ("master_norm",)
+  def client(hp):
+    tx = perturb(hp)
 
-  def init(self, key):
-    x0 = self.model.init(key)
-    workers = jax.tree_util.tree_map(lambda p: jnp.broadcast_to(p, (self.num_clients,) + p.shape), x0)
-    return RSAState(x0, workers, jnp.zeros((), jnp.int32))
+    def fn(x0, x, y, count, xk, chp, key):
+      del chp
+      k_grad, k_msg = jax.random.split(key)
+      loss, g = gradient(xk, x, y, count, k_grad)
+      u = jax.tree_util.tree_map(jnp.subtract, x0, xk)
+      msg, _ = tx.update(u, tx.init(u), xk, key=k_msg)
+      flips = sum(jnp.sum(m != paper_sign(d)) for m, d in
+                  zip(jax.tree_util.tree_leaves(msg), jax.tree_util.tree_leaves(u)))
+      return ClientOut(upload=msg, row=worker_step(xk, x0, g, hp["client_lr"], hp["lambda"]),
+                       loss=loss, norm=global_norm(u), aux={"flips": flips}, raw=xk)
 
-  def eval_params(self, state):
-    return state.master
+    return fn
 
-  def _worker(self, x0, xk, x, y, count, key):
-    k_grad, k_msg = jax.random.split(key)
-    loss, g = self.gradient(xk, x, y, count, k_grad)
-    u = jax.tree_util.tree_map(jnp.subtract, x0, xk)
-    msg, _ = self.perturb.update(u, self.perturb.init(u), xk, key=k_msg)
-    flips = sum(jnp.sum(m != paper_sign(d)) for m, d in zip(jax.tree_util.tree_leaves(msg),
-                                                             jax.tree_util.tree_leaves(u)))
-    return worker_step(xk, x0, g, self.lr, self.lam), msg, loss, global_norm(u), flips
+  return client
 
-  def round_step(self, state, batch, key):
-    k_workers, k_attack, k_agg = jax.random.split(key, 3)
-    keys = jax.random.split(k_workers, batch.mask.shape[0])
-    xk = _tree_rows(state.workers, batch.ids)
-    new_xk, honest, losses, norms, flips = jax.vmap(self._worker, in_axes=(None, 0, 0, 0, 0, 0))(
-        state.master, xk, batch.x, batch.y, batch.counts, keys)
-    byz = attacks.byzantine_mask(batch.ids, self.num_clients, self.num_byzantine)
-    if self.attack.reads_honest and self.attacker_knowledge == "released":
-      # The attackers see what the regular workers send (perturbed under DP-RSA).
-      sent = self.attack(honest, byz, k_attack, mask=batch.mask)
-    else:
-      z = self.attack(xk, byz, k_attack, mask=batch.mask)
-      byz_msg = jax.tree_util.tree_map(lambda m, zz: _attacker_sign(m[None] - zz), state.master, z)
-      sent = jax.tree_util.tree_map(
-          lambda h, a: jnp.where(byz.reshape((-1,) + (1,) * (h.ndim - 1)) > 0, a, h), honest, byz_msg)
-    total, _ = robust.get("sign_sum").aggregate(sent, jnp.ones_like(batch.mask), batch.mask,
-                                                optax.EmptyState(), k_agg)
-    master = master_step(state.master, total, self.lr, self.lam, self.l2)
-    workers = _scatter_rows(state.workers, batch.ids, new_xk, batch.mask, self.num_clients)
-    regular = batch.mask * (1.0 - byz)
-    dim = sum(x.size for x in jax.tree_util.tree_leaves(state.master))
-    metrics = {"client_loss": losses, "update_norm": norms, "mask": batch.mask,
-               "flip_rate": jnp.sum(flips * regular) / jnp.maximum(jnp.sum(regular) * dim, 1.0),
-               "nonfinite_rows": nonfinite_count(sent, batch.mask),
-               "master_norm": global_norm(master)}
-    return RSAState(master, workers, state.round + 1), metrics
+
+def rsa_attack_step(knowledge: str, rnd, state, out, uploads, byz, mask, hp, key):
+  """Zhu and Ling's attacks: model-level (``sign(x_0 - z_j)`` with ``z_j`` from the attack on
+  the workers' models) unless the attack reads the regular workers and may only read what
+  they release, their messages."""
+  attack = attacks.from_hparams(rnd.attack, hp, rnd.nonfinite_value)
+  if attack.reads_honest and knowledge == "released":
+    return attack(uploads, byz, key, mask=mask)
+  z = attack(out.raw, byz, key, mask=mask)
+  byz_msg = jax.tree_util.tree_map(lambda m, zz: _attacker_sign(m[None] - zz), state.params, z)
+  return jax.tree_util.tree_map(
+      lambda h, a: jnp.where(byz.reshape((-1,) + (1,) * (h.ndim - 1)) > 0, a, h), uploads, byz_msg)
+
+
+def sign_sum_scaled(hp) -> Aggregator:
+  """``lambda * sum_k sign(m_k)``: the master's aggregate (Eq. 11; rows with Inf/NaN rejected)."""
+  agg = robust.get("sign_sum")
+
+  def aggregate(updates, weights, mask, state, key):
+    total, state = agg.aggregate(updates, jnp.ones_like(weights), mask, state, key)
+    return jax.tree_util.tree_map(lambda t: hp["lambda"] * t, total), state
+
+  return Aggregator(agg.init, aggregate)
+
+
+def rsa_metrics(state, params, out, sent, mask, hp):
+  """The perturbation's realized flip rate over the cohort's own messages (every worker
+  computes one; attackers' are replaced afterwards) and the new master model's norm."""
+  del state, sent, hp
+  dim = sum(x.size for x in jax.tree_util.tree_leaves(params))
+  return {"flip_rate": jnp.sum(out.aux["flips"] * mask) / jnp.maximum(jnp.sum(mask) * dim, 1.0),
+          "master_norm": global_norm(params)}
+
+
+def rsa_round(model, num_clients: int, gradient, perturb, *, attack: str = "none",
+              nonfinite_value: str = "nan", knowledge: str = "released", describe=None) -> Round:
+  """RSA / DP-RSA as a :class:`fedjax_dp.round.Round` (workers' models as state rows).
+
+  Args:
+    model: the model (``init``; the master's and every worker's start).
+    num_clients: K.
+    gradient: ``(params, x, y, count, key) -> (loss, grad)`` of a worker's local loss.
+    perturb: ``hp -> transform`` of ``u = x_0 - x_k`` (:func:`perturbation`).
+    attack, nonfinite_value: the attack (strengths in ``hp``).
+    knowledge: "released" or "omniscient" (what an attack that reads the regular workers sees).
+  """
+  return Round(
+      model=model, num_clients=num_clients, client=rsa_client(gradient, perturb),
+      aggregator=sign_sum_scaled, attack=attack, nonfinite_value=nonfinite_value, descent=True,
+      server_optimizer="sgd", init_row=lambda params: params,
+      attack_step=functools.partial(rsa_attack_step, knowledge), metrics=rsa_metrics,
+      released_metrics=("master_norm", "aggregate_norm"), describe=describe)
 
 
 def _perturbation(variant, opts, dim):
-  """``(transform, mechanism)`` of the variant."""
+  """``(hparams, mechanism)`` of the variant's perturbation."""
   from fedjax_dp.privacy import NonPrivate
   from fedjax_dp.privacy import sign as psign
   if variant == "rsa":
-    return to_sign(), NonPrivate(relation="replace_one")
+    return {}, NonPrivate(relation="replace_one")
   eps = opts.get("epsilon")
   if variant == "dp-rsa-f":
     gamma = opts.get("keep_prob")
@@ -178,7 +173,7 @@ def _perturbation(variant, opts, dim):
     if gamma is None:
       gamma = psign.keep_prob_for_epsilon(float(eps))
     mech = psign.SignFlipMechanism(float(gamma), dim)
-    return sign_flip(float(gamma)), mech
+    return {"keep_prob": mech.keep_prob}, mech
   sigma, clip, norm = opts.get("sign_sigma"), opts.get("sign_clip"), opts.get("sign_clip_norm", "linf")
   check((sigma is None) != (eps is None), "sign_sigma/epsilon", (sigma, eps),
         "give exactly one of sign_sigma and epsilon (per coordinate per round)")
@@ -188,7 +183,7 @@ def _perturbation(variant, opts, dim):
                         "sign_clip with sign_clip_norm='linf'")
     sigma = psign.sign_gaussian_sigma_for_epsilon(float(eps), float(clip))
   mech = psign.SignGaussianMechanism(float(sigma), dim, None if clip is None else float(clip), norm)
-  return sign_gaussian(mech.sigma, mech.clip, mech.norm), mech
+  return {"sign_sigma": mech.sigma, "sign_clip": mech.clip or 0.0}, mech
 
 
 def build_rsa_family(config, data, variant: str) -> Setup:
@@ -198,28 +193,38 @@ def build_rsa_family(config, data, variant: str) -> Setup:
   from fedjax_dp.models import num_params
   from fedjax_dp.privacy.sign import SignAccounting
   from fedjax_dp.sampling import make_sampler
+  check(config.aggregator in (None, "sign_sum"), "aggregator", config.aggregator,
+        "must be unset or 'sign_sum': RSA's master sums the signs of the messages (Eq. 11)")
   extra = {"rsa": {}, "dp-rsa-f": {"keep_prob": None, "epsilon": None},
            "dp-rsa-g": {"sign_sigma": None, "epsilon": None, "sign_clip": None, "sign_clip_norm": "linf"}}
-  opts = read_options(config, {**RSA_OPTIONS, **extra[variant]})
-  check(opts["lambda"] is not None and opts["lambda"] > 0, "lambda", opts["lambda"], "must be > 0")
-  b, attack, knowledge = byzantine_pieces(config, data, opts)
+  opts = read_options(config, {**RSA_OPTIONS, **extra[variant]}, byzantine=True)
+  check(isinstance(opts["lambda"], (int, float)) and opts["lambda"] > 0, "lambda", opts["lambda"],
+        "must be > 0")
+  check_l2(opts)
+  knowledge = attacker_knowledge(config)
   model = make_model(config, data)
   dim = int(num_params(jax.eval_shape(model.init, jax.random.PRNGKey(0))))
-  perturb, mechanism = _perturbation(variant, opts, dim)
+  perturb_hp, mechanism = _perturbation(variant, opts, dim)
+  norm = opts.get("sign_clip_norm", "linf")
+  attack = str(config.attack).replace("-", "_")
+  key = ("rsa", model, data.num_clients, variant, config.batch_size, attack, opts["nonfinite_value"],
+         knowledge, opts.get("sign_clip") is not None, norm)
+  rnd = cached_round(key, lambda: rsa_round(
+      model, data.num_clients,
+      stochastic_gradient(objectives.supervised(model.apply), config.batch_size),
+      perturbation(variant, opts.get("sign_clip") is not None, norm), attack=attack,
+      nonfinite_value=opts["nonfinite_value"], knowledge=knowledge, describe=variant))
   sampler = make_sampler(config.sampling, data.num_clients, config.seed, config.sampling_prob,
                          config.cohort_size, config.capacity)
+  hparams = common_hparams(config, opts, server_lr=config.client_lr, client_lr=config.client_lr,
+                           l2=opts["l2"], **{"lambda": opts["lambda"]}, **perturb_hp)
   if variant == "rsa":
     accounting = LedgerAccounting(mechanism, config.delta, config.accountant,
                                   attacker_knowledge=knowledge)
   else:
     accounting = SignAccounting(mechanism, config.delta, config.rounds, config.accountant,
                                 attacker_knowledge=knowledge)
-  program = RSAProgram(
-      model=model, gradient=stochastic_gradient(objectives.supervised(model.apply), config.batch_size),
-      perturb=perturb, attack=attack, num_clients=data.num_clients, num_byzantine=b,
-      lr=float(config.client_lr), lam=float(opts["lambda"]), l2=float(opts["l2"]), mechanism=mechanism,
-      attacker_knowledge=knowledge)
-  return Setup(program, sampler, accounting)
+  return Setup(rnd, sampler, accounting, hparams)
 
 
 def build_rsa(config, data) -> Setup:

@@ -98,7 +98,7 @@ def runs(scale: dict):
 
 def _config(scale, method, opts, attack, data_dir, seed):
   from fedjax_dp.config import make_config
-  options = {"byzantine": scale["byzantine"], "attack": attack.replace("-", "_"), "l2": scale["l2"], **opts}
+  options = {"l2": scale["l2"], **opts}
   if method.startswith("rsa") or method.startswith("dp-rsa"):
     options["lambda"] = scale["lam"]
   if method == "gm":
@@ -107,7 +107,8 @@ def _config(scale, method, opts, attack, data_dir, seed):
       algorithm=method, dataset=scale["dataset"], data_dir=data_dir, num_clients=scale["num_clients"],
       model=scale["model"], rounds=scale["rounds"], sampling="fixed", cohort_size=scale["num_clients"],
       batch_size=scale["batch_size"], client_lr=scale["lr"], eval_every=scale["eval_every"],
-      noise_multiplier=None, target_epsilon=None, seed=seed, options=options)
+      noise_multiplier=None, target_epsilon=None, seed=seed, byzantine=scale["byzantine"],
+      attack=attack.replace("-", "_"), options=options)
 
 
 def plot(curves: dict, path: pathlib.Path, title: str) -> None:

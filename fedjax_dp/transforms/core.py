@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 import optax
@@ -51,7 +49,7 @@ def clip_l2(bound: float) -> optax.GradientTransformationExtraArgs:
   one NaN row would make the released sum NaN).
   """
   check_positive("clip", bound)
-  check(math.isfinite(bound), "clip", bound, "must be a finite number")
+  check(jnp.isfinite(bound), "clip", bound, "must be a finite number")
 
   def update(updates, state, params=None, **extra):
     del params, extra

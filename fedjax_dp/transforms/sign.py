@@ -61,7 +61,8 @@ def sign_flip(keep_prob: float) -> optax.GradientTransformationExtraArgs:
   Args:
     keep_prob: gamma in [0.5, 1]; 1 keeps every sign (no privacy).
   """
-  check(keep_prob is not None and 0.5 <= keep_prob <= 1, "keep_prob", keep_prob, "must be in [0.5, 1]")
+  check(keep_prob is not None and (0.5 <= keep_prob) & (keep_prob <= 1), "keep_prob", keep_prob,
+        "must be in [0.5, 1]")
 
   def update(updates, state, params=None, *, key, **extra):
     del params, extra

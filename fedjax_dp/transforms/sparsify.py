@@ -20,15 +20,19 @@ import optax
 from fedjax_dp.errors import check
 
 
-def kept_count(size: int, sparsity: float) -> int:
+def kept_count(size: int, sparsity) -> jax.Array:
   """``s_j``: elements kept in a leaf of ``size`` elements, ``round((1 - c) * d_j)``, at least 1.
 
   Rounds half up after a small tolerance so that e.g. ``c = 0.7`` on 10
   elements keeps exactly 3 (not 4 from ``(1 - 0.7) * 10 = 3.0000000000000004``).
+  ``sparsity`` may be a traced hyper-parameter; the count is an int32 array,
+  computed in float64 on the host when ``sparsity`` is a Python number.
   """
-  if sparsity == 0:
-    return int(size)
-  return int(min(size, max(1, math.floor((1.0 - sparsity) * size + 0.5 - 1e-9))))
+  if isinstance(sparsity, (int, float)):
+    return jnp.int32(min(size, max(1, math.floor((1.0 - sparsity) * size + 0.5 - 1e-9))))
+  c = jnp.asarray(sparsity, jnp.float32)
+  s = jnp.floor((1.0 - c) * size + 0.5 - 1e-6)
+  return jnp.clip(s, 1, size).astype(jnp.int32)
 
 
 def _sortable_bits(x: jax.Array) -> jax.Array:
@@ -51,7 +55,7 @@ def top_s_mask(scores: jax.Array, s: int) -> jax.Array:
   """
   flat = scores.reshape(-1)
   d = flat.shape[0]
-  if s >= d:
+  if isinstance(s, int) and s >= d:
     return jnp.ones_like(scores)
   keys = _sortable_bits(flat)
 
@@ -63,7 +67,7 @@ def top_s_mask(scores: jax.Array, s: int) -> jax.Array:
   above = keys > threshold
   at = keys == threshold
   room = s - jnp.sum(above)
-  keep = above | (at & (jnp.cumsum(at) <= room))
+  keep = above | (at & (jnp.cumsum(at) <= room)) | (s >= d)
   return keep.astype(scores.dtype).reshape(scores.shape)
 
 
@@ -85,8 +89,8 @@ def sparsify_by_utility(sparsity: float) -> optax.GradientTransformationExtraArg
       (the paper's grid: 0.1, 0.3, 0.5, 0.7, 0.9; default in the paper 0.7).
       ``c = 0`` keeps everything.
   """
-  check(sparsity is not None and 0 <= sparsity < 1, "sparsity", sparsity, "must be in [0, 1)")
-  sparsity = float(sparsity)
+  check(sparsity is not None and (0 <= sparsity) & (sparsity < 1), "sparsity", sparsity,
+        "must be in [0, 1)")
 
   def update(updates, state, params=None, *, grad, **extra):
     del params, extra

@@ -1,0 +1,254 @@
+"""The one federated round: its contract and the generic round every algorithm composes.
+
+::
+
+  step(round, state, hparams, cohort, key) -> (state, metrics)      # one compiled function
+
+  per client, under jax.vmap (keys: fold_in(round key, client id)):
+    client(hp)(params, x, y, count, row, client_hp, key) -> ClientOut
+        local update (local SGD, DP-SGD, one gradient, an RSA worker step)
+        then the client's transforms (sparsify -> clip, sign perturbation)
+  attack:      Byzantine rows replaced; attacks see what clients release
+  aggregate:   aggregator(hp).aggregate(rows, weights, mask, agg_state, key)
+  server:      params <- params - server_lr * opt(grads), grads = -aggregate for model
+               deltas, aggregate + l2 * params for gradients (``descent``)
+  server rule: the algorithm's server state (adaptive clip bounds) from the
+               clients' ``aux`` outputs; per-client state rows scattered back
+
+Hyper-parameters are data. Every number that is not a shape (clip bounds, noise
+multipliers, learning rates, lambda, sparsity, keep probabilities, attack
+strengths, even the number of Byzantine clients) comes in ``hparams``, a dict
+of float32 / int32 arrays, and the pieces are built from it *inside* the
+trace (``client(hp)``, ``aggregator(hp)``, ``attack(hp)``), the way
+``optax.inject_hyperparams`` builds a transform from traced values. A
+:class:`Round` holds only static structure (model, shapes, which pieces), so
+changing a number never recompiles, and the step can be ``vmap``-ed over a
+leading experiment axis of ``(hparams, key)``. :func:`compiled_step` caches
+the jitted step per :class:`Round`; builders return the same :class:`Round`
+for the same structure (see :func:`fedjax_dp.algorithms.cached_round`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_dp import attacks as attacks_lib
+from fedjax_dp.transforms import global_norm
+
+
+class CohortBatch(NamedTuple):
+  """The cohort's data, gathered inside the compiled round."""
+
+  x: jax.Array       # [C, M, ...]
+  y: jax.Array       # [C, M]
+  counts: jax.Array  # [C]
+  ids: jax.Array     # [C] client ids (rows of per-client state)
+  mask: jax.Array    # [C] 1.0 for real clients
+
+
+class RoundState(NamedTuple):
+  """Everything that carries over between rounds."""
+
+  params: Any        # the global model
+  opt_state: Any     # the server optimizer's state
+  agg_state: Any     # the aggregator's state (centered clipping's last aggregate)
+  rows: Any          # per-client state rows, leaves [num_clients, ...] (RSA's workers); () if none
+  server: Any        # the algorithm's server state (adaptive clip bounds); () if none
+  round: jax.Array
+
+
+class ClientOut(NamedTuple):
+  """What one client's update returns (batched over the cohort by ``vmap``)."""
+
+  upload: Any                 # what the client releases (after its transforms)
+  row: Any = ()               # its new state row (stateful algorithms)
+  loss: Any = 0.0             # mean local training loss (raw diagnostic)
+  norm: Any = 0.0             # norm of the update before any transform (raw diagnostic)
+  aux: Any = ()               # pytree of per-client values for the server rule and metrics
+  raw: Any = None             # what a model-level attack acts on (RSA: the worker's model)
+
+
+def tree_sub(a, b):
+  return jax.tree_util.tree_map(jnp.subtract, a, b)
+
+
+def client_keys(key: jax.Array, ids: jax.Array) -> jax.Array:
+  """One key per client, a function of the round key and the client id only.
+
+  A client's randomness does not depend on its slot in the cohort or on the
+  cohort's padded capacity.
+  """
+  return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ids)
+
+
+def mask_rows(tree, mask):
+  """Zeros the rows of padded clients (exact zeros, whatever they computed)."""
+  return jax.tree_util.tree_map(
+      lambda u: jnp.where(mask.reshape((-1,) + (1,) * (u.ndim - 1)) > 0, u, jnp.zeros_like(u)), tree)
+
+
+def gather_rows(tree, ids):
+  return jax.tree_util.tree_map(lambda w: w[ids], tree)
+
+
+def scatter_rows(tree, ids, rows, mask, num_clients: int):
+  """``tree[ids] = rows`` for the real rows; padded slots (mask 0) write nothing."""
+  safe = jnp.where(mask > 0, ids, num_clients)
+  return jax.tree_util.tree_map(lambda w, r: w.at[safe].set(r.astype(w.dtype), mode="drop"),
+                                tree, rows)
+
+
+WEIGHTINGS = ("uniform", "examples")
+
+
+def client_weights(weighting: str, batch: CohortBatch) -> jax.Array:
+  """Aggregation weights: 1 per client ("uniform") or its number of examples ("examples")."""
+  return (jnp.ones_like(batch.mask) if weighting == "uniform"
+          else batch.counts.astype(jnp.float32))
+
+
+def attack_uploads(rnd: "Round", state: RoundState, out: ClientOut, uploads, byz, mask, hp, key):
+  """The default attack step: the attack replaces the Byzantine rows of the uploads."""
+  del state, out
+  return attacks_lib.from_hparams(rnd.attack, hp, rnd.nonfinite_value)(uploads, byz, key, mask=mask)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Round:
+  """The static structure of one federated round; every number comes in ``hparams``.
+
+  Attributes:
+    model: the :class:`fedjax_dp.models.Model`.
+    num_clients: the population size (rows of per-client state, Byzantine ids).
+    client: ``hp -> (params, x, y, count, row, client_hp, key) -> ClientOut``.
+    aggregator: ``hp -> Aggregator``.
+    attack: the attack's name (:data:`fedjax_dp.attacks.ATTACKS`); its
+      strengths and the number of Byzantine clients are in ``hp``.
+    nonfinite_value: what the ``nonfinite`` attack sends ("nan", "inf", "mixed").
+    weighting: "uniform" or "examples".
+    descent: the aggregate is a gradient (robust SGD, RSA's sign sum):
+      ``grads = aggregate + l2 * params``; else a model delta, ``grads = -aggregate``.
+    server_optimizer: name of the server optimizer (:data:`fedjax_dp.client.OPTIMIZERS`);
+      its learning rate is ``hp["server_lr"]``.
+    init_row: ``params -> one client's state row`` (broadcast to every client), or None.
+    init_server: ``(params, hp) -> server state``, or None.
+    client_hparams: ``(server_state, hp, ids) -> per-client pytree [C]``, or None.
+    server_rule: ``(server_state, hp, aux [C], mask, ids) -> server_state``, or None.
+    attack_step: how the attack enters (:func:`attack_uploads` by default).
+    metrics: ``(state, new_params, out, sent, mask, hp) -> dict`` of extra scalars, or None.
+    released_metrics: metric names computed only from the released aggregate
+      (see :mod:`fedjax_dp.engine`).
+    describe: a static description of the pieces (names), for the privacy
+      derivation and the summary.
+  """
+
+  model: Any
+  num_clients: int
+  client: Callable
+  aggregator: Callable
+  attack: str = "none"
+  nonfinite_value: str = "nan"
+  weighting: str = "uniform"
+  descent: bool = False
+  server_optimizer: str = "sgd"
+  init_row: Optional[Callable] = None
+  init_server: Optional[Callable] = None
+  client_hparams: Optional[Callable] = None
+  server_rule: Optional[Callable] = None
+  attack_step: Callable = attack_uploads
+  metrics: Optional[Callable] = None
+  released_metrics: tuple = ("aggregate_norm",)
+  describe: Any = None
+
+  def init(self, key: jax.Array, hparams: dict) -> RoundState:
+    """The state before round 1 (the server optimizer's state, per-client rows, server state)."""
+    from fedjax_dp.client import make_optimizer
+    params = self.model.init(key)
+    opt = make_optimizer(self.server_optimizer, 1.0)
+    rows = ()
+    if self.init_row is not None:
+      row = self.init_row(params)
+      rows = jax.tree_util.tree_map(lambda p: jnp.broadcast_to(p, (self.num_clients,) + p.shape), row)
+    server = () if self.init_server is None else self.init_server(params, hparams)
+    agg_state = self.aggregator(hparams).init(params)
+    return RoundState(params, opt.init(params), agg_state, rows, server, jnp.zeros((), jnp.int32))
+
+  def eval_params(self, state: RoundState):
+    return state.params
+
+
+def server_update(rnd: Round, state: RoundState, aggregate, hp):
+  """``params - server_lr * optimizer(grads)``; returns ``(params, opt_state)``.
+
+  The optimizer is built with learning rate 1 and its step scaled by
+  ``hp["server_lr"]``, so the rate is data (SGD, momentum, Adam, ... all end
+  in a learning-rate scale in optax).
+  """
+  from fedjax_dp.client import make_optimizer
+  if rnd.descent:
+    grads = jax.tree_util.tree_map(lambda a, p: a + hp["l2"] * p, aggregate, state.params)
+  else:
+    grads = jax.tree_util.tree_map(jnp.negative, aggregate)
+  opt = make_optimizer(rnd.server_optimizer, 1.0)
+  updates, opt_state = opt.update(grads, state.opt_state, state.params)
+  updates = jax.tree_util.tree_map(lambda u: hp["server_lr"] * u, updates)
+  return optax.apply_updates(state.params, updates), opt_state
+
+
+def nonfinite_rows(rows, mask) -> jax.Array:
+  """Real rows holding a NaN or Inf (the robust aggregators reject them)."""
+  from fedjax_dp.aggregators.robust import finite_rows
+  return jnp.sum(mask) - jnp.sum(finite_rows(rows, mask))
+
+
+def step(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.Array):
+  """One federated round (pure; see the module docstring). Returns ``(state, metrics)``."""
+  k_clients, k_attack, k_agg = jax.random.split(key, 3)
+  keys = client_keys(k_clients, batch.ids)
+  rows = gather_rows(state.rows, batch.ids)
+  chp = () if rnd.client_hparams is None else rnd.client_hparams(state.server, hp, batch.ids)
+  out = jax.vmap(rnd.client(hp), in_axes=(None, 0, 0, 0, 0, 0, 0))(
+      state.params, batch.x, batch.y, batch.counts, rows, chp, keys)
+  uploads = mask_rows(out.upload, batch.mask)
+  byz = attacks_lib.byzantine_mask(batch.ids, rnd.num_clients, hp["byzantine"])
+  sent = rnd.attack_step(rnd, state, out, uploads, byz, batch.mask, hp, k_attack)
+  aggregate, agg_state = rnd.aggregator(hp).aggregate(
+      sent, client_weights(rnd.weighting, batch), batch.mask, state.agg_state, k_agg)
+  params, opt_state = server_update(rnd, state, aggregate, hp)
+  server = state.server if rnd.server_rule is None else rnd.server_rule(
+      state.server, hp, out.aux, batch.mask, batch.ids)
+  new_rows = state.rows if rnd.init_row is None else scatter_rows(
+      state.rows, batch.ids, out.row, batch.mask, rnd.num_clients)
+  metrics = {"client_loss": out.loss, "update_norm": out.norm, "mask": batch.mask,
+             "aggregate_norm": global_norm(aggregate),
+             "nonfinite_rows": nonfinite_rows(sent, batch.mask),
+             "nonfinite_updates": jnp.sum(batch.mask * ~jnp.isfinite(out.norm)),
+             "byzantine_in_cohort": jnp.sum(byz * batch.mask)}
+  if rnd.metrics is not None:
+    metrics.update(rnd.metrics(state, params, out, sent, batch.mask, hp))
+  new_state = RoundState(params, opt_state, agg_state, new_rows, server, state.round + 1)
+  return new_state, metrics
+
+
+@functools.lru_cache(maxsize=128)
+def compiled_step(rnd: Round, placement: str = "device") -> Callable:
+  """The jitted step of ``rnd``, compiled once per :class:`Round` and argument shapes.
+
+  ``placement="device"``: ``fn(state, hp, (x, y, counts), ids, mask, key)``
+  gathers the cohort's rows from every client's arrays inside the compiled
+  round; ``"host"``: ``fn(state, hp, CohortBatch, key)``.
+  """
+  if placement == "device":
+    def fn(state, hp, arrays, ids, mask, key):
+      x, y, c = arrays
+      return step(rnd, state, hp, CohortBatch(x[ids], y[ids], c[ids], ids, mask), key)
+  else:
+    def fn(state, hp, batch, key):
+      return step(rnd, state, hp, batch, key)
+  return jax.jit(fn)
