@@ -19,7 +19,11 @@ DP-SGD steps, run per client under ``jax.vmap`` and over the steps under
 
 ``C``, ``s`` and ``sigma`` come in per client as arrays (:class:`DPArgs`), so
 a clip bound that changes every round or differs between privacy classes does
-not recompile the round.
+not recompile the round. The family runs on the one federated round
+(:func:`dpsgd_round`, a :class:`fedjax_dp.round.Round`): every number (the
+noise multipliers, betas, the threshold rules' rates, the client and server
+learning rates, the clients' privacy classes) comes in the round's
+``hparams``, so runs that differ only in numbers share one compilation.
 
 Optionally each step also releases a noisy per-example *statistic* of the
 batch's gradient norms (for adaptive clip bounds): ``sum_i (s_i - 1/2) +
@@ -48,15 +52,16 @@ per-client losses and raw norm statistics reported in the run's metrics
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dp.algorithms.fedavg import (CohortBatch, ServerState, client_keys, client_weights,
-                                         mask_rows, server_step, tree_sub)
+from fedjax_dp import aggregators
+from fedjax_dp.client import make_optimizer
 from fedjax_dp.errors import check, check_choice
+from fedjax_dp.round import ClientOut, Round, tree_sub
 from fedjax_dp.transforms import gaussian_like, global_norm, salted
 
 EXAMPLE_SAMPLINGS = ("poisson", "fixed")
@@ -235,16 +240,18 @@ def plain_gradient(objective: Callable, params, anchor, x, y, mask, key, expecte
                 "clipped": zero, "noise_std": zero, "stat": zero, "nonfinite": zero}
 
 
-def dp_sgd(objective: Callable, optimizer: optax.GradientTransformation, local_steps: int,
-           batch_size: int, max_examples: int, sampling: str = "poisson",
-           capacity: Optional[int] = None, statistic: str = "none", private: bool = True,
-           data_dependent_noise: bool = False, unroll: int | bool = 1) -> Callable:
+def dp_sgd(objective: Callable, local_steps: int, batch_size: int, max_examples: int,
+           sampling: str = "poisson", capacity: Optional[int] = None, statistic: str = "none",
+           private: bool = True, data_dependent_noise: bool = False,
+           unroll: int | bool = 1) -> Callable:
   """Q local DP-SGD steps on one client's data, as one ``lax.scan``.
+
+  The arguments are the static structure; the numbers come per call (the
+  client's :class:`DPArgs`, and the optimizer, built inside the trace from
+  the round's ``hparams``).
 
   Args:
     objective: ``(params, (x, y, mask), anchor) -> loss``.
-    optimizer: the client optimizer, applied to the noisy gradient (fresh
-      state each round).
     local_steps: Q.
     batch_size: ``L``: the expected (Poisson) or exact (fixed) batch size;
       the Poisson rate of a client with ``|D_n|`` examples is ``L / |D_n|``.
@@ -260,7 +267,9 @@ def dp_sgd(objective: Callable, optimizer: optax.GradientTransformation, local_s
     unroll: ``lax.scan`` unroll factor.
 
   Returns:
-    ``train(params0, x, y, count, key, args) -> (params_Q, StepStats)``.
+    ``train(params0, x, y, count, key, args, optimizer) -> (params_Q, StepStats)``,
+    where ``optimizer`` is the client optimizer applied to the noisy gradient
+    (fresh state each round).
   """
   check(local_steps >= 1, "local_steps", local_steps, "must be >= 1")
   check(batch_size >= 1, "batch_size", batch_size, "must be >= 1")
@@ -270,7 +279,7 @@ def dp_sgd(objective: Callable, optimizer: optax.GradientTransformation, local_s
   check(1 <= cap <= max_examples, "capacity", cap, f"must be in [1, {max_examples}]")
   L = float(batch_size)
 
-  def train(params0, x, y, count, key, args: DPArgs):
+  def train(params0, x, y, count, key, args: DPArgs, optimizer: optax.GradientTransformation):
     rate = L / jnp.maximum(count, 1).astype(jnp.float32)
 
     def step(carry, k):
@@ -319,99 +328,130 @@ def mean_initial_norm(objective: Callable, params, x, y, counts, per_client: int
   return jnp.sum(sums) / jnp.maximum(jnp.sum(ns), 1.0)
 
 
-class DPSGDState(NamedTuple):
-  """Server state, the round's clip thresholds (one per privacy class) and the settings.
-
-  ``hparams`` (noise multipliers, betas, learning rates of threshold rules,
-  the clients' privacy classes) live in the state rather than in the
-  compiled function, so a sweep over them (or over seeds) reuses one
-  compilation (with JAX's persistent compilation cache).
-  """
-
-  server: ServerState
-  thresholds: jax.Array
-  hparams: dict
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class DPSGDProgram:
-  """A round of client-side DP-SGD with per-class thresholds, for the engine.
-
-  Per round: each cohort client gets :class:`DPArgs` from its privacy class
-  and the current thresholds (``client_args``), runs :func:`dp_sgd`, uploads
-  its model; the server averages the models weighted by ``weighting``
-  ("examples": sample counts, as in SP-FL Sec. 2.4 f); equivalently it adds
-  the weighted mean of the deltas ``w_n - w_t``, with server SGD at rate 1)
-  and then updates the thresholds from what the clients reported
-  (``threshold_rule``).
+@dataclasses.dataclass(frozen=True)
+class DPSGDPieces:
+  """The static structure of a DP-SGD-family round (its Round's ``describe``).
 
   Attributes:
-    model: a :class:`fedjax_dp.models.Model`.
-    local_train: from :func:`dp_sgd`.
-    aggregator: combines the deltas (``fedjax_dp.aggregators.mean``).
-    server_optimizer: optax optimizer on ``-aggregate``.
-    mechanism: the per-step privacy record (for the run's summary).
-    client_class: ``[num_clients]`` int32 privacy class of every client
-      (kept in the state's ``hparams``, like the other settings).
-    client_args: ``(thresholds, hparams, classes [C]) -> DPArgs`` with ``[C]``
-      leaves.
-    threshold_rule: ``(thresholds, hparams, StepStats [C], mask [C],
-      classes [C]) -> thresholds``.
-    init_thresholds: ``params -> thresholds`` at round 0.
-    hparams: name -> float, placed in the state as float32 scalars.
+    name: the algorithm ("spfl", "spfl-sound", "dp-fl", "adp-fl", "nodp-fl").
+    sampling: per-step example sampling, "poisson" or "fixed".
+    capacity: the Poisson batch capacity (None for fixed-size batches).
+    statistic: the per-step noisy norm statistic ("none", "below", "norm").
+    private: per-example clipping and noise (False: NoDP-FL's plain minibatch steps).
+    data_dependent_noise: published SP-FL's noise scaled by the batch's own norms.
+    class_names: the privacy classes in threshold order (metrics ``clip_<name>``).
     weighting: "examples" or "uniform".
-    class_names: names of the classes, for the metrics.
   """
 
-  model: Any
-  local_train: Callable
-  aggregator: Any
-  server_optimizer: optax.GradientTransformation
-  mechanism: Any
-  client_class: jax.Array
-  client_args: Callable
-  threshold_rule: Callable
-  init_thresholds: Callable
-  hparams: Any = dataclasses.field(default_factory=dict)
-  weighting: str = "examples"
-  class_names: tuple = ("all",)
-  clip: Optional[float] = None  # update-level clip (none here; per-example clipping instead)
-  # The aggregate of the clients' DP-SGD models and the thresholds, which sound variants set
-  # from noisy statistics only (see fedjax_dp.engine).
-  released_metrics = ("aggregate_norm", "clip_*")
+  name: str
+  sampling: str
+  capacity: Optional[int]
+  statistic: str
+  private: bool
+  data_dependent_noise: bool
+  class_names: tuple
+  weighting: str
 
-  def init(self, key: jax.Array) -> DPSGDState:
-    params = self.model.init(key)
-    server = ServerState(params, self.server_optimizer.init(params), self.aggregator.init(params),
-                         jnp.zeros((), jnp.int32))
-    hp = {k: jnp.asarray(v, jnp.float32) for k, v in dict(self.hparams).items()}
-    hp["client_class"] = jnp.asarray(self.client_class, jnp.int32)
-    return DPSGDState(server, jnp.asarray(self.init_thresholds(params), jnp.float32), hp)
+  # No update-level clip bound: each example's gradient is clipped inside DP-SGD instead (so the
+  # engine reports no update-level ``fraction_clipped``).
+  bound = None
 
-  def eval_params(self, state: DPSGDState):
-    return state.server.params
 
-  def round_step(self, state: DPSGDState, batch: CohortBatch, key: jax.Array):
-    server = state.server
-    k_clients, k_agg = jax.random.split(key)
-    keys = client_keys(k_clients, batch.ids)
-    classes = state.hparams["client_class"][batch.ids]
-    args = self.client_args(state.thresholds, state.hparams, classes)
-    params_q, stats = jax.vmap(self.local_train, in_axes=(None, 0, 0, 0, 0, 0))(
-        server.params, batch.x, batch.y, batch.counts, keys, args)
-    deltas = mask_rows(tree_sub(params_q, server.params), batch.mask)
-    new_server, agg = server_step(self.aggregator, self.server_optimizer, server, deltas,
-                                  client_weights(self.weighting, batch), batch.mask, k_agg)
-    thresholds = self.threshold_rule(state.thresholds, state.hparams, stats, batch.mask, classes)
-    m = batch.mask
-    examples = jnp.maximum(jnp.sum(stats.examples * m), 1.0)
-    metrics = {"client_loss": stats.loss, "update_norm": jax.vmap(global_norm)(deltas), "mask": m,
-               "aggregate_norm": global_norm(agg),
-               "fraction_examples_clipped": jnp.sum(stats.clipped * m) / examples,
-               "mean_example_grad_norm": jnp.sum(stats.norm_sum * m) / examples,
-               "noise_std": jnp.sum(stats.noise_std * m) / jnp.maximum(jnp.sum(m), 1.0),
-               "poisson_overflow_steps": jnp.sum(stats.overflow * m),
-               "nonfinite_example_grads": jnp.sum(stats.nonfinite * m)}
-    for i, name in enumerate(self.class_names):
-      metrics[f"clip_{name}"] = state.thresholds[i]
-    return DPSGDState(new_server, thresholds, state.hparams), metrics
+def dpsgd_client(local_train: Callable, client_optimizer: str) -> Callable:
+  """``hp -> client``: :func:`dp_sgd`'s ``Q`` local steps, uploading ``w_{t,Q} - w_t``.
+
+  The client optimizer is built inside the trace with learning rate
+  ``hp["client_lr"]``; the client's :class:`DPArgs` come in as its
+  ``client_hp``; its :class:`StepStats` are the ``aux`` output (for the
+  threshold rule and the metrics).
+  """
+
+  def client(hp):
+    optimizer = make_optimizer(client_optimizer, hp["client_lr"])
+
+    def fn(params0, x, y, count, row, args, key):
+      del row
+      params_q, stats = local_train(params0, x, y, count, key, args, optimizer)
+      delta = tree_sub(params_q, params0)
+      return ClientOut(upload=delta, loss=stats.loss, norm=global_norm(delta), aux=stats)
+
+    return fn
+
+  return client
+
+
+def dpsgd_metrics(class_names: tuple) -> Callable:
+  """The round's extra metrics from the clients' :class:`StepStats` (raw diagnostics) and the
+  thresholds in force this round (``clip_<class>``, from the server state before the rule)."""
+
+  def metrics(state, new_params, out, sent, mask, hp):
+    del new_params, sent, hp
+    stats = out.aux
+    examples = jnp.maximum(jnp.sum(stats.examples * mask), 1.0)
+    m = {"fraction_examples_clipped": jnp.sum(stats.clipped * mask) / examples,
+         "mean_example_grad_norm": jnp.sum(stats.norm_sum * mask) / examples,
+         "noise_std": jnp.sum(stats.noise_std * mask) / jnp.maximum(jnp.sum(mask), 1.0),
+         "poisson_overflow_steps": jnp.sum(stats.overflow * mask),
+         "nonfinite_example_grads": jnp.sum(stats.nonfinite * mask)}
+    for i, name in enumerate(class_names):
+      m[f"clip_{name}"] = state.server[i]
+    return m
+
+  return metrics
+
+
+def dpsgd_round(model, num_clients: int, pieces: DPSGDPieces, *, local_train: Callable,
+                client_optimizer: str, server_optimizer: str, client_args: Callable,
+                threshold_rule: Callable, init_thresholds: Callable) -> Round:
+  """A round of client-side DP-SGD with per-class thresholds, on the one federated round.
+
+  Per round: each cohort client gets :class:`DPArgs` from its privacy class
+  (``hp["client_class"]``, ``[num_clients]`` int32) and the current
+  thresholds (``client_args``), runs :func:`dp_sgd` and uploads its model
+  delta; the server takes the mean of the deltas weighted by
+  ``pieces.weighting`` ("examples": sample counts, as in SP-FL Sec. 2.4 f;
+  with server SGD at rate 1 this is the weighted average of the models) and
+  then updates the thresholds from what the clients reported
+  (``threshold_rule``). The thresholds are the round's server state.
+
+  Args:
+    model: a :class:`fedjax_dp.models.Model`.
+    num_clients: the population size.
+    pieces: the static structure (:class:`DPSGDPieces`).
+    local_train: from :func:`dp_sgd`.
+    client_optimizer: name of the client optimizer (rate ``hp["client_lr"]``).
+    server_optimizer: name of the server optimizer (rate ``hp["server_lr"]``).
+    client_args: ``(thresholds, hp, classes [C]) -> DPArgs`` with ``[C]`` leaves.
+    threshold_rule: ``(thresholds, hp, StepStats [C], mask [C], classes [C]) -> thresholds``.
+    init_thresholds: ``(params, hp) -> thresholds`` (``[len(class_names)]``, or ``[1]``) at round 0.
+
+  None of the functions may hold a number of the run: they read them from
+  ``hp``, so that the :class:`Round` can be shared by runs that differ only
+  in numbers (:func:`fedjax_dp.algorithms.cached_round`).
+  """
+
+  def classes_of(hp, ids):
+    return jnp.asarray(hp["client_class"], jnp.int32)[ids]
+
+  def client_hparams(thresholds, hp, ids):
+    return client_args(thresholds, hp, classes_of(hp, ids))
+
+  def server_rule(thresholds, hp, stats, mask, ids):
+    return threshold_rule(thresholds, hp, stats, mask, classes_of(hp, ids))
+
+  def init_server(params, hp):
+    return jnp.asarray(init_thresholds(params, hp), jnp.float32)
+
+  def aggregator(hp):
+    del hp
+    return aggregators.robust.guard_nonfinite(aggregators.mean("realized"))
+
+  return Round(
+      model=model, num_clients=num_clients,
+      client=dpsgd_client(local_train, client_optimizer), aggregator=aggregator,
+      weighting=pieces.weighting, server_optimizer=server_optimizer, init_server=init_server,
+      client_hparams=client_hparams, server_rule=server_rule,
+      metrics=dpsgd_metrics(tuple(pieces.class_names)),
+      # The aggregate of the clients' DP-SGD deltas, and the thresholds, which the sound
+      # variants set from noisy statistics only (see fedjax_dp.engine).
+      released_metrics=("aggregate_norm", "clip_*"), describe=pieces)

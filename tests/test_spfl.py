@@ -12,17 +12,19 @@ from dp_accounting import pld, rdp
 from fedjax_dp import objectives
 from fedjax_dp.algorithms import build
 from fedjax_dp.algorithms.adp_fl import quantile_update
-from fedjax_dp.algorithms.spfl import HIGH, LOW, privacy_classes
+from fedjax_dp.algorithms.spfl import HIGH, LOW, privacy_classes, run_init_key
 from fedjax_dp.config import make_config
 from fedjax_dp.data import FederatedData
 from fedjax_dp.dpsgd import (StepStats, clip_factors, dp_args, dp_gradient, mean_initial_norm,
                              per_example_grads, poisson_indices)
 from fedjax_dp.engine import run
 from fedjax_dp.errors import ConfigError
+from fedjax_dp.experiment import simulate
 from fedjax_dp.models import get_model
 from fedjax_dp.privacy.example_level import (ExampleDPSGDMechanism, ExampleLevelAccounting,
                                              PrivacyClass, calibrate_example_noise,
                                              split_noise_multiplier)
+from fedjax_dp.round import Round
 from fedjax_dp.sampling import Cohort
 from fedjax_dp.transforms import global_norm
 
@@ -160,56 +162,95 @@ def test_poisson_overflow_keeps_a_uniform_random_subset():
   np.testing.assert_allclose(freq, cap / count, atol=0.032)
 
 
+def _hp(setup):
+  """The Setup's hparams as the engine passes them to the round (arrays)."""
+  return {k: jnp.asarray(v) for k, v in setup.hparams.items()}
+
+
+def _class_ids(setup, classes):
+  """Client ids whose privacy classes (``hp["client_class"]``) are ``classes``, in order."""
+  cls = np.asarray(setup.hparams["client_class"])
+  pools = {c: list(np.flatnonzero(cls == c)) for c in set(classes)}
+  ids = jnp.asarray([pools[c].pop(0) for c in classes], jnp.int32)
+  np.testing.assert_array_equal(cls[np.asarray(ids)], classes)
+  return ids
+
+
 def test_spfl_thresholds_follow_the_formulas():
   data = _data()
   cfg = _config("spfl", options={"beta_high": 0.8, "beta_low": 0.6, "high_fraction": 0.5})
   setup = build(cfg, data)
-  prog = setup.program
-  state = prog.init(jax.random.PRNGKey(0))
+  rnd, hp = setup.program, _hp(setup)
+  state = rnd.init(run_init_key(cfg.seed), hp)
   # Initial threshold: the mean initial per-example gradient norm of all clients (Sec. 2.1).
-  objective = objectives.supervised(prog.model.apply)
+  objective = objectives.supervised(rnd.model.apply)
   norms = []
   pe_norms = jax.jit(lambda p, x, y: jax.vmap(global_norm)(per_example_grads(objective, p, p, x, y)[1]))
   for c in range(data.num_clients):
     k = min(32, int(data.counts[c]))
-    norms.extend(np.asarray(pe_norms(state.server.params, data.x[c, :k], data.y[c, :k])).tolist())
-  assert float(state.thresholds[0]) == pytest.approx(np.mean(norms), rel=1e-5)
+    norms.extend(np.asarray(pe_norms(state.params, data.x[c, :k], data.y[c, :k])).tolist())
+  assert float(state.server[0]) == pytest.approx(np.mean(norms), rel=1e-5)
   # Eq. 5: C_{t+1,h} = beta_h * mean per-example norm of the round's high clients.
-  classes = jnp.array([HIGH, LOW, HIGH, HIGH])
+  classes = [HIGH, LOW, HIGH, HIGH]
+  ids = _class_ids(setup, classes)
   mask = jnp.array([1.0, 1.0, 1.0, 0.0])
   stats = StepStats(loss=jnp.zeros(4), norm_sum=jnp.array([10.0, 100.0, 6.0, 50.0]),
                     examples=jnp.array([4.0, 4.0, 4.0, 4.0]), clipped=jnp.zeros(4),
                     noise_std=jnp.zeros(4), stat_sum=jnp.zeros(4), overflow=jnp.zeros(4),
                     nonfinite=jnp.zeros(4))
-  new = prog.threshold_rule(state.thresholds, state.hparams, stats, mask, classes)
+  new = rnd.server_rule(state.server, hp, stats, mask, ids)
   assert float(new[0]) == pytest.approx(0.8 * 16.0 / 8.0, rel=1e-6)
   # Client arguments: high clip C_h with scale 1, low clip inf with scale beta_l.
-  args = prog.client_args(new, state.hparams, classes)
+  args = rnd.client_hparams(new, hp, ids)
   assert float(args.clip[0]) == pytest.approx(1.6) and math.isinf(float(args.clip[1]))
   assert float(args.scale[1]) == pytest.approx(0.6) and float(args.scale[0]) == 1.0
 
   # spfl-sound: C_h = beta_h * clamp(B (1/2 + noisy shifted sum / (n_high Q L)), min_clip, B).
-  sound = build(_config("spfl-sound", options={"beta_high": 0.8, "stat_bound": 4.0,
-                                               "low_cap": 0.5}), data).program
-  st = sound.init(jax.random.PRNGKey(0))
-  assert float(st.thresholds[0]) == pytest.approx(1.0)  # data-independent start: config.clip
+  sound_setup = build(_config("spfl-sound", options={"beta_high": 0.8, "stat_bound": 4.0,
+                                                     "low_cap": 0.5}), data)
+  sound, sound_hp = sound_setup.program, _hp(sound_setup)
+  st = sound.init(jax.random.PRNGKey(0), sound_hp)
+  assert float(st.server[0]) == pytest.approx(1.0)  # data-independent start: config.clip
+  ids = _class_ids(sound_setup, classes)
   stats = stats._replace(stat_sum=jnp.array([-1.0, 50.0, -2.0, 9.0]))
-  new = sound.threshold_rule(st.thresholds, st.hparams, stats, mask, classes)
+  new = sound.server_rule(st.server, sound_hp, stats, mask, ids)
   expected = 0.8 * 4.0 * (0.5 + (-3.0) / (2 * 2 * 4))
   assert float(new[0]) == pytest.approx(expected, rel=1e-6)
-  args = sound.client_args(new, st.hparams, classes)
+  args = sound.client_hparams(new, sound_hp, ids)
   assert float(args.clip[1]) == pytest.approx(0.5)  # the low class's cap
   # High: the gradient gets z_Delta > z (the statistic takes the rest); low: z.
-  z = float(st.hparams["sigma"])
+  z = float(sound_setup.hparams["sigma"])
   assert float(args.noise_multiplier[1]) == pytest.approx(z)
   assert float(args.noise_multiplier[0]) == pytest.approx(split_noise_multiplier(z, 5 * z), rel=1e-5)
 
   # adp-fl: C <- C exp(-eta (b~ - gamma)).
-  adp = build(_config("adp-fl", options={"clip_lr": 0.3, "target_quantile": 0.6}), data).program
-  st = adp.init(jax.random.PRNGKey(0))
-  new = adp.threshold_rule(st.thresholds, st.hparams, stats, mask, classes)
+  adp_setup = build(_config("adp-fl", options={"clip_lr": 0.3, "target_quantile": 0.6}), data)
+  adp, adp_hp = adp_setup.program, _hp(adp_setup)
+  st = adp.init(jax.random.PRNGKey(0), adp_hp)
+  new = adp.server_rule(st.server, adp_hp, stats, mask, jnp.arange(4))
   b = 0.5 + (-1.0 + 50.0 - 2.0) / (3 * 2 * 4)
   assert float(new[0]) == pytest.approx(1.0 * math.exp(-0.3 * (b - 0.6)), rel=1e-5)
+
+
+def test_spfl_initial_threshold_is_read_at_the_runs_initial_model(monkeypatch):
+  # The builder computes it on the host (the round holds no data) at the model the engine
+  # starts from: the first round's clip_high must be the mean per-example norm there.
+  data = _data()
+  cfg = _config("spfl", rounds=1, seed=3)
+  seen = {}
+  init = Round.init
+
+  def spy(self, key, hparams):
+    state = init(self, key, hparams)
+    seen["params"] = state.params
+    return state
+
+  monkeypatch.setattr(Round, "init", spy)
+  res = simulate(cfg, data)
+  objective = objectives.supervised(build(cfg, data).program.model.apply)
+  got = mean_initial_norm(objective, seen["params"], data.x[:, :32], data.y[:, :32],
+                          data.counts, 32)
+  assert res.history[0]["clip_high"] == pytest.approx(float(got), rel=1e-5)
 
 
 def test_adp_quantile_tracks_a_known_quantile():
@@ -336,7 +377,7 @@ def test_calibration_meets_the_target_for_every_client(sampling, accountant):
 
 def _run(cfg, data):
   setup = build(cfg, data)
-  return run(setup.program, data, setup.sampler, cfg.rounds, seed=cfg.seed,
+  return run(setup.program, data, setup.sampler, cfg.rounds, hparams=setup.hparams, seed=cfg.seed,
              accounting=setup.accounting, progress=False)
 
 
@@ -394,6 +435,67 @@ def test_privacy_classes_split_and_bad_options():
     build(_config("dp-fl", batch_size=1000), data)
   with pytest.raises(ConfigError, match="stat_noise"):
     build(_config("adp-fl", options={"stat_noise_ratio": 0.2}), data)
+
+
+@pytest.mark.parametrize("alg", ALGS)
+def test_family_refuses_byzantine_clients_and_other_aggregators(alg):
+  data = _data()
+  with pytest.raises(ConfigError, match="byzantine.*does not take Byzantine clients"):
+    build(_config(alg, byzantine=1), data)
+  with pytest.raises(ConfigError, match="attack"):
+    build(_config(alg, attack="gaussian"), data)
+  with pytest.raises(ConfigError, match="aggregator"):
+    build(_config(alg, aggregator="coordinate_median"), data)
+
+
+def _backend_compiles():
+  """``(events, stop)``: a list that grows by one per backend compilation, and ``stop()``.
+
+  ``stop`` unregisters the listener where JAX can, and in any case stops it counting.
+  """
+  events = []
+  active = [True]
+
+  def listener(event, duration, *args, **kwargs):
+    del duration, args, kwargs
+    if active[0] and event == "/jax/core/compile/backend_compile_duration":
+      events.append(event)
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  unregister = (getattr(jax.monitoring, "unregister_event_duration_listener", None)
+                or getattr(jax._src.monitoring, "_unregister_event_duration_listener_by_callback",
+                           None))
+
+  def stop():
+    active[0] = False
+    if unregister is not None:
+      unregister(listener)
+
+  return events, stop
+
+
+def test_runs_differing_only_in_numbers_share_one_compilation():
+  # Same shapes and pieces (local_steps=3 is used by no other test, so the first run compiles).
+  data = _data()
+  cfg_a = _config("dp-fl", local_steps=3, clip=1.0, noise_multiplier=1.0, client_lr=0.1)
+  cfg_b = _config("dp-fl", local_steps=3, clip=0.5, noise_multiplier=3.0, client_lr=0.05)
+  assert build(cfg_a, data).program is build(cfg_b, data).program
+  events, stop = _backend_compiles()
+  try:
+    res_a = simulate(cfg_a, data)
+    first = len(events)
+    res_b = simulate(cfg_b, data)
+    second = len(events) - first
+  finally:
+    stop()
+  assert first >= 1  # the round (and anything else new) compiled once
+  assert second == 0
+  # The numbers took effect: the bound in force and the noise std sigma * C.
+  assert res_a.history[0]["clip_all"] == pytest.approx(1.0)
+  assert res_b.history[0]["clip_all"] == pytest.approx(0.5)
+  assert res_a.history[0]["diagnostics"]["noise_std"] == pytest.approx(1.0)
+  assert res_b.history[0]["diagnostics"]["noise_std"] == pytest.approx(1.5)
+  assert res_a.summary["final_test_loss"] != res_b.summary["final_test_loss"]
 
 
 def test_mean_initial_norm_masks_padding():

@@ -22,15 +22,20 @@ round is post-processing of earlier noisy releases, so it does not depend on
 the current step's data. Options: ``target_quantile`` (0.5), ``clip_lr``
 (0.2), ``stat_noise_ratio`` (5: ``stat_noise = 5 z``), ``example_sampling``,
 ``min_clip`` (1e-3) and ``max_clip`` (``1000 * clip``), the data-independent
-clamp of the bound; the initial bound is ``config.clip``.
+clamp of the bound; the initial bound is ``config.clip``. Every number
+(``sigma``, ``z_grad``, ``stat_noise``, ``target_quantile``, ``clip_lr``,
+``min_clip``, ``max_clip``, ``clip``) is in the Setup's ``hparams``.
 """
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 
 from fedjax_dp.algorithms import Setup
-from fedjax_dp.algorithms.spfl import build_dpsgd_family, example_mechanism, options, resolve_sigma
+from fedjax_dp.algorithms.spfl import (build_dpsgd_family, example_mechanism, init_clip_bound,
+                                       options, resolve_sigma)
 from fedjax_dp.dpsgd import dp_args
 from fedjax_dp.errors import check
 from fedjax_dp.privacy.example_level import PrivacyClass, split_noise_multiplier
@@ -50,6 +55,18 @@ def quantile_update(clip, stat_sum, expected, target_quantile, clip_lr, min_clip
   return jnp.clip(clip * jnp.exp(-clip_lr * (b - target_quantile)), min_clip, max_clip)
 
 
+def _adp_args(thresholds, hp, cls):
+  return dp_args(jnp.full(cls.shape, thresholds[0]), 1.0, hp["z_grad"], hp["stat_noise"])
+
+
+def _adp_rule(thresholds, hp, stats, mask, cls, *, examples_per_client: float):
+  del cls
+  n = jnp.sum(mask)
+  new = quantile_update(thresholds[0], jnp.sum(stats.stat_sum * mask), n * examples_per_client,
+                        hp["target_quantile"], hp["clip_lr"], hp["min_clip"], hp["max_clip"])
+  return thresholds.at[0].set(jnp.where(n > 0, new, thresholds[0]))
+
+
 def build_adp_fl(config, data) -> Setup:
   """ADP-FL: example-level DP-SGD with a private geometric quantile clip bound."""
   opts = options(config)
@@ -61,22 +78,14 @@ def build_adp_fl(config, data) -> Setup:
   classes = [PrivacyClass("all", tuple(range(data.num_clients)), mech,
                           "adaptive clip bound from noisy per-example quantile bits (accounted: "
                           "the gradient and the bits share the step's multiplier z)")]
-  L, Q = float(config.batch_size), float(config.local_steps)
-
-  def client_args(thresholds, hp, cls):
-    return dp_args(jnp.full(cls.shape, thresholds[0]), 1.0, hp["z_grad"], hp["stat_noise"])
-
-  def threshold_rule(thresholds, hp, stats, mask, cls):
-    del cls
-    n = jnp.sum(mask)
-    new = quantile_update(thresholds[0], jnp.sum(stats.stat_sum * mask), n * Q * L,
-                          hp["target_quantile"], hp["clip_lr"], hp["min_clip"], hp["max_clip"])
-    return thresholds.at[0].set(jnp.where(n > 0, new, thresholds[0]))
-
+  # Q L (public, the expected examples of a client's round) is static: the rule may hold it.
+  rule = functools.partial(_adp_rule,
+                           examples_per_client=float(config.local_steps * config.batch_size))
   hparams = {"sigma": sigma, "z_grad": z_grad, "stat_noise": stat_noise,
              "target_quantile": float(opts["target_quantile"]), "clip_lr": float(opts["clip_lr"]),
-             "min_clip": float(opts["min_clip"]), "max_clip": float(opts["max_clip"])}
+             "min_clip": float(opts["min_clip"]), "max_clip": float(opts["max_clip"]),
+             "clip": config.clip}
   return build_dpsgd_family(
-      config, data, name="adp-fl", statistic="below", private=True, client_args=client_args,
-      threshold_rule=threshold_rule, init_thresholds=lambda p: jnp.array([config.clip]),
-      hparams=hparams, classes=classes, class_names=("all",), mechanism=mech, opts=opts)
+      config, data, name="adp-fl", statistic="below", private=True, client_args=_adp_args,
+      threshold_rule=rule, init_thresholds=init_clip_bound, hparams=hparams, classes=classes,
+      class_names=("all",), mechanism=mech, opts=opts)

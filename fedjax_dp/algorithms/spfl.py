@@ -42,6 +42,13 @@ of the previous round's data. Its summary says ``formal_guarantee: false``
 with these reasons and prints no epsilon. ``spfl-sound``, ``dp-fl`` and
 ``adp-fl`` have a real per-class epsilon.
 
+Every algorithm here is one :class:`fedjax_dp.round.Round`
+(:func:`fedjax_dp.dpsgd.dpsgd_round`) whose numbers (noise multipliers,
+betas, bounds, the threshold rules' rates, learning rates, the clients'
+privacy classes) are in the Setup's ``hparams``: runs that differ only in
+numbers share one compilation. The family takes no Byzantine clients, no
+attack and no other aggregator (the mean weighted by ``weighting``).
+
 Options (``--set name=value``): ``high_fraction`` (0.5), ``beta_high`` (1.0),
 ``beta_low`` (0.9), ``example_sampling`` ("fixed", accounted with RDP, or
 "poisson", accounted with PLD: ``--accountant pld``),
@@ -55,17 +62,18 @@ examples per client), ``low_cap`` (spfl-sound; default ``clip``),
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp import aggregators, objectives
-from fedjax_dp.algorithms import Setup, read_options
+from fedjax_dp import objectives
+from fedjax_dp.algorithms import Setup, cached_round, common_hparams, read_options
 from fedjax_dp.algorithms.dp_fedavg import make_model
-from fedjax_dp.client import make_optimizer
-from fedjax_dp.dpsgd import EXAMPLE_SAMPLINGS, DPSGDProgram, dp_args, dp_sgd, mean_initial_norm
+from fedjax_dp.dpsgd import (EXAMPLE_SAMPLINGS, DPSGDPieces, dp_args, dp_sgd, dpsgd_round,
+                             mean_initial_norm)
 from fedjax_dp.errors import ConfigError, check, check_choice
 from fedjax_dp.privacy import NonPrivate
 from fedjax_dp.privacy.example_level import (ExampleDPSGDMechanism, ExampleLevelAccounting,
@@ -171,54 +179,95 @@ def _class_mean(values, mask, weight):
   return jnp.sum(values * w), jnp.sum(w)
 
 
+def check_no_byzantine(config) -> None:
+  """The family takes no Byzantine clients, attack or robust aggregator (one-line ConfigErrors)."""
+  check(config.byzantine == 0, "byzantine", config.byzantine,
+        "must be 0: the DP-SGD family (example-level DP) does not take Byzantine clients yet")
+  check(str(config.attack).replace("-", "_") == "none", "attack", config.attack,
+        "must be 'none': the DP-SGD family (example-level DP) does not take Byzantine clients yet")
+  check(config.aggregator in (None, "mean"), "aggregator", config.aggregator,
+        "must be unset or 'mean': the DP-SGD family averages the clients' models (a mean "
+        "weighted by weighting)")
+
+
 def build_dpsgd_family(config, data, *, name: str, statistic: str, private: bool,
                        client_args: Callable, threshold_rule: Callable,
                        init_thresholds: Callable, hparams: dict, classes: list,
                        class_names: tuple, mechanism, opts: dict,
                        client_class: Optional[np.ndarray] = None,
                        data_dependent_noise: bool = False) -> Setup:
-  """Shared builder: model, local DP-SGD, sampler, program and per-class accounting.
+  """Shared builder: model, local DP-SGD, the round, sampler, hparams and per-class accounting.
+
+  ``client_args``, ``threshold_rule`` and ``init_thresholds`` (see
+  :func:`fedjax_dp.dpsgd.dpsgd_round`) belong to the algorithm ``name`` and
+  read every number from ``hp``: the round is cached by its static structure
+  (:func:`fedjax_dp.algorithms.cached_round`), so a later build with other
+  numbers reuses the first build's functions. ``hparams`` holds the
+  algorithm's numbers (added to :func:`fedjax_dp.algorithms.common_hparams`,
+  with ``client_lr`` and ``client_class``).
 
   ``data_dependent_noise`` (published SP-FL only) lets a client with an
   infinite clip bound scale its noise by its own batch's gradient norms; a
   build that asks for it may not claim a formal guarantee for any class.
   """
-  del name
   if data_dependent_noise:
     check(not any(c.formal_guarantee for c in classes), "data_dependent_noise", True,
           "noise scaled by the batch's own gradient norms has no sensitivity bound: no class "
           "of such a run may claim a formal guarantee")
+  check_no_byzantine(config)
   if config.sampling == "fixed":
     check(config.cohort_size <= data.num_clients, "cohort_size", config.cohort_size,
           f"must be <= the population ({data.num_clients} clients)")
   model = make_model(config, data)
-  objective = objectives.supervised(model.apply)
   max_examples = int(data.x.shape[1])
   sampling = opts["example_sampling"]
   check(config.batch_size <= int(data.counts.min()), "batch_size", config.batch_size,
         f"must be <= the smallest client's examples ({int(data.counts.min())}): the per-step "
         "sampling rate L / |D_n| is at most 1")
-  local_train = dp_sgd(objective, make_optimizer(config.client_optimizer, config.client_lr),
-                       config.local_steps, config.batch_size, max_examples, sampling,
-                       example_capacity(config, data, sampling), statistic, private,
-                       data_dependent_noise)
+  capacity = example_capacity(config, data, sampling)
+  pieces = DPSGDPieces(name=name, sampling=sampling, capacity=capacity, statistic=statistic,
+                       private=private, data_dependent_noise=data_dependent_noise,
+                       class_names=tuple(class_names), weighting=config.weighting)
+  key = ("dpsgd", model, data.num_clients, max_examples, pieces, config.local_steps,
+         config.batch_size, config.client_optimizer, config.server_optimizer)
+
+  def make():
+    local_train = dp_sgd(objectives.supervised(model.apply), config.local_steps,
+                         config.batch_size, max_examples, sampling, capacity, statistic, private,
+                         data_dependent_noise)
+    return dpsgd_round(model, data.num_clients, pieces, local_train=local_train,
+                       client_optimizer=config.client_optimizer,
+                       server_optimizer=config.server_optimizer, client_args=client_args,
+                       threshold_rule=threshold_rule, init_thresholds=init_thresholds)
+
+  rnd = cached_round(key, make)
   sampler = make_sampler(config.sampling, data.num_clients, config.seed, config.sampling_prob,
                          config.cohort_size, config.capacity)
   if client_class is None:
     client_class = np.zeros(data.num_clients, np.int32)
-  program = DPSGDProgram(
-      model=model, local_train=local_train, aggregator=aggregators.mean("realized"),
-      server_optimizer=make_optimizer(config.server_optimizer, config.server_lr),
-      mechanism=mechanism, client_class=jnp.asarray(client_class),
-      client_args=client_args, threshold_rule=threshold_rule, init_thresholds=init_thresholds,
-      hparams=hparams, weighting=config.weighting, class_names=class_names)
+  hp = common_hparams(config, opts, client_lr=config.client_lr, **hparams)
+  hp["client_class"] = np.asarray(client_class, np.int32)
   accounting = ExampleLevelAccounting(classes, data.counts, config.delta, config.accountant)
-  return Setup(program, sampler, accounting)
+  # The per-step record, for the summary's noise_multiplier (the engine reads
+  # ``accounting.mechanism``); the per-class ledgers above do the accounting.
+  accounting.mechanism = mechanism
+  return Setup(rnd, sampler, accounting, hp)
 
 
 def _constant_rule(thresholds, hp, stats, mask, classes):
   del hp, stats, mask, classes
   return thresholds
+
+
+def init_clip_bound(params, hp):
+  """``[C]``: the data-independent starting bound ``config.clip`` (``hp["clip"]``)."""
+  del params
+  return jnp.reshape(hp["clip"], (1,))
+
+
+def _one_clip_args(thresholds, hp, cls):
+  """One class: every client gets the bound ``thresholds[0]`` and multiplier ``hp["sigma"]``."""
+  return dp_args(jnp.full(cls.shape, thresholds[0]), 1.0, hp["sigma"])
 
 
 def build_dp_fl(config, data) -> Setup:
@@ -229,14 +278,21 @@ def build_dp_fl(config, data) -> Setup:
   ids = tuple(range(data.num_clients))
   classes = [PrivacyClass("all", ids, mech if sigma > 0 else None,
                           "" if sigma > 0 else "noise_multiplier=0: clipping only")]
-
-  def client_args(thresholds, hp, cls):
-    return dp_args(jnp.full(cls.shape, thresholds[0]), 1.0, hp["sigma"])
-
   return build_dpsgd_family(
-      config, data, name="dp-fl", statistic="none", private=True, client_args=client_args,
-      threshold_rule=_constant_rule, init_thresholds=lambda p: jnp.array([config.clip]),
-      hparams={"sigma": sigma}, classes=classes, class_names=("all",), mechanism=mech, opts=opts)
+      config, data, name="dp-fl", statistic="none", private=True, client_args=_one_clip_args,
+      threshold_rule=_constant_rule, init_thresholds=init_clip_bound,
+      hparams={"sigma": sigma, "clip": config.clip}, classes=classes, class_names=("all",),
+      mechanism=mech, opts=opts)
+
+
+def _nodp_args(thresholds, hp, cls):
+  del thresholds, hp
+  return dp_args(jnp.full(cls.shape, jnp.inf), 1.0, 0.0)
+
+
+def _no_thresholds(params, hp):
+  del params, hp
+  return jnp.zeros((1,), jnp.float32)
 
 
 def build_nodp_fl(config, data) -> Setup:
@@ -244,14 +300,9 @@ def build_nodp_fl(config, data) -> Setup:
   opts = options(config)
   ids = tuple(range(data.num_clients))
   classes = [PrivacyClass("all", ids, None, "non-private: no clipping and no noise")]
-
-  def client_args(thresholds, hp, cls):
-    del thresholds, hp
-    return dp_args(jnp.full(cls.shape, jnp.inf), 1.0, 0.0)
-
   return build_dpsgd_family(
-      config, data, name="nodp-fl", statistic="none", private=False, client_args=client_args,
-      threshold_rule=_constant_rule, init_thresholds=lambda p: jnp.zeros((1,)), hparams={},
+      config, data, name="nodp-fl", statistic="none", private=False, client_args=_nodp_args,
+      threshold_rule=_constant_rule, init_thresholds=_no_thresholds, hparams={},
       classes=classes, class_names=(), mechanism=NonPrivate(), opts=opts)
 
 
@@ -264,6 +315,51 @@ def _spfl_common(config, data):
   return opts, sigma, cls, high_ids, low_ids
 
 
+def run_init_key(seed: int) -> jax.Array:
+  """The key :func:`fedjax_dp.engine.run` draws the initial model with (``seed``'s first split)."""
+  return jax.random.split(jax.random.PRNGKey(seed))[0]
+
+
+@functools.lru_cache(maxsize=16)
+def _initial_norm_fn(model, per_client: int):
+  """Jitted :func:`mean_initial_norm` of ``model`` (compiled once per model and data shape)."""
+  objective = objectives.supervised(model.apply)
+  return jax.jit(lambda p, x, y, n: mean_initial_norm(objective, p, x, y, n, per_client))
+
+
+def initial_spfl_threshold(model, data, seed: int, per_client: int) -> float:
+  """SP-FL's initial high-class threshold (Sec. 2.1): the mean initial per-example gradient norm
+  of all clients, at the run's initial model (:func:`run_init_key`), over each client's first
+  ``per_client`` examples. It reads the raw data: not private.
+
+  Computed on the host by the builder (into ``hp["init_clip_high"]``), so the
+  round itself holds no data and is shared by every run of the same shapes.
+  """
+  params = model.init(run_init_key(seed))
+  fn = _initial_norm_fn(model, int(per_client))
+  return float(fn(params, data.x[:, :per_client], data.y[:, :per_client], data.counts))
+
+
+def _spfl_init(params, hp):
+  del params
+  return jnp.stack([jnp.asarray(hp["init_clip_high"], jnp.float32), _inf()])
+
+
+def _spfl_args(thresholds, hp, c):
+  high = c == HIGH
+  return dp_args(jnp.where(high, thresholds[0], jnp.inf),
+                 jnp.where(high, 1.0, hp["beta_low"]), hp["sigma"])
+
+
+def _spfl_rule(thresholds, hp, stats, mask, c):
+  # Eq. 5: C_{t+1,h} = beta_h * mean per-example gradient norm of the round (high clients).
+  hi = (c == HIGH).astype(jnp.float32)
+  s, _ = _class_mean(stats.norm_sum, mask, hi)
+  e, _ = _class_mean(stats.examples, mask, hi)
+  new = jnp.where(e > 0, hp["beta_high"] * s / jnp.maximum(e, 1.0), thresholds[0])
+  return thresholds.at[0].set(new)
+
+
 def build_spfl(config, data) -> Setup:
   """SP-FL as published (Wu and Li 2024, Eqs. 5 and 7): no formal DP guarantee."""
   opts, sigma, cls, high_ids, low_ids = _spfl_common(config, data)
@@ -271,35 +367,40 @@ def build_spfl(config, data) -> Setup:
              PrivacyClass("low", low_ids, None, REASON_LOW)]
   # Nominal record: the noise multiplier in use. There is no accounted event.
   mech = example_mechanism(config, data, opts, sigma, sigma, formal_guarantee=False)
-  objective = objectives.supervised(make_model(config, data).apply)
-  per_client = int(opts["init_norm_examples"])
-
-  def init_thresholds(params):
-    # Sec. 2.1: the mean of all clients' initial per-example gradient norms (raw data).
-    fn = jax.jit(lambda p, x, y, n: mean_initial_norm(objective, p, x, y, n, per_client))
-    c0 = fn(params, data.x[:, :per_client], data.y[:, :per_client], data.counts)
-    return jnp.stack([c0, _inf()])
-
-  def client_args(thresholds, hp, c):
-    high = c == HIGH
-    return dp_args(jnp.where(high, thresholds[0], jnp.inf),
-                   jnp.where(high, 1.0, hp["beta_low"]), hp["sigma"])
-
-  def threshold_rule(thresholds, hp, stats, mask, c):
-    # Eq. 5: C_{t+1,h} = beta_h * mean per-example gradient norm of the round (high clients).
-    hi = (c == HIGH).astype(jnp.float32)
-    s, _ = _class_mean(stats.norm_sum, mask, hi)
-    e, _ = _class_mean(stats.examples, mask, hi)
-    new = jnp.where(e > 0, hp["beta_high"] * s / jnp.maximum(e, 1.0), thresholds[0])
-    return thresholds.at[0].set(new)
-
+  c0 = initial_spfl_threshold(make_model(config, data), data, config.seed,
+                              int(opts["init_norm_examples"]))
   return build_dpsgd_family(
-      config, data, name="spfl", statistic="none", private=True, client_args=client_args,
-      threshold_rule=threshold_rule, init_thresholds=init_thresholds,
+      config, data, name="spfl", statistic="none", private=True, client_args=_spfl_args,
+      threshold_rule=_spfl_rule, init_thresholds=_spfl_init,
       hparams={"sigma": sigma, "beta_high": float(opts["beta_high"]),
-               "beta_low": float(opts["beta_low"])},
+               "beta_low": float(opts["beta_low"]), "init_clip_high": c0},
       classes=classes, class_names=("high", "low"), mechanism=mech, opts=opts, client_class=cls,
       data_dependent_noise=True)
+
+
+def _sound_init(params, hp):
+  """Data-independent start: ``config.clip`` for the high class, ``low_cap`` for the low class."""
+  del params
+  return jnp.stack([jnp.asarray(hp["clip"], jnp.float32), jnp.asarray(hp["low_cap"], jnp.float32)])
+
+
+def _sound_args(thresholds, hp, c):
+  high = c == HIGH
+  return dp_args(jnp.where(high, thresholds[0], hp["low_cap"]),
+                 jnp.where(high, 1.0, hp["beta_low"]),
+                 jnp.where(high, hp["z_grad"], hp["sigma"]),
+                 jnp.where(high, hp["stat_noise"], 0.0), hp["stat_bound"])
+
+
+def _sound_rule(thresholds, hp, stats, mask, c, *, examples_per_client: float):
+  # Only the high clients' noisy statistics are used (low clients upload none).
+  hi = (c == HIGH).astype(jnp.float32)
+  s, n = _class_mean(stats.stat_sum, mask, hi)
+  expected = n * examples_per_client  # public: cohort membership, Q and L
+  mean_norm = hp["stat_bound"] * (0.5 + s / jnp.maximum(expected, 1.0))
+  mean_norm = jnp.clip(mean_norm, hp["min_clip"], hp["stat_bound"])
+  new = jnp.where(n > 0, hp["beta_high"] * mean_norm, thresholds[0])
+  return thresholds.at[0].set(new)
 
 
 def build_spfl_sound(config, data) -> Setup:
@@ -317,33 +418,14 @@ def build_spfl_sound(config, data) -> Setup:
       PrivacyClass("low", low_ids, low_mech,
                    "proportional scaling by beta_low under the data-independent cap low_cap; "
                    "noise sigma * low_cap")]
-  L, Q = float(config.batch_size), float(config.local_steps)
-
-  def client_args(thresholds, hp, c):
-    high = c == HIGH
-    return dp_args(jnp.where(high, thresholds[0], hp["low_cap"]),
-                   jnp.where(high, 1.0, hp["beta_low"]),
-                   jnp.where(high, hp["z_grad"], hp["sigma"]),
-                   jnp.where(high, hp["stat_noise"], 0.0), hp["stat_bound"])
-
-  def threshold_rule(thresholds, hp, stats, mask, c):
-    # Only the high clients' noisy statistics are used (low clients upload none).
-    hi = (c == HIGH).astype(jnp.float32)
-    s, n = _class_mean(stats.stat_sum, mask, hi)
-    expected = n * Q * L  # public: cohort membership, Q and L
-    mean_norm = hp["stat_bound"] * (0.5 + s / jnp.maximum(expected, 1.0))
-    mean_norm = jnp.clip(mean_norm, hp["min_clip"], hp["stat_bound"])
-    new = jnp.where(n > 0, hp["beta_high"] * mean_norm, thresholds[0])
-    return thresholds.at[0].set(new)
-
+  # Q L is static (shapes of the round's scan and batches), so the rule may hold it.
+  rule = functools.partial(_sound_rule,
+                           examples_per_client=float(config.local_steps * config.batch_size))
   hparams = {"sigma": sigma, "z_grad": z_grad, "stat_noise": stat_noise,
              "beta_high": float(opts["beta_high"]), "beta_low": float(opts["beta_low"]),
              "low_cap": opts["low_cap"], "stat_bound": opts["stat_bound"],
-             "min_clip": float(opts["min_clip"])}
+             "min_clip": float(opts["min_clip"]), "clip": config.clip}
   return build_dpsgd_family(
-      config, data, name="spfl-sound", statistic="norm", private=True, client_args=client_args,
-      threshold_rule=threshold_rule,
-      init_thresholds=lambda p: jnp.array([config.clip, opts["low_cap"]]),
-      hparams=hparams, classes=classes, class_names=("high", "low"), mechanism=high_mech,
-      opts=opts, client_class=cls)
-
+      config, data, name="spfl-sound", statistic="norm", private=True, client_args=_sound_args,
+      threshold_rule=rule, init_thresholds=_sound_init, hparams=hparams, classes=classes,
+      class_names=("high", "low"), mechanism=high_mech, opts=opts, client_class=cls)

@@ -78,8 +78,9 @@ SPFL_OPTIONS = {"high_fraction": 0.5, "beta_high": 0.2, "beta_low": 0.2}
 
 
 def _enable_compile_cache():
-  """JAX's persistent compilation cache: runs that differ only in settings kept in the state
-  (noise, betas, seeds) reuse one compilation."""
+  """JAX's persistent compilation cache. Within one process, runs that differ only in numbers
+  (noise, betas, clip bounds, learning rates, seeds) share one round and one compilation (their
+  numbers are ``hparams``); the persistent cache also reuses it across processes."""
   import jax
   d = os.environ.get("FEDJAX_DP_JAX_CACHE") or os.path.join(tempfile.gettempdir(),
                                                              "fedjax_dp_jax_cache")
@@ -118,14 +119,16 @@ def _run_one(cfg, data, out_dir, train_eval):
   from fedjax_dp.algorithms import build
   from fedjax_dp.engine import run
   setup = build(cfg, data)
-  res = run(setup.program, data, setup.sampler, cfg.rounds, seed=cfg.seed,
+  res = run(setup.program, data, setup.sampler, cfg.rounds, hparams=setup.hparams, seed=cfg.seed,
             accounting=setup.accounting, eval_every=cfg.eval_every, output_dir=str(out_dir),
             progress=False, config=cfg.to_dict(), placement=cfg.placement)
   err, loss = _train_error(setup.program.model, setup.program.eval_params(res.state), data,
                            train_eval)
   s = res.summary
+  # sigma: the DP methods' calibrated multiplier (nominal for published spfl); none for nodp-fl.
+  sigma = setup.hparams.get("sigma")
   s.update(train_error=err, train_loss=loss,
-           noise_multiplier=getattr(setup.program.mechanism, "noise_multiplier", None))
+           noise_multiplier=None if sigma is None else float(sigma))
   (pathlib.Path(out_dir) / "summary.json").write_text(json.dumps(s, indent=2, default=str) + "\n")
   return s
 
