@@ -134,7 +134,7 @@ def summarize_round(metrics: dict, clip: Optional[float], released_metrics=()) -
 
 def clip_bound(program, hparams) -> Optional[float]:
   """The L2 bound of the round's clip transform (for ``fraction_clipped``), or None."""
-  bound = getattr(getattr(program, "describe", None), "bound", None)
+  bound = getattr(program.client, "bound", None)
   return None if bound is None else float(hparams[bound])
 
 

@@ -113,6 +113,37 @@ def client_weights(weighting: str, batch: CohortBatch) -> jax.Array:
           else batch.counts.astype(jnp.float32))
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Piece:
+  """A piece of the round built from hyper-parameters, with what it declares about privacy.
+
+  Privacy travels with the pieces (as jax-privacy's bounded-sensitivity
+  callables do): the run's mechanism is derived from what the client and the
+  aggregator that actually run declare, never from the configuration
+  (:func:`fedjax_dp.privacy.mechanisms.user_level_mechanism`). A plain
+  callable declares nothing, so a round built from one claims no guarantee.
+
+  Attributes:
+    make: ``hp -> piece`` (a client function or an ``Aggregator``).
+    name: a short name for reports.
+    bound: client: the ``hp`` key of the L2 bound every released update
+      satisfies (None: unbounded).
+    noise: aggregator: the ``hp`` key of the bound its Gaussian noise is
+      scaled to (std ``hp["noise_multiplier"] * hp[noise]`` on the weighted
+      sum; None: no noise).
+    public_denominator: aggregator: divides the noisy sum by a public number.
+  """
+
+  make: Callable
+  name: str = ""
+  bound: Optional[str] = None
+  noise: Optional[str] = None
+  public_denominator: bool = False
+
+  def __call__(self, hp):
+    return self.make(hp)
+
+
 def attack_uploads(rnd: "Round", state: RoundState, out: ClientOut, uploads, byz, mask, hp, key):
   """The default attack step: the attack replaces the Byzantine rows of the uploads."""
   del state, out

@@ -188,3 +188,78 @@ def test_realized_denominator_with_poisson_sampling_is_refused_in_private_runs(d
                "--output-dir", "/nonexistent/never-written"]) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "denominator" in err[0]
+
+
+def _count_compiles():
+  """A list that grows by one per backend compilation while the listener is registered."""
+  from jax import monitoring
+  events = []
+
+  def listener(event, duration, **kwargs):
+    if event == "/jax/core/compile/backend_compile_duration":
+      events.append(event)
+
+  monitoring.register_event_duration_secs_listener(listener)
+  return events, lambda: monitoring.unregister_event_duration_listener(listener)
+
+
+@pytest.mark.parametrize("algorithm", ["dp_fedavg", "blur+lus"])
+def test_changing_hyper_parameters_does_not_recompile(digits, algorithm):
+  cfg = _config(algorithm=algorithm, rounds=2)
+  simulate(cfg, digits)  # compiles the round and the evaluation once
+  events, stop = _count_compiles()
+  try:
+    changed = cfg.replace(clip=0.2, noise_multiplier=2.5, client_lr=0.03, server_lr=0.7, seed=4,
+                          options={"lambda": 0.1, "sparsity": 0.3} if algorithm == "blur+lus" else {})
+    r = simulate(changed, digits)
+  finally:
+    stop()
+  assert events == []
+  assert r.summary["noise_multiplier"] == pytest.approx(2.5)
+  # A change of structure (the number of local steps is a shape) does compile.
+  events, stop = _count_compiles()
+  try:
+    simulate(cfg.replace(local_steps=2), digits)
+  finally:
+    stop()
+  assert len(events) >= 1
+
+
+def test_a_round_whose_pieces_do_not_add_noise_claims_no_guarantee(digits):
+  from fedjax_dp.aggregators import robust
+  from fedjax_dp.privacy.mechanisms import user_level_mechanism
+  setup = build(_config(algorithm="dp_fedavg", noise_multiplier=1.0), digits)
+  mech = user_level_mechanism(setup.program, setup.hparams, "poisson", 0.2)
+  assert mech.formal_guarantee and mech.noise_multiplier == pytest.approx(1.0)
+  # Hand-built: the same round with its noisy mean replaced by the coordinate median.
+  median = dataclasses.replace(setup.program, aggregator=lambda hp: robust.get("coordinate_median"))
+  mech = user_level_mechanism(median, setup.hparams, "poisson", 0.2)
+  assert not mech.formal_guarantee and "without noise" in mech.guarantee_note
+  # From the configuration: --aggregator coordinate_median with a target epsilon.
+  s = build(_config(algorithm="dp_fedavg", noise_multiplier=None, target_epsilon=4.0,
+                    aggregator="coordinate_median"), digits)
+  s.accounting.on_round(None)
+  rep = s.accounting.report()
+  assert rep["formal_guarantee"] is False and rep["epsilon"] is None
+  assert "coordinate_median" in rep["guarantee_note"]
+
+
+def test_dp_fedavg_with_byzantine_clients_and_a_robust_aggregator_from_the_cli(tmp_path, capsys):
+  import json
+  from fedjax_dp.cli import main
+  out = tmp_path / "byz"
+  assert main(["run", "--num-clients", "40", "--rounds", "2", "--local-steps", "2", "--model", "mlp",
+               "--byzantine", "4", "--attack", "sign_flip", "--aggregator", "trimmed_mean",
+               "--set", "trim_beta=0.2", "--output-dir", str(out), "--no-progress"]) == 0
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["config"]["byzantine"] == 4 and summary["config"]["aggregator"] == "trimmed_mean"
+  assert summary["formal_guarantee"] is False and summary["epsilon"] is None
+  assert summary["attacker_knowledge"] == "released"
+  assert "no formal DP guarantee" in capsys.readouterr().out
+  # The noised mean with attackers keeps its guarantee (the attackers read nothing honest).
+  out2 = tmp_path / "byz_mean"
+  assert main(["run", "--num-clients", "40", "--rounds", "2", "--local-steps", "2", "--model", "mlp",
+               "--byzantine", "4", "--attack", "gaussian", "--output-dir", str(out2),
+               "--no-progress"]) == 0
+  s2 = json.loads((out2 / "summary.json").read_text())
+  assert s2["formal_guarantee"] is True and s2["epsilon"] > 0

@@ -109,7 +109,7 @@ def build_fedavg_family(config, data, *, private: bool, regularizer: str = "none
       config, opts, client_lr=config.client_lr, clip=config.clip, noise_multiplier=z,
       expected_size=sampler.expected_size, **{"lambda": opts.get("lambda", 0.0),
                                               "sparsity": opts.get("sparsity", 0.0)})
-  mechanism = user_level_mechanism(pieces, hparams, config.sampling, config.sampling_prob,
+  mechanism = user_level_mechanism(rnd, hparams, config.sampling, config.sampling_prob,
                                    data.num_clients, config.cohort_size)
   # The clients' clipped updates are not released (only the noisy sum is): an attack that
   # reads the regular clients' rows reads unprotected data, whatever attacker_knowledge says.

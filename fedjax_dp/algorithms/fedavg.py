@@ -28,7 +28,7 @@ import optax
 
 from fedjax_dp import aggregators, objectives
 from fedjax_dp.client import local_sgd, make_optimizer, sample_batch
-from fedjax_dp.round import ClientOut, Round, tree_sub
+from fedjax_dp.round import ClientOut, Piece, Round, tree_sub
 from fedjax_dp.transforms import clip_l2, global_norm, identity, sparsify_by_utility
 
 # Client transforms by name: hp -> transform. BOUNDS names the hp key of the L2 bound a transform
@@ -74,21 +74,27 @@ class Pieces:
     return None
 
 
-def make_aggregator(pieces: Pieces, static: dict) -> Callable:
-  """``hp -> Aggregator`` for ``pieces.aggregator``; ``static`` holds loop counts (krum_m, ...)."""
+def make_aggregator(pieces: Pieces, static: dict) -> Piece:
+  """The :class:`fedjax_dp.round.Piece` of ``pieces.aggregator`` (``static``: loop counts).
+
+  The mean declares its noise (scaled to the clients' bound) and whether its
+  denominator is public; robust aggregators declare no noise.
+  """
   if pieces.aggregator == "mean":
+    noise_key = pieces.bound if pieces.noise else None
+
     def build(hp):
-      noise = hp["noise_multiplier"] * hp[pieces.bound] if pieces.noise else None
+      noise = hp["noise_multiplier"] * hp[noise_key] if noise_key else None
       return aggregators.robust.guard_nonfinite(
           aggregators.mean(pieces.denominator, hp["expected_size"], noise))
-    return build
+    return Piece(build, "mean", noise=noise_key, public_denominator=pieces.denominator == "expected")
 
   def build_robust(hp):
     return aggregators.robust.get(
         pieces.aggregator, num_byzantine=hp["byzantine"], trim_beta=hp["trim_beta"],
         gm_tol=hp["gm_tol"], gm_max_iter=static["gm_max_iter"], krum_m=static["krum_m"],
         cc_tau=hp["cc_tau"], cc_iters=static["cc_iters"])
-  return build_robust
+  return Piece(build_robust, pieces.aggregator)
 
 
 def lus_gradient(objective, batch_size: int, lus_batches: int):
@@ -117,8 +123,11 @@ def lus_gradient(objective, batch_size: int, lus_batches: int):
 
 
 def fedavg_client(model, pieces: Pieces, *, local_steps: int, batch_size: int,
-                  client_optimizer: str, lus_batches: int = 1) -> Callable:
+                  client_optimizer: str, lus_batches: int = 1) -> Piece:
   """``hp -> client``: Q local SGD steps (BLUR optional), then the client transforms.
+
+  The :class:`fedjax_dp.round.Piece` declares the L2 bound of what it releases
+  when its last transform is a clip.
 
   The released update is ``transforms(w_{t,Q} - w_t)``; ``norm`` is the raw
   update's norm (a diagnostic); LUS's ``sparsify`` gets the gradient of the
@@ -145,7 +154,7 @@ def fedavg_client(model, pieces: Pieces, *, local_steps: int, batch_size: int,
 
     return fn
 
-  return client
+  return Piece(client, "local_sgd+" + "+".join(pieces.transforms), bound=pieces.bound)
 
 
 def fedavg_round(model, num_clients: int, pieces: Pieces, *, local_steps: int, batch_size: int,

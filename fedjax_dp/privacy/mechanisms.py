@@ -103,34 +103,36 @@ class GaussianSumMechanism:
                                 self.num_clients, self.cohort_size)
 
 
-def user_level_mechanism(pieces, hparams: dict, sampling: str, sampling_prob=None,
+def user_level_mechanism(rnd, hparams: dict, sampling: str, sampling_prob=None,
                          num_clients=None, cohort_size=None):
-  """The mechanism a FedAvg-family round actually runs, derived from its pieces.
+  """The mechanism a round actually runs, derived from what its pieces declare.
 
-  A guarantee needs both halves: a transform that bounds each released
-  update's L2 norm (the *last* client transform, see
-  :attr:`fedjax_dp.algorithms.fedavg.Pieces.bound`) and a mean that adds
-  Gaussian noise scaled to that bound, with uniform weights and a public
-  denominator. Then the round is :class:`GaussianSumMechanism` with the bound
-  and the noise multiplier read from ``hparams`` (the float32 values the
+  A guarantee needs both halves: a client piece that declares an L2 bound on
+  every update it releases (:attr:`fedjax_dp.round.Piece.bound`) and an
+  aggregator piece that adds Gaussian noise scaled to that same bound to the
+  sum (:attr:`fedjax_dp.round.Piece.noise`), with uniform weights and a
+  public denominator. Then the round is :class:`GaussianSumMechanism` with the
+  bound and the noise multiplier read from ``hparams`` (the float32 values the
   compiled round uses, so the ledger accounts exactly the noise that runs);
-  otherwise it is
-  :class:`NonPrivate` with the reason, whatever the configuration says about
-  noise or target epsilon (a median of clipped updates, noise on unbounded
-  updates, and so on).
+  otherwise it is :class:`NonPrivate` with the reason, whatever the
+  configuration says about noise or target epsilon (a median of clipped
+  updates, noise on unbounded updates, a hand-built aggregator that declares
+  nothing, and so on).
   """
-  bound = pieces.bound
-  what = f"the {pieces.aggregator} of the cohort's {'clipped ' if bound else ''}updates"
-  if not pieces.noise:
+  bound = getattr(rnd.client, "bound", None)
+  noise = getattr(rnd.aggregator, "noise", None)
+  name = getattr(rnd.aggregator, "name", "") or "aggregate"
+  what = f"the {name} of the cohort's {'clipped ' if bound else ''}updates"
+  if noise is None:
     return NonPrivate(guarantee_note=f"{what} is released without noise: no differential privacy "
                                      "guarantee")
-  if bound is None:
-    return NonPrivate(guarantee_note="noise is added but no transform bounds each released update's "
-                                     "L2 norm: the sum's sensitivity is unbounded, no guarantee")
-  if pieces.weighting != "uniform":
+  if bound is None or noise != bound:
+    return NonPrivate(guarantee_note="noise is added but it is not scaled to an L2 bound the clients' "
+                                     "released updates satisfy: unbounded sensitivity, no guarantee")
+  if rnd.weighting != "uniform":
     return NonPrivate(guarantee_note="clients are weighted by their example counts: the sum's "
                                      "sensitivity is not the clip bound, no guarantee")
-  if pieces.denominator == "realized" and sampling == "poisson":
+  if not getattr(rnd.aggregator, "public_denominator", False) and sampling == "poisson":
     return NonPrivate(guarantee_note="the realized cohort size divides the noisy sum: an unnoised "
                                      "statistic of the Poisson draw is released, no guarantee")
   return GaussianSumMechanism(float(hparams[bound]), float(hparams["noise_multiplier"]), sampling,
