@@ -15,13 +15,13 @@ import pathlib
 import typing
 from typing import Any, Mapping, Optional
 
+from fedjax_dp.aggregators.base import DENOMINATORS
+from fedjax_dp.engine import PLACEMENTS
 from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit, check_positive
+from fedjax_dp.privacy.ledger import ACCOUNTANTS
+from fedjax_dp.round import WEIGHTINGS
+from fedjax_dp.sampling import SAMPLINGS
 
-ACCOUNTANTS = ("rdp", "pld")
-DENOMINATORS = ("realized", "expected")
-SAMPLINGS = ("poisson", "fixed")
-WEIGHTINGS = ("uniform", "examples")
-PLACEMENTS = ("device", "host")
 DEFAULT_MODELS = {"digits": "digits_cnn", "mnist": "cnn2", "fashion_mnist": "cnn2", "emnist": "cnn2",
                   "cifar10": "cnn2"}
 

@@ -263,3 +263,32 @@ def test_dp_fedavg_with_byzantine_clients_and_a_robust_aggregator_from_the_cli(t
                "--no-progress"]) == 0
   s2 = json.loads((out2 / "summary.json").read_text())
   assert s2["formal_guarantee"] is True and s2["epsilon"] > 0
+
+
+@pytest.mark.parametrize("algorithm", ["dp_fedavg", "dp-rsa-f"])
+def test_the_round_vmaps_over_an_experiment_axis(digits, algorithm):
+  # Hyper-parameters are data: experiments with different numbers and seeds run as one vmap.
+  from fedjax_dp.round import step
+  if algorithm == "dp_fedavg":
+    setup = build(_config(algorithm=algorithm, noise_multiplier=1.0), digits)
+    changes = [{"clip": 0.3, "noise_multiplier": 0.5, "client_lr": 0.1},
+               {"clip": 0.8, "noise_multiplier": 2.0, "client_lr": 0.02}]
+  else:
+    setup = build(_config(algorithm=algorithm, noise_multiplier=None, target_epsilon=None, byzantine=3,
+                          attack="sign_flip", options={"keep_prob": 0.7}), digits)
+    changes = [{"keep_prob": 0.6, "lambda": 0.05}, {"keep_prob": 0.9, "lambda": 0.01}]
+  rnd = setup.program
+  hps = [{k: jnp.asarray(c.get(k, v), jnp.asarray(v).dtype) for k, v in setup.hparams.items()}
+         for c in changes]
+  keys = [jax.random.PRNGKey(1), jax.random.PRNGKey(2)]
+  batch = _batch(digits, [4, 9, 17, 58], [1, 1, 1, 1])
+  states = [rnd.init(jax.random.PRNGKey(i), hp) for i, hp in enumerate(hps)]
+  single = [compiled_step(rnd, "host")(s, hp, batch, k)[0] for s, hp, k in zip(states, hps, keys)]
+  stack = lambda trees: jax.tree_util.tree_map(lambda *v: jnp.stack(v), *trees)
+  together, _ = jax.jit(jax.vmap(lambda s, hp, k: step(rnd, s, hp, batch, k)))(
+      stack(states), stack(hps), jnp.stack(keys))
+  for i, one in enumerate(single):
+    for a, b in zip(jax.tree_util.tree_leaves(one.params), jax.tree_util.tree_leaves(together.params)):
+      np.testing.assert_allclose(a, b[i], rtol=1e-5, atol=1e-6)
+  assert not np.allclose(jax.tree_util.tree_leaves(single[0].params)[0],
+                         jax.tree_util.tree_leaves(single[1].params)[0])

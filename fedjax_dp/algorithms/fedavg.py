@@ -38,8 +38,6 @@ TRANSFORMS = {
     "clip": lambda hp: clip_l2(hp["clip"]),
 }
 BOUNDS = {"clip": "clip"}
-ROBUST = ("coordinate_median", "trimmed_mean", "geometric_median", "krum", "centered_clipping",
-          "sign_vote", "sign_sum")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,8 +16,8 @@ import dp_accounting
 
 from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit, check_positive
 from fedjax_dp.privacy.ledger import ACCOUNTANTS, check_supported, make_accountant, quiet_accounting
+from fedjax_dp.sampling import SAMPLINGS
 
-SAMPLINGS = ("poisson", "fixed")
 RELATIONS = {"poisson": "add_remove", "fixed": "replace_one"}
 
 

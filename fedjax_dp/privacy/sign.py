@@ -45,9 +45,9 @@ import dp_accounting
 import numpy as np
 
 from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit
+from fedjax_dp.transforms.sign import NORMS
 
 PRIVACY_UNIT = "worker (all of one worker's local data)"
-NORMS = ("linf", "l2")
 
 
 def _check_rdp(accountant: str) -> None:
