@@ -207,16 +207,7 @@ def get(name: str, *, sigma: float = 1e4, scale: float = -5.0, alie_z: Optional[
   """An attack by name (one of :data:`ATTACKS`); "-" may stand for "_" (``sign-flip``)."""
   name = str(name).replace("-", "_")
   check_choice("attack", name, ATTACKS)
-  if name == "none":
-    return none()
-  if name == "gaussian":
-    return gaussian(sigma)
-  if name == "sign_flip":
-    return sign_flip(scale)
-  if name == "sample_duplication":
-    return sample_duplication()
-  if name == "alie":
-    return alie(alie_z)
-  if name == "ipm":
-    return ipm(ipm_epsilon)
-  return nonfinite(nonfinite_value)
+  makers = {"none": none, "gaussian": lambda: gaussian(sigma), "sign_flip": lambda: sign_flip(scale),
+            "sample_duplication": sample_duplication, "alie": lambda: alie(alie_z),
+            "ipm": lambda: ipm(ipm_epsilon), "nonfinite": lambda: nonfinite(nonfinite_value)}
+  return makers[name]()

@@ -29,16 +29,13 @@ clamp of the bound; the initial bound is ``config.clip``. Every number
 
 from __future__ import annotations
 
-import functools
-
 import jax.numpy as jnp
 
 from fedjax_dp.algorithms import Setup
 from fedjax_dp.algorithms.spfl import (build_dpsgd_family, example_mechanism, init_clip_bound,
-                                       options, resolve_sigma)
+                                       options, resolve_sigma, statistic_budget)
 from fedjax_dp.dpsgd import dp_args
-from fedjax_dp.errors import check
-from fedjax_dp.privacy.example_level import PrivacyClass, split_noise_multiplier
+from fedjax_dp.privacy.example_level import PrivacyClass
 
 
 def quantile_update(clip, stat_sum, expected, target_quantile, clip_lr, min_clip=0.0,
@@ -59,10 +56,10 @@ def _adp_args(thresholds, hp, cls):
   return dp_args(jnp.full(cls.shape, thresholds[0]), 1.0, hp["z_grad"], hp["stat_noise"])
 
 
-def _adp_rule(thresholds, hp, stats, mask, cls, *, examples_per_client: float):
+def _adp_rule(thresholds, hp, stats, mask, cls):
   del cls
   n = jnp.sum(mask)
-  new = quantile_update(thresholds[0], jnp.sum(stats.stat_sum * mask), n * examples_per_client,
+  new = quantile_update(thresholds[0], jnp.sum(stats.stat_sum * mask), n * hp["examples_per_round"],
                         hp["target_quantile"], hp["clip_lr"], hp["min_clip"], hp["max_clip"])
   return thresholds.at[0].set(jnp.where(n > 0, new, thresholds[0]))
 
@@ -71,21 +68,16 @@ def build_adp_fl(config, data) -> Setup:
   """ADP-FL: example-level DP-SGD with a private geometric quantile clip bound."""
   opts = options(config)
   sigma = resolve_sigma(config, data, opts)
-  check(sigma > 0, "noise_multiplier", sigma, "must be > 0 for adp-fl")
-  stat_noise = float(opts["stat_noise_ratio"]) * sigma
-  z_grad = split_noise_multiplier(sigma, stat_noise)
+  stat_noise, z_grad = statistic_budget(sigma, opts, "adp-fl")
   mech = example_mechanism(config, data, opts, sigma, z_grad, stat_noise)
   classes = [PrivacyClass("all", tuple(range(data.num_clients)), mech,
                           "adaptive clip bound from noisy per-example quantile bits (accounted: "
                           "the gradient and the bits share the step's multiplier z)")]
-  # Q L (public, the expected examples of a client's round) is static: the rule may hold it.
-  rule = functools.partial(_adp_rule,
-                           examples_per_client=float(config.local_steps * config.batch_size))
   hparams = {"sigma": sigma, "z_grad": z_grad, "stat_noise": stat_noise,
              "target_quantile": float(opts["target_quantile"]), "clip_lr": float(opts["clip_lr"]),
              "min_clip": float(opts["min_clip"]), "max_clip": float(opts["max_clip"]),
              "clip": config.clip}
   return build_dpsgd_family(
       config, data, name="adp-fl", statistic="below", private=True, client_args=_adp_args,
-      threshold_rule=rule, init_thresholds=init_clip_bound, hparams=hparams, classes=classes,
+      threshold_rule=_adp_rule, init_thresholds=init_clip_bound, hparams=hparams, classes=classes,
       class_names=("all",), mechanism=mech, opts=opts)

@@ -245,7 +245,9 @@ def build_dpsgd_family(config, data, *, name: str, statistic: str, private: bool
                          config.cohort_size, config.capacity)
   if client_class is None:
     client_class = np.zeros(data.num_clients, np.int32)
-  hp = common_hparams(config, opts, client_lr=config.client_lr, **hparams)
+  # Q L: the expected examples behind one client's round (public), for the threshold rules.
+  hp = common_hparams(config, opts, client_lr=config.client_lr,
+                      examples_per_round=float(config.local_steps * config.batch_size), **hparams)
   hp["client_class"] = np.asarray(client_class, np.int32)
   accounting = ExampleLevelAccounting(classes, data.counts, config.delta, config.accountant)
   # The per-step record, for the summary's noise_multiplier (the engine reads
@@ -392,23 +394,29 @@ def _sound_args(thresholds, hp, c):
                  jnp.where(high, hp["stat_noise"], 0.0), hp["stat_bound"])
 
 
-def _sound_rule(thresholds, hp, stats, mask, c, *, examples_per_client: float):
+def _sound_rule(thresholds, hp, stats, mask, c):
   # Only the high clients' noisy statistics are used (low clients upload none).
   hi = (c == HIGH).astype(jnp.float32)
   s, n = _class_mean(stats.stat_sum, mask, hi)
-  expected = n * examples_per_client  # public: cohort membership, Q and L
+  expected = n * hp["examples_per_round"]  # public: cohort membership, Q and L
   mean_norm = hp["stat_bound"] * (0.5 + s / jnp.maximum(expected, 1.0))
   mean_norm = jnp.clip(mean_norm, hp["min_clip"], hp["stat_bound"])
   new = jnp.where(n > 0, hp["beta_high"] * mean_norm, thresholds[0])
   return thresholds.at[0].set(new)
 
 
+def statistic_budget(sigma: float, opts: dict, algorithm: str):
+  """``(stat_noise, z_grad)``: the norm statistic's noise (``stat_noise_ratio * sigma``) and the
+  gradient's multiplier when both share the step's ``sigma`` (Andrew et al. 2021, Sec. 3)."""
+  check(sigma > 0, "noise_multiplier", sigma, f"must be > 0 for {algorithm}")
+  stat_noise = float(opts["stat_noise_ratio"]) * sigma
+  return stat_noise, split_noise_multiplier(sigma, stat_noise)
+
+
 def build_spfl_sound(config, data) -> Setup:
   """SP-FL with privatised thresholds and a data-independent low-class cap: a real epsilon per class."""
   opts, sigma, cls, high_ids, low_ids = _spfl_common(config, data)
-  check(sigma > 0, "noise_multiplier", sigma, "must be > 0 for spfl-sound")
-  stat_noise = float(opts["stat_noise_ratio"]) * sigma
-  z_grad = split_noise_multiplier(sigma, stat_noise)
+  stat_noise, z_grad = statistic_budget(sigma, opts, "spfl-sound")
   high_mech = example_mechanism(config, data, opts, sigma, z_grad, stat_noise)
   low_mech = example_mechanism(config, data, opts, sigma, sigma)
   classes = [
@@ -418,14 +426,11 @@ def build_spfl_sound(config, data) -> Setup:
       PrivacyClass("low", low_ids, low_mech,
                    "proportional scaling by beta_low under the data-independent cap low_cap; "
                    "noise sigma * low_cap")]
-  # Q L is static (shapes of the round's scan and batches), so the rule may hold it.
-  rule = functools.partial(_sound_rule,
-                           examples_per_client=float(config.local_steps * config.batch_size))
   hparams = {"sigma": sigma, "z_grad": z_grad, "stat_noise": stat_noise,
              "beta_high": float(opts["beta_high"]), "beta_low": float(opts["beta_low"]),
              "low_cap": opts["low_cap"], "stat_bound": opts["stat_bound"],
              "min_clip": float(opts["min_clip"]), "clip": config.clip}
   return build_dpsgd_family(
       config, data, name="spfl-sound", statistic="norm", private=True, client_args=_sound_args,
-      threshold_rule=rule, init_thresholds=_sound_init, hparams=hparams, classes=classes,
+      threshold_rule=_sound_rule, init_thresholds=_sound_init, hparams=hparams, classes=classes,
       class_names=("high", "low"), mechanism=high_mech, opts=opts, client_class=cls)

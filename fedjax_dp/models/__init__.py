@@ -108,9 +108,10 @@ def _build(name, num_classes, conv_impl, kwargs):
   if name == "rsa_mlp":
     return zoo.MLP(num_classes, hidden=(50, 50), activation="tanh")
   if name == "digits_cnn":
-    return zoo.DigitsCNN(num_classes, conv_impl=conv_impl)
+    return zoo.TwoConvCNN(num_classes, features=(16, 32), padding="SAME", hidden=64,
+                          conv_impl=conv_impl)
   if name == "cnn2":
-    return zoo.CNN2(num_classes, conv_impl=conv_impl)
+    return zoo.TwoConvCNN(num_classes, conv_impl=conv_impl)
   if name == "spfl_cnn":
     hidden = _tuple_of_ints("hidden", (kwargs.get("hidden", 32),))[0]
     return zoo.SPFLCNN(num_classes, hidden=hidden, conv_impl=conv_impl)

@@ -48,48 +48,36 @@ class MLP(nn.Module):
     return nn.Dense(self.num_classes)(x)
 
 
-class DigitsCNN(nn.Module):
-  """Small CNN for the 8x8 scikit-learn digits (fast on CPU).
+class TwoConvCNN(nn.Module):
+  """conv 3x3 ``features[0]``, relu, conv 3x3 ``features[1]``, relu, 2x2 max-pool, dense
+  ``hidden`` relu, dense ``num_classes``.
 
-  conv 3x3 16 SAME, relu, conv 3x3 32 SAME, relu, 2x2 max-pool, dense 64
-  relu, dense ``num_classes``: 38,282 parameters on 8x8x1 with 10 classes.
+  Two instances (see :func:`fedjax_dp.models.get_model`):
+
+  * ``digits_cnn``: features (16, 32), SAME padding, hidden 64: a small CNN for
+    the 8x8 scikit-learn digits (fast on CPU), 38,282 parameters with 10 classes.
+  * ``cnn2``: "CNN-2-layers" of the federated EMNIST benchmarks: features
+    (32, 64), VALID padding, hidden 128 (the model of Reddi et al., "Adaptive
+    Federated Optimization", ICLR 2021, and of FedJAX's EMNIST CNN, without
+    their dropout: training here is deterministic given the key). On 28x28x1
+    with 62 classes: 320 + 18,496 + 1,179,776 + 7,998 = 1,206,590 parameters.
+    Used for EMNIST by Cheng et al., "Differentially Private Federated
+    Learning with Local Regularization and Sparsification" (CVPR 2022).
   """
   num_classes: int
+  features: tuple = (32, 64)
+  padding: str = "VALID"
+  hidden: int = 128
   conv_impl: str = "im2col"
 
   @nn.compact
   def __call__(self, x):
     x = _nhwc(x)
-    x = nn.relu(Conv(16, (3, 3), padding="SAME", impl=self.conv_impl)(x))
-    x = nn.relu(Conv(32, (3, 3), padding="SAME", impl=self.conv_impl)(x))
+    for f in self.features:
+      x = nn.relu(Conv(f, (3, 3), padding=self.padding, impl=self.conv_impl)(x))
     x = max_pool(x, 2, 2)
     x = x.reshape(x.shape[0], -1)
-    x = nn.relu(nn.Dense(64)(x))
-    return nn.Dense(self.num_classes)(x)
-
-
-class CNN2(nn.Module):
-  """"CNN-2-layers" of the federated EMNIST benchmarks.
-
-  conv 3x3 32 VALID, relu, conv 3x3 64 VALID, relu, 2x2 max-pool, dense 128
-  relu, dense ``num_classes`` (the model of Reddi et al., "Adaptive
-  Federated Optimization", ICLR 2021, and of FedJAX's EMNIST CNN, without
-  their dropout: training here is deterministic given the key). On 28x28x1
-  with 62 classes: 320 + 18,496 + 1,179,776 + 7,998 = 1,206,590 parameters.
-  Used for EMNIST by Cheng et al., "Differentially Private Federated Learning
-  with Local Regularization and Sparsification" (CVPR 2022).
-  """
-  num_classes: int
-  conv_impl: str = "im2col"
-
-  @nn.compact
-  def __call__(self, x):
-    x = _nhwc(x)
-    x = nn.relu(Conv(32, (3, 3), padding="VALID", impl=self.conv_impl)(x))
-    x = nn.relu(Conv(64, (3, 3), padding="VALID", impl=self.conv_impl)(x))
-    x = max_pool(x, 2, 2)
-    x = x.reshape(x.shape[0], -1)
-    x = nn.relu(nn.Dense(128)(x))
+    x = nn.relu(nn.Dense(self.hidden)(x))
     return nn.Dense(self.num_classes)(x)
 
 

@@ -251,13 +251,7 @@ def plot(runs: list, settings: dict, out_dir: pathlib.Path) -> list:
     ax.axhline(clip, color="k", ls="--", lw=1, label=f"clip S={clip:g}")
     ax.set_title(f"{LABELS[m]} (eps={eps_fig:g}, seed {rs[0]['seed']})")
     ax.set_xlabel("round")
-  axes[0].set_ylabel("||Delta|| before LUS and clip")
-  axes[0].legend(fontsize=8)
-  fig.tight_layout()
-  p = out_dir / "cheng2022_update_norms.png"
-  fig.savefig(p, dpi=90)
-  plt.close(fig)
-  paths.append(p)
+  paths.append(_save(fig, axes, "||Delta|| before LUS and clip", out_dir / "cheng2022_update_norms.png"))
 
   eps_list = settings["curve_epsilons"]
   fig, axes = plt.subplots(1, len(eps_list), figsize=(4.2 * len(eps_list), 3.4), sharey=True)
@@ -274,14 +268,19 @@ def plot(runs: list, settings: dict, out_dir: pathlib.Path) -> list:
       ax.plot(xs, ys, label=LABELS[m], ls=":" if m == "fedavg" else "-")
     ax.set_title(f"epsilon = {eps:g} (mean of {settings['seeds']} seeds)")
     ax.set_xlabel("round")
-  axes[0].set_ylabel("test accuracy")
+  paths.append(_save(fig, axes, "test accuracy", out_dir / "cheng2022_accuracy.png"))
+  return paths
+
+
+def _save(fig, axes, ylabel: str, path):
+  """Labels the first axis, adds its legend, writes ``path`` and closes the figure."""
+  import matplotlib.pyplot as plt
+  axes[0].set_ylabel(ylabel)
   axes[0].legend(fontsize=8)
   fig.tight_layout()
-  p = out_dir / "cheng2022_accuracy.png"
-  fig.savefig(p, dpi=90)
+  fig.savefig(path, dpi=90)
   plt.close(fig)
-  paths.append(p)
-  return paths
+  return path
 
 
 def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] = None,
