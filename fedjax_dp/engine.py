@@ -132,6 +132,12 @@ def summarize_round(metrics: dict, clip: Optional[float], released_metrics=()) -
   return released, diag
 
 
+def run_keys(seed: int):
+  """``(k_init, k_run)``: the initial state is ``program.init(k_init, hparams)``, round ``r``'s
+  key ``fold_in(k_run, r)`` (a builder that must see the initial model uses ``k_init`` too)."""
+  return tuple(jax.random.split(jax.random.PRNGKey(seed)))
+
+
 def clip_bound(program, hparams) -> Optional[float]:
   """The L2 bound of the round's clip transform (for ``fraction_clipped``), or None."""
   bound = getattr(program.client, "bound", None)
@@ -176,8 +182,7 @@ def run(program, data, sampler, rounds: int, *, hparams: Optional[dict] = None, 
   if out_dir is not None:
     out_dir.mkdir(parents=True, exist_ok=True)
     metrics_file = open(out_dir / "metrics.jsonl", "w")
-  key = jax.random.PRNGKey(seed)
-  k_init, k_run = jax.random.split(key)
+  k_init, k_run = run_keys(seed)
   from fedjax_dp.round import CohortBatch, compiled_step
   hp = {k: jnp.asarray(v) for k, v in dict(hparams or {}).items()}
   state = program.init(k_init, hp)

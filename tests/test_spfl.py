@@ -12,12 +12,12 @@ from dp_accounting import pld, rdp
 from fedjax_dp import objectives
 from fedjax_dp.algorithms import build
 from fedjax_dp.algorithms.adp_fl import quantile_update
-from fedjax_dp.algorithms.spfl import HIGH, LOW, privacy_classes, run_init_key
+from fedjax_dp.algorithms.spfl import HIGH, LOW, privacy_classes
 from fedjax_dp.config import make_config
 from fedjax_dp.data import FederatedData
 from fedjax_dp.dpsgd import (StepStats, clip_factors, dp_args, dp_gradient, mean_initial_norm,
                              per_example_grads, poisson_indices)
-from fedjax_dp.engine import run
+from fedjax_dp.engine import run, run_keys
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.experiment import simulate
 from fedjax_dp.models import get_model
@@ -181,7 +181,7 @@ def test_spfl_thresholds_follow_the_formulas():
   cfg = _config("spfl", options={"beta_high": 0.8, "beta_low": 0.6, "high_fraction": 0.5})
   setup = build(cfg, data)
   rnd, hp = setup.program, _hp(setup)
-  state = rnd.init(run_init_key(cfg.seed), hp)
+  state = rnd.init(run_keys(cfg.seed)[0], hp)
   # Initial threshold: the mean initial per-example gradient norm of all clients (Sec. 2.1).
   objective = objectives.supervised(rnd.model.apply)
   norms = []

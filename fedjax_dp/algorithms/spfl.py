@@ -249,10 +249,8 @@ def build_dpsgd_family(config, data, *, name: str, statistic: str, private: bool
   hp = common_hparams(config, opts, client_lr=config.client_lr,
                       examples_per_round=float(config.local_steps * config.batch_size), **hparams)
   hp["client_class"] = np.asarray(client_class, np.int32)
-  accounting = ExampleLevelAccounting(classes, data.counts, config.delta, config.accountant)
-  # The per-step record, for the summary's noise_multiplier (the engine reads
-  # ``accounting.mechanism``); the per-class ledgers above do the accounting.
-  accounting.mechanism = mechanism
+  accounting = ExampleLevelAccounting(classes, data.counts, config.delta, config.accountant,
+                                      mechanism)
   return Setup(rnd, sampler, accounting, hp)
 
 
@@ -317,11 +315,6 @@ def _spfl_common(config, data):
   return opts, sigma, cls, high_ids, low_ids
 
 
-def run_init_key(seed: int) -> jax.Array:
-  """The key :func:`fedjax_dp.engine.run` draws the initial model with (``seed``'s first split)."""
-  return jax.random.split(jax.random.PRNGKey(seed))[0]
-
-
 @functools.lru_cache(maxsize=16)
 def _initial_norm_fn(model, per_client: int):
   """Jitted :func:`mean_initial_norm` of ``model`` (compiled once per model and data shape)."""
@@ -331,13 +324,14 @@ def _initial_norm_fn(model, per_client: int):
 
 def initial_spfl_threshold(model, data, seed: int, per_client: int) -> float:
   """SP-FL's initial high-class threshold (Sec. 2.1): the mean initial per-example gradient norm
-  of all clients, at the run's initial model (:func:`run_init_key`), over each client's first
+  of all clients, at the run's initial model (:func:`fedjax_dp.engine.run_keys`), over each client's first
   ``per_client`` examples. It reads the raw data: not private.
 
   Computed on the host by the builder (into ``hp["init_clip_high"]``), so the
   round itself holds no data and is shared by every run of the same shapes.
   """
-  params = model.init(run_init_key(seed))
+  from fedjax_dp.engine import run_keys
+  params = model.init(run_keys(seed)[0])
   fn = _initial_norm_fn(model, int(per_client))
   return float(fn(params, data.x[:, :per_client], data.y[:, :per_client], data.counts))
 

@@ -200,12 +200,15 @@ class ExampleLevelAccounting:
     counts: ``[num_clients]`` examples per client.
     delta: the target delta of every client's guarantee.
     accountant: "rdp" or "pld".
+    mechanism: the run's nominal per-step record (reported as the summary's
+      noise multiplier); the per-class mechanisms do the accounting.
   """
 
   def __init__(self, classes: Sequence[PrivacyClass], counts, delta: float,
-               accountant: str = "rdp"):
+               accountant: str = "rdp", mechanism: Optional[ExampleDPSGDMechanism] = None):
     check_open_unit("delta", delta)
     check_choice("accountant", accountant, ACCOUNTANTS)
+    self.mechanism = mechanism  # the run's nominal per-step record (its noise multiplier)
     self.classes = list(classes)
     self.counts = np.asarray(counts, np.int64)
     self.delta = float(delta)
