@@ -6,9 +6,9 @@ import dp_accounting
 import pytest
 from dp_accounting import pld, rdp
 
-from fedjax_dp.accounting import LedgerAccounting
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.privacy import GaussianSumMechanism, NonPrivate, PrivacyLedger, calibrate_noise_multiplier
+from fedjax_dp.privacy.accounting import LedgerAccounting
 
 
 def _direct(event, count, delta, accountant):

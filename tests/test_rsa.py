@@ -14,6 +14,7 @@ from scipy import stats
 from fedjax_dp.algorithms.rsa import rsa_round, worker_step
 from fedjax_dp.round import CohortBatch, compiled_step
 from fedjax_dp.errors import ConfigError
+from fedjax_dp.privacy import randomized_response as rr
 from fedjax_dp.privacy import sign as psign
 from fedjax_dp.transforms.sign import paper_sign, sign_flip, sign_gaussian, to_sign
 
@@ -173,7 +174,7 @@ def test_gamma_maps_onto_randomized_response_event():
   from dp_accounting import pld
   for gamma in (0.55, 0.6, 0.8):
     acc = pld.PLDAccountant(dp_accounting.NeighboringRelation.REPLACE_ONE)
-    acc.compose(psign.randomized_response_event(gamma))
+    acc.compose(rr.randomized_response_event(gamma))
     assert acc.get_epsilon(1e-12) == pytest.approx(math.log(gamma / (1 - gamma)), rel=1e-3)
 
 
@@ -189,7 +190,7 @@ def _brute_force_delta(eps, gamma, k):
 
 @pytest.mark.parametrize("gamma,k,eps", [(0.6, 5, 0.5), (0.7, 8, 1.0), (0.55, 10, 0.0)])
 def test_closed_form_matches_enumeration(gamma, k, eps):
-  assert psign.randomized_response_delta_exact(eps, gamma, k) == pytest.approx(
+  assert rr.randomized_response_delta_exact(eps, gamma, k) == pytest.approx(
       _brute_force_delta(eps, gamma, k), abs=1e-12)
 
 
@@ -199,7 +200,7 @@ def test_ledger_epsilon_against_closed_form(gamma, d, rounds):
   mech = psign.SignFlipMechanism(gamma, d)
   rep = psign.composed_epsilon(mech, rounds, delta)
   count = d * rounds
-  exact = psign.randomized_response_epsilon_exact(gamma, count, delta)
+  exact = rr.randomized_response_epsilon_exact(gamma, count, delta)
   assert rep["epsilon_exact"] == pytest.approx(exact)
   assert exact <= rep["epsilon"] <= max(1.25 * exact, exact + 0.05)  # RDP is an upper bound, and tight-ish
   assert rep["epsilon"] <= count * math.log(gamma / (1 - gamma)) + 1e-3 or count == 1
@@ -224,7 +225,7 @@ def test_sign_gaussian_mechanisms():
   sigma = psign.sign_gaussian_sigma_for_epsilon(0.4, 0.002)
   m = psign.SignGaussianMechanism(sigma, 10, clip=0.002)
   assert m.epsilon_per_coordinate_round == pytest.approx(0.4)
-  assert m.coordinate_keep_prob == pytest.approx(psign.keep_prob_for_epsilon(0.4))
+  assert m.coordinate_keep_prob == pytest.approx(rr.keep_prob_for_epsilon(0.4))
   l2 = psign.SignGaussianMechanism(1.0, 10, clip=0.25, norm="l2")
   assert l2.round_event() == dp_accounting.GaussianDpEvent(2.0)
   assert l2.epsilon_per_coordinate_round is None
@@ -274,7 +275,7 @@ def test_end_to_end_rsa_and_dp_rsa(digits):
   assert math.isfinite(f.summary["final_accuracy"]) and f.summary["formal_guarantee"]
   assert f.history[-1]["epsilon_per_coordinate_round"] == pytest.approx(1.38)
   assert f.summary["epsilon"] >= f.summary["epsilon_exact_check"] > 0
-  assert abs(f.history[-1]["diagnostics"]["flip_rate"] - (1 - psign.keep_prob_for_epsilon(1.38))) < 0.01
+  assert abs(f.history[-1]["diagnostics"]["flip_rate"] - (1 - rr.keep_prob_for_epsilon(1.38))) < 0.01
 
 
 def test_end_to_end_sgd_fails_under_gaussian_attack_and_gm_does_not(digits):

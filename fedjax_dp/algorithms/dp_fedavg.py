@@ -26,12 +26,12 @@ same guarantee.
 
 from __future__ import annotations
 
-from fedjax_dp.accounting import LedgerAccounting
 from fedjax_dp.algorithms import (Setup, cached_round, common_hparams, read_options,
                                   STATIC_AGGREGATOR_OPTIONS)
 from fedjax_dp.algorithms.fedavg import Pieces, fedavg_round
 from fedjax_dp.errors import ConfigError, check
 from fedjax_dp.privacy import calibrate_noise_multiplier
+from fedjax_dp.privacy.accounting import LedgerAccounting
 from fedjax_dp.privacy.mechanisms import user_level_mechanism
 from fedjax_dp.sampling import make_sampler
 

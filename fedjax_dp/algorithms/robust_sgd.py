@@ -92,9 +92,9 @@ def gradient_client(model, batch_size: int) -> Callable:
 
 def build_robust_sgd(config, data, method: str) -> Setup:
   """Builds the baseline ``method`` (a key of :data:`AGGREGATORS`)."""
-  from fedjax_dp.accounting import LedgerAccounting
   from fedjax_dp.algorithms.dp_fedavg import make_model
   from fedjax_dp.privacy import NonPrivate
+  from fedjax_dp.privacy.accounting import LedgerAccounting
   from fedjax_dp.sampling import make_sampler
   check_choice("method", method, sorted(AGGREGATORS))
   check(config.aggregator in (None, AGGREGATORS[method]), "aggregator", config.aggregator,

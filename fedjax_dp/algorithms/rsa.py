@@ -163,6 +163,7 @@ def _perturbation(variant, opts, dim):
   """``(hparams, mechanism)`` of the variant's perturbation."""
   from fedjax_dp.privacy import NonPrivate
   from fedjax_dp.privacy import sign as psign
+  from fedjax_dp.privacy.randomized_response import keep_prob_for_epsilon
   if variant == "rsa":
     return {}, NonPrivate(relation="replace_one")
   eps = opts.get("epsilon")
@@ -171,7 +172,7 @@ def _perturbation(variant, opts, dim):
     check((gamma is None) != (eps is None), "keep_prob/epsilon", (gamma, eps),
           "give exactly one of keep_prob (gamma) and epsilon (per coordinate per round)")
     if gamma is None:
-      gamma = psign.keep_prob_for_epsilon(float(eps))
+      gamma = keep_prob_for_epsilon(float(eps))
     mech = psign.SignFlipMechanism(float(gamma), dim)
     return {"keep_prob": mech.keep_prob}, mech
   sigma, clip, norm = opts.get("sign_sigma"), opts.get("sign_clip"), opts.get("sign_clip_norm", "linf")
@@ -188,9 +189,9 @@ def _perturbation(variant, opts, dim):
 
 def build_rsa_family(config, data, variant: str) -> Setup:
   """RSA (``"rsa"``), DP-RSA with Sign-Flipping (``"dp-rsa-f"``) or Sign-Gaussian (``"dp-rsa-g"``)."""
-  from fedjax_dp.accounting import LedgerAccounting
   from fedjax_dp.algorithms.dp_fedavg import make_model
   from fedjax_dp.models import num_params
+  from fedjax_dp.privacy.accounting import LedgerAccounting
   from fedjax_dp.privacy.sign import SignAccounting
   from fedjax_dp.sampling import make_sampler
   check(config.aggregator in (None, "sign_sum"), "aggregator", config.aggregator,

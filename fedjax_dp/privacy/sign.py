@@ -32,19 +32,20 @@ Accounting uses dp_accounting's RDP accountant. Its PLD accountant (0.6.0)
 composes a ``SelfComposedDpEvent`` of a ``RandomizedResponseDpEvent`` only
 once, ignoring the count, so it is refused here; the composed epsilon is
 checked against the exact privacy profile of composed randomized response
-(:func:`randomized_response_epsilon_exact`).
+(:func:`fedjax_dp.privacy.randomized_response.randomized_response_epsilon_exact`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Optional
 
 import dp_accounting
-import numpy as np
 
 from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit
+from fedjax_dp.privacy.randomized_response import (epsilon_of_keep_prob, keep_prob_for_epsilon,
+                                                   randomized_response_epsilon_exact,
+                                                   randomized_response_event)
 from fedjax_dp.transforms.sign import NORMS
 
 PRIVACY_UNIT = "worker (all of one worker's local data)"
@@ -56,77 +57,11 @@ def _check_rdp(accountant: str) -> None:
         "SelfComposedDpEvent of a RandomizedResponseDpEvent only once, ignoring the count")
 
 
-def keep_prob_for_epsilon(epsilon: float) -> float:
-  """gamma with ``ln(gamma / (1 - gamma)) = epsilon``."""
-  check(epsilon is not None and epsilon > 0, "epsilon", epsilon, "must be > 0")
-  return 1.0 / (1.0 + math.exp(-epsilon))
-
-
-def epsilon_of_keep_prob(keep_prob: float) -> float:
-  """Per-coordinate per-round epsilon of Sign-Flipping, ``ln(gamma / (1 - gamma))`` (Theorem 1)."""
-  check(keep_prob is not None and 0.5 <= keep_prob <= 1, "keep_prob", keep_prob, "must be in [0.5, 1]")
-  return math.inf if keep_prob == 1 else math.log(keep_prob / (1.0 - keep_prob))
-
-
 def sign_gaussian_sigma_for_epsilon(epsilon: float, clip: float) -> float:
   """sigma with ``ln(Phi(c/sigma) / Phi(-c/sigma)) = epsilon`` for a per-coordinate clip ``c``."""
   from scipy.stats import norm
   check(clip is not None and clip > 0, "sign_clip", clip, "must be > 0")
   return float(clip / norm.ppf(keep_prob_for_epsilon(epsilon)))
-
-
-def randomized_response_event(keep_prob: float) -> dp_accounting.DpEvent:
-  """Binary randomized response keeping the input with probability ``keep_prob``."""
-  return dp_accounting.RandomizedResponseDpEvent(noise_parameter=2.0 * (1.0 - keep_prob), num_buckets=2)
-
-
-def _rr_loss_table(keep_prob: float, count: int):
-  """``(P[J=j], L_j)`` for the responses j with positive loss within 60 sd of the mean.
-
-  Outside that window the binomial mass is below 1e-700 (negligible in float64).
-  """
-  from scipy.stats import binom
-  g, k = float(keep_prob), int(count)
-  eps0 = math.log(g / (1.0 - g))
-  sd = math.sqrt(k * g * (1 - g))
-  j_lo = max(k // 2 + 1, int(math.floor(k * g - 60.0 * sd - 60)))
-  j_hi = min(k, int(math.ceil(k * g + 60.0 * sd + 60)))
-  j = np.arange(j_lo, j_hi + 1, dtype=np.float64)
-  return binom.logpmf(j, k, g), eps0 * (2.0 * j - k)
-
-
-def _rr_delta(epsilon: float, table) -> float:
-  logp, loss = table
-  sel = loss > epsilon
-  return float(np.sum(np.exp(logp[sel]) - np.exp(logp[sel] + epsilon - loss[sel])))
-
-
-def randomized_response_delta_exact(epsilon: float, keep_prob: float, count: int) -> float:
-  """Exact delta(epsilon) of ``count`` composed binary randomized responses.
-
-  The privacy loss of one response is ``+-eps0`` (``eps0 = ln(gamma/(1-gamma))``);
-  under the first input ``J ~ Binomial(count, gamma)`` responses are kept and the
-  loss is ``L = eps0 (2J - count)``. The hockey-stick divergence is
-  ``delta(epsilon) = E[(1 - exp(epsilon - L))_+]`` (tight: randomized response
-  is symmetric, and its k-fold composition is the worst case for k ``eps0``-DP
-  mechanisms; Kairouz, Oh and Viswanath 2015, Thm. 3.3).
-  """
-  check(0.5 < keep_prob < 1, "keep_prob", keep_prob, "must be in (0.5, 1)")
-  return _rr_delta(epsilon, _rr_loss_table(keep_prob, count))
-
-
-def randomized_response_epsilon_exact(keep_prob: float, count: int, delta: float) -> float:
-  """Smallest epsilon with ``delta(epsilon) <= delta`` for ``count`` composed randomized responses.
-
-  A check on dp_accounting's composed value (never used in its place).
-  """
-  from scipy.optimize import brentq
-  check(0.5 < keep_prob < 1, "keep_prob", keep_prob, "must be in (0.5, 1)")
-  table = _rr_loss_table(keep_prob, count)
-  if _rr_delta(0.0, table) <= delta:
-    return 0.0
-  hi = int(count) * epsilon_of_keep_prob(keep_prob)
-  return float(brentq(lambda e: _rr_delta(e, table) - delta, 0.0, hi, xtol=1e-10 * max(1.0, hi)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,13 +220,13 @@ def composed_epsilon(mechanism, rounds: int, delta: float) -> dict:
 class SignAccounting:
   """Run accounting for DP-RSA: the ledger's epsilon plus the per-coordinate epsilon.
 
-  Wraps :class:`fedjax_dp.accounting.LedgerAccounting` (RDP only); on the last
+  Wraps :class:`fedjax_dp.privacy.accounting.LedgerAccounting` (RDP only); on the last
   round (``rounds``) it also reports the exact composed value as a check.
   """
 
   def __init__(self, mechanism, delta: float, rounds: int, accountant: str = "rdp",
                attacker_knowledge: Optional[str] = None):
-    from fedjax_dp.accounting import LedgerAccounting
+    from fedjax_dp.privacy.accounting import LedgerAccounting
     if mechanism.formal_guarantee:
       _check_rdp(accountant)
     self.mechanism = mechanism

@@ -13,8 +13,7 @@ from typing import Optional
 
 import dp_accounting
 
-from fedjax_dp.privacy import PrivacyLedger
-from fedjax_dp.privacy.ledger import check_supported
+from fedjax_dp.privacy.ledger import PrivacyLedger, check_supported
 
 
 class LedgerAccounting:
