@@ -196,10 +196,11 @@ def from_hparams(name: str, hp: dict, nonfinite_value: str = "nan") -> Attack:
   """The attack ``name`` with its strengths read from ``hp`` (:data:`ATTACK_HPARAMS` keys).
 
   Called inside the compiled round, so the strengths are data (``alie_z``
-  NaN means the paper's ``z_max``).
+  NaN means the paper's ``z_max``); a strength missing from ``hp`` takes its default.
   """
-  return get(name, sigma=hp["attack_sigma"], scale=hp["attack_scale"], alie_z=hp["alie_z"],
-             ipm_epsilon=hp["ipm_epsilon"], nonfinite_value=nonfinite_value)
+  v = {k: hp.get(k, d) for k, d in ATTACK_HPARAMS.items()}
+  return get(name, sigma=v["attack_sigma"], scale=v["attack_scale"], alie_z=v["alie_z"],
+             ipm_epsilon=v["ipm_epsilon"], nonfinite_value=nonfinite_value)
 
 
 def get(name: str, *, sigma: float = 1e4, scale: float = -5.0, alie_z: Optional[float] = None,

@@ -62,7 +62,7 @@ class RunConfig:
   max_train: Optional[int] = None
   max_test: Optional[int] = None
   # Model.
-  model: Optional[str] = None
+  model: Optional[str] = None  # a name of fedjax_dp.models.MODELS, or (Python API) a Model
   conv_impl: str = "im2col"
   # Rounds and sampling.
   rounds: int = 50
@@ -109,7 +109,8 @@ class RunConfig:
     check_choice("algorithm", self.algorithm, sorted(ALGORITHMS))
     check_choice("dataset", self.dataset, DATASETS)
     check_choice("partition", self.partition, [p for p in PARTITIONERS if p != "natural"])
-    if self.model is not None:
+    from fedjax_dp.models import Model
+    if self.model is not None and not isinstance(self.model, Model):
       check_choice("model", self.model, MODELS)
     check_choice("conv_impl", self.conv_impl, CONV_IMPLS)
     check(self.num_clients >= 1, "num_clients", self.num_clients, "must be >= 1")
@@ -161,14 +162,16 @@ class RunConfig:
 
   @property
   def model_name(self) -> str:
-    return self.model or DEFAULT_MODELS[self.dataset]
+    return getattr(self.model, "name", None) or self.model or DEFAULT_MODELS[self.dataset]
 
   def replace(self, **changes) -> "RunConfig":
     return dataclasses.replace(self, **changes)
 
   def to_dict(self) -> dict:
-    d = dataclasses.asdict(self)
+    """The fields as plain values (a :class:`fedjax_dp.models.Model` by its name)."""
+    d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
     d["options"] = dict(self.options)
+    d["model"] = None if self.model is None else self.model_name
     return d
 
 

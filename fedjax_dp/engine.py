@@ -52,7 +52,8 @@ PLACEMENTS = ("device", "host")
 RELEASES = ("all", "private")
 ROW_COVERED = ("test_accuracy", "test_loss", "diverged")
 SUMMARY_COVERED = ("final_accuracy", "final_test_loss", "diverged")
-PUBLIC_BY_DESIGN = ("round", "rounds", "config", "noise_multiplier", "epsilon and every field of the "
+PUBLIC_BY_DESIGN = ("round", "rounds", "config", "noise_multiplier", "model", "data",
+                    "epsilon and every field of the "
                     "privacy report (functions of the public settings and, for example-level runs, of "
                     "the public participation and example counts)")
 
@@ -62,11 +63,50 @@ def is_released(name: str, released_metrics) -> bool:
   return any(name == r or (r.endswith("*") and name.startswith(r[:-1])) for r in released_metrics)
 
 
+def _flat(record: dict, prefix: str = "") -> dict:
+  """``{"diagnostics": {"update_norm": {"q50": x}}}`` -> ``{"update_norm.q50": x}`` (numbers only)."""
+  out = {}
+  for k, v in record.items():
+    if isinstance(v, dict):
+      out.update(_flat(v, "" if k == "diagnostics" else f"{prefix}{k}."))
+    elif isinstance(v, (int, float)) and not isinstance(v, bool) or v is None:
+      out[prefix + k] = v
+  return out
+
+
 @dataclasses.dataclass
 class RunResult:
+  """A finished run.
+
+  Attributes:
+    history: one record per round (as written to ``metrics.jsonl``).
+    summary: the run's summary (as written to ``summary.json``).
+    state: the final :class:`fedjax_dp.round.RoundState` (``state.params``: the model).
+  """
+
   history: list
   summary: dict
   state: Any
+
+  @property
+  def metrics(self) -> dict:
+    """Per-round metrics as arrays ``[rounds]``: name -> float64 values, NaN where a round has
+    none (test accuracy between evaluations). Diagnostics are flattened into the same names
+    (``train_loss``, ``update_norm.q50``, ...)."""
+    rows = [_flat(r) for r in self.history]
+    names = sorted({k for r in rows for k in r})
+    return {k: np.array([np.nan if r.get(k) is None else float(r[k]) for r in rows])
+            for k in names}
+
+  def to_dataframe(self):
+    """The per-round metrics as a pandas ``DataFrame`` indexed by round (needs pandas)."""
+    try:
+      import pandas as pd
+    except ImportError as e:
+      raise ImportError("RunResult.to_dataframe needs pandas (pip install pandas); "
+                        "RunResult.metrics has the same columns as NumPy arrays") from e
+    m = self.metrics
+    return pd.DataFrame(m).set_index("round") if "round" in m else pd.DataFrame(m)
 
 
 @functools.lru_cache(maxsize=64)
@@ -130,6 +170,25 @@ def summarize_round(metrics: dict, clip: Optional[float], released_metrics=()) -
     if k not in ("client_loss", "update_norm", "mask") and np.ndim(v) == 0:
       (released if is_released(k, released_metrics) else diag)[k] = float(v)
   return released, diag
+
+
+def provenance(model, state, data) -> dict:
+  """What the run actually used: the model (name, parameter count, shapes) and the data set.
+
+  Public by design: the population size and the test set are part of the
+  setting; per-client example counts are raw and go to the diagnostics.
+  """
+  from fedjax_dp.models import num_params
+  params = state.params
+  return {
+      "model": {"name": getattr(model, "name", type(model).__name__),
+                "parameters": int(num_params(params)),
+                "input_shape": list(getattr(model, "input_shape", ())),
+                "num_classes": getattr(model, "num_classes", None)},
+      "data": {"name": data.name, "num_clients": int(data.num_clients),
+               "example_shape": list(data.example_shape), "num_classes": int(data.num_classes),
+               "test_examples": int(len(data.test_y))},
+  }
 
 
 def run_keys(seed: int):
@@ -268,6 +327,7 @@ def run(program, data, sampler, rounds: int, *, hparams: Optional[dict] = None, 
   if noise is not None:
     summary["noise_multiplier"] = noise
   summary["config"] = config
+  summary.update(provenance(program.model, state, data))
   summary["release"] = {
       "mode": release,
       "covered_by_guarantee": {"summary": list(SUMMARY_COVERED),
@@ -279,7 +339,12 @@ def run(program, data, sampler, rounds: int, *, hparams: Optional[dict] = None, 
                          ", grouped under 'diagnostics'")),
   }
   if release == "all":
+    counts = np.asarray(data.counts)
     summary["diagnostics"] = {
+        # Raw statistics of the clients' data (unnoised; public only under example-level DP).
+        "data": {"train_examples": int(counts.sum()),
+                 "examples_per_client": {"min": int(counts.min()), "median": float(np.median(counts)),
+                                         "max": int(counts.max())}},
         "seconds_total": total,
         "seconds_first_round": first_round_s,
         "seconds_per_round_after_first": (total - first_round_s) / max(rounds - 1, 1),

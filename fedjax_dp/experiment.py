@@ -19,19 +19,73 @@ def load_data(config: RunConfig):
       min_labels=config.min_labels_per_client)
 
 
-def simulate(config: RunConfig, data=None, output_dir: Optional[str] = None,
-             progress: bool = False, on_round=None, release: str = "all") -> RunResult:
-  """Runs the simulation ``config`` describes (``data`` may be passed in to reuse it).
+def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional[str] = None,
+             progress: bool = False, on_round=None, release: str = "all", *, model=None,
+             round=None, hparams: Optional[dict] = None, **settings) -> RunResult:
+  """Runs a simulation and returns its :class:`fedjax_dp.engine.RunResult`.
 
-  ``release``: "all" or "private" (see :func:`fedjax_dp.engine.run`).
+  Args:
+    config: a :class:`RunConfig` (default: the quickstart); ``settings`` are
+      field overrides (``simulate(rounds=20, target_epsilon=4.0)``).
+    data: a :class:`fedjax_dp.data.FederatedData` (default: loaded from the
+      configuration).
+    output_dir: where ``metrics.jsonl`` and ``summary.json`` go (none: in memory only).
+    progress: show a progress bar.
+    on_round: optional callback with each round's record.
+    release: "all" or "private" (see :func:`fedjax_dp.engine.run`).
+    model: a flax ``nn.Module`` (mapping a batch ``[B, *example_shape]`` to
+      ``[B, num_classes]`` logits) or a :class:`fedjax_dp.models.Model`, used
+      instead of ``config.model`` by the configured algorithm.
+    round: a hand-built :class:`fedjax_dp.round.Round` (your own algorithm),
+      run with ``hparams``; its privacy is derived from what its pieces
+      declare (:func:`fedjax_dp.privacy.mechanisms.user_level_mechanism`), for
+      the configured sampling, delta and accountant.
+    hparams: the hand-built round's hyper-parameters (name -> number).
   """
   from fedjax_dp.algorithms import build
+  from fedjax_dp.config import make_config
+  config = make_config(**settings) if config is None else (config.replace(**settings) if settings
+                                                           else config)
   if data is None:
     data = load_data(config)
-  setup = build(config, data)
-  result = run(setup.program, data, setup.sampler, config.rounds, hparams=setup.hparams,
-               seed=config.seed,
-               accounting=setup.accounting, eval_every=config.eval_every, output_dir=output_dir,
-               progress=progress, config=config.to_dict(), placement=config.placement,
-               on_round=on_round, release=release)
-  return result
+  if model is not None:
+    config = config.replace(model=as_model(model, data))
+  if round is not None:
+    setup = custom_setup(round, hparams, config, data)
+  else:
+    setup = build(config, data)
+  return run(setup.program, data, setup.sampler, config.rounds, hparams=setup.hparams,
+             seed=config.seed, accounting=setup.accounting, eval_every=config.eval_every,
+             output_dir=output_dir, progress=progress, config=config.to_dict(),
+             placement=config.placement, on_round=on_round, release=release)
+
+
+def as_model(model, data):
+  """A :class:`fedjax_dp.models.Model` from a flax module (shapes from ``data``) or a Model."""
+  import flax.linen as nn
+  from fedjax_dp.errors import check
+  from fedjax_dp.models import Model
+  if isinstance(model, Model):
+    return model
+  check(isinstance(model, nn.Module), "model", type(model).__name__,
+        "must be a flax.linen.Module or a fedjax_dp.models.Model")
+  return Model(type(model).__name__, model, tuple(data.example_shape), int(data.num_classes))
+
+
+def custom_setup(rnd, hparams: Optional[dict], config: RunConfig, data):
+  """The :class:`fedjax_dp.algorithms.Setup` of a hand-built round: sampler and accounting from
+  the configuration, privacy from the round's pieces."""
+  import numpy as np
+  from fedjax_dp.algorithms import Setup
+  from fedjax_dp.errors import check
+  from fedjax_dp.privacy.accounting import LedgerAccounting
+  from fedjax_dp.privacy.mechanisms import user_level_mechanism
+  from fedjax_dp.sampling import make_sampler
+  check(hparams is not None, "hparams", hparams, "must be given with a hand-built round")
+  sampler = make_sampler(config.sampling, data.num_clients, config.seed, config.sampling_prob,
+                         config.cohort_size, config.capacity)
+  hp = {"server_lr": 1.0, "byzantine": 0, "expected_size": sampler.expected_size, **hparams}
+  hp = {k: np.asarray(v, np.int32 if k == "byzantine" else np.float32) for k, v in hp.items()}
+  mechanism = user_level_mechanism(rnd, hp, config.sampling, config.sampling_prob,
+                                   data.num_clients, config.cohort_size)
+  return Setup(rnd, sampler, LedgerAccounting(mechanism, config.delta, config.accountant), hp)
