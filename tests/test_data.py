@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from fedjax_dp import data
-from fedjax_dp.data import loaders, partition, tff_h5
+from fedjax_dp.data import partition, sources, specs, tff_h5
+from fedjax_dp.data.sources import cifar10
 from fedjax_dp.errors import ConfigError
 
 
@@ -196,9 +197,9 @@ def test_load_federated_digits():
   assert fd.counts.tolist() == [10] * 7
 
 
-@pytest.mark.parametrize("name,sub", [("mnist", "mnist"),
-                                      ("fashion_mnist", "fashion-mnist")])
-def test_mnist_like_real(shared_data_dir, name, sub):
+@pytest.mark.parametrize("name", ["mnist", "fashion_mnist"])
+def test_mnist_like_real(shared_data_dir, name):
+  sub = specs.get(name).subdirs[0]
   if not (shared_data_dir / sub).is_dir():
     pytest.skip(f"{shared_data_dir / sub} absent")
   d = data.load_central(name, data_dir=str(shared_data_dir))
@@ -249,7 +250,7 @@ def test_emnist_idx_transposed(tmp_path):
   np.testing.assert_array_equal(e.test_y, lab)
 
 
-def test_cifar10_subset_cache(shared_data_dir, tmp_path):
+def test_cifar10_subset_cache(shared_data_dir, tmp_path, monkeypatch):
   if not (shared_data_dir / "cifar10").is_dir():
     pytest.skip(f"{shared_data_dir / 'cifar10'} absent")
   cache = tmp_path / "cache"
@@ -266,19 +267,75 @@ def test_cifar10_subset_cache(shared_data_dir, tmp_path):
   # Second load must come from the cache: make the decoder unusable.
   def boom(*a, **k):
     raise AssertionError("decoded again instead of using the cache")
-  orig = loaders._decode_cifar_tar
-  loaders._decode_cifar_tar = boom
-  try:
+  with monkeypatch.context() as m:
+    m.setattr(cifar10, "decode_tar", boom)
     d2 = data.load_central("cifar10", data_dir=str(shared_data_dir),
                            cache_dir=str(cache), max_train=200, max_test=100)
-  finally:
-    loaders._decode_cifar_tar = orig
   np.testing.assert_array_equal(d2.train_x, d.train_x)
   np.testing.assert_array_equal(d2.test_y, d.test_y)
   with pytest.raises(ConfigError, match="cache_dir"):
     data.load_central("cifar10", data_dir=str(shared_data_dir),
                       cache_dir=str(shared_data_dir / "cifar10" / "c"),
                       max_train=10, max_test=10)
+
+
+# ------------------------------------------------------------------- specs
+
+
+def test_spec_table():
+  assert data.DATASETS == tuple(s.name for s in data.SPECS)
+  assert data.DATASETS == ("digits", "mnist", "fashion_mnist", "emnist",
+                           "cifar10")
+  for s in data.SPECS:
+    assert s.source in sources.LOCAL, s
+    assert s.num_classes >= 2 and len(s.example_shape) == 3
+    assert (s.tfds_name is None) == (s.source == "digits"), s
+  from fedjax_dp import config  # pylint: disable=g-import-not-at-top
+  assert config.DEFAULT_MODELS == {s.name: s.default_model for s in data.SPECS}
+  with pytest.raises(ConfigError, match="dataset"):
+    specs.get("imagenet")
+
+
+def _spec_real_dir(shared_data_dir, spec):
+  d = shared_data_dir / spec.subdirs[0]
+  if not d.is_dir():
+    pytest.skip(f"{d} absent")
+  return str(shared_data_dir)
+
+
+@pytest.mark.parametrize("name", ["digits", "mnist", "fashion_mnist",
+                                  "cifar10"])
+def test_loads_match_spec(shared_data_dir, tmp_path, name):
+  spec = specs.get(name)
+  ddir = None if name == "digits" else _spec_real_dir(shared_data_dir, spec)
+  d = data.load_central(name, data_dir=ddir, cache_dir=str(tmp_path),
+                        max_train=40, max_test=20)
+  assert d.num_classes == spec.num_classes
+  assert d.train_x.shape == (40,) + spec.example_shape
+  assert d.test_x.shape == (20,) + spec.example_shape
+  assert d.train_y.max() < spec.num_classes
+
+
+def test_download_through_tfds(tmp_path, monkeypatch):
+  """--download asks tfds for the spec's name and transposes EMNIST back."""
+  import types  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  img = rng.integers(0, 256, size=(6, 28, 28, 1)).astype(np.uint8)
+  asked = []
+  def load(name, split, batch_size, as_supervised):
+    assert batch_size == -1 and as_supervised
+    asked.append((name, split))
+    return img, np.arange(6) % 3
+  fake = types.SimpleNamespace(load=load, as_numpy=lambda ds: ds)
+  monkeypatch.setitem(sys.modules, "tensorflow_datasets", fake)
+  e = data.load_central("emnist", data_dir=str(tmp_path), download=True)
+  assert asked == [("emnist/byclass", "train"), ("emnist/byclass", "test")]
+  assert e.num_classes == 62 and e.train_y.dtype == np.int32
+  np.testing.assert_allclose(e.train_x * 255, img.transpose(0, 2, 1, 3))
+  asked.clear()
+  m = data.load_central("mnist", data_dir=str(tmp_path), download=True)
+  assert asked == [("mnist", "train"), ("mnist", "test")]
+  np.testing.assert_allclose(m.test_x * 255, img)
 
 
 # ------------------------------------------------------------------- errors
@@ -304,6 +361,21 @@ def test_missing_files_fail_fast(tmp_path, monkeypatch):
   with pytest.raises(ConfigError) as e:  # no dir at all
     data.load_central("fashion_mnist")
   assert e.value.field == "data_dir" and "FEDJAX_DP_DATA" in str(e.value)
+  assert "t10k-labels-idx1-ubyte" in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["mnist", "fashion_mnist", "emnist",
+                                  "cifar10"])
+def test_missing_files_message_from_spec(tmp_path, name):
+  """The message names every searched folder and file of the set's spec."""
+  spec = specs.get(name)
+  with pytest.raises(ConfigError) as e:
+    data.load_central(name, data_dir=str(tmp_path))
+  msg = str(e.value)
+  searched = [str(tmp_path / s) for s in spec.subdirs] + [str(tmp_path)]
+  assert f"no local {name} files found; searched {', '.join(searched)} for" in msg
+  assert all(f in msg for f in spec.files)
+  assert "pip install 'fedjax_dp[tfds]'" in msg
 
 
 def test_missing_tfds(tmp_path, monkeypatch):

@@ -1,20 +1,17 @@
-"""Data layer: loaders, partitioners and the padded client arrays.
+"""Data layer: data-set specs, sources, partitioners and padded client arrays.
 
-NumPy only at import time; TensorFlow, h5py, PIL and scikit-learn are imported
-by the loaders that need them.
+:mod:`~fedjax_dp.data.specs` is the table of data sets, one module of
+:mod:`~fedjax_dp.data.sources` per source reads their files, and
+:mod:`~fedjax_dp.data.loaders` holds the entry points. NumPy only at import
+time; TensorFlow, h5py, PIL and scikit-learn are imported by the sources that
+need them.
 """
 
 from fedjax_dp.data.federated import CentralDataset, FederatedData
 from fedjax_dp.data.loaders import (
-    DATASETS,
-    balanced_subset,
     load_central,
     load_federated,
-    load_idx,
     partition_indices,
-    read_idx,
-    resolve_cache_dir,
-    resolve_data_dir,
 )
 from fedjax_dp.data.partition import (
     PARTITIONERS,
@@ -23,6 +20,13 @@ from fedjax_dp.data.partition import (
     natural,
     shards,
 )
+from fedjax_dp.data.sources.common import (
+    balanced_subset,
+    resolve_cache_dir,
+    resolve_data_dir,
+)
+from fedjax_dp.data.sources.idx import load_idx, read_idx
+from fedjax_dp.data.specs import DATASETS, SPECS, DatasetSpec
 from fedjax_dp.data.tff_h5 import (
     client_ids,
     load_federated_emnist,
@@ -31,9 +35,9 @@ from fedjax_dp.data.tff_h5 import (
 )
 
 __all__ = [
-    "CentralDataset", "FederatedData", "DATASETS", "PARTITIONERS",
-    "balanced_subset", "load_central", "load_federated", "load_idx",
-    "partition_indices", "read_idx", "resolve_cache_dir", "resolve_data_dir",
-    "dirichlet", "iid", "natural", "shards", "client_ids",
+    "CentralDataset", "FederatedData", "DATASETS", "SPECS", "DatasetSpec",
+    "PARTITIONERS", "balanced_subset", "load_central", "load_federated",
+    "load_idx", "partition_indices", "read_idx", "resolve_cache_dir",
+    "resolve_data_dir", "dirichlet", "iid", "natural", "shards", "client_ids",
     "load_federated_emnist", "load_tff_h5_federated", "read_client",
 ]

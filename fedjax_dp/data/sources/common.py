@@ -1,0 +1,90 @@
+"""What the sources and the entry points share: directories and subsets.
+
+A source returns its data as the tuple :data:`Arrays`: ``(train_x, train_y,
+test_x, test_y)``, images NHWC (``uint8``, or ``float32`` in ``[0, 1]``),
+labels integers, examples in source order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+from typing import Optional
+
+import numpy as np
+
+DATA_ENV = "FEDJAX_DP_DATA"
+CACHE_ENV = "FEDJAX_DP_CACHE"
+
+Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+  """What a load asks of a source; each source reads the fields it needs.
+
+  Attributes:
+    data_dir: Resolved data directory, or ``None`` when none is given.
+    cache_dir: Cache directory as given (``None``: the default).
+    max_train: Subset size of the training set, or ``None``.
+    max_test: Subset size of the test set, or ``None``.
+    seed: Seed of the subsets.
+  """
+  data_dir: Optional[pathlib.Path]
+  cache_dir: Optional[str]
+  max_train: Optional[int]
+  max_test: Optional[int]
+  seed: int
+
+# Stream of np.random.default_rng([seed, SUBSAMPLE_TAG]): the max_train /
+# max_test subsets, independent of the partition's stream.
+SUBSAMPLE_TAG = 1
+
+
+def resolve_data_dir(data_dir: Optional[str]) -> Optional[pathlib.Path]:
+  """Returns ``data_dir``, else ``$FEDJAX_DP_DATA``, else ``None``."""
+  d = data_dir if data_dir else os.environ.get(DATA_ENV) or None
+  return pathlib.Path(d).expanduser() if d else None
+
+
+def resolve_cache_dir(cache_dir: Optional[str]) -> pathlib.Path:
+  """Returns ``cache_dir``, else ``$FEDJAX_DP_CACHE``, else ``~/.cache/fedjax_dp``."""
+  d = cache_dir or os.environ.get(CACHE_ENV) or "~/.cache/fedjax_dp"
+  return pathlib.Path(d).expanduser()
+
+
+def balanced_subset(labels: np.ndarray, n: Optional[int],
+                    rng: np.random.Generator) -> np.ndarray:
+  """Deterministic class-balanced random subset of ``n`` indices.
+
+  Classes take turns (in random order within each class), so class counts
+  differ by at most one until a class runs out.
+
+  Args:
+    labels: Integer labels.
+    n: Subset size; ``None`` or ``>= len(labels)`` keeps everything.
+    rng: Source of randomness.
+
+  Returns:
+    Sorted ``int64`` indices (the source order is kept).
+  """
+  labels = np.asarray(labels).reshape(-1)
+  if n is None or n >= labels.shape[0]:
+    return np.arange(labels.shape[0], dtype=np.int64)
+  perm = rng.permutation(labels.shape[0])
+  lab = labels[perm]
+  order = np.argsort(lab, kind="stable")
+  counts = np.bincount(np.searchsorted(np.unique(lab), lab))
+  starts = np.repeat(np.cumsum(counts) - counts, counts)
+  rank = np.empty(labels.shape[0], dtype=np.int64)
+  rank[order] = np.arange(labels.shape[0]) - starts
+  # Ties within a rank are broken by the random permutation.
+  pick = perm[np.argsort(rank, kind="stable")[:n]]
+  return np.sort(pick).astype(np.int64)
+
+
+def subset(labels: np.ndarray, n: Optional[int], seed: int) -> np.ndarray:
+  """:func:`balanced_subset` on the subset stream of ``seed``."""
+  return balanced_subset(labels, n,
+                         np.random.default_rng([seed, SUBSAMPLE_TAG]))

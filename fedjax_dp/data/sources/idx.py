@@ -1,0 +1,104 @@
+"""IDX files (LeCun's format): MNIST, Fashion-MNIST and NIST's EMNIST.
+
+Each set's four files (:attr:`DatasetSpec.files`) are looked up in
+:meth:`DatasetSpec.search_dirs` order, each file as ``<name>.gz`` first, then
+uncompressed ``<name>``; the first folder holding all four wins.
+"""
+
+from __future__ import annotations
+
+import gzip
+import pathlib
+from typing import Optional
+
+import numpy as np
+
+from fedjax_dp.data.sources.common import Arrays, Request
+from fedjax_dp.data.specs import DatasetSpec
+from fedjax_dp.errors import check
+
+_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4",
+           0x0D: ">f4", 0x0E: ">f8"}
+_SUFFIXES = (".gz", "")
+
+
+def read_idx(path) -> np.ndarray:
+  """Reads one IDX file (gzip-compressed or raw, detected by content).
+
+  Args:
+    path: File path.
+
+  Returns:
+    The array with the file's shape and dtype (native byte order).
+  """
+  path = pathlib.Path(path)
+  with open(path, "rb") as f:
+    compressed = f.read(2) == b"\x1f\x8b"
+  opener = gzip.open if compressed else open
+  with opener(path, "rb") as f:
+    data = f.read()
+  check(len(data) >= 4 and data[:2] == b"\x00\x00" and data[2] in _DTYPES,
+        "idx_file", str(path), "must be an IDX file (magic 0x0000<type><ndim>)")
+  ndim = data[3]
+  dims = np.frombuffer(data, dtype=">i4", count=ndim, offset=4)
+  dtype = np.dtype(_DTYPES[data[2]])
+  offset = 4 + 4 * ndim
+  size = int(np.prod(dims)) if ndim else 1
+  check(len(data) - offset == size * dtype.itemsize, "idx_file", str(path),
+        f"payload size must match header dims {tuple(int(d) for d in dims)}")
+  arr = np.frombuffer(data, dtype=dtype, count=size, offset=offset)
+  return arr.reshape(tuple(int(d) for d in dims)).astype(dtype.newbyteorder("="))
+
+
+def load_idx(images_path, labels_path) -> tuple[np.ndarray, np.ndarray]:
+  """Reads an IDX image file and its IDX label file.
+
+  Args:
+    images_path: ``*-images-idx3-ubyte[.gz]``.
+    labels_path: ``*-labels-idx1-ubyte[.gz]``.
+
+  Returns:
+    ``(x, y)``: ``x`` as stored (``uint8`` ``[N, H, W]`` for MNIST-like data),
+    ``y`` as ``int32`` ``[N]``.
+  """
+  x = read_idx(images_path)
+  y = read_idx(labels_path).astype(np.int32).reshape(-1)
+  check(x.shape[0] == y.shape[0], "labels_path", str(labels_path),
+        f"must hold {x.shape[0]} labels (one per image), found {y.shape[0]}")
+  return x, y
+
+
+def _find_file(d: pathlib.Path, stem: str) -> Optional[pathlib.Path]:
+  for cand in (d / f"{stem}{s}" for s in _SUFFIXES):
+    if cand.is_file():
+      return cand
+  return None
+
+
+def load(spec: DatasetSpec, request: Request) -> Optional[Arrays]:
+  """Reads the set's local IDX files.
+
+  Args:
+    spec: An IDX spec; its ``files`` are the train images, train labels, test
+      images and test labels.
+    request: Only ``data_dir`` is read (the entry point takes the subsets).
+
+  Returns:
+    ``(train_x, train_y, test_x, test_y)``, images ``uint8`` ``[N, H, W, 1]``
+    (transposed back when ``spec.transposed``), or ``None`` when no searched
+    folder holds all four files.
+  """
+  for d in spec.search_dirs(request.data_dir):
+    found = [_find_file(d, f) for f in spec.files]
+    if all(found):
+      tx, ty = load_idx(found[0], found[1])
+      ex, ey = load_idx(found[2], found[3])
+      if spec.transposed:
+        tx, ex = tx.transpose(0, 2, 1), ex.transpose(0, 2, 1)
+      return tx[..., None], ty, ex[..., None], ey
+  return None
+
+
+def expected_files(spec: DatasetSpec) -> list[str]:
+  """The file names searched for, as the error message lists them."""
+  return [f"{f}[.gz]" for f in spec.files]

@@ -1,0 +1,105 @@
+"""The one table of centralized data sets: what each is and where its files go.
+
+Every per-data-set fact (source, sub-folders and file names under the data
+directory, number of classes, example shape, tensorflow-datasets name, default
+model) is a field of a :class:`DatasetSpec` in :data:`SPECS`; the loaders, the
+error messages and the run configuration read them from here.
+
+Local layout under a data directory (``.gz`` or uncompressed IDX both
+accepted); each set's sub-folders are searched in order, then the data
+directory itself::
+
+  <data_dir>/mnist/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz
+  <data_dir>/fashion-mnist/  (same file names)
+  <data_dir>/emnist/emnist-byclass-{train,test}-{images-idx3,labels-idx1}-ubyte.gz
+  <data_dir>/cifar10/{train,test}.tar.gz  (members <split>/<class>/<NNNN>.jpg)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Optional
+
+from fedjax_dp.errors import check_choice
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetSpec:
+  """One centralized data set.
+
+  Attributes:
+    name: Name used by the API and the CLI (``--dataset``).
+    source: Module of :mod:`fedjax_dp.data.sources` that reads the local
+      files: ``"digits"``, ``"idx"`` or ``"cifar10"``.
+    num_classes: Number of classes.
+    example_shape: Shape of one example, NHWC without N.
+    default_model: Model used when the configuration names none.
+    subdirs: Sub-folders of the data directory searched, in order, before the
+      data directory itself.
+    files: File names in that folder: for IDX, the train images, train labels,
+      test images and test labels (each also accepted with ``.gz``); for
+      CIFAR-10 the train and test tarballs.
+    tfds_name: tensorflow-datasets name used with ``download=True``; ``None``
+      when the set needs no download.
+    transposed: Images are stored transposed (EMNIST, both in NIST's IDX
+      files and in tfds) and are transposed back on load.
+    natural_hint: Where a natural (per-client) partition of this data set
+      comes from, for the error message of ``partition="natural"``.
+  """
+  name: str
+  source: str
+  num_classes: int
+  example_shape: tuple[int, ...]
+  default_model: str
+  subdirs: tuple[str, ...] = ()
+  files: tuple[str, ...] = ()
+  tfds_name: Optional[str] = None
+  transposed: bool = False
+  natural_hint: Optional[str] = None
+
+  def search_dirs(self, data_dir: Optional[pathlib.Path]) -> list[pathlib.Path]:
+    """Folders searched for :attr:`files`, in order; none without a data dir."""
+    if data_dir is None:
+      return []
+    return [data_dir / s for s in self.subdirs] + [data_dir]
+
+
+def _idx_files(prefix: str, test: str) -> tuple[str, ...]:
+  return tuple(f"{prefix}{split}-{kind}-ubyte" for split in ("train", test)
+               for kind in ("images-idx3", "labels-idx1"))
+
+
+_MNIST_FILES = _idx_files("", "t10k")
+
+SPECS = (
+    DatasetSpec("digits", "digits", 10, (8, 8, 1), "digits_cnn"),
+    DatasetSpec("mnist", "idx", 10, (28, 28, 1), "cnn2", subdirs=("mnist",),
+                files=_MNIST_FILES, tfds_name="mnist"),
+    DatasetSpec("fashion_mnist", "idx", 10, (28, 28, 1), "cnn2",
+                subdirs=("fashion-mnist", "fashion_mnist"), files=_MNIST_FILES,
+                tfds_name="fashion_mnist"),
+    DatasetSpec("emnist", "idx", 62, (28, 28, 1), "cnn2",
+                subdirs=("emnist", "emnist/gzip"),
+                files=_idx_files("emnist-byclass-", "test"),
+                tfds_name="emnist/byclass", transposed=True,
+                natural_hint="fedjax_dp.data.tff_h5.load_federated_emnist for "
+                "writer-partitioned EMNIST"),
+    DatasetSpec("cifar10", "cifar10", 10, (32, 32, 3), "cnn2",
+                subdirs=("cifar10", "cifar-10"),
+                files=("train.tar.gz", "test.tar.gz"), tfds_name="cifar10"),
+)
+
+BY_NAME = {s.name: s for s in SPECS}
+
+DATASETS = tuple(BY_NAME)
+
+
+def get(name: str) -> DatasetSpec:
+  """Returns the spec of data set ``name``.
+
+  Raises:
+    ConfigError: Naming the known data sets, for an unknown ``name``.
+  """
+  check_choice("dataset", name, DATASETS)
+  return BY_NAME[name]
