@@ -16,14 +16,14 @@ import typing
 from typing import Any, Mapping, Optional
 
 from fedjax_dp.aggregators.base import DENOMINATORS
+from fedjax_dp.data.specs import SPECS
 from fedjax_dp.engine import PLACEMENTS
 from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit, check_positive
 from fedjax_dp.privacy.ledger import ACCOUNTANTS
 from fedjax_dp.round import WEIGHTINGS
 from fedjax_dp.sampling import SAMPLINGS
 
-DEFAULT_MODELS = {"digits": "digits_cnn", "mnist": "cnn2", "fashion_mnist": "cnn2", "emnist": "cnn2",
-                  "cifar10": "cnn2"}
+DEFAULT_MODELS = {spec.name: spec.default_model for spec in SPECS}
 
 
 def is_nonfinite(value: Any) -> bool:
