@@ -7,9 +7,8 @@ exit status 2, before anything is compiled or written.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
-
-import jax
 
 
 class ConfigError(ValueError):
@@ -32,8 +31,11 @@ def check(cond: bool, field: str, value: Any, allowed: str) -> None:
   """
   try:
     ok = bool(cond)
-  except jax.errors.ConcretizationTypeError:
-    return
+  except Exception as e:  # pylint: disable=broad-except
+    jax = sys.modules.get("jax")  # a traced condition exists only once jax is loaded
+    if jax is not None and isinstance(e, jax.errors.ConcretizationTypeError):
+      return
+    raise
   if not ok:
     raise ConfigError(field, value, allowed)
 
