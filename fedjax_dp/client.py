@@ -1,14 +1,43 @@
-"""Client-side local training, run per client under ``jax.vmap``."""
+"""Client-side local training, run per client under ``jax.vmap``.
+
+Two local loops, each ``Q`` steps under ``lax.scan`` on the client's own
+padded data: :func:`local_sgd` (the FedAvg family) and :func:`dp_sgd`,
+client-side DP-SGD (Abadi et al., CCS 2016) for example-level DP in
+federated learning (the DP-SGD family). One DP-SGD step:
+
+1. sample a batch from the client's ``|D_n|`` examples: Poisson sampling with
+   rate ``q_n = L / |D_n|`` (each example independently; a draw above the
+   step's capacity keeps a uniformly random subset, which the ledger
+   accounts, :func:`poisson_indices`), or a fixed-size batch of ``L``
+   examples drawn without replacement (:func:`fixed_indices`);
+2. its per-example clipped and noised gradient
+   (:func:`fedjax_dp.transforms.per_example.dp_gradient`: per-example
+   gradients, clipping to ``C``, Gaussian noise ``N(0, (sigma C)^2 I)`` on
+   the clipped sum, divided by ``L``), and one optimizer step.
+
+Privacy of :func:`dp_sgd` (example-level, local to each client): the privacy
+unit is one example of one client, under replace-one (the client's example
+count, which sets its sampling rate and weight, is public). With a
+data-independent ``C`` each step is a sampled Gaussian mechanism (see
+:mod:`fedjax_dp.transforms.per_example` for its multiplier and for
+``data_dependent_noise``, which voids the guarantee); the uploaded model is
+post-processing. The accounting lives in
+:mod:`fedjax_dp.privacy.example_level`. Not covered: the per-client losses
+and raw norm statistics a client reports (:class:`StepStats`, diagnostics).
+"""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dp.errors import check
+from fedjax_dp.errors import check, check_choice
+from fedjax_dp.sampling import SAMPLINGS
+from fedjax_dp.transforms import DPArgs, dp_gradient, global_norm, per_example_grads, plain_gradient
+from fedjax_dp.transforms.per_example import STATISTICS
 
 
 def sample_batch(x: jax.Array, y: jax.Array, count: jax.Array, key: jax.Array, batch_size: int):
@@ -55,9 +84,144 @@ def local_sgd(objective: Callable, optimizer: optax.GradientTransformation, loca
   return train
 
 
+class StepStats(NamedTuple):
+  """What a client reports after its local steps (sums over the steps).
+
+  ``stat_sum`` is the noisy shifted statistic (a DP release when the clip
+  bound and its noise are data-independent); everything else is raw and not
+  private (diagnostics, and the published SP-FL threshold rule).
+  """
+
+  loss: jax.Array           # mean per-example loss over the sampled examples
+  norm_sum: jax.Array       # sum of raw per-example gradient norms (not private)
+  examples: jax.Array       # realized number of sampled examples (not private)
+  clipped: jax.Array        # number of examples whose gradient was scaled down
+  noise_std: jax.Array      # mean over steps of the noise std on the sum
+  stat_sum: jax.Array       # sum over steps of the noisy shifted statistic
+  overflow: jax.Array       # steps whose Poisson draw exceeded the batch capacity
+  nonfinite: jax.Array      # sampled examples whose gradient was NaN/Inf (zeroed)
+
+
+def poisson_indices(count: jax.Array, rate: jax.Array, capacity: int, max_examples: int,
+                    key: jax.Array):
+  """Poisson sampling: each of the first ``count`` rows joins with probability ``rate``.
+
+  The selected rows are packed into a fixed ``capacity`` (chosen on the host
+  so that overflow has probability below 1e-9 per step). When more rows are
+  selected, a uniformly random ``capacity`` of them are kept: each row's
+  uniform draw ``u_i`` is also its priority, and given ``u_i < rate`` the
+  priorities of the selected rows are i.i.d. uniform, so the ``capacity``
+  smallest form a uniform random subset. That is the truncation
+  ``TruncatedSubsampledGaussianDpEvent`` accounts for. Returns
+  ``(idx [capacity], mask [capacity], overflow)``; ``overflow`` is 1.0 when
+  rows were dropped (a raw diagnostic).
+  """
+  u = jax.random.uniform(key, (max_examples,))
+  sel = (u < rate) & (jnp.arange(max_examples) < count)
+  n = jnp.sum(sel)
+  _, idx = jax.lax.top_k(-jnp.where(sel, u, 2.0), capacity)
+  mask = (jnp.arange(capacity) < n).astype(jnp.float32)
+  return idx, mask, (n > capacity).astype(jnp.float32)
+
+
+def fixed_indices(count: jax.Array, size: int, max_examples: int, key: jax.Array):
+  """``size`` distinct rows uniformly from the first ``count`` (needs ``count >= size``)."""
+  u = jax.random.uniform(key, (max_examples,))
+  u = jnp.where(jnp.arange(max_examples) < count, u, 2.0)
+  idx = jnp.argsort(u)[:size]
+  return idx, jnp.ones((size,), jnp.float32), jnp.zeros((), jnp.float32)
+
+
+def dp_sgd(objective: Callable, local_steps: int, batch_size: int, max_examples: int,
+           sampling: str = "poisson", capacity: Optional[int] = None, statistic: str = "none",
+           private: bool = True, data_dependent_noise: bool = False,
+           unroll: int | bool = 1) -> Callable:
+  """Q local DP-SGD steps on one client's data, as one ``lax.scan``.
+
+  The arguments are the static structure; the numbers come per call (the
+  client's :class:`DPArgs`, and the optimizer, built inside the trace from
+  the round's ``hparams``).
+
+  Args:
+    objective: ``(params, (x, y, mask), anchor) -> loss``.
+    local_steps: Q.
+    batch_size: ``L``: the expected (Poisson) or exact (fixed) batch size;
+      the Poisson rate of a client with ``|D_n|`` examples is ``L / |D_n|``.
+    max_examples: rows of the padded client arrays.
+    sampling: "poisson" or "fixed".
+    capacity: Poisson batch capacity (default: overflow probability < 1e-9
+      for the smallest client is the caller's job; here ``max_examples``).
+    statistic: the per-step noisy norm statistic ("none", "below", "norm").
+    private: False runs the same sampling and steps with plain minibatch
+      gradients (no per-example work, clip or noise): the NoDP baseline.
+    data_dependent_noise: see :func:`dp_gradient` (published SP-FL only; the
+      run then has no formal guarantee).
+    unroll: ``lax.scan`` unroll factor.
+
+  Returns:
+    ``train(params0, x, y, count, key, args, optimizer) -> (params_Q, StepStats)``,
+    where ``optimizer`` is the client optimizer applied to the noisy gradient
+    (fresh state each round).
+  """
+  check(local_steps >= 1, "local_steps", local_steps, "must be >= 1")
+  check(batch_size >= 1, "batch_size", batch_size, "must be >= 1")
+  check_choice("example_sampling", sampling, SAMPLINGS)
+  check_choice("statistic", statistic, STATISTICS)
+  cap = int(capacity or max_examples) if sampling == "poisson" else int(batch_size)
+  check(1 <= cap <= max_examples, "capacity", cap, f"must be in [1, {max_examples}]")
+  L = float(batch_size)
+
+  def train(params0, x, y, count, key, args: DPArgs, optimizer: optax.GradientTransformation):
+    rate = L / jnp.maximum(count, 1).astype(jnp.float32)
+
+    def step(carry, k):
+      params, opt_state = carry
+      k_batch, k_noise = jax.random.split(k)
+      if sampling == "poisson":
+        idx, mask, overflow = poisson_indices(count, rate, cap, max_examples, k_batch)
+      else:
+        idx, mask, overflow = fixed_indices(count, cap, max_examples, k_batch)
+      if private:
+        g, info = dp_gradient(objective, params, params0, x[idx], y[idx], mask, args, k_noise, L,
+                              statistic, data_dependent_noise)
+      else:
+        g, info = plain_gradient(objective, params, params0, x[idx], y[idx], mask, k_noise, L)
+      upd, opt_state = optimizer.update(g, opt_state, params)
+      return (optax.apply_updates(params, upd), opt_state), dict(info, overflow=overflow)
+
+    keys = jax.random.split(key, local_steps)
+    (params, _), infos = jax.lax.scan(step, (params0, optimizer.init(params0)), keys, unroll=unroll)
+    examples = jnp.sum(infos["examples"])
+    stats = StepStats(
+        loss=jnp.sum(infos["loss_sum"]) / jnp.maximum(examples, 1.0),
+        norm_sum=jnp.sum(infos["norm_sum"]), examples=examples,
+        clipped=jnp.sum(infos["clipped"]), noise_std=jnp.mean(infos["noise_std"]),
+        stat_sum=jnp.sum(infos["stat"]), overflow=jnp.sum(infos["overflow"]),
+        nonfinite=jnp.sum(infos["nonfinite"]))
+    return params, stats
+
+  return train
+
+
+def mean_initial_norm(objective: Callable, params, x, y, counts, per_client: int) -> jax.Array:
+  """Mean per-example gradient L2 norm at ``params`` over every client's first ``per_client`` rows.
+
+  SP-FL's initial clip threshold ("the mean of all clients' initial gradient
+  L2 norms", Sec. 2.1). It reads the raw data: not private.
+  """
+  per_client = int(min(per_client, x.shape[1]))
+
+  def client(xc, yc, c):
+    _, g = per_example_grads(objective, params, params, xc[:per_client], yc[:per_client])
+    m = (jnp.arange(per_client) < c).astype(jnp.float32)
+    return jnp.sum(jax.vmap(global_norm)(g) * m), jnp.sum(m)
+
+  sums, ns = jax.lax.map(lambda a: client(*a), (x, y, counts))
+  return jnp.sum(sums) / jnp.maximum(jnp.sum(ns), 1.0)
+
+
 def make_optimizer(name: str, learning_rate: float, **kwargs) -> optax.GradientTransformation:
   """Named optax optimizer: "sgd", "momentum" (0.9), "adam" (FedAdam on the server), "adagrad", "yogi"."""
-  from fedjax_dp.errors import check_choice
   check_choice("optimizer", name, OPTIMIZERS)
   check(learning_rate > 0, "learning_rate", learning_rate, "must be > 0")
   if name == "sgd":

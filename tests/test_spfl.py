@@ -13,10 +13,9 @@ from fedjax_dp import objectives
 from fedjax_dp.algorithms import build
 from fedjax_dp.algorithms.adp_fl import quantile_update
 from fedjax_dp.algorithms.spfl import HIGH, LOW, privacy_classes
+from fedjax_dp.client import StepStats, mean_initial_norm, poisson_indices
 from fedjax_dp.config import make_config
 from fedjax_dp.data import FederatedData
-from fedjax_dp.dpsgd import (StepStats, clip_factors, dp_args, dp_gradient, mean_initial_norm,
-                             per_example_grads, poisson_indices)
 from fedjax_dp.engine import run, run_keys
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.experiment import simulate
@@ -26,7 +25,7 @@ from fedjax_dp.privacy.example_level import (ExampleDPSGDMechanism, ExampleLevel
                                              split_noise_multiplier)
 from fedjax_dp.round import Round
 from fedjax_dp.sampling import Cohort
-from fedjax_dp.transforms import global_norm
+from fedjax_dp.transforms import clip_factors, dp_args, dp_gradient, global_norm, per_example_grads
 
 SHAPE = (8, 8, 1)
 

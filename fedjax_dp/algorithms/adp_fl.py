@@ -34,8 +34,8 @@ import jax.numpy as jnp
 from fedjax_dp.algorithms import Setup
 from fedjax_dp.algorithms.spfl import (build_dpsgd_family, example_mechanism, init_clip_bound,
                                        options, resolve_sigma, statistic_budget)
-from fedjax_dp.dpsgd import dp_args
 from fedjax_dp.privacy.example_level import PrivacyClass
+from fedjax_dp.transforms import dp_args
 
 
 def quantile_update(clip, stat_sum, expected, target_quantile, clip_lr, min_clip=0.0,

@@ -3,7 +3,7 @@
 Wu and Li, "Segmental tailoring federated learning algorithm based on
 differential privacy", Application Research of Computers 41(5), 2024
 (SP-FL). Every algorithm here trains with client-side DP-SGD
-(:mod:`fedjax_dp.dpsgd`): per-example gradients clipped, Gaussian noise on
+(:func:`fedjax_dp.client.dp_sgd`): per-example gradients clipped, Gaussian noise on
 each step's clipped sum, ``Q`` local steps with per-step sampling rate
 ``L / |D_n|``; the server averages the uploaded models weighted by sample
 counts (Sec. 2.4 f; ``weighting="examples"``).
@@ -43,7 +43,7 @@ with these reasons and prints no epsilon. ``spfl-sound``, ``dp-fl`` and
 ``adp-fl`` have a real per-class epsilon.
 
 Every algorithm here is one :class:`fedjax_dp.round.Round`
-(:func:`fedjax_dp.dpsgd.dpsgd_round`) whose numbers (noise multipliers,
+(:func:`fedjax_dp.algorithms.dpsgd_family.dpsgd_round`) whose numbers (noise multipliers,
 betas, bounds, the threshold rules' rates, learning rates, the clients'
 privacy classes) are in the Setup's ``hparams``: runs that differ only in
 numbers share one compilation. The family takes no Byzantine clients, no
@@ -72,14 +72,15 @@ import numpy as np
 from fedjax_dp import objectives
 from fedjax_dp.algorithms import Setup, cached_round, common_hparams, read_options
 from fedjax_dp.algorithms.dp_fedavg import make_model
-from fedjax_dp.dpsgd import (EXAMPLE_SAMPLINGS, DPSGDPieces, dp_args, dp_sgd, dpsgd_round,
-                             mean_initial_norm)
+from fedjax_dp.algorithms.dpsgd_family import DPSGDPieces, dpsgd_round
+from fedjax_dp.client import dp_sgd, mean_initial_norm
 from fedjax_dp.errors import ConfigError, check, check_choice
 from fedjax_dp.privacy import NonPrivate
 from fedjax_dp.privacy.example_level import (ExampleDPSGDMechanism, ExampleLevelAccounting,
                                              PrivacyClass, calibrate_example_noise,
                                              split_noise_multiplier)
-from fedjax_dp.sampling import make_sampler, poisson_capacity
+from fedjax_dp.sampling import SAMPLINGS, make_sampler, poisson_capacity
+from fedjax_dp.transforms import dp_args
 
 HIGH, LOW = 0, 1
 _CLASS_TAG = 0x5BF1
@@ -107,7 +108,7 @@ def options(config) -> dict:
     check(float(opts[k]) > 0, k, opts[k], "must be > 0")
   check(0.0 < float(opts["target_quantile"]) < 1.0, "target_quantile", opts["target_quantile"],
         "must be in (0, 1)")
-  check_choice("example_sampling", opts["example_sampling"], EXAMPLE_SAMPLINGS)
+  check_choice("example_sampling", opts["example_sampling"], SAMPLINGS)
   check(int(opts["init_norm_examples"]) >= 1, "init_norm_examples", opts["init_norm_examples"],
         "must be >= 1")
   opts["low_cap"] = float(config.clip if opts["low_cap"] is None else opts["low_cap"])
@@ -199,7 +200,7 @@ def build_dpsgd_family(config, data, *, name: str, statistic: str, private: bool
   """Shared builder: model, local DP-SGD, the round, sampler, hparams and per-class accounting.
 
   ``client_args``, ``threshold_rule`` and ``init_thresholds`` (see
-  :func:`fedjax_dp.dpsgd.dpsgd_round`) belong to the algorithm ``name`` and
+  :func:`fedjax_dp.algorithms.dpsgd_family.dpsgd_round`) belong to the algorithm ``name`` and
   read every number from ``hp``: the round is cached by its static structure
   (:func:`fedjax_dp.algorithms.cached_round`), so a later build with other
   numbers reuses the first build's functions. ``hparams`` holds the

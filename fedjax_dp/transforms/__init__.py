@@ -8,6 +8,11 @@ in as the extra argument ``key=``. Transforms are applied per client under
 ``optax.chain`` hands the same ``key`` to every member, so each random transform
 first folds its own salt into the key: two different random transforms in one
 chain draw independent noise (two of the same kind need distinct ``salt=``).
+
+:mod:`fedjax_dp.transforms.per_example` holds the per-example counterpart used
+by DP-SGD: per-example gradients, their clipping and the noise on their sum
+(one step's gradient, :func:`dp_gradient`), functions of a batch rather than
+optax transforms of one update.
 """
 
 from fedjax_dp.transforms.core import (
@@ -18,7 +23,16 @@ from fedjax_dp.transforms.core import (
     identity,
     salted,
 )
+from fedjax_dp.transforms.per_example import (
+    DPArgs,
+    clip_factors,
+    dp_args,
+    dp_gradient,
+    per_example_grads,
+    plain_gradient,
+)
 from fedjax_dp.transforms.sparsify import sparsify_by_utility
 
-__all__ = ["add_gaussian_noise", "clip_l2", "gaussian_like", "global_norm", "identity", "salted",
-           "sparsify_by_utility"]
+__all__ = ["DPArgs", "add_gaussian_noise", "clip_factors", "clip_l2", "dp_args", "dp_gradient",
+           "gaussian_like", "global_norm", "identity", "per_example_grads", "plain_gradient",
+           "salted", "sparsify_by_utility"]

@@ -1,0 +1,167 @@
+"""The DP-SGD family on the one round: client-side DP-SGD with per-class clip thresholds.
+
+A DP-SGD-family round (spfl, spfl-sound, dp-fl, adp-fl, nodp-fl) is
+described by a :class:`DPSGDPieces` record (static: the example sampling,
+the per-step statistic, whether the steps are private) and built by
+:func:`dpsgd_round`, a :class:`fedjax_dp.round.Round`: each cohort client
+runs ``Q`` local DP-SGD steps (:func:`fedjax_dp.client.dp_sgd`, per-example
+clipping and noise from :mod:`fedjax_dp.transforms.per_example`) and uploads
+its model delta; the server averages the deltas and updates the per-class
+clip thresholds (its state). Every number (the noise multipliers, betas,
+the threshold rules' rates, the client and server learning rates, the
+clients' privacy classes) comes in the round's ``hparams``, so runs that
+differ only in numbers share one compilation. The algorithms' builders are
+in :mod:`fedjax_dp.algorithms.spfl` and :mod:`fedjax_dp.algorithms.adp_fl`.
+
+Privacy: example-level, local to each client (see :mod:`fedjax_dp.client`
+and :mod:`fedjax_dp.transforms.per_example`; accounted by
+:mod:`fedjax_dp.privacy.example_level`). The aggregate of the clients'
+deltas is post-processing of their DP-SGD outputs, and so are the
+thresholds when they are set from noisy statistics only. Not covered: the
+per-client losses and raw norm statistics reported in the run's metrics
+(:func:`dpsgd_metrics`, diagnostics).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional
+
+import jax.numpy as jnp
+
+from fedjax_dp import aggregators
+from fedjax_dp.client import make_optimizer
+from fedjax_dp.round import ClientOut, Round, tree_sub
+from fedjax_dp.transforms import global_norm
+
+
+@dataclasses.dataclass(frozen=True)
+class DPSGDPieces:
+  """The static structure of a DP-SGD-family round (its Round's ``describe``).
+
+  Attributes:
+    name: the algorithm ("spfl", "spfl-sound", "dp-fl", "adp-fl", "nodp-fl").
+    sampling: per-step example sampling, "poisson" or "fixed".
+    capacity: the Poisson batch capacity (None for fixed-size batches).
+    statistic: the per-step noisy norm statistic ("none", "below", "norm").
+    private: per-example clipping and noise (False: NoDP-FL's plain minibatch steps).
+    data_dependent_noise: published SP-FL's noise scaled by the batch's own norms.
+    class_names: the privacy classes in threshold order (metrics ``clip_<name>``).
+    weighting: "examples" or "uniform".
+  """
+
+  name: str
+  sampling: str
+  capacity: Optional[int]
+  statistic: str
+  private: bool
+  data_dependent_noise: bool
+  class_names: tuple
+  weighting: str
+
+  # No update-level clip bound: each example's gradient is clipped inside DP-SGD instead (so the
+  # engine reports no update-level ``fraction_clipped``).
+  bound = None
+
+
+def dpsgd_client(local_train: Callable, client_optimizer: str) -> Callable:
+  """``hp -> client``: :func:`fedjax_dp.client.dp_sgd`'s ``Q`` local steps, uploading ``w_{t,Q} - w_t``.
+
+  The client optimizer is built inside the trace with learning rate
+  ``hp["client_lr"]``; the client's
+  :class:`fedjax_dp.transforms.per_example.DPArgs` come in as its
+  ``client_hp``; its :class:`fedjax_dp.client.StepStats` are the ``aux``
+  output (for the threshold rule and the metrics).
+  """
+
+  def client(hp):
+    optimizer = make_optimizer(client_optimizer, hp["client_lr"])
+
+    def fn(params0, x, y, count, row, args, key):
+      del row
+      params_q, stats = local_train(params0, x, y, count, key, args, optimizer)
+      delta = tree_sub(params_q, params0)
+      return ClientOut(upload=delta, loss=stats.loss, norm=global_norm(delta), aux=stats)
+
+    return fn
+
+  return client
+
+
+def dpsgd_metrics(class_names: tuple) -> Callable:
+  """The round's extra metrics from the clients' :class:`fedjax_dp.client.StepStats` (raw
+  diagnostics) and the thresholds in force this round (``clip_<class>``, from the server state
+  before the rule)."""
+
+  def metrics(state, new_params, out, sent, mask, hp):
+    del new_params, sent, hp
+    stats = out.aux
+    examples = jnp.maximum(jnp.sum(stats.examples * mask), 1.0)
+    m = {"fraction_examples_clipped": jnp.sum(stats.clipped * mask) / examples,
+         "mean_example_grad_norm": jnp.sum(stats.norm_sum * mask) / examples,
+         "noise_std": jnp.sum(stats.noise_std * mask) / jnp.maximum(jnp.sum(mask), 1.0),
+         "poisson_overflow_steps": jnp.sum(stats.overflow * mask),
+         "nonfinite_example_grads": jnp.sum(stats.nonfinite * mask)}
+    for i, name in enumerate(class_names):
+      m[f"clip_{name}"] = state.server[i]
+    return m
+
+  return metrics
+
+
+def dpsgd_round(model, num_clients: int, pieces: DPSGDPieces, *, local_train: Callable,
+                client_optimizer: str, server_optimizer: str, client_args: Callable,
+                threshold_rule: Callable, init_thresholds: Callable) -> Round:
+  """A round of client-side DP-SGD with per-class thresholds, on the one federated round.
+
+  Per round: each cohort client gets
+  :class:`fedjax_dp.transforms.per_example.DPArgs` from its privacy class
+  (``hp["client_class"]``, ``[num_clients]`` int32) and the current
+  thresholds (``client_args``), runs :func:`fedjax_dp.client.dp_sgd` and
+  uploads its model delta; the server takes the mean of the deltas weighted by
+  ``pieces.weighting`` ("examples": sample counts, as in SP-FL Sec. 2.4 f;
+  with server SGD at rate 1 this is the weighted average of the models) and
+  then updates the thresholds from what the clients reported
+  (``threshold_rule``). The thresholds are the round's server state.
+
+  Args:
+    model: a :class:`fedjax_dp.models.Model`.
+    num_clients: the population size.
+    pieces: the static structure (:class:`DPSGDPieces`).
+    local_train: from :func:`fedjax_dp.client.dp_sgd`.
+    client_optimizer: name of the client optimizer (rate ``hp["client_lr"]``).
+    server_optimizer: name of the server optimizer (rate ``hp["server_lr"]``).
+    client_args: ``(thresholds, hp, classes [C]) -> DPArgs`` with ``[C]`` leaves.
+    threshold_rule: ``(thresholds, hp, StepStats [C], mask [C], classes [C]) -> thresholds``.
+    init_thresholds: ``(params, hp) -> thresholds`` (``[len(class_names)]``, or ``[1]``) at round 0.
+
+  None of the functions may hold a number of the run: they read them from
+  ``hp``, so that the :class:`Round` can be shared by runs that differ only
+  in numbers (:func:`fedjax_dp.algorithms.cached_round`).
+  """
+
+  def classes_of(hp, ids):
+    return jnp.asarray(hp["client_class"], jnp.int32)[ids]
+
+  def client_hparams(thresholds, hp, ids):
+    return client_args(thresholds, hp, classes_of(hp, ids))
+
+  def server_rule(thresholds, hp, stats, mask, ids):
+    return threshold_rule(thresholds, hp, stats, mask, classes_of(hp, ids))
+
+  def init_server(params, hp):
+    return jnp.asarray(init_thresholds(params, hp), jnp.float32)
+
+  def aggregator(hp):
+    del hp
+    return aggregators.robust.guard_nonfinite(aggregators.mean("realized"))
+
+  return Round(
+      model=model, num_clients=num_clients,
+      client=dpsgd_client(local_train, client_optimizer), aggregator=aggregator,
+      weighting=pieces.weighting, server_optimizer=server_optimizer, init_server=init_server,
+      client_hparams=client_hparams, server_rule=server_rule,
+      metrics=dpsgd_metrics(tuple(pieces.class_names)),
+      # The aggregate of the clients' DP-SGD deltas, and the thresholds, which the sound
+      # variants set from noisy statistics only (see fedjax_dp.engine).
+      released_metrics=("aggregate_norm", "clip_*"), describe=pieces)
