@@ -28,7 +28,7 @@ import numpy as np
 import optax
 
 from fedjax_dp.algorithms.dp_fedavg import build_dp_fedavg
-from fedjax_dp.algorithms.fedavg import CohortBatch, client_keys, mask_rows
+from fedjax_dp.round import CohortBatch, client_keys, compiled_step, mask_rows, server_update
 from fedjax_dp.config import make_config
 from fedjax_dp.data import FederatedData
 from fedjax_dp.objectives import supervised
@@ -62,35 +62,37 @@ def measure(model: str, clients: int, local_steps: int, batch: int, examples: in
   config = make_config(model=model, num_clients=clients, sampling="fixed", cohort_size=clients,
                        local_steps=local_steps, batch_size=batch, clip=1.0, noise_multiplier=1.0,
                        target_epsilon=None, conv_impl=conv_impl, client_lr=0.01)
-  program = build_dp_fedavg(config, data).program
-  state = program.init(jax.random.PRNGKey(0))
+  setup = build_dp_fedavg(config, data)
+  program = setup.program
+  hp = {k: jnp.asarray(v) for k, v in setup.hparams.items()}
+  state = program.init(jax.random.PRNGKey(0), hp)
   ids = jnp.arange(clients, dtype=jnp.int32)
   mask = jnp.ones(clients, jnp.float32)
   x, y, c = jnp.asarray(data.x), jnp.asarray(data.y), jnp.asarray(data.counts)
   key = jax.random.PRNGKey(1)
   batch_arrays = CohortBatch(x, y, c, ids, mask)
 
-  step = jax.jit(program.round_step)
-  engine_s = _time(lambda: jax.block_until_ready(step(state, batch_arrays, key)), repeats)
+  step = compiled_step(program, "host")
+  engine_s = _time(lambda: jax.block_until_ready(step(state, hp, batch_arrays, key)), repeats)
 
   result = {"model": model, "clients": clients, "local_steps": local_steps, "batch": batch,
             "conv_impl": conv_impl, "backend": jax.default_backend(),
             "device": str(jax.devices()[0]), "engine_s_per_round": engine_s}
 
   if not skip_loop:
-    client_update = jax.jit(program.client_update)
+    client_update = jax.jit(program.client(hp))
 
     @jax.jit
     def server(state, deltas, k):
       deltas = mask_rows(deltas, mask)
-      agg, _ = program.aggregator.aggregate(deltas, mask, mask, state.agg_state, k)
-      upd, _ = program.server_optimizer.update(jax.tree_util.tree_map(jnp.negative, agg), state.opt_state)
-      return optax.apply_updates(state.params, upd)
+      agg, _ = program.aggregator(hp).aggregate(deltas, mask, mask, state.agg_state, k)
+      return server_update(program, state, agg, hp)[0]
 
     def loop_round():
-      k_clients, k_agg = jax.random.split(key)
+      k_clients, _, k_agg = jax.random.split(key, 3)
       keys = client_keys(k_clients, ids)
-      outs = [client_update(state.params, x[i], y[i], c[i], keys[i])[0] for i in range(clients)]
+      outs = [client_update(state.params, x[i], y[i], c[i], (), (), keys[i]).upload
+              for i in range(clients)]
       deltas = jax.tree_util.tree_map(lambda *d: jnp.stack(d), *outs)
       return jax.block_until_ready(server(state, deltas, k_agg))
 

@@ -1,0 +1,21 @@
+"""The benchmark scripts run at a tiny size (their numbers are measured outside the tests)."""
+
+import importlib.util
+import pathlib
+
+BENCH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name):
+  spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def test_round_speed_measures_engine_loop_and_centralized_at_a_tiny_size():
+  r = _load("round_speed").measure("mlp", clients=3, local_steps=2, batch=4, examples=8, repeats=1,
+                                   conv_impl="im2col")
+  for key in ("engine_s_per_round", "loop_s_per_round", "centralized_s_per_round"):
+    assert r[key] > 0
+  assert r["loop_over_engine"] > 0 and r["client_steps_per_s"] > 0
