@@ -89,7 +89,7 @@ def measure(model: str, clients: int, local_steps: int, batch: int, examples: in
       return server_update(program, state, agg, hp)[0]
 
     def loop_round():
-      k_clients, _, k_agg = jax.random.split(key, 3)
+      k_clients, k_agg = jax.random.split(key)
       keys = client_keys(k_clients, ids)
       outs = [client_update(state.params, x[i], y[i], c[i], (), (), keys[i]).upload
               for i in range(clients)]

@@ -105,6 +105,7 @@ def scatter_rows(tree, ids, rows, mask, num_clients: int):
 
 
 WEIGHTINGS = ("uniform", "examples")
+SALT_ATTACK = 0xA77C
 
 
 def client_weights(weighting: str, batch: CohortBatch) -> jax.Array:
@@ -240,7 +241,10 @@ def nonfinite_rows(rows, mask) -> jax.Array:
 
 def step(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.Array):
   """One federated round (pure; see the module docstring). Returns ``(state, metrics)``."""
-  k_clients, k_attack, k_agg = jax.random.split(key, 3)
+  # The split the FedAvg and DP-SGD programs used before the one round, so their runs
+  # reproduce; the attack draws from its own salt.
+  k_clients, k_agg = jax.random.split(key)
+  k_attack = jax.random.fold_in(k_agg, SALT_ATTACK)
   keys = client_keys(k_clients, batch.ids)
   rows = gather_rows(state.rows, batch.ids)
   chp = () if rnd.client_hparams is None else rnd.client_hparams(state.server, hp, batch.ids)

@@ -48,7 +48,7 @@ def test_vmapped_round_equals_python_loop(digits, algorithm):
   key = jax.random.PRNGKey(7)
   new_state, metrics = compiled_step(rnd, "host")(state, hp, _batch(digits, ids, mask), key)
   # The same client update, one client at a time.
-  k_clients, _, _ = jax.random.split(key, 3)
+  k_clients, _ = jax.random.split(key)
   keys = client_keys(k_clients, jnp.asarray(ids))
   update = jax.jit(rnd.client(hp))
   deltas, norms = [], []
