@@ -252,21 +252,37 @@ def test_run_config_refuses_non_finite_int_fields():
 
 
 def test_read_options_refuses_non_finite_values_but_keeps_named_choices():
-  from fedjax_dp.algorithms import read_options
+  from fedjax_dp.algorithms import blur_lus, read_options, rsa
   cfg = RunConfig(algorithm="blur+lus", options={"lambda": math.inf})
   with pytest.raises(ConfigError) as e:
-    read_options(cfg, {"lambda": 0.4, "sparsity": 0.7})
+    read_options(cfg, blur_lus.OPTIONS)
   assert e.value.field == "option lambda" and "finite" in e.value.allowed
   cfg = RunConfig(algorithm="blur+lus", options={"sparsity": "NaN"})
   with pytest.raises(ConfigError, match="option sparsity"):
-    read_options(cfg, {"lambda": 0.4, "sparsity": 0.7})
+    read_options(cfg, blur_lus.OPTIONS)
   cfg = RunConfig(algorithm="dp-rsa-f", options={"keep_prob": math.nan})
   with pytest.raises(ConfigError, match="option keep_prob"):
-    read_options(cfg, {"keep_prob": None, "epsilon": None})
+    read_options(cfg, rsa.OPTIONS["dp-rsa-f"])
   # An option whose value is a name ("nan" picks the non-finite attack) is not a number.
-  cfg = RunConfig(algorithm="sgd", options={"attack": "nonfinite", "nonfinite_value": "inf"})
-  opts = read_options(cfg, {"attack": "none", "nonfinite_value": "nan"})
+  cfg = RunConfig(algorithm="sgd", attack="nonfinite", options={"nonfinite_value": "inf"})
+  opts = read_options(cfg, (), byzantine=True)
   assert opts["nonfinite_value"] == "inf"
   cfg = RunConfig(algorithm="sgd", options={"nonfinite_value": math.nan})
   with pytest.raises(ConfigError, match="option nonfinite_value"):
-    read_options(cfg, {"nonfinite_value": "nan"})
+    read_options(cfg, (), byzantine=True)
+
+
+@pytest.mark.parametrize("algorithm,option,value", [
+    ("trimmed_mean", "trim_beta", "abc"), ("gm", "gm_max_iter", 2.5), ("krum", "krum_m", "two"),
+    ("blur+lus", "lus_batches", 1.5), ("blur+lus", "lambda", [0.4]), ("dp-fl", "high_fraction", "x"),
+    ("adp-fl", "target_quantile", True), ("dp-rsa-f", "keep_prob", "0.7"),
+    ("spfl", "example_sampling", "bernoulli"), ("dp-rsa-g", "sign_clip_norm", "l1")])
+def test_wrong_typed_options_are_refused_in_one_line(algorithm, option, value, capsys, tmp_path):
+  # These used to end in tracebacks (float("abc"), comparisons of str and float, ...).
+  cfg = tmp_path / "c.json"
+  cfg.write_text(json.dumps({"algorithm": algorithm, "num_clients": 20, "rounds": 1,
+                             "options": {option: value}}))
+  assert main(["run", "--config", str(cfg), "--output-dir", str(tmp_path / "o"), "--no-progress"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and f"option {option}" in err[0] and "must be" in err[0]
+  assert not (tmp_path / "o").exists()

@@ -86,9 +86,9 @@ BATCH = CohortBatch(jnp.zeros((5, 2, 1)), jnp.zeros((5, 2), jnp.int32), jnp.ones
 
 
 def _hp(**kw):
-  from fedjax_dp.algorithms import AGGREGATOR_OPTIONS, BYZANTINE_OPTIONS, STATIC_AGGREGATOR_OPTIONS
-  hp = {k: v for k, v in {**BYZANTINE_OPTIONS, **AGGREGATOR_OPTIONS}.items()
-        if k not in STATIC_AGGREGATOR_OPTIONS and k != "nonfinite_value"}
+  from fedjax_dp.algorithms import options
+  hp = {o.name: o.default for o in options.BYZANTINE + options.AGGREGATOR
+        if o.name not in options.STATIC_AGGREGATOR and o.kind != "choice"}
   hp.update(alie_z=float("nan"), server_lr=0.1, client_lr=0.1, l2=0.004, byzantine=1, **{"lambda": 0.01})
   hp.update(kw)
   return {k: jnp.asarray(v, jnp.int32 if k == "byzantine" else jnp.float32) for k, v in hp.items()}

@@ -74,8 +74,8 @@ def build_adp_fl(config, data) -> Setup:
                           "adaptive clip bound from noisy per-example quantile bits (accounted: "
                           "the gradient and the bits share the step's multiplier z)")]
   hparams = {"sigma": sigma, "z_grad": z_grad, "stat_noise": stat_noise,
-             "target_quantile": float(opts["target_quantile"]), "clip_lr": float(opts["clip_lr"]),
-             "min_clip": float(opts["min_clip"]), "max_clip": float(opts["max_clip"]),
+             "target_quantile": opts["target_quantile"], "clip_lr": opts["clip_lr"],
+             "min_clip": opts["min_clip"], "max_clip": opts["max_clip"],
              "clip": config.clip}
   return build_dpsgd_family(
       config, data, name="adp-fl", statistic="below", private=True, client_args=_adp_args,

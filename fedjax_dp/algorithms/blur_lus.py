@@ -41,27 +41,22 @@ from __future__ import annotations
 
 from fedjax_dp.algorithms import Setup
 from fedjax_dp.algorithms.dp_fedavg import build_fedavg_family
-from fedjax_dp.errors import check
+from fedjax_dp.algorithms.options import Option
 
-DEFAULTS = {"lambda": 0.4, "sparsity": 0.7, "lus_batches": 1}
-
-
-def _validate(opts: dict) -> None:
-  for k in ("lambda", "sparsity"):
-    check(isinstance(opts[k], (int, float)) and not isinstance(opts[k], bool), k, opts[k],
-          "must be a number")
-  check(opts["lambda"] >= 0, "lambda", opts["lambda"], "must be >= 0")
-  check(0 <= opts["sparsity"] < 1, "sparsity", opts["sparsity"], "must be in [0, 1)")
-  nb = opts["lus_batches"]
-  check(isinstance(nb, int) and not isinstance(nb, bool) and nb >= 0, "lus_batches", nb,
-        "must be an integer >= 0 (0: the client's whole data set)")
+OPTIONS = (
+    Option("lambda", 0.4, "BLUR's regularisation weight (paper's grid 0.05-0.8)", low=0),
+    Option("sparsity", 0.7, "LUS: fraction c of each layer's update zeroed (paper's grid 0.1-0.9)",
+           low=0, high=1, high_open=True),
+    Option("lus_batches", 1, "LUS: minibatches its gradient averages; 0: the client's whole data",
+           kind="int", low=0),
+)
+DEFAULTS = {o.name: o.default for o in OPTIONS}
 
 
 def _build(config, data, *, use_blur: bool, use_lus: bool) -> Setup:
   return build_fedavg_family(config, data, private=True,
                              regularizer="blur" if use_blur else "none",
-                             pre_clip=("sparsify",) if use_lus else (), defaults=DEFAULTS,
-                             validate=_validate)
+                             pre_clip=("sparsify",) if use_lus else (), table=OPTIONS)
 
 
 def build_dp_fedavg_blur(config, data) -> Setup:

@@ -26,8 +26,8 @@ same guarantee.
 
 from __future__ import annotations
 
-from fedjax_dp.algorithms import (Setup, cached_round, common_hparams, read_options,
-                                  STATIC_AGGREGATOR_OPTIONS)
+from fedjax_dp.algorithms import Setup, cached_round, common_hparams, read_options
+from fedjax_dp.algorithms.options import STATIC_AGGREGATOR
 from fedjax_dp.algorithms.fedavg import Pieces, fedavg_round
 from fedjax_dp.errors import ConfigError, check
 from fedjax_dp.privacy import calibrate_noise_multiplier
@@ -62,7 +62,7 @@ def resolve_noise_multiplier(config, data) -> float:
 
 
 def build_fedavg_family(config, data, *, private: bool, regularizer: str = "none",
-                        pre_clip: tuple = (), defaults: dict = None, validate=None) -> Setup:
+                        pre_clip: tuple = (), table: tuple = ()) -> Setup:
   """Shared builder of the FedAvg family.
 
   Args:
@@ -71,12 +71,9 @@ def build_fedavg_family(config, data, *, private: bool, regularizer: str = "none
     private: clip to ``clip`` and add calibrated Gaussian noise to the sum.
     regularizer: "none" or "blur" (the local objective).
     pre_clip: client transforms before the clip (``("sparsify",)`` for LUS).
-    defaults: the algorithm's own options (``--set``) and their defaults.
-    validate: optional check of the read options (raises ConfigError).
+    table: the algorithm's own settings (:class:`fedjax_dp.algorithms.options.Option`).
   """
-  opts = read_options(config, dict(defaults or {}), byzantine=True)
-  if validate is not None:
-    validate(opts)
+  opts = read_options(config, table, byzantine=True)
   if config.sampling == "fixed":
     check(config.cohort_size <= data.num_clients, "cohort_size", config.cohort_size,
           f"must be <= the population ({data.num_clients} clients)")
@@ -103,8 +100,8 @@ def build_fedavg_family(config, data, *, private: bool, regularizer: str = "none
     pieces = Pieces(transforms=tuple(pre_clip), aggregator=aggregator, noise=False,
                     weighting=config.weighting, denominator="realized", regularizer=regularizer)
   model = make_model(config, data)
-  static = {k: int(opts[k]) for k in STATIC_AGGREGATOR_OPTIONS}
-  lus_batches = int(opts.get("lus_batches", 1))
+  static = {k: opts[k] for k in STATIC_AGGREGATOR}
+  lus_batches = opts.get("lus_batches", 1)
   key = ("fedavg", model, data.num_clients, pieces, config.local_steps, config.batch_size,
          config.client_optimizer, config.server_optimizer, str(config.attack).replace("-", "_"),
          opts["nonfinite_value"], lus_batches, tuple(sorted(static.items())))

@@ -37,8 +37,8 @@ from typing import Callable
 import jax
 
 from fedjax_dp import objectives
-from fedjax_dp.algorithms import (STATIC_AGGREGATOR_OPTIONS, Setup, cached_round, common_hparams,
-                                  read_options)
+from fedjax_dp.algorithms import Setup, cached_round, common_hparams, read_options
+from fedjax_dp.algorithms.options import L2, STATIC_AGGREGATOR
 from fedjax_dp.algorithms.fedavg import Pieces, make_aggregator
 from fedjax_dp.client import sample_batch
 from fedjax_dp.errors import check, check_choice
@@ -48,13 +48,6 @@ from fedjax_dp.transforms import global_norm
 AGGREGATORS = {"sgd": "mean", "signsgd": "sign_vote", "gm": "geometric_median",
                "median": "coordinate_median", "trimmed_mean": "trimmed_mean", "krum": "krum",
                "centered_clipping": "centered_clipping"}
-L2_OPTIONS = {"l2": 0.004}
-
-
-def check_l2(opts: dict) -> None:
-  check(isinstance(opts["l2"], (int, float)) and opts["l2"] >= 0, "l2", opts["l2"], "must be >= 0")
-
-
 def attacker_knowledge(config) -> str:
   """"omniscient" when the attack reads the regular rows and is told to read their raw state."""
   from fedjax_dp.attacks import get
@@ -99,11 +92,10 @@ def build_robust_sgd(config, data, method: str) -> Setup:
   check_choice("method", method, sorted(AGGREGATORS))
   check(config.aggregator in (None, AGGREGATORS[method]), "aggregator", config.aggregator,
         f"must be unset or {AGGREGATORS[method]!r}: algorithm {method!r} is that aggregator")
-  opts = read_options(config, L2_OPTIONS, byzantine=True)
-  check_l2(opts)
+  opts = read_options(config, L2, byzantine=True)
   model = make_model(config, data)
   pieces = Pieces(aggregator=AGGREGATORS[method], weighting="uniform")
-  static = {k: int(opts[k]) for k in STATIC_AGGREGATOR_OPTIONS}
+  static = {k: opts[k] for k in STATIC_AGGREGATOR}
   attack = str(config.attack).replace("-", "_")
   key = ("robust_sgd", model, data.num_clients, pieces, config.batch_size, attack,
          opts["nonfinite_value"], tuple(sorted(static.items())))

@@ -52,13 +52,27 @@ import jax.numpy as jnp
 from fedjax_dp import attacks, objectives
 from fedjax_dp.aggregators import Aggregator, robust
 from fedjax_dp.algorithms import Setup, cached_round, common_hparams, read_options
-from fedjax_dp.algorithms.robust_sgd import L2_OPTIONS, attacker_knowledge, check_l2, stochastic_gradient
+from fedjax_dp.algorithms.options import L2, Option
+from fedjax_dp.algorithms.robust_sgd import attacker_knowledge, stochastic_gradient
 from fedjax_dp.errors import ConfigError, check
 from fedjax_dp.round import ClientOut, Round
 from fedjax_dp.transforms import global_norm
 from fedjax_dp.transforms.sign import paper_sign, sign_flip, sign_gaussian, to_sign
 
-RSA_OPTIONS = {**L2_OPTIONS, "lambda": 0.01}
+EPSILON = Option("epsilon", None, "the per-coordinate per-round epsilon to calibrate the "
+                 "perturbation to (instead of keep_prob / sign_sigma)", low=0, low_open=True)
+OPTIONS = {
+    "rsa": L2 + (Option("lambda", 0.01, "weight of the L1 consensus penalty (Eq. 4)", low=0,
+                        low_open=True),),
+}
+OPTIONS["dp-rsa-f"] = OPTIONS["rsa"] + (
+    Option("keep_prob", None, "Sign-Flipping's gamma: each sign kept with this probability",
+           low=0.5, high=1), EPSILON)
+OPTIONS["dp-rsa-g"] = OPTIONS["rsa"] + (
+    Option("sign_sigma", None, "Sign-Gaussian's noise std", low=0, low_open=True), EPSILON,
+    Option("sign_clip", None, "bound on x_0 - x_k before the noise (the formal guarantee needs "
+           "it); unset: no guarantee", low=0, low_open=True),
+    Option("sign_clip_norm", "linf", "the sign_clip norm", kind="choice", choices=("linf", "l2")))
 VARIANTS = ("rsa", "dp-rsa-f", "dp-rsa-g")
 
 
@@ -196,12 +210,7 @@ def build_rsa_family(config, data, variant: str) -> Setup:
   from fedjax_dp.sampling import make_sampler
   check(config.aggregator in (None, "sign_sum"), "aggregator", config.aggregator,
         "must be unset or 'sign_sum': RSA's master sums the signs of the messages (Eq. 11)")
-  extra = {"rsa": {}, "dp-rsa-f": {"keep_prob": None, "epsilon": None},
-           "dp-rsa-g": {"sign_sigma": None, "epsilon": None, "sign_clip": None, "sign_clip_norm": "linf"}}
-  opts = read_options(config, {**RSA_OPTIONS, **extra[variant]}, byzantine=True)
-  check(isinstance(opts["lambda"], (int, float)) and opts["lambda"] > 0, "lambda", opts["lambda"],
-        "must be > 0")
-  check_l2(opts)
+  opts = read_options(config, OPTIONS[variant], byzantine=True)
   knowledge = attacker_knowledge(config)
   model = make_model(config, data)
   dim = int(num_params(jax.eval_shape(model.init, jax.random.PRNGKey(0))))

@@ -72,9 +72,10 @@ import numpy as np
 from fedjax_dp import objectives
 from fedjax_dp.algorithms import Setup, cached_round, common_hparams, read_options
 from fedjax_dp.algorithms.dp_fedavg import make_model
+from fedjax_dp.algorithms.options import Option
 from fedjax_dp.algorithms.dpsgd_family import DPSGDPieces, dpsgd_round
 from fedjax_dp.client import dp_sgd, mean_initial_norm
-from fedjax_dp.errors import ConfigError, check, check_choice
+from fedjax_dp.errors import ConfigError, check
 from fedjax_dp.privacy import NonPrivate
 from fedjax_dp.privacy.example_level import (ExampleDPSGDMechanism, ExampleLevelAccounting,
                                              PrivacyClass, calibrate_example_noise,
@@ -85,11 +86,27 @@ from fedjax_dp.transforms import dp_args
 HIGH, LOW = 0, 1
 _CLASS_TAG = 0x5BF1
 
-DEFAULTS = {
-    "high_fraction": 0.5, "beta_high": 1.0, "beta_low": 0.9, "example_sampling": "fixed",
-    "init_norm_examples": 32, "low_cap": None, "stat_bound": None, "stat_noise_ratio": 5.0,
-    "min_clip": 1e-3, "max_clip": None, "target_quantile": 0.5, "clip_lr": 0.2,
-}
+POSITIVE = dict(low=0, low_open=True)
+OPTIONS = (
+    Option("high_fraction", 0.5, "fraction of clients in the high privacy-need class", low=0, high=1),
+    Option("beta_high", 1.0, "SP-FL: the high class's bound is beta_high times a mean norm", **POSITIVE),
+    Option("beta_low", 0.9, "SP-FL: the low class scales every gradient by beta_low", **POSITIVE),
+    Option("example_sampling", "fixed", "per-step batches: fixed size (RDP) or Poisson (needs "
+           "--accountant pld)", kind="choice", choices=SAMPLINGS),
+    Option("init_norm_examples", 32, "spfl: examples per client its initial threshold reads",
+           kind="int", low=1),
+    Option("low_cap", None, "spfl-sound: the low class's data-independent cap; unset: clip",
+           **POSITIVE),
+    Option("stat_bound", None, "spfl-sound: B of the norm statistic min(||g||, B) / B; unset: "
+           "4 clip", **POSITIVE),
+    Option("stat_noise_ratio", 5.0, "the norm statistic's noise is this times sigma", **POSITIVE),
+    Option("min_clip", 1e-3, "lower clamp of an adaptive bound", **POSITIVE),
+    Option("max_clip", None, "adp-fl: upper clamp of the adaptive bound; unset: 1000 clip",
+           **POSITIVE),
+    Option("target_quantile", 0.5, "adp-fl: the quantile of per-example norms the bound tracks",
+           low=0, high=1, low_open=True, high_open=True),
+    Option("clip_lr", 0.2, "adp-fl: the bound's geometric learning rate", **POSITIVE),
+)
 
 REASON_LOW = ("proportional clipping C_{t,l} = beta * ||g_t(x_i)||_2 (Eq. 7) only scales each "
               "example's gradient by beta, so a step's L2 sensitivity is unbounded, and the noise "
@@ -101,22 +118,11 @@ REASON_HIGH = ("the clip threshold C_{t,h} = beta * (mean per-example gradient n
 
 def options(config) -> dict:
   """The run's SP-FL family options, validated (unknown names are errors)."""
-  opts = read_options(config, DEFAULTS)
-  check(0.0 <= float(opts["high_fraction"]) <= 1.0, "high_fraction", opts["high_fraction"],
-        "must be in [0, 1]")
-  for k in ("beta_high", "beta_low", "stat_noise_ratio", "min_clip", "clip_lr"):
-    check(float(opts[k]) > 0, k, opts[k], "must be > 0")
-  check(0.0 < float(opts["target_quantile"]) < 1.0, "target_quantile", opts["target_quantile"],
-        "must be in (0, 1)")
-  check_choice("example_sampling", opts["example_sampling"], SAMPLINGS)
-  check(int(opts["init_norm_examples"]) >= 1, "init_norm_examples", opts["init_norm_examples"],
-        "must be >= 1")
-  opts["low_cap"] = float(config.clip if opts["low_cap"] is None else opts["low_cap"])
-  opts["stat_bound"] = float(4.0 * config.clip if opts["stat_bound"] is None else opts["stat_bound"])
-  opts["max_clip"] = float(1e3 * config.clip if opts["max_clip"] is None else opts["max_clip"])
-  check(opts["low_cap"] > 0, "low_cap", opts["low_cap"], "must be > 0")
-  check(opts["stat_bound"] > 0, "stat_bound", opts["stat_bound"], "must be > 0")
-  check(opts["max_clip"] > float(opts["min_clip"]), "max_clip", opts["max_clip"],
+  opts = read_options(config, OPTIONS)
+  opts["low_cap"] = config.clip if opts["low_cap"] is None else opts["low_cap"]
+  opts["stat_bound"] = 4.0 * config.clip if opts["stat_bound"] is None else opts["stat_bound"]
+  opts["max_clip"] = 1e3 * config.clip if opts["max_clip"] is None else opts["max_clip"]
+  check(opts["max_clip"] > opts["min_clip"], "max_clip", opts["max_clip"],
         f"must be > min_clip={opts['min_clip']}")
   return opts
 
@@ -310,7 +316,7 @@ def build_nodp_fl(config, data) -> Setup:
 def _spfl_common(config, data):
   opts = options(config)
   sigma = resolve_sigma(config, data, opts)
-  cls = privacy_classes(data.num_clients, float(opts["high_fraction"]), config.seed)
+  cls = privacy_classes(data.num_clients, opts["high_fraction"], config.seed)
   high_ids = tuple(int(i) for i in np.flatnonzero(cls == HIGH))
   low_ids = tuple(int(i) for i in np.flatnonzero(cls == LOW))
   return opts, sigma, cls, high_ids, low_ids
@@ -365,12 +371,12 @@ def build_spfl(config, data) -> Setup:
   # Nominal record: the noise multiplier in use. There is no accounted event.
   mech = example_mechanism(config, data, opts, sigma, sigma, formal_guarantee=False)
   c0 = initial_spfl_threshold(make_model(config, data), data, config.seed,
-                              int(opts["init_norm_examples"]))
+                              opts["init_norm_examples"])
   return build_dpsgd_family(
       config, data, name="spfl", statistic="none", private=True, client_args=_spfl_args,
       threshold_rule=_spfl_rule, init_thresholds=_spfl_init,
-      hparams={"sigma": sigma, "beta_high": float(opts["beta_high"]),
-               "beta_low": float(opts["beta_low"]), "init_clip_high": c0},
+      hparams={"sigma": sigma, "beta_high": opts["beta_high"],
+               "beta_low": opts["beta_low"], "init_clip_high": c0},
       classes=classes, class_names=("high", "low"), mechanism=mech, opts=opts, client_class=cls,
       data_dependent_noise=True)
 
@@ -404,7 +410,7 @@ def statistic_budget(sigma: float, opts: dict, algorithm: str):
   """``(stat_noise, z_grad)``: the norm statistic's noise (``stat_noise_ratio * sigma``) and the
   gradient's multiplier when both share the step's ``sigma`` (Andrew et al. 2021, Sec. 3)."""
   check(sigma > 0, "noise_multiplier", sigma, f"must be > 0 for {algorithm}")
-  stat_noise = float(opts["stat_noise_ratio"]) * sigma
+  stat_noise = opts["stat_noise_ratio"] * sigma
   return stat_noise, split_noise_multiplier(sigma, stat_noise)
 
 
@@ -422,9 +428,9 @@ def build_spfl_sound(config, data) -> Setup:
                    "proportional scaling by beta_low under the data-independent cap low_cap; "
                    "noise sigma * low_cap")]
   hparams = {"sigma": sigma, "z_grad": z_grad, "stat_noise": stat_noise,
-             "beta_high": float(opts["beta_high"]), "beta_low": float(opts["beta_low"]),
+             "beta_high": opts["beta_high"], "beta_low": opts["beta_low"],
              "low_cap": opts["low_cap"], "stat_bound": opts["stat_bound"],
-             "min_clip": float(opts["min_clip"]), "clip": config.clip}
+             "min_clip": opts["min_clip"], "clip": config.clip}
   return build_dpsgd_family(
       config, data, name="spfl-sound", statistic="norm", private=True, client_args=_sound_args,
       threshold_rule=_sound_rule, init_thresholds=_sound_init, hparams=hparams, classes=classes,

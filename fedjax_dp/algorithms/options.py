@@ -1,0 +1,129 @@
+"""Algorithm settings (``--set NAME=VALUE``): one typed, documented table per algorithm.
+
+Every algorithm declares its settings as :class:`Option` records (name,
+default, type, allowed range, meaning) and reads them once, before building,
+with :func:`read`: an unknown name, a value of the wrong type, a NaN or
+infinite number, or a value out of range is a one-line :class:`ConfigError`
+naming the option, the value and what is allowed. The same records describe
+the options to users (:func:`describe`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Optional, Sequence
+
+from fedjax_dp.errors import ConfigError, check
+
+KINDS = ("float", "int", "choice")
+_NONFINITE_WORDS = ("inf", "+inf", "-inf", "nan", "+nan", "-nan", "infinity", "+infinity",
+                    "-infinity")
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+  """One setting of an algorithm.
+
+  Attributes:
+    name: the ``--set`` name.
+    default: its value when not set (None: unset, see ``help``).
+    help: what it means.
+    kind: "float", "int" or "choice".
+    low, high: the allowed range of a number (None: unbounded).
+    low_open, high_open: exclude the bound itself.
+    choices: the allowed values of a "choice".
+  """
+
+  name: str
+  default: Any
+  help: str
+  kind: str = "float"
+  low: Optional[float] = None
+  high: Optional[float] = None
+  low_open: bool = False
+  high_open: bool = False
+  choices: tuple = ()
+
+  @property
+  def allowed(self) -> str:
+    """What the option takes, in words."""
+    if self.kind == "choice":
+      text = f"one of {list(self.choices)}"
+    else:
+      text = "an integer" if self.kind == "int" else "a finite number"
+      lo = None if self.low is None else f"{'(' if self.low_open else '['}{self.low:g}"
+      hi = None if self.high is None else f"{self.high:g}{')' if self.high_open else ']'}"
+      if lo and hi:
+        text += f" in {lo}, {hi}"
+      elif lo:
+        text += f" {'>' if self.low_open else '>='} {self.low:g}"
+      elif hi:
+        text += f" {'<' if self.high_open else '<='} {self.high:g}"
+    return text + (" or unset (null)" if self.default is None else "")
+
+  def parse(self, value):
+    """``value`` checked against the type and range (ints as int, numbers as float)."""
+    field = f"option {self.name}"
+    if value is None:
+      check(self.default is None, field, value, f"must be {self.allowed}")
+      return None
+    if self.kind == "choice":
+      check(value in self.choices, field, value, f"must be {self.allowed}")
+      return value
+    if isinstance(value, str) and value.strip().lower() in _NONFINITE_WORDS:
+      raise ConfigError(field, value, "must be a finite number")
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    check(is_number, field, value, f"must be {self.allowed}")
+    check(math.isfinite(value), field, value, "must be a finite number")
+    if self.kind == "int":
+      check(float(value).is_integer(), field, value, f"must be {self.allowed}")
+      value = int(value)
+    else:
+      value = float(value)
+    ok = ((self.low is None or (value > self.low if self.low_open else value >= self.low)) and
+          (self.high is None or (value < self.high if self.high_open else value <= self.high)))
+    check(ok, field, value, f"must be {self.allowed}")
+    return value
+
+
+def read(config, table: Sequence[Option]) -> dict:
+  """``config.options`` read against ``table``: name -> value (defaults for the unset ones)."""
+  by_name = {o.name: o for o in table}
+  opts = dict(config.options or {})
+  for k in opts:
+    check(k in by_name, "option", k,
+          f"must be one of {sorted(by_name)} for algorithm {config.algorithm!r}")
+  return {name: (o.parse(opts[name]) if name in opts else o.default) for name, o in by_name.items()}
+
+
+def describe(table: Sequence[Option]) -> list:
+  """One ``{"name", "default", "allowed", "help"}`` dict per option, for listings and help."""
+  return [{"name": o.name, "default": o.default, "allowed": o.allowed, "help": o.help}
+          for o in table]
+
+
+# Options of every algorithm that takes Byzantine clients: the attack's strengths and the robust
+# aggregators' parameters (numbers go into hparams; gm_max_iter, krum_m and cc_iters are loop
+# counts and nonfinite_value a choice, part of the round's structure).
+BYZANTINE = (
+    Option("attack_sigma", 1e4, "std of the gaussian attack's rows", low=0, low_open=True),
+    Option("attack_scale", -5.0, "factor of the sign_flip attack (the attacker's true row times it)"),
+    Option("alie_z", None, "ALIE's shift in standard deviations; unset: the paper's z_max"),
+    Option("ipm_epsilon", 0.1, "IPM's factor: attackers send -epsilon * the regular mean",
+           low=0, low_open=True),
+    Option("nonfinite_value", "nan", "what the nonfinite attack sends", kind="choice",
+           choices=("nan", "inf", "mixed")),
+)
+AGGREGATOR = (
+    Option("trim_beta", 0.1, "trimmed_mean: fraction trimmed at each end", low=0, high=0.5,
+           high_open=True),
+    Option("gm_tol", 1e-6, "geometric_median: Weiszfeld's relative tolerance", low=0, low_open=True),
+    Option("gm_max_iter", 100, "geometric_median: at most this many Weiszfeld iterations",
+           kind="int", low=1),
+    Option("krum_m", 1, "krum: average of the m best-scored rows (multi-Krum)", kind="int", low=1),
+    Option("cc_tau", 1.0, "centered_clipping: radius tau", low=0, low_open=True),
+    Option("cc_iters", 1, "centered_clipping: iterations per round", kind="int", low=1),
+)
+STATIC_AGGREGATOR = ("gm_max_iter", "krum_m", "cc_iters")
+L2 = (Option("l2", 0.004, "u of the master's f_0(x) = (u/2)||x||^2", low=0),)
