@@ -436,15 +436,20 @@ def test_privacy_classes_split_and_bad_options():
     build(_config("adp-fl", options={"stat_noise_ratio": 0.2}), data)
 
 
-@pytest.mark.parametrize("alg", ALGS)
-def test_family_refuses_byzantine_clients_and_other_aggregators(alg):
+def test_byzantine_clients_and_robust_aggregators_keep_the_example_level_guarantee():
+  # Each upload is private already (example-level, local to its client): an attack that reads
+  # the uploads and any aggregator of them are post-processing.
   data = _data()
-  with pytest.raises(ConfigError, match="byzantine.*does not take Byzantine clients"):
-    build(_config(alg, byzantine=1), data)
-  with pytest.raises(ConfigError, match="attack"):
-    build(_config(alg, attack="gaussian"), data)
-  with pytest.raises(ConfigError, match="aggregator"):
-    build(_config(alg, aggregator="coordinate_median"), data)
+  base = _run(_config("dp-fl"), data)
+  res = _run(_config("dp-fl", byzantine=2, attack="sample_duplication",
+                     aggregator="coordinate_median"), data)
+  s = res.summary
+  assert s["formal_guarantee"] is True and s["epsilon"] == pytest.approx(base.summary["epsilon"])
+  assert s["attacker_knowledge"] == "released"
+  assert math.isfinite(s["final_test_loss"])
+  assert any(h["diagnostics"]["byzantine_in_cohort"] > 0 for h in res.history)
+  with pytest.raises(ConfigError, match="option trim_beta"):
+    build(_config("spfl-sound", aggregator="trimmed_mean", options={"trim_beta": 0.7}), data)
 
 
 def _backend_compiles():

@@ -29,7 +29,6 @@ from typing import Callable, Optional
 
 import jax.numpy as jnp
 
-from fedjax_dp import aggregators
 from fedjax_dp.client import make_optimizer
 from fedjax_dp.round import ClientOut, Round, tree_sub
 from fedjax_dp.transforms import global_norm
@@ -111,7 +110,8 @@ def dpsgd_metrics(class_names: tuple) -> Callable:
 
 def dpsgd_round(model, num_clients: int, pieces: DPSGDPieces, *, local_train: Callable,
                 client_optimizer: str, server_optimizer: str, client_args: Callable,
-                threshold_rule: Callable, init_thresholds: Callable) -> Round:
+                threshold_rule: Callable, init_thresholds: Callable, aggregator: Callable,
+                attack: str = "none", nonfinite_value: str = "nan") -> Round:
   """A round of client-side DP-SGD with per-class thresholds, on the one federated round.
 
   Per round: each cohort client gets
@@ -134,6 +134,9 @@ def dpsgd_round(model, num_clients: int, pieces: DPSGDPieces, *, local_train: Ca
     client_args: ``(thresholds, hp, classes [C]) -> DPArgs`` with ``[C]`` leaves.
     threshold_rule: ``(thresholds, hp, StepStats [C], mask [C], classes [C]) -> thresholds``.
     init_thresholds: ``(params, hp) -> thresholds`` (``[len(class_names)]``, or ``[1]``) at round 0.
+    aggregator: ``hp -> Aggregator`` (the weighted mean, or a robust aggregator); any
+      aggregator is post-processing of the clients' locally private uploads.
+    attack, nonfinite_value: the Byzantine clients' attack on the uploads (strengths in ``hp``).
 
   None of the functions may hold a number of the run: they read them from
   ``hp``, so that the :class:`Round` can be shared by runs that differ only
@@ -152,13 +155,10 @@ def dpsgd_round(model, num_clients: int, pieces: DPSGDPieces, *, local_train: Ca
   def init_server(params, hp):
     return jnp.asarray(init_thresholds(params, hp), jnp.float32)
 
-  def aggregator(hp):
-    del hp
-    return aggregators.robust.guard_nonfinite(aggregators.mean("realized"))
-
   return Round(
       model=model, num_clients=num_clients,
-      client=dpsgd_client(local_train, client_optimizer), aggregator=aggregator,
+      client=dpsgd_client(local_train, client_optimizer), aggregator=aggregator, attack=attack,
+      nonfinite_value=nonfinite_value,
       weighting=pieces.weighting, server_optimizer=server_optimizer, init_server=init_server,
       client_hparams=client_hparams, server_rule=server_rule,
       metrics=dpsgd_metrics(tuple(pieces.class_names)),

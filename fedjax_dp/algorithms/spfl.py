@@ -72,7 +72,8 @@ import numpy as np
 from fedjax_dp import objectives
 from fedjax_dp.algorithms import Setup, cached_round, common_hparams, read_options
 from fedjax_dp.algorithms.dp_fedavg import make_model
-from fedjax_dp.algorithms.options import Option
+from fedjax_dp.algorithms.fedavg import Pieces, make_aggregator
+from fedjax_dp.algorithms.options import STATIC_AGGREGATOR, Option
 from fedjax_dp.algorithms.dpsgd_family import DPSGDPieces, dpsgd_round
 from fedjax_dp.client import dp_sgd, mean_initial_norm
 from fedjax_dp.errors import ConfigError, check
@@ -118,7 +119,7 @@ REASON_HIGH = ("the clip threshold C_{t,h} = beta * (mean per-example gradient n
 
 def options(config) -> dict:
   """The run's SP-FL family options, validated (unknown names are errors)."""
-  opts = read_options(config, OPTIONS)
+  opts = read_options(config, OPTIONS, byzantine=True)
   opts["low_cap"] = config.clip if opts["low_cap"] is None else opts["low_cap"]
   opts["stat_bound"] = 4.0 * config.clip if opts["stat_bound"] is None else opts["stat_bound"]
   opts["max_clip"] = 1e3 * config.clip if opts["max_clip"] is None else opts["max_clip"]
@@ -186,17 +187,6 @@ def _class_mean(values, mask, weight):
   return jnp.sum(values * w), jnp.sum(w)
 
 
-def check_no_byzantine(config) -> None:
-  """The family takes no Byzantine clients, attack or robust aggregator (one-line ConfigErrors)."""
-  check(config.byzantine == 0, "byzantine", config.byzantine,
-        "must be 0: the DP-SGD family (example-level DP) does not take Byzantine clients yet")
-  check(str(config.attack).replace("-", "_") == "none", "attack", config.attack,
-        "must be 'none': the DP-SGD family (example-level DP) does not take Byzantine clients yet")
-  check(config.aggregator in (None, "mean"), "aggregator", config.aggregator,
-        "must be unset or 'mean': the DP-SGD family averages the clients' models (a mean "
-        "weighted by weighting)")
-
-
 def build_dpsgd_family(config, data, *, name: str, statistic: str, private: bool,
                        client_args: Callable, threshold_rule: Callable,
                        init_thresholds: Callable, hparams: dict, classes: list,
@@ -221,7 +211,6 @@ def build_dpsgd_family(config, data, *, name: str, statistic: str, private: bool
     check(not any(c.formal_guarantee for c in classes), "data_dependent_noise", True,
           "noise scaled by the batch's own gradient norms has no sensitivity bound: no class "
           "of such a run may claim a formal guarantee")
-  check_no_byzantine(config)
   if config.sampling == "fixed":
     check(config.cohort_size <= data.num_clients, "cohort_size", config.cohort_size,
           f"must be <= the population ({data.num_clients} clients)")
@@ -235,7 +224,13 @@ def build_dpsgd_family(config, data, *, name: str, statistic: str, private: bool
   pieces = DPSGDPieces(name=name, sampling=sampling, capacity=capacity, statistic=statistic,
                        private=private, data_dependent_noise=data_dependent_noise,
                        class_names=tuple(class_names), weighting=config.weighting)
-  key = ("dpsgd", model, data.num_clients, max_examples, pieces, config.local_steps,
+  # Any aggregator, and attacks on the uploads: each upload is already private (example-level,
+  # local to its client), so what the server or an attacker computes from them is post-processing.
+  aggregation = Pieces(aggregator=config.aggregator or "mean", weighting=config.weighting)
+  static = {k: opts[k] for k in STATIC_AGGREGATOR}
+  attack = str(config.attack).replace("-", "_")
+  key = ("dpsgd", model, data.num_clients, max_examples, pieces, aggregation, attack,
+         opts["nonfinite_value"], tuple(sorted(static.items())), config.local_steps,
          config.batch_size, config.client_optimizer, config.server_optimizer)
 
   def make():
@@ -245,7 +240,9 @@ def build_dpsgd_family(config, data, *, name: str, statistic: str, private: bool
     return dpsgd_round(model, data.num_clients, pieces, local_train=local_train,
                        client_optimizer=config.client_optimizer,
                        server_optimizer=config.server_optimizer, client_args=client_args,
-                       threshold_rule=threshold_rule, init_thresholds=init_thresholds)
+                       threshold_rule=threshold_rule, init_thresholds=init_thresholds,
+                       aggregator=make_aggregator(aggregation, static), attack=attack,
+                       nonfinite_value=opts["nonfinite_value"])
 
   rnd = cached_round(key, make)
   sampler = make_sampler(config.sampling, data.num_clients, config.seed, config.sampling_prob,
@@ -253,11 +250,11 @@ def build_dpsgd_family(config, data, *, name: str, statistic: str, private: bool
   if client_class is None:
     client_class = np.zeros(data.num_clients, np.int32)
   # Q L: the expected examples behind one client's round (public), for the threshold rules.
-  hp = common_hparams(config, opts, client_lr=config.client_lr,
+  hp = common_hparams(config, opts, client_lr=config.client_lr, expected_size=sampler.expected_size,
                       examples_per_round=float(config.local_steps * config.batch_size), **hparams)
   hp["client_class"] = np.asarray(client_class, np.int32)
   accounting = ExampleLevelAccounting(classes, data.counts, config.delta, config.accountant,
-                                      mechanism)
+                                      mechanism, "released" if config.byzantine else None)
   return Setup(rnd, sampler, accounting, hp)
 
 

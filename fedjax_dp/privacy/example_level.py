@@ -202,13 +202,17 @@ class ExampleLevelAccounting:
     accountant: "rdp" or "pld".
     mechanism: the run's nominal per-step record (reported as the summary's
       noise multiplier); the per-class mechanisms do the accounting.
+    attacker_knowledge: recorded in the report for runs with Byzantine clients
+      (their attacks read only the uploads, which are private already).
   """
 
   def __init__(self, classes: Sequence[PrivacyClass], counts, delta: float,
-               accountant: str = "rdp", mechanism: Optional[ExampleDPSGDMechanism] = None):
+               accountant: str = "rdp", mechanism: Optional[ExampleDPSGDMechanism] = None,
+               attacker_knowledge: Optional[str] = None):
     check_open_unit("delta", delta)
     check_choice("accountant", accountant, ACCOUNTANTS)
     self.mechanism = mechanism  # the run's nominal per-step record (its noise multiplier)
+    self.attacker_knowledge = attacker_knowledge
     self.classes = list(classes)
     self.counts = np.asarray(counts, np.int64)
     self.delta = float(delta)
@@ -293,6 +297,7 @@ class ExampleLevelAccounting:
         "guarantee_note": note,
         "classes": per_class,
         **flat,
+        **({} if self.attacker_knowledge is None else {"attacker_knowledge": self.attacker_knowledge}),
     }
 
 
