@@ -1,0 +1,162 @@
+"""The reproductions' shared runner: jobs in, one record per run out, seed statistics.
+
+A reproduction lists its runs as :class:`Job` s (a configuration and the labels
+that identify the run), and :func:`run_jobs` runs them in order on their data
+set, logs ``[i/n] NAME: acc=... (s)``, appends each run's record to
+``runs.jsonl`` as the run ends and returns the records. A record is the job's
+labels, the fields the reproduction reads from the run, the run's seconds and
+its per-round ``history`` (round, test accuracy, and the raw diagnostics under
+``"diagnostics"``: pre-clip norms, losses, ...; they are not covered by any
+epsilon). :func:`group_by` and :func:`seed_stats` then turn records into the
+rows of the results (mean and sample std over seeds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import tempfile
+import time
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from fedjax_dp.errors import check
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+  """One run of a reproduction.
+
+  Attributes:
+    config: the run's :class:`fedjax_dp.config.RunConfig`.
+    labels: what identifies the run; they open its record, in this order.
+    name: the run's name in the progress log (default: the labels, ``key=value``).
+    data: the key of the data set it runs on (jobs with one key share one loaded data set).
+    output_dir: where the run writes ``metrics.jsonl`` and ``summary.json`` (none: not written).
+  """
+
+  config: Any
+  labels: dict
+  name: Optional[str] = None
+  data: Any = None
+  output_dir: Optional[str] = None
+
+  def describe(self) -> str:
+    return self.name or " ".join(f"{k}={v}" for k, v in self.labels.items())
+
+
+def num_seeds(seeds, default: int) -> int:
+  """``seeds`` (``--seeds``), or the scale's ``default`` when not given; at least 1."""
+  n = int(seeds or default)
+  check(n >= 1, "seeds", seeds, "must be >= 1")
+  return n
+
+
+def enable_compilation_cache() -> None:
+  """JAX's persistent compilation cache, so that runs compiling the same program (seeds of one
+  configuration; runs that differ only in numbers held as ``hparams``) compile it once, also
+  across processes. Directory: ``$FEDJAX_DP_JAX_CACHE``, else ``fedjax_dp_jax_cache`` in the
+  temporary directory; one already configured is kept."""
+  import jax
+  if jax.config.jax_compilation_cache_dir is None:
+    jax.config.update("jax_compilation_cache_dir", os.environ.get("FEDJAX_DP_JAX_CACHE") or
+                      os.path.join(tempfile.gettempdir(), "fedjax_dp_jax_cache"))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+
+
+def simulate_job(job: Job, data):
+  """Runs ``job`` with :func:`fedjax_dp.experiment.simulate`; returns its ``RunResult``."""
+  from fedjax_dp.experiment import simulate
+  return simulate(job.config, data, output_dir=job.output_dir)
+
+
+def history(result, diagnostics: Optional[Sequence[str]] = None) -> list:
+  """A run's per-round records: round, test accuracy where evaluated, and its raw diagnostics
+  (those named in ``diagnostics``, or all of them)."""
+  out = []
+  for h in result.history:
+    d = h.get("diagnostics", {})
+    keep = d if diagnostics is None else {k: d[k] for k in diagnostics if k in d}
+    out.append({"round": h["round"],
+                **({"test_accuracy": h["test_accuracy"]} if "test_accuracy" in h else {}),
+                "diagnostics": keep})
+  return out
+
+
+def run_jobs(jobs: Sequence[Job], record: Callable[[Job, Any], dict], *, data=None,
+             load_data: Optional[Callable[[Any], Any]] = None, execute: Callable = simulate_job,
+             runs_path=None, append: bool = False, diagnostics: Optional[Sequence[str]] = None,
+             on_record: Optional[Callable[[list], None]] = None, log=print,
+             compilation_cache: bool = True) -> list:
+  """Runs ``jobs`` in order and returns their records.
+
+  Args:
+    jobs: the runs.
+    record: ``(job, result) -> dict``, the fields a reproduction keeps of a run (its
+      ``"accuracy"`` among them); the record is the job's labels, these fields, ``"seconds"``
+      and ``"history"`` (see :func:`history`).
+    data: the loaded data set every job runs on; or
+    load_data: ``key -> data set``, called when a job's ``data`` key differs from the previous
+      job's (one data set is held at a time).
+    execute: ``(job, data) -> result`` with ``history`` and ``summary`` (default:
+      :func:`simulate_job`).
+    runs_path: the ``runs.jsonl`` each record is appended to as its run ends (none: not written).
+    append: keep the records already in ``runs_path`` (else it starts empty).
+    diagnostics: the diagnostics kept in each round of the history (default: all).
+    on_record: called with the records so far after each run (to write partial results).
+    log: where the progress lines go.
+    compilation_cache: turn on JAX's persistent compilation cache
+      (:func:`enable_compilation_cache`).
+  """
+  check((data is None) != (load_data is None), "data", None,
+        "give either a loaded data set or load_data")
+  if compilation_cache:
+    enable_compilation_cache()
+  if runs_path is not None:
+    pathlib.Path(runs_path).parent.mkdir(parents=True, exist_ok=True)
+    if not append:
+      pathlib.Path(runs_path).write_text("")
+  records, key, t0 = [], object(), time.perf_counter()
+  for i, job in enumerate(jobs):
+    if load_data is not None and job.data != key:
+      key, data = job.data, None  # the previous data set can go before the next one loads
+      data = load_data(key)
+    t = time.perf_counter()
+    result = execute(job, data)
+    rec = {**job.labels, **record(job, result)}
+    rec["seconds"] = time.perf_counter() - t
+    rec["history"] = history(result, diagnostics)
+    records.append(rec)
+    if runs_path is not None:
+      with open(runs_path, "a") as f:
+        f.write(json.dumps(rec, default=str) + "\n")
+    if on_record is not None:
+      on_record(records)
+    acc = rec.get("accuracy")
+    acc = f"{acc:.4f}" if isinstance(acc, (float, np.floating)) else acc
+    log(f"[{i + 1}/{len(jobs)}] {job.describe()}: acc={acc} ({rec['seconds']:.1f}s, "
+        f"total {time.perf_counter() - t0:.0f}s)")
+  return records
+
+
+def group_by(records: Sequence[dict], keys: Sequence[str]) -> dict:
+  """``{tuple of the records' values at keys: [records]}``, in order of first appearance."""
+  groups = {}
+  for r in records:
+    groups.setdefault(tuple(r[k] for k in keys), []).append(r)
+  return groups
+
+
+def seed_stats(values: Sequence[Optional[float]], name: str = "accuracy") -> dict:
+  """``{NAME_mean, NAME_std, seeds}`` of one value per seed: the mean, the sample standard
+  deviation (``ddof=1``; 0 for one seed) and the number of seeds. A missing value (None) counts
+  as NaN and a NaN (a diverged seed) makes both NaN: it is never dropped."""
+  a = np.array([math.nan if v is None else v for v in values], dtype=float)
+  check(len(a) >= 1, "values", len(a), "need one value per seed, at least one")
+  std = float(a.std(ddof=1)) if len(a) > 1 else (0.0 if np.isfinite(a[0]) else math.nan)
+  return {f"{name}_mean": float(a.mean()), f"{name}_std": std, "seeds": len(a)}

@@ -1,0 +1,83 @@
+"""The reproductions' shared runner, seed statistics, Markdown tables and plots."""
+
+import json
+import math
+import types
+
+import pytest
+
+from fedjax_dp.errors import ConfigError
+from fedjax_dp.reproduce.plots import Curve, plot_curves, plot_quantiles
+from fedjax_dp.reproduce.runner import Job, group_by, num_seeds, run_jobs, seed_stats
+from fedjax_dp.reproduce.tables import markdown_table, mean_std
+
+
+def test_seed_stats_sample_std():
+  s = seed_stats([0.5, 0.7, 0.9])
+  assert s == {"accuracy_mean": pytest.approx(0.7), "accuracy_std": pytest.approx(0.2),
+               "seeds": 3}
+  assert seed_stats([0.25], name="loss") == {"loss_mean": 0.25, "loss_std": 0.0, "seeds": 1}
+  nan = seed_stats([0.5, None])  # a diverged seed is not dropped
+  assert math.isnan(nan["accuracy_mean"]) and math.isnan(nan["accuracy_std"])
+  assert nan["seeds"] == 2
+
+
+def test_num_seeds():
+  assert num_seeds(None, 3) == 3 and num_seeds(2, 3) == 2
+  with pytest.raises(ConfigError):
+    num_seeds(-1, 3)
+
+
+def test_mean_std_and_table():
+  assert mean_std(0.1234, 0.0056) == "12.34 ± 0.56"
+  assert mean_std(0.5) == "50.00" and mean_std(None, 0.1) == "n/a"
+  assert mean_std(74.48, 0.52, scale=1) == "74.48 ± 0.52"
+  lines = markdown_table(["a", ("b", "B b")], [{"a": 1, "b": "x"}, {"a": None}])
+  assert lines == ["| a | B b |", "|---|---|", "| 1 | x |", "| None |  |"]
+
+
+def _fake_run(job, data):
+  rounds = [{"round": r, "diagnostics": {"update_norm": {"q50": 0.1 * r}, "extra": r}}
+            for r in (1, 2)]
+  rounds[-1]["test_accuracy"] = data["acc"] + job.labels["seed"]
+  return types.SimpleNamespace(history=rounds, summary={"final_accuracy": rounds[-1]["test_accuracy"]})
+
+
+def test_run_jobs(tmp_path):
+  loaded, lines, partial = [], [], []
+
+  def load(key):
+    loaded.append(key)
+    return {"acc": {"a": 0.25, "b": 0.5}[key]}
+
+  jobs = [Job(None, {"method": m, "seed": s}, data=k) for k in "ab" for m in ("x", "y")
+          for s in (0, 1)]
+  runs_path = tmp_path / "runs.jsonl"
+  runs_path.write_text("old\n")
+  records = run_jobs(jobs, lambda job, res: {"accuracy": res.summary["final_accuracy"]},
+                     load_data=load, execute=_fake_run, runs_path=runs_path,
+                     diagnostics=("update_norm",), on_record=lambda rs: partial.append(len(rs)),
+                     log=lines.append, compilation_cache=False)
+  assert loaded == ["a", "b"]  # one data set per key, loaded when the key changes
+  assert partial == list(range(1, 9))
+  assert [json.loads(line) for line in runs_path.read_text().splitlines()] == records
+  assert list(records[0]) == ["method", "seed", "accuracy", "seconds", "history"]
+  assert records[0]["history"][0] == {"round": 1, "diagnostics": {"update_norm": {"q50": 0.1}}}
+  assert records[1]["history"][1]["test_accuracy"] == 1.25
+  assert lines[0].startswith("[1/8] method=x seed=0: acc=0.2500 (")
+  groups = group_by(records, ("method",))
+  assert list(groups) == [("x",), ("y",)] and len(groups[("x",)]) == 4
+  with pytest.raises(ConfigError):
+    run_jobs(jobs, dict, execute=_fake_run, compilation_cache=False)
+
+
+def test_plots(tmp_path):
+  curves = [Curve("m", [1, 2], [0.1, 0.2]), Curve("n", [1, 2], [0.2, 0.3], err=[0.01, 0.02])]
+  path = plot_curves([("a", curves), ("b", curves[:1])], tmp_path / "c.png", xlabel="round",
+                     logx=True, ylim=(0, 1))
+  assert path.read_bytes()[:4] == b"\x89PNG"
+  q = {"q10": [0.1, 0.2], "q50": [0.2, 0.3], "q90": [0.3, 0.4]}
+  path = plot_quantiles([("a", [1, 2], q)], tmp_path / "q.png", clip=0.3, ylabel="norm")
+  assert path.read_bytes()[:4] == b"\x89PNG"
+  with pytest.raises(ConfigError):
+    plot_curves([], tmp_path / "none.png", xlabel="round")
