@@ -32,13 +32,15 @@ from __future__ import annotations
 import json
 import math
 import pathlib
-import tempfile
 import time
 from typing import Optional
 
 import numpy as np
 
 from fedjax_dp.errors import check, check_choice
+from fedjax_dp.reproduce.plots import Curve, plot_curves, plot_quantiles
+from fedjax_dp.reproduce.runner import Job, group_by, num_seeds, run_jobs, seed_stats
+from fedjax_dp.reproduce.tables import markdown_table, mean_std
 
 METHODS = ("dp_fedavg", "dp_fedavg+blur", "dp_fedavg+lus", "blur+lus")
 LABELS = {"dp_fedavg": "DP-FedAvg", "dp_fedavg+blur": "DP-FedAvg+BLUR",
@@ -124,57 +126,52 @@ def plan(epsilons, sparsities, ablation_epsilon, seeds: int, ablation_seeds: int
   return jobs
 
 
-def _enable_compilation_cache() -> None:
-  """Seeds of one configuration compile to the same program: let XLA reuse it."""
-  import jax
-  if jax.config.jax_compilation_cache_dir is None:
-    jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="fedjax_dp_xla_"))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-
-
-def _run_one(base, data, method, eps, sparsity, seed, noise_by_eps):
+def _job(base, data, table, method, eps, sparsity, seed, noise_by_eps) -> Job:
+  from fedjax_dp.algorithms.blur_lus import DEFAULTS
   from fedjax_dp.config import make_config
-  from fedjax_dp.experiment import simulate
   options = {}
   if method in ("dp_fedavg+lus", "blur+lus") and sparsity is not None:
     options["sparsity"] = sparsity
   cfg = dict(base, algorithm=method, seed=seed, options=options, target_epsilon=None,
              capacity=capacity_for(data.num_clients, base["sampling_prob"]))
-  cfg["noise_multiplier"] = None if method == "fedavg" else noise_by_eps[eps]
-  if method == "fedavg":
-    cfg["noise_multiplier"] = 0.0  # unused by the non-private builder
-  config = make_config(cfg)
-  result = simulate(config, data)
-  return config, result
+  # fedavg: unused by the non-private builder.
+  cfg["noise_multiplier"] = 0.0 if method == "fedavg" else noise_by_eps[eps]
+  labels = {"table": table, "method": method, "target_epsilon": eps, "seed": seed,
+            "sparsity": (DEFAULTS["sparsity"] if sparsity is None else sparsity) if "lus" in method
+            else None,
+            "lambda": DEFAULTS["lambda"] if "blur" in method else None}
+  return Job(make_config(cfg), labels, name=f"{table} {method} eps={eps} c={sparsity} seed={seed}")
 
 
-def _summarize(jobs_out: list) -> list:
-  groups = {}
-  for r in jobs_out:
-    key = (r["table"], r["method"], r["target_epsilon"], r["sparsity"])
-    groups.setdefault(key, []).append(r)
+def _record(job: Job, result) -> dict:
+  """The fields of a run's record after its labels."""
+  s, private = result.summary, job.labels["method"] != "fedavg"
+  return {
+      "epsilon": s.get("epsilon") if private else None, "delta": DELTA,
+      "noise_multiplier": job.config.noise_multiplier if private else None,
+      "accuracy": s["final_accuracy"],
+      # Raw diagnostics of the runs (pre-clip norms, fraction clipped): not covered by epsilon.
+      "fraction_clipped": (float(np.mean([h["diagnostics"].get("fraction_clipped", 0.0)
+                                          for h in result.history])) if private else None),
+      "update_norm_q50_last": result.history[-1]["diagnostics"]["update_norm"]["q50"],
+  }
+
+
+def _summarize(runs: list) -> list:
   rows = []
-  for (table, method, teps, c), rs in groups.items():
-    acc = np.array([r["accuracy"] for r in rs], dtype=float)
+  for (table, method, teps, c), rs in group_by(runs, ("table", "method", "target_epsilon",
+                                                      "sparsity")).items():
     rows.append({
         "table": table, "method": method, "target_epsilon": teps,
         "epsilon": rs[0]["epsilon"], "delta": rs[0]["delta"],
         "noise_multiplier": rs[0]["noise_multiplier"], "lambda": rs[0]["lambda"],
-        "sparsity": c if c is not None else rs[0]["sparsity"],
-        "accuracy_mean": float(acc.mean()),
-        "accuracy_std": float(acc.std(ddof=1)) if len(acc) > 1 else 0.0,
-        "seeds": len(rs),
+        "sparsity": c,
+        **seed_stats([r["accuracy"] for r in rs]),
         "fraction_clipped_mean": float(np.mean([r["fraction_clipped"] for r in rs]))
         if rs[0]["fraction_clipped"] is not None else None,
         "update_norm_median_last": float(np.mean([r["update_norm_q50_last"] for r in rs])),
     })
   return rows
-
-
-def _fmt(mean, std=None):
-  if mean is None:
-    return "n/a"
-  return f"{100 * mean:.2f} ± {100 * std:.2f}" if std is not None else f"{100 * mean:.2f}"
 
 
 def write_markdown(rows: list, settings: dict, path: pathlib.Path) -> str:
@@ -188,43 +185,53 @@ def write_markdown(rows: list, settings: dict, path: pathlib.Path) -> str:
       c = settings["sparsity_default"]
     return by.get((table, method, eps, c))
 
+  def acc(r):
+    return mean_std(r["accuracy_mean"], r["accuracy_std"]) if r else "n/a"
+
+  def paper(p, name):
+    return {} if p is None else {f"{name}_dp": mean_std(p[0], p[1], scale=1),
+                                 f"{name}_ours": mean_std(p[2], p[3], scale=1)}
+
+  table1 = []
+  for eps in settings["epsilons"]:
+    r0 = get("table1", "dp_fedavg", eps)
+    table1.append({
+        "eps": f"{eps:g} ({r0['epsilon']:.3f})" if r0 and r0["epsilon"] is not None else f"{eps:g}",
+        "z": f"{r0['noise_multiplier']:.3f}" if r0 else "",
+        **{m: acc(get("table1", m, eps)) for m in METHODS},
+        **paper(PAPER_TABLE1["cnn2"].get(eps), "cnn2"),
+        **paper(PAPER_TABLE1["resnet18_gn"].get(eps), "resnet")})
   lines = [f"Setting: {settings['description']}", "",
            "### Table 1: test accuracy (%) by privacy budget, mean ± std over "
-           f"{settings['seeds']} seeds (delta = {DELTA:g})", "",
-           "| epsilon (ledger) | z | DP-FedAvg | +BLUR | +LUS | BLUR+LUS | paper CNN-2: DP-FedAvg | "
-           "paper CNN-2: Ours | paper ResNet-18: DP-FedAvg | paper ResNet-18: Ours |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
-  for eps in settings["epsilons"]:
-    cells = []
-    for m in METHODS:
-      r = get("table1", m, eps)
-      cells.append(_fmt(r["accuracy_mean"], r["accuracy_std"]) if r else "n/a")
-    r0 = get("table1", "dp_fedavg", eps)
-    p1, p2 = PAPER_TABLE1["cnn2"].get(eps), PAPER_TABLE1["resnet18_gn"].get(eps)
-    paper = ([f"{p1[0]:.2f} ± {p1[1]:.2f}", f"{p1[2]:.2f} ± {p1[3]:.2f}"] if p1 else ["", ""]) + \
-            ([f"{p2[0]:.2f} ± {p2[1]:.2f}", f"{p2[2]:.2f} ± {p2[3]:.2f}"] if p2 else ["", ""])
-    eps_text = f"{eps:g} ({r0['epsilon']:.3f})" if r0 and r0["epsilon"] is not None else f"{eps:g}"
-    z = f"{r0['noise_multiplier']:.3f}" if r0 else ""
-    lines.append("| " + " | ".join([eps_text, z] + cells + paper) + " |")
+           f"{settings['seeds']} seeds (delta = {DELTA:g})", ""]
+  lines += markdown_table(
+      [("eps", "epsilon (ledger)"), "z", ("dp_fedavg", "DP-FedAvg"), ("dp_fedavg+blur", "+BLUR"),
+       ("dp_fedavg+lus", "+LUS"), ("blur+lus", "BLUR+LUS"),
+       ("cnn2_dp", "paper CNN-2: DP-FedAvg"), ("cnn2_ours", "paper CNN-2: Ours"),
+       ("resnet_dp", "paper ResNet-18: DP-FedAvg"), ("resnet_ours", "paper ResNet-18: Ours")],
+      table1)
   fa = get("table1", "fedavg", None)
   if fa:
-    lines += ["", f"Non-private FedAvg: {_fmt(fa['accuracy_mean'], fa['accuracy_std'])} %."]
+    lines += ["", f"Non-private FedAvg: {acc(fa)} %."]
   ae = settings["ablation_epsilon"]
-  lines += ["", f"### Table 3: sparsity c of LUS at epsilon = {ae:g} (test accuracy %, mean ± std)", "",
-            "| c | DP-FedAvg+LUS | BLUR+LUS | paper DP-FedAvg+LUS (ResNet-18) | paper BLUR+LUS |",
-            "|---|---|---|---|---|"]
   base = {"dp_fedavg+lus": get("table1", "dp_fedavg", ae), "blur+lus": get("table1", "dp_fedavg+blur", ae)}
+  table3 = []
   for c in (0.0,) + tuple(settings["sparsities"]):
-    cells = []
+    row = {"c": f"{c:g}" + (" (no LUS)" if c == 0 else "")}
     for m in ("dp_fedavg+lus", "blur+lus"):
       if c == 0.0:
         r = base[m]
       else:
         r = by.get(("table3", m, ae, c)) or (get("table1", m, ae, c) if c == settings["sparsity_default"] else None)
-      cells.append(_fmt(r["accuracy_mean"], r["accuracy_std"]) if r else "n/a")
-    paper = [f"{PAPER_TABLE3[m][c]:.2f}" if c in PAPER_TABLE3[m] else "illegible" if m == "blur+lus" else ""
-             for m in ("dp_fedavg+lus", "blur+lus")]
-    lines.append("| " + " | ".join([f"{c:g}" + (" (no LUS)" if c == 0 else "")] + cells + paper) + " |")
+      row[m] = acc(r)
+      row[f"paper_{m}"] = (f"{PAPER_TABLE3[m][c]:.2f}" if c in PAPER_TABLE3[m] else
+                           "illegible" if m == "blur+lus" else "")
+    table3.append(row)
+  lines += ["", f"### Table 3: sparsity c of LUS at epsilon = {ae:g} (test accuracy %, mean ± std)", ""]
+  lines += markdown_table(
+      ["c", ("dp_fedavg+lus", "DP-FedAvg+LUS"), ("blur+lus", "BLUR+LUS"),
+       ("paper_dp_fedavg+lus", "paper DP-FedAvg+LUS (ResNet-18)"), ("paper_blur+lus", "paper BLUR+LUS")],
+      table3)
   text = "\n".join(lines) + "\n"
   path.write_text(text)
   return text
@@ -232,55 +239,33 @@ def write_markdown(rows: list, settings: dict, path: pathlib.Path) -> str:
 
 def plot(runs: list, settings: dict, out_dir: pathlib.Path) -> list:
   """Fig. 2 (pre-clip update norms per round) and accuracy-versus-round curves."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  paths = []
-  clip = settings["clip"]
   eps_fig = settings["figure_epsilon"]
-  fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), sharey=True)
-  for ax, m in zip(axes, ("dp_fedavg", "blur+lus")):
-    rs = [r for r in runs if r["table"] == "table1" and r["method"] == m and r["target_epsilon"] == eps_fig]
-    if not rs:
-      continue
-    h = rs[0]["history"]
-    rounds = [x["round"] for x in h]
-    q = {k: np.array([x["diagnostics"]["update_norm"][k] for x in h]) for k in ("q10", "q50", "q90")}
-    ax.fill_between(rounds, q["q10"], q["q90"], alpha=0.3, label="10-90% of clients")
-    ax.plot(rounds, q["q50"], label="median")
-    ax.axhline(clip, color="k", ls="--", lw=1, label=f"clip S={clip:g}")
-    ax.set_title(f"{LABELS[m]} (eps={eps_fig:g}, seed {rs[0]['seed']})")
-    ax.set_xlabel("round")
-  paths.append(_save(fig, axes, "||Delta|| before LUS and clip", out_dir / "cheng2022_update_norms.png"))
 
-  eps_list = settings["curve_epsilons"]
-  fig, axes = plt.subplots(1, len(eps_list), figsize=(4.2 * len(eps_list), 3.4), sharey=True)
-  axes = np.atleast_1d(axes)
-  for ax, eps in zip(axes, eps_list):
-    for m in METHODS + ("fedavg",):
-      rs = [r for r in runs if r["table"] == "table1" and r["method"] == m and
+  def table1(m, eps):
+    return [r for r in runs if r["table"] == "table1" and r["method"] == m and
             (r["target_epsilon"] == eps or m == "fedavg")]
-      if not rs:
-        continue
-      pts = [(x["round"], x["test_accuracy"]) for x in rs[0]["history"] if "test_accuracy" in x]
-      xs = [a for a, _ in pts]
-      ys = np.mean([[x["test_accuracy"] for x in r["history"] if "test_accuracy" in x] for r in rs], 0)
-      ax.plot(xs, ys, label=LABELS[m], ls=":" if m == "fedavg" else "-")
-    ax.set_title(f"epsilon = {eps:g} (mean of {settings['seeds']} seeds)")
-    ax.set_xlabel("round")
-  paths.append(_save(fig, axes, "test accuracy", out_dir / "cheng2022_accuracy.png"))
+
+  norms = []
+  for m in ("dp_fedavg", "blur+lus"):
+    rs = table1(m, eps_fig)
+    if rs:
+      h = rs[0]["history"]
+      norms.append((f"{LABELS[m]} (eps={eps_fig:g}, seed {rs[0]['seed']})", [x["round"] for x in h],
+                    {k: [x["diagnostics"]["update_norm"][k] for x in h] for k in ("q10", "q50", "q90")}))
+  paths = [plot_quantiles(norms, out_dir / "cheng2022_update_norms.png", clip=settings["clip"],
+                          ylabel="||Delta|| before LUS and clip")]
+  panels = []
+  for eps in settings["curve_epsilons"]:
+    curves = []
+    for m in METHODS + ("fedavg",):
+      rs = table1(m, eps)
+      if rs:
+        xs = [x["round"] for x in rs[0]["history"] if "test_accuracy" in x]
+        ys = np.mean([[x["test_accuracy"] for x in r["history"] if "test_accuracy" in x] for r in rs], 0)
+        curves.append(Curve(LABELS[m], xs, ys, style=":" if m == "fedavg" else "-"))
+    panels.append((f"epsilon = {eps:g} (mean of {settings['seeds']} seeds)", curves))
+  paths.append(plot_curves(panels, out_dir / "cheng2022_accuracy.png", xlabel="round"))
   return paths
-
-
-def _save(fig, axes, ylabel: str, path):
-  """Labels the first axis, adds its legend, writes ``path`` and closes the figure."""
-  import matplotlib.pyplot as plt
-  axes[0].set_ylabel(ylabel)
-  axes[0].legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=90)
-  plt.close(fig)
-  return path
 
 
 def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] = None,
@@ -291,51 +276,21 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
   from fedjax_dp.algorithms.blur_lus import DEFAULTS
   spec = SCALES[scale]
   base = dict(spec["config"])
-  n_seeds = int(seeds or spec["seeds"])
-  check(n_seeds >= 1, "seeds", seeds, "must be >= 1")
+  n_seeds = num_seeds(seeds, spec["seeds"])
   out = pathlib.Path(output_dir)
   out.mkdir(parents=True, exist_ok=True)
   t0 = time.perf_counter()
   if data is None:
     data = load_federated(base["dataset"], base["num_clients"], partition=base["partition"],
                           seed=0, data_dir=data_dir, shards_per_client=base["shards_per_client"])
-  _enable_compilation_cache()
   epsilons, sparsities, ae = spec["epsilons"], spec["sparsities"], spec["ablation_epsilon"]
   noise_by_eps = {eps: calibrate_noise_multiplier(eps, DELTA, base["rounds"], "poisson",
                                                   base["sampling_prob"]) for eps in sorted(set(epsilons) | {ae})}
-  jobs = plan(epsilons, sparsities, ae, n_seeds, min(n_seeds, spec.get("ablation_seeds", n_seeds)))
-  runs = []
-  with open(out / "runs.jsonl", "w") as f:
-    for i, (table, method, eps, c, seed) in enumerate(jobs):
-      t = time.perf_counter()
-      config, result = _run_one(base, data, method, eps, c, seed, noise_by_eps)
-      s = result.summary
-      last = result.history[-1]
-      private = method != "fedavg"
-      rec = {
-          "table": table, "method": method, "target_epsilon": eps, "seed": seed,
-          "sparsity": (c if c is not None else DEFAULTS["sparsity"]) if "lus" in method else None,
-          "lambda": DEFAULTS["lambda"] if "blur" in method else None,
-          "epsilon": s.get("epsilon") if private else None, "delta": DELTA,
-          "noise_multiplier": config.noise_multiplier if private else None,
-          "accuracy": s["final_accuracy"],
-          # Raw diagnostics of the runs (pre-clip norms, fraction clipped): not covered by epsilon.
-          "fraction_clipped": (float(np.mean([h["diagnostics"].get("fraction_clipped", 0.0)
-                                              for h in result.history])) if private else None),
-          "update_norm_q50_last": last["diagnostics"]["update_norm"]["q50"],
-          "seconds": time.perf_counter() - t,
-          "history": [{"round": h["round"], **({"test_accuracy": h["test_accuracy"]}
-                                              if "test_accuracy" in h else {}),
-                       "diagnostics": {k: h["diagnostics"][k] for k in
-                                       ("update_norm", "train_loss", "fraction_clipped")
-                                       if k in h["diagnostics"]}} for h in result.history],
-      }
-      runs.append(rec)
-      f.write(json.dumps(rec) + "\n")
-      f.flush()
-      log(f"[{i + 1}/{len(jobs)}] {table} {method} eps={eps} c={c} seed={seed}: "
-          f"acc={rec['accuracy']:.4f} ({rec['seconds']:.1f}s, total {time.perf_counter() - t0:.0f}s)")
-  rows = [dict(r, table=r["table"]) for r in _summarize(runs)]
+  jobs = [_job(base, data, *j, noise_by_eps) for j in
+          plan(epsilons, sparsities, ae, n_seeds, min(n_seeds, spec.get("ablation_seeds", n_seeds)))]
+  runs = run_jobs(jobs, _record, data=data, runs_path=out / "runs.jsonl",
+                  diagnostics=("update_norm", "train_loss", "fraction_clipped"), log=log)
+  rows = _summarize(runs)
   wall = time.perf_counter() - t0
   settings = {
       "scale": scale, "seeds": n_seeds, "epsilons": list(epsilons), "sparsities": list(sparsities),
@@ -371,14 +326,18 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
 
 def run_paper(output_dir: str, data_dir=None, seeds: Optional[int] = None, presets=None,
               log=print) -> int:
-  """The paper-scale presets (accelerator only): Table 1 (EMNIST) and Table 2 (CIFAR-10)."""
+  """The paper-scale presets (accelerator only): Table 1 (EMNIST) and Table 2 (CIFAR-10).
+
+  Writes ``results.json`` (``runs``: preset, method, target and ledger epsilon, seed, accuracy),
+  ``runs.jsonl`` and each run's metrics under ``DIR/PRESET/``.
+  """
   from fedjax_dp.config import make_config
-  from fedjax_dp.experiment import load_data, simulate
+  from fedjax_dp.experiment import load_data
   out = pathlib.Path(output_dir)
   out.mkdir(parents=True, exist_ok=True)
-  n_seeds = int(seeds or SCALES["paper"]["seeds"])
-  results = []
-  for name in presets or PAPER_PRESETS:
+  n_seeds = num_seeds(seeds, SCALES["paper"]["seeds"])
+  runs = []
+  for i, name in enumerate(presets or PAPER_PRESETS):
     check_choice("preset", name, sorted(PAPER_PRESETS))
     preset = dict(PAPER_PRESETS[name])
     if preset["dataset"] == "emnist":
@@ -391,17 +350,17 @@ def run_paper(output_dir: str, data_dir=None, seeds: Optional[int] = None, prese
       preset["num_clients"] = data.num_clients
     else:
       data = load_data(make_config(dict(preset, data_dir=data_dir)))
-    for eps in EPSILONS:
-      for m in METHODS:
-        for seed in range(n_seeds):
-          cfg = make_config(dict(preset, data_dir=data_dir, algorithm=m, target_epsilon=eps,
-                                 seed=seed))
-          res = simulate(cfg, data, output_dir=str(out / name / f"{m}_eps{eps:g}_seed{seed}"))
-          results.append({"preset": name, "method": m, "target_epsilon": eps, "seed": seed,
-                          "epsilon": res.summary.get("epsilon"),
-                          "accuracy": res.summary["final_accuracy"]})
-          log(json.dumps(results[-1]))
-  (out / "results.json").write_text(json.dumps({"runs": results}, indent=2) + "\n")
+    jobs = [Job(make_config(dict(preset, data_dir=data_dir, algorithm=m, target_epsilon=eps,
+                                 seed=seed)),
+                {"preset": name, "method": m, "target_epsilon": eps, "seed": seed},
+                output_dir=str(out / name / f"{m}_eps{eps:g}_seed{seed}"))
+            for eps in EPSILONS for m in METHODS for seed in range(n_seeds)]
+    runs += run_jobs(jobs, lambda job, res: {"epsilon": res.summary.get("epsilon"),
+                                             "accuracy": res.summary["final_accuracy"]},
+                     data=data, runs_path=out / "runs.jsonl", append=i > 0, log=log)
+  keys = ("preset", "method", "target_epsilon", "seed", "epsilon", "accuracy")
+  (out / "results.json").write_text(json.dumps({"runs": [{k: r[k] for k in keys} for r in runs]},
+                                               indent=2) + "\n")
   return 0
 
 

@@ -12,10 +12,13 @@ per client: the paper's 500 shards, Sec. 3.1), the paper's CNN
 * training error of every method at the base setting (Table 2).
 
 It writes ``DIR/results.json`` (``rows``: method, dataset, setting, value,
-accuracy_mean, accuracy_std, seeds, epsilon per class or null,
-formal_guarantee, train_error_mean, train_loss_mean, seconds; ``gains``:
-ours beside the paper's claimed +2.25% over ADP-FL and +4.41% over DP-FL),
-``DIR/results.md`` and ``DIR/spfl2024_fig{3,4,5}.png``.
+accuracy_mean, accuracy_std (sample std over seeds), seeds, epsilon per class
+or null, formal_guarantee, train_error_mean, train_loss_mean, seconds;
+``gains``: ours beside the paper's claimed +2.25% over ADP-FL and +4.41% over
+DP-FL), ``DIR/results.md``, ``DIR/spfl2024_fig{3,4,5}.png``,
+``DIR/runs.jsonl`` (every run's record and per-round history),
+``DIR/results_partial.json`` (the rows done so far, rewritten as runs end) and
+each run's ``metrics.jsonl`` and ``summary.json`` under ``DIR/runs/``.
 
 Privacy: example-level, the privacy unit is one example of one client (local
 to each client), not a whole client. The noise multiplier of every DP method
@@ -33,15 +36,18 @@ are padded to a tail capacity, about 3x the work at L = 16); one seed.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pathlib
-import tempfile
 import time
 
 import numpy as np
 
 from fedjax_dp.errors import check_choice
+from fedjax_dp.reproduce.plots import Curve, plot_curves
+from fedjax_dp.reproduce.runner import Job, group_by, num_seeds, run_jobs, seed_stats
+from fedjax_dp.reproduce.tables import markdown_table, mean_std
 
 METHODS = ("spfl", "spfl-sound", "adp-fl", "dp-fl", "nodp-fl")
 PAPER_GAINS = {"adp-fl": 2.25, "dp-fl": 4.41}  # accuracy points, SP-FL over the baseline (abstract)
@@ -77,18 +83,6 @@ SCALES = {
 SPFL_OPTIONS = {"high_fraction": 0.5, "beta_high": 0.2, "beta_low": 0.2}
 
 
-def _enable_compile_cache():
-  """JAX's persistent compilation cache. Within one process, runs that differ only in numbers
-  (noise, betas, clip bounds, learning rates, seeds) share one round and one compilation (their
-  numbers are ``hparams``); the persistent cache also reuses it across processes."""
-  import jax
-  d = os.environ.get("FEDJAX_DP_JAX_CACHE") or os.path.join(tempfile.gettempdir(),
-                                                             "fedjax_dp_jax_cache")
-  jax.config.update("jax_compilation_cache_dir", d)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
-
-
 def make_config(method: str, dataset: str, p: dict, *, epsilon: float, cohort: int, steps: int,
                 seed: int, data_dir=None):
   from fedjax_dp.config import make_config as mk
@@ -115,22 +109,25 @@ def _train_error(model, params, data, n: int):
   return 1.0 - float(acc), float(loss)
 
 
-def _run_one(cfg, data, out_dir, train_eval):
+def _execute(job, data, train_eval: int):
+  """Runs ``job`` and adds its final model's train error and loss and its noise multiplier
+  to its summary (also to its ``summary.json``)."""
   from fedjax_dp.algorithms import build
   from fedjax_dp.engine import run
+  cfg = job.config
   setup = build(cfg, data)
   res = run(setup.program, data, setup.sampler, cfg.rounds, hparams=setup.hparams, seed=cfg.seed,
-            accounting=setup.accounting, eval_every=cfg.eval_every, output_dir=str(out_dir),
+            accounting=setup.accounting, eval_every=cfg.eval_every, output_dir=job.output_dir,
             progress=False, config=cfg.to_dict(), placement=cfg.placement)
   err, loss = _train_error(setup.program.model, setup.program.eval_params(res.state), data,
                            train_eval)
-  s = res.summary
   # sigma: the DP methods' calibrated multiplier (nominal for published spfl); none for nodp-fl.
   sigma = setup.hparams.get("sigma")
-  s.update(train_error=err, train_loss=loss,
-           noise_multiplier=None if sigma is None else float(sigma))
-  (pathlib.Path(out_dir) / "summary.json").write_text(json.dumps(s, indent=2, default=str) + "\n")
-  return s
+  res.summary.update(train_error=err, train_loss=loss,
+                     noise_multiplier=None if sigma is None else float(sigma))
+  (pathlib.Path(job.output_dir) / "summary.json").write_text(
+      json.dumps(res.summary, indent=2, default=str) + "\n")
+  return res
 
 
 def _class_eps(summary):
@@ -143,23 +140,41 @@ def _class_eps(summary):
   return None if all(v is None for v in out.values()) else out
 
 
-def _row(method, dataset, setting, value, summaries, epsilon):
-  accs = [s["final_accuracy"] for s in summaries]
-  s0 = summaries[-1]
-  formal = bool(s0.get("formal_guarantee"))
+def _record(job, res) -> dict:
+  """The fields of a run's record after its labels."""
+  s = res.summary
   return {
-      "method": method, "dataset": dataset, "setting": setting, "value": value,
-      "accuracy_mean": float(np.mean(accs)), "accuracy_std": float(np.std(accs)),
-      "seeds": len(accs), "formal_guarantee": formal,
-      "epsilon": _class_eps(s0),
-      "nominal_epsilon": None if method == "nodp-fl" else epsilon,
-      "no_guarantee_reasons": {k: c.get("reason") for k, c in (s0.get("classes") or {}).items()
+      "accuracy": s["final_accuracy"], "formal_guarantee": bool(s.get("formal_guarantee")),
+      "epsilon": _class_eps(s),
+      "no_guarantee_reasons": {k: c.get("reason") for k, c in (s.get("classes") or {}).items()
                                if not c["formal_guarantee"]} or None,
-      "noise_multiplier": s0.get("noise_multiplier"),
-      "train_error_mean": float(np.mean([s["train_error"] for s in summaries])),
-      "train_loss_mean": float(np.mean([s["train_loss"] for s in summaries])),
-      "seconds": float(np.sum([s["diagnostics"]["seconds_total"] for s in summaries])),
+      "noise_multiplier": s.get("noise_multiplier"),
+      "train_error": s["train_error"], "train_loss": s["train_loss"],
   }
+
+
+def _rows(runs, settings, n_seeds):
+  """One row per setting and method whose ``n_seeds`` runs are all done; ``settings``: the
+  settings (epsilon, clients_per_round, local_steps) of each (dataset, setting, value)."""
+  rows = []
+  for (ds, setting, value, method), rs in group_by(runs, ("dataset", "setting", "value",
+                                                          "method")).items():
+    if len(rs) < n_seeds:
+      continue
+    last, s = rs[-1], settings[(ds, setting, value)]
+    rows.append({
+        "method": method, "dataset": ds, "setting": setting, "value": value,
+        **seed_stats([r["accuracy"] for r in rs]), "formal_guarantee": last["formal_guarantee"],
+        "epsilon": last["epsilon"],
+        "nominal_epsilon": None if method == "nodp-fl" else s["epsilon"],
+        "no_guarantee_reasons": last["no_guarantee_reasons"],
+        "noise_multiplier": last["noise_multiplier"],
+        "train_error_mean": float(np.mean([r["train_error"] for r in rs])),
+        "train_loss_mean": float(np.mean([r["train_loss"] for r in rs])),
+        "seconds": float(np.sum([r["seconds"] for r in rs])),
+        "base_value": dict(s),
+    })
+  return rows
 
 
 def _gains(rows):
@@ -177,54 +192,46 @@ def _gains(rows):
 
 
 def _plot(rows, setting, xlabel, path, logx=False):
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  """Accuracy against ``setting`` (its sweep and the base setting), one panel per data set
+  swept; none when no data set is."""
   sel = [r for r in rows if r["setting"] in (setting, "base")]
-  datasets = sorted({r["dataset"] for r in sel if r["setting"] == setting})
-  if not datasets:
-    return None
-  fig, axes = plt.subplots(1, len(datasets), figsize=(4.2 * len(datasets), 3.2), squeeze=False)
-  for ax, ds in zip(axes[0], datasets):
+  panels = []
+  for ds in sorted({r["dataset"] for r in sel if r["setting"] == setting}):
+    curves = []
     for m in METHODS:
       pts = sorted({(r["base_value"][setting], r["accuracy_mean"], r["accuracy_std"])
                     for r in sel if r["dataset"] == ds and r["method"] == m})
-      if not pts:
-        continue
-      xs, ys, es = zip(*pts)
-      label = m + ("" if m != "spfl" else " (no DP guarantee)")
-      ax.errorbar(xs, ys, yerr=es, marker="o", capsize=2, label=label,
-                  linestyle="--" if m in ("spfl", "nodp-fl") else "-")
-    ax.set_title(ds)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("test accuracy")
-    if logx:
-      ax.set_xscale("log")
-    ax.grid(alpha=0.3)
-  axes[0][-1].legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=80)
-  plt.close(fig)
-  return str(path)
+      if pts:
+        xs, ys, es = zip(*pts)
+        curves.append(Curve(m + ("" if m != "spfl" else " (no DP guarantee)"), xs, ys, err=es,
+                            style="--" if m in ("spfl", "nodp-fl") else "-"))
+    panels.append((ds, curves))
+  if not panels:
+    return None
+  return str(plot_curves(panels, path, xlabel=xlabel, logx=logx, size=(4.2, 3.2), sharey=False,
+                         legend_size=7))
 
 
 def _markdown(rows, gains, header):
-  lines = [header, "", "| dataset | setting | value | method | accuracy | train error | epsilon (per class max/median) | formal DP |",
-           "|---|---|---|---|---|---|---|---|"]
-  for r in rows:
-    eps = r["epsilon"]
-    if eps is None:
-      eps_s = "none (no guarantee)" if r["method"] != "nodp-fl" else "none (non-private)"
-    else:
-      eps_s = ", ".join(f"{k}: {v['max']:.2f}/{v['median']:.2f}" if v else f"{k}: none"
-                        for k, v in eps.items())
-    lines.append(f"| {r['dataset']} | {r['setting']} | {r['value']} | {r['method']} | "
-                 f"{100 * r['accuracy_mean']:.2f} ± {100 * r['accuracy_std']:.2f} | "
-                 f"{100 * r['train_error_mean']:.2f} | {eps_s} | {r['formal_guarantee']} |")
-  lines += ["", "| comparison | ours (accuracy points) | settings | paper's claim |", "|---|---|---|---|"]
-  for k, g in gains.items():
-    o = "n/a" if g["ours_points"] is None else f"{g['ours_points']:+.2f}"
-    lines.append(f"| {k} | {o} | {g['settings']} | +{g['paper_claim_points']:.2f} |")
+  def eps(r):
+    if r["epsilon"] is None:
+      return "none (no guarantee)" if r["method"] != "nodp-fl" else "none (non-private)"
+    return ", ".join(f"{k}: {v['max']:.2f}/{v['median']:.2f}" if v else f"{k}: none"
+                     for k, v in r["epsilon"].items())
+
+  lines = [header, ""] + markdown_table(
+      ["dataset", "setting", "value", "method", "accuracy", "train error",
+       "epsilon (per class max/median)", "formal DP"],
+      [{"dataset": r["dataset"], "setting": r["setting"], "value": r["value"],
+        "method": r["method"], "accuracy": mean_std(r["accuracy_mean"], r["accuracy_std"]),
+        "train error": mean_std(r["train_error_mean"]),
+        "epsilon (per class max/median)": eps(r), "formal DP": r["formal_guarantee"]}
+       for r in rows])
+  lines += [""] + markdown_table(
+      ["comparison", "ours (accuracy points)", "settings", "paper's claim"],
+      [{"comparison": k, "settings": g["settings"], "paper's claim": f"+{g['paper_claim_points']:.2f}",
+        "ours (accuracy points)": "n/a" if g["ours_points"] is None else f"{g['ours_points']:+.2f}"}
+       for k, g in gains.items()])
   return "\n".join(lines) + "\n"
 
 
@@ -235,48 +242,51 @@ def run(scale: str = "small", output_dir: str = "runs/spfl2024", data_dir=None, 
   for m in methods:
     check_choice("method", m, METHODS)
   p = dict(SCALES[scale])
-  n_seeds = int(seeds or p["seeds"])
-  _enable_compile_cache()
+  n_seeds = num_seeds(seeds, p["seeds"])
   if data_dir is None and not os.environ.get("FEDJAX_DP_DATA"):
     shared = pathlib.Path(__file__).resolve().parents[2].parent / "shared" / "data"
     data_dir = str(shared) if shared.is_dir() else None
-  from fedjax_dp.experiment import load_data
   out = pathlib.Path(output_dir)
   out.mkdir(parents=True, exist_ok=True)
   t0 = time.perf_counter()
   base = {"epsilon": p["epsilon"], "clients_per_round": p["cohort"], "local_steps": p["local_steps"]}
-  rows = []
+  settings = {}  # (dataset, setting, value) -> its settings, in run order
   for ds in p["datasets"]:
+    settings[(ds, "base", None)] = dict(base)
+    if ds in p["sweep_datasets"]:
+      settings.update({(ds, "epsilon", e): dict(base, epsilon=e) for e in p["epsilons"]
+                       if e != p["epsilon"]})
+      settings.update({(ds, "clients_per_round", c): dict(base, clients_per_round=c)
+                       for c in p["cohorts"] if c != p["cohort"]})
+      settings.update({(ds, "local_steps", q): dict(base, local_steps=q) for q in p["steps"]
+                       if q != p["local_steps"]})
+  jobs = [Job(make_config(m, ds, p, epsilon=s["epsilon"], cohort=s["clients_per_round"],
+                          steps=s["local_steps"], seed=seed, data_dir=data_dir),
+              {"dataset": ds, "setting": setting, "value": value, "method": m, "seed": seed},
+              name=f"{ds} {setting}={value} {m} seed={seed}", data=ds,
+              output_dir=str(out / "runs" / f"{ds}_{setting}_{value}_{m}_s{seed}"))
+          for (ds, setting, value), s in settings.items() for m in methods
+          if not (m == "nodp-fl" and setting == "epsilon") for seed in range(n_seeds)]
+
+  def load(ds):
+    from fedjax_dp.experiment import load_data
     data = load_data(make_config("dp-fl", ds, p, epsilon=p["epsilon"], cohort=p["cohort"],
                                  steps=p["local_steps"], seed=0, data_dir=data_dir))
     labels = [len(np.unique(data.y[c, :data.counts[c]])) for c in range(data.num_clients)]
     print(f"[spfl2024] {ds}: {data.num_clients} clients, {int(data.counts.min())}-"
           f"{int(data.counts.max())} examples, labels per client min {min(labels)} "
           f"median {int(np.median(labels))}", flush=True)
-    grid = [("base", None, dict(base))]
-    if ds in p["sweep_datasets"]:
-      grid += [("epsilon", e, dict(base, epsilon=e)) for e in p["epsilons"] if e != p["epsilon"]]
-      grid += [("clients_per_round", c, dict(base, clients_per_round=c)) for c in p["cohorts"]
-               if c != p["cohort"]]
-      grid += [("local_steps", q, dict(base, local_steps=q)) for q in p["steps"]
-               if q != p["local_steps"]]
-    for setting, value, s in grid:
-      for m in methods:
-        if m == "nodp-fl" and setting == "epsilon":
-          continue
-        summaries = []
-        for seed in range(n_seeds):
-          cfg = make_config(m, ds, p, epsilon=s["epsilon"], cohort=s["clients_per_round"],
-                            steps=s["local_steps"], seed=seed, data_dir=data_dir)
-          run_dir = out / "runs" / f"{ds}_{setting}_{value}_{m}_s{seed}"
-          summaries.append(_run_one(cfg, data, run_dir, p["train_eval"]))
-        row = _row(m, ds, setting, value, summaries, s["epsilon"])
-        row["base_value"] = dict(s)
-        rows.append(row)
-        (out / "results_partial.json").write_text(json.dumps({"rows": rows}, default=str) + "\n")
-        print(f"[spfl2024] {ds} {setting}={value} {m}: acc {row['accuracy_mean']:.4f} "
-              f"eps {row['epsilon']} ({row['seconds']:.0f}s, total "
-              f"{time.perf_counter() - t0:.0f}s)", flush=True)
+    return data
+
+  def partial(runs):
+    (out / "results_partial.json").write_text(
+        json.dumps({"rows": _rows(runs, settings, n_seeds)}, default=str) + "\n")
+
+  runs = run_jobs(jobs, _record, load_data=load,
+                  execute=functools.partial(_execute, train_eval=p["train_eval"]),
+                  runs_path=out / "runs.jsonl", on_record=partial,
+                  log=lambda line: print(f"[spfl2024] {line}", flush=True))
+  rows = _rows(runs, settings, n_seeds)
   gains = _gains(rows)
   wall = time.perf_counter() - t0
   result = {"paper": "Wu and Li 2024, SP-FL", "scale": scale, "settings": p,

@@ -10,9 +10,11 @@ MNIST, K=30 workers of which the last b=3 are Byzantine, the paper's MLP
 
 for SGD (mean), SignSGD, GM, RSA, DP-RSA(F) and DP-RSA(G) at per-coordinate
 epsilon in {0.2, 0.4, 1.38}. It writes ``DIR/results.json`` (``rows``: method,
-partition, attack, epsilon, accuracy_mean, accuracy_std, seeds, plus the
-composed whole-run epsilon) and ``DIR/zhu2022_<partition>_<attack>.png``
-(accuracy versus iteration).
+partition, attack, epsilon, accuracy_mean, accuracy_std (sample std over
+seeds), seeds, plus the composed whole-run epsilon; rewritten as runs end),
+``DIR/results.md`` (the rows as a table), ``DIR/runs.jsonl`` (every run's
+per-round history) and ``DIR/zhu2022_<partition>_<attack>.png`` (accuracy
+versus iteration).
 
 Deviations from the paper (stated in the results): fewer iterations than the
 paper's 5,000 and minibatches of ``batch_size`` examples per worker per
@@ -25,12 +27,16 @@ epsilon.
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 import time
 
 import numpy as np
 
-from fedjax_dp.errors import check, check_choice
+from fedjax_dp.errors import check_choice
+from fedjax_dp.reproduce.plots import Curve, plot_curves
+from fedjax_dp.reproduce.runner import Job, group_by, num_seeds, run_jobs, seed_stats
+from fedjax_dp.reproduce.tables import markdown_table, mean_std
 
 METHODS = ("sgd", "signsgd", "gm", "rsa", "dp-rsa-f", "dp-rsa-g")
 EPSILONS = (0.2, 0.4, 1.38)
@@ -111,74 +117,94 @@ def _config(scale, method, opts, attack, data_dir, seed):
       attack=attack.replace("-", "_"), options=options)
 
 
-def plot(curves: dict, path: pathlib.Path, title: str) -> None:
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  fig, ax = plt.subplots(figsize=(5.2, 3.6), dpi=90)
-  for label, (xs, ys) in curves.items():
-    style = "--" if label.startswith("dp-rsa-g") else ("-." if label.startswith("dp-rsa-f") else "-")
-    ax.plot(xs, ys, style, label=label, lw=1.3)
-  ax.set_xlabel("iteration")
-  ax.set_ylabel("test accuracy")
-  ax.set_ylim(0, 1)
-  ax.set_title(title, fontsize=9)
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=6, ncol=2)
-  fig.tight_layout()
-  fig.savefig(path)
-  plt.close(fig)
+def _record(job, res) -> dict:
+  """The fields of a run's record after its labels."""
+  s = res.summary
+  return {"accuracy": s["final_accuracy"], "epsilon_composed": s.get("epsilon"),
+          "delta": s.get("delta"), "formal_guarantee": s.get("formal_guarantee"),
+          "guarantee_note": s.get("guarantee_note")}
+
+
+def _label(method, eps) -> str:
+  return method if eps is None else f"{method} eps={eps}"
+
+
+def _results(runs, n_seeds):
+  """The rows and the accuracy curves (mean over seeds, by setting then label) of the settings
+  and methods whose ``n_seeds`` runs are all done."""
+  rows, curves = [], {}
+  for (partition, attack, method, eps), rs in group_by(runs, ("partition", "attack", "method",
+                                                              "epsilon")).items():
+    if len(rs) < n_seeds:
+      continue
+    last = rs[-1]
+    accs = [math.nan if r["accuracy"] is None else float(r["accuracy"]) for r in rs]
+    rows.append({"method": method, "partition": partition, "attack": attack, "epsilon": eps,
+                 **seed_stats(accs), "accuracies": accs,
+                 "epsilon_composed": last["epsilon_composed"], "delta": last["delta"],
+                 "formal_guarantee": last["formal_guarantee"],
+                 "guarantee_note": last["guarantee_note"], "seconds_per_run": last["seconds"]})
+    evals = [[h for h in r["history"] if "test_accuracy" in h] for r in rs]
+    ys = np.nanmean(np.array([[h["test_accuracy"] for h in e] for e in evals], float), axis=0)
+    curves.setdefault(f"{partition}/{attack}", {})[_label(method, eps)] = (
+        [h["round"] for h in evals[0]], ys.tolist())
+  return rows, curves
+
+
+def _markdown(rows, scale_name) -> str:
+  lines = [f"DP-RSA reproduction, scale {scale_name}: test accuracy (%), mean ± std over seeds; "
+           "epsilon per coordinate per iteration (the paper's) and composed over the whole run "
+           "at delta", ""]
+  lines += markdown_table(
+      ["partition", "attack", "method", "eps / coord / iter", "accuracy", "whole-run eps",
+       "delta", "formal DP"],
+      [{"partition": r["partition"], "attack": r["attack"], "method": r["method"],
+        "eps / coord / iter": "" if r["epsilon"] is None else r["epsilon"],
+        "accuracy": mean_std(r["accuracy_mean"], r["accuracy_std"]),
+        "whole-run eps": "" if r["epsilon_composed"] is None else f"{r['epsilon_composed']:.4g}",
+        "delta": "" if r["delta"] is None else f"{r['delta']:g}",
+        "formal DP": r["formal_guarantee"]} for r in rows])
+  return "\n".join(lines) + "\n"
 
 
 def reproduce(scale: str = "small", output_dir: str = "runs/zhu2022", data_dir=None, seeds=None,
               settings=SETTINGS, methods=METHODS, progress: bool = True) -> int:
-  """Runs the experiments of ``scale`` and writes results.json and the plots (returns 0)."""
-  from fedjax_dp.experiment import simulate
+  """Runs the experiments of ``scale`` and writes results.json, results.md, runs.jsonl and the
+  plots (returns 0)."""
   check_choice("scale", scale, sorted(SCALES))
   sc = SCALES[scale]
-  n_seeds = int(seeds or sc["seeds"])
-  check(n_seeds >= 1, "seeds", seeds, "must be >= 1")
+  n_seeds = num_seeds(seeds, sc["seeds"])
   for m in methods:
     check_choice("method", m, METHODS)
   out = pathlib.Path(output_dir)
   out.mkdir(parents=True, exist_ok=True)
   t_start = time.perf_counter()
-  rows, curves_all = [], {}
+  jobs = [Job(_config(sc, method, opts, attack, data_dir, seed),
+              {"partition": partition, "attack": attack, "method": method, "epsilon": eps,
+               "seed": seed},
+              name=f"{partition} {attack} {_label(method, eps)} seed={seed}", data=partition)
+          for partition, attack in settings for method, eps, opts in runs(sc) if method in methods
+          for seed in range(n_seeds)]
+  log = (lambda line: print(f"[zhu2022] {line}", flush=True)) if progress else (lambda line: None)
+  records = run_jobs(jobs, _record, load_data=lambda partition: load_data(sc, partition, data_dir),
+                     runs_path=out / "runs.jsonl",
+                     on_record=lambda rs: _write(out, scale, sc, *_results(rs, n_seeds), t_start),
+                     log=log)
+  rows, curves = _results(records, n_seeds)
+  _write(out, scale, sc, rows, curves, t_start)
+  (out / "results.md").write_text(_markdown(rows, scale))
   for partition, attack in settings:
-    data = load_data(sc, partition, data_dir)
-    curves = {}
-    for method, eps, opts in runs(sc):
-      if method not in methods:
-        continue
-      accs, histories, summary = [], [], None
-      for seed in range(n_seeds):
-        cfg = _config(sc, method, opts, attack, data_dir, seed)
-        res = simulate(cfg, data)
-        summary = res.summary
-        accs.append(summary["final_accuracy"] if summary["final_accuracy"] is not None else float("nan"))
-        histories.append([(h["round"], h["test_accuracy"]) for h in res.history if "test_accuracy" in h])
-      label = method if eps is None else f"{method} eps={eps}"
-      xs = [r for r, _ in histories[0]]
-      ys = np.nanmean(np.array([[a for _, a in h] for h in histories], float), axis=0).tolist()
-      curves[label] = (xs, ys)
-      row = {"method": method, "partition": partition, "attack": attack, "epsilon": eps,
-             "accuracy_mean": float(np.nanmean(accs)), "accuracy_std": float(np.nanstd(accs)),
-             "seeds": n_seeds, "accuracies": [float(a) for a in accs],
-             "epsilon_composed": summary.get("epsilon"), "delta": summary.get("delta"),
-             "formal_guarantee": summary.get("formal_guarantee"),
-             "guarantee_note": summary.get("guarantee_note"),
-             "seconds_per_run": summary["diagnostics"]["seconds_total"]}
-      rows.append(row)
-      if progress:
-        print(f"[zhu2022] {partition:6s} {attack:18s} {label:22s} acc={row['accuracy_mean']:.4f}"
-              f"+-{row['accuracy_std']:.4f}  eps_run={row['epsilon_composed']}", flush=True)
-      _write(out, scale, sc, rows, curves_all | {f"{partition}/{attack}": curves}, t_start)
-    curves_all[f"{partition}/{attack}"] = curves
-    plot(curves, out / f"zhu2022_{partition}_{attack}.png",
-         f"MNIST {partition}, {attack} attack, K={sc['num_clients']}, b={sc['byzantine']}")
-  _write(out, scale, sc, rows, curves_all, t_start)
-  if progress:
-    print(f"[zhu2022] wrote {out / 'results.json'} in {time.perf_counter() - t_start:.0f} s")
+    cs = curves.get(f"{partition}/{attack}")
+    if not cs:
+      continue
+    plot_curves([(f"MNIST {partition}, {attack} attack, K={sc['num_clients']}, b={sc['byzantine']}",
+                  [Curve(label, xs, ys, style="--" if label.startswith("dp-rsa-g") else
+                         "-." if label.startswith("dp-rsa-f") else "-")
+                   for label, (xs, ys) in cs.items()])],
+                out / f"zhu2022_{partition}_{attack}.png", xlabel="iteration", ylim=(0, 1),
+                size=(5.2, 3.6), legend_columns=2, legend_size=6)
+  log(f"wrote {out / 'results.json'}, {out / 'results.md'} and the plots in "
+      f"{time.perf_counter() - t_start:.0f} s")
   return 0
 
 
