@@ -62,6 +62,37 @@ def _add_privacy(sub):
                  help="rdp (default) or pld (gaussian only: sign-flip is accounted with rdp)")
 
 
+def _add_algorithms(sub):
+  p = sub.add_parser("algorithms", help="list every algorithm with its paper, privacy unit and "
+                     "--set options (name, default, allowed values, meaning)")
+  p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+
+def _cmd_algorithms(args) -> int:
+  from fedjax_dp.algorithms import ABOUT, option_table
+  from fedjax_dp.algorithms.options import describe
+  from fedjax_dp.jsonio import dumps
+  out = {name: {"paper": paper, "privacy_unit": unit, "options": describe(option_table(name))}
+         for name, (paper, unit, _) in ABOUT.items()}
+  if args.json:
+    print(dumps(out))
+    return 0
+  from fedjax_dp.algorithms import options
+  common = {o.name for o in options.BYZANTINE + options.AGGREGATOR}
+
+  def show(opts):
+    for o in opts:
+      print(f"  --set {o['name']}=VALUE  (default {o['default']}; {o['allowed']}): {o['help']}")
+
+  for name, info in out.items():
+    print(f"{name}: {info['paper']}\n  privacy unit: {info['privacy_unit']}")
+    show([o for o in info["options"] if o["name"] not in common])
+  print("every algorithm also takes --byzantine K --attack NAME --attacker-knowledge K "
+        "--aggregator NAME and:")
+  show(describe(options.BYZANTINE + options.AGGREGATOR))
+  return 0
+
+
 def _add_reproduce(sub):
   from fedjax_dp.reproduce import REPRODUCTIONS
   p = sub.add_parser("reproduce", help="reproduce a paper's experiments at a given scale")
@@ -184,14 +215,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     _add_run(sub)
     _add_privacy(sub)
     _add_reproduce(sub)
+    _add_algorithms(sub)
     if not argv:
       argv = ["run"]
     args = parser.parse_args(argv)
-    cmd = {"run": _cmd_run, "privacy": _cmd_privacy, "reproduce": _cmd_reproduce}[args.command]
+    cmd = {"run": _cmd_run, "privacy": _cmd_privacy, "reproduce": _cmd_reproduce,
+           "algorithms": _cmd_algorithms}[args.command]
     return cmd(args)
   except ConfigError as e:
     print(f"fedjax-dp: error: {e}", file=sys.stderr)
     return 2
+  except BrokenPipeError:  # the reader (e.g. `| head`) closed the pipe: nothing left to say
+    sys.stderr.close()
+    return 0
 
 
 if __name__ == "__main__":

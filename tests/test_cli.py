@@ -255,11 +255,11 @@ def test_read_options_refuses_non_finite_values_but_keeps_named_choices():
   from fedjax_dp.algorithms import blur_lus, read_options, rsa
   cfg = RunConfig(algorithm="blur+lus", options={"lambda": math.inf})
   with pytest.raises(ConfigError) as e:
-    read_options(cfg, blur_lus.OPTIONS)
+    read_options(cfg, blur_lus.OPTIONS["blur+lus"])
   assert e.value.field == "option lambda" and "finite" in e.value.allowed
   cfg = RunConfig(algorithm="blur+lus", options={"sparsity": "NaN"})
   with pytest.raises(ConfigError, match="option sparsity"):
-    read_options(cfg, blur_lus.OPTIONS)
+    read_options(cfg, blur_lus.OPTIONS["blur+lus"])
   cfg = RunConfig(algorithm="dp-rsa-f", options={"keep_prob": math.nan})
   with pytest.raises(ConfigError, match="option keep_prob"):
     read_options(cfg, rsa.OPTIONS["dp-rsa-f"])
@@ -286,3 +286,28 @@ def test_wrong_typed_options_are_refused_in_one_line(algorithm, option, value, c
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and f"option {option}" in err[0] and "must be" in err[0]
   assert not (tmp_path / "o").exists()
+
+
+def test_algorithms_lists_every_algorithm_with_its_paper_unit_and_options(capsys):
+  from fedjax_dp.algorithms import ALGORITHMS
+  assert main(["algorithms", "--json"]) == 0
+  out = json.loads(capsys.readouterr().out)
+  assert set(out) == set(ALGORITHMS)
+  own = {o["name"] for o in out["blur+lus"]["options"]}
+  assert {"lambda", "sparsity", "lus_batches", "trim_beta", "attack_sigma"} <= own
+  assert "lambda" not in {o["name"] for o in out["dp_fedavg+lus"]["options"]}
+  assert "example-level" in out["dp-fl"]["privacy_unit"] and "user-level" in out["dp_fedavg"]["privacy_unit"]
+  keep = next(o for o in out["dp-rsa-f"]["options"] if o["name"] == "keep_prob")
+  assert keep["default"] is None and "[0.5, 1]" in keep["allowed"]
+  # Every listed option is accepted by its algorithm's builder (and nothing else is).
+  from fedjax_dp.algorithms import option_table
+  assert [o.name for o in option_table("blur+lus")] == [o["name"] for o in out["blur+lus"]["options"]]
+  assert main(["algorithms"]) == 0
+  text = capsys.readouterr().out
+  assert "--set sparsity=VALUE" in text and "every algorithm also takes" in text
+
+
+def test_an_option_of_another_variant_is_refused(tmp_path, capsys):
+  assert main(["run", "--algorithm", "dp_fedavg+lus", "--set", "lambda=0.4",
+               "--output-dir", str(tmp_path / "o"), "--no-progress"]) == 2
+  assert "option='lambda'" in capsys.readouterr().err

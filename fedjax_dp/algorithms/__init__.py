@@ -88,6 +88,53 @@ def read_options(config, table, byzantine: bool = False) -> dict:
   return options.read(config, table)
 
 
+_USER = "user-level: one client's whole data set"
+_EXAMPLE = "example-level: one example of one client"
+_WORKER = "worker-level: one worker's whole data set (replace-one)"
+_NONE = "none (no privacy mechanism)"
+# name -> (paper, privacy unit, "module:attribute[key]" of its own --set options or "").
+ABOUT = {
+    "fedavg": ("McMahan et al. 2017", _NONE, ""),
+    "dp_fedavg": ("McMahan et al. 2018; Cheng et al., CVPR 2022, Alg. 1", _USER, ""),
+    "dp_fedavg+blur": ("Cheng et al., CVPR 2022 (BLUR)", _USER, "blur_lus:OPTIONS[dp_fedavg+blur]"),
+    "dp_fedavg+lus": ("Cheng et al., CVPR 2022 (LUS)", _USER, "blur_lus:OPTIONS[dp_fedavg+lus]"),
+    "blur+lus": ("Cheng et al., CVPR 2022, Alg. 2", _USER, "blur_lus:OPTIONS[blur+lus]"),
+    "spfl": ("Wu and Li 2024 (SP-FL as published: no formal guarantee)", _EXAMPLE, "spfl:OPTIONS"),
+    "spfl-sound": ("Wu and Li 2024, thresholds from noisy statistics", _EXAMPLE, "spfl:OPTIONS"),
+    "dp-fl": ("client-side DP-SGD (SP-FL's baseline)", _EXAMPLE, "spfl:OPTIONS"),
+    "adp-fl": ("Andrew et al., NeurIPS 2021 (SP-FL's baseline)", _EXAMPLE, "spfl:OPTIONS"),
+    "nodp-fl": ("non-private DP-SGD steps (SP-FL's baseline)", _NONE, "spfl:OPTIONS"),
+    "rsa": ("Li et al., AAAI 2019", _NONE, "rsa:OPTIONS[rsa]"),
+    "dp-rsa-f": ("Zhu and Ling, IJCAI 2022, Sign-Flipping", _WORKER, "rsa:OPTIONS[dp-rsa-f]"),
+    "dp-rsa-g": ("Zhu and Ling, IJCAI 2022, Sign-Gaussian", _WORKER, "rsa:OPTIONS[dp-rsa-g]"),
+    "sgd": ("mean of stochastic gradients (Zhu and Ling's baseline)", _NONE, "options:L2"),
+    "signsgd": ("Bernstein et al. 2019, majority vote", _NONE, "options:L2"),
+    "gm": ("geometric median (Weiszfeld)", _NONE, "options:L2"),
+    "median": ("coordinate-wise median", _NONE, "options:L2"),
+    "trimmed_mean": ("Yin et al., ICML 2018", _NONE, "options:L2"),
+    "krum": ("Blanchard et al., NeurIPS 2017", _NONE, "options:L2"),
+    "centered_clipping": ("Karimireddy et al., ICML 2021", _NONE, "options:L2"),
+}
+
+
+def option_table(name: str) -> tuple:
+  """Every ``--set`` option algorithm ``name`` takes (its own, then the attack's and the
+  aggregators', which every algorithm takes)."""
+  from fedjax_dp.algorithms import options
+  from fedjax_dp.errors import check_choice
+  check_choice("algorithm", name, sorted(ALGORITHMS))
+  ref = ABOUT[name][2]
+  own = ()
+  if ref:
+    module, attr = ref.split(":")
+    key = None
+    if "[" in attr:
+      attr, key = attr[:-1].split("[")
+    own = getattr(importlib.import_module(f"fedjax_dp.algorithms.{module}"), attr)
+    own = own[key] if key else own
+  return tuple(own) + options.BYZANTINE + options.AGGREGATOR
+
+
 def get_builder(name: str) -> Callable:
   from fedjax_dp.errors import check_choice
   check_choice("algorithm", name, sorted(ALGORITHMS))

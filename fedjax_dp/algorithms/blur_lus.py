@@ -43,20 +43,24 @@ from fedjax_dp.algorithms import Setup
 from fedjax_dp.algorithms.dp_fedavg import build_fedavg_family
 from fedjax_dp.algorithms.options import Option
 
-OPTIONS = (
-    Option("lambda", 0.4, "BLUR's regularisation weight (paper's grid 0.05-0.8)", low=0),
+BLUR_OPTIONS = (
+    Option("lambda", 0.4, "BLUR's regularisation weight (paper's grid 0.05-0.8)", low=0),)
+LUS_OPTIONS = (
     Option("sparsity", 0.7, "LUS: fraction c of each layer's update zeroed (paper's grid 0.1-0.9)",
            low=0, high=1, high_open=True),
     Option("lus_batches", 1, "LUS: minibatches its gradient averages; 0: the client's whole data",
            kind="int", low=0),
 )
-DEFAULTS = {o.name: o.default for o in OPTIONS}
+OPTIONS = {"dp_fedavg+blur": BLUR_OPTIONS, "dp_fedavg+lus": LUS_OPTIONS,
+           "blur+lus": BLUR_OPTIONS + LUS_OPTIONS}
+DEFAULTS = {o.name: o.default for o in BLUR_OPTIONS + LUS_OPTIONS}
 
 
 def _build(config, data, *, use_blur: bool, use_lus: bool) -> Setup:
   return build_fedavg_family(config, data, private=True,
                              regularizer="blur" if use_blur else "none",
-                             pre_clip=("sparsify",) if use_lus else (), table=OPTIONS)
+                             pre_clip=("sparsify",) if use_lus else (),
+                             table=(BLUR_OPTIONS if use_blur else ()) + (LUS_OPTIONS if use_lus else ()))
 
 
 def build_dp_fedavg_blur(config, data) -> Setup:
