@@ -56,8 +56,20 @@ def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional
     setup = build(config, data)
   return run(setup.program, data, setup.sampler, config.rounds, hparams=setup.hparams,
              seed=config.seed, accounting=setup.accounting, eval_every=config.eval_every,
-             output_dir=output_dir, progress=progress, config=config.to_dict(),
+             output_dir=output_dir, progress=progress, config=recorded_config(config),
              placement=config.placement, on_round=on_round, release=release)
+
+
+def recorded_config(config: RunConfig) -> dict:
+  """The configuration as the summary records it: the settings the algorithm ignores are left
+  out (listed under ``not_used``) rather than recorded as if they applied."""
+  from fedjax_dp.algorithms import ALGORITHMS, unused_fields
+  d = config.to_dict()
+  if config.algorithm in ALGORITHMS:
+    unused = unused_fields(config)
+    d = {k: v for k, v in d.items() if k not in unused}
+    d["not_used"] = unused
+  return d
 
 
 def as_model(model, data):

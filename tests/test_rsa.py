@@ -295,3 +295,13 @@ def test_bad_options_rejected_before_compiling(digits):
               _config("median", aggregator="krum")):
     with pytest.raises(ConfigError):
       build(cfg, digits)
+
+
+def test_summary_records_only_the_settings_the_algorithm_uses(digits):
+  # DP-RSA's guarantee comes from sign perturbation: clip, target_epsilon and local steps do not
+  # apply, and the summary does not record them as if they did.
+  from fedjax_dp.experiment import simulate
+  s = simulate(_config("dp-rsa-f", rounds=1, epsilon=1.0), digits).summary
+  for name in ("clip", "target_epsilon", "noise_multiplier", "local_steps", "denominator"):
+    assert name not in s["config"] and name in s["config"]["not_used"]
+  assert s["config"]["batch_size"] == 16 and s["config"]["options"]["epsilon"] == 1.0

@@ -142,5 +142,25 @@ def get_builder(name: str) -> Callable:
   return getattr(importlib.import_module(module), fn)
 
 
+# The RunConfig fields beyond the common ones (data, model, rounds, sampling, seed, evaluation,
+# Byzantine clients and aggregator, batch size and client rate, delta and accountant) that each
+# algorithm reads.
+_LOCAL = frozenset({"local_steps", "client_optimizer", "weighting", "server_optimizer", "server_lr"})
+_NOISE = frozenset({"clip", "noise_multiplier", "target_epsilon"})
+USES = {name: _LOCAL | _NOISE | {"denominator"} for name in
+        ("dp_fedavg", "dp_fedavg+blur", "dp_fedavg+lus", "blur+lus")}
+USES["fedavg"] = _LOCAL
+USES.update({name: _LOCAL | _NOISE for name in ("spfl", "spfl-sound", "dp-fl", "adp-fl")})
+USES["nodp-fl"] = _LOCAL | {"clip"}  # clip: the default of low_cap and stat_bound
+USES.update({name: frozenset() for name in ("rsa", "dp-rsa-f", "dp-rsa-g", "sgd", "signsgd", "gm",
+                                            "median", "trimmed_mean", "krum", "centered_clipping")})
+SPECIFIC = frozenset().union(*USES.values())
+
+
+def unused_fields(config) -> list:
+  """The algorithm-specific fields ``config.algorithm`` does not read."""
+  return sorted(SPECIFIC - USES[config.algorithm])
+
+
 def build(config, data) -> Setup:
   return get_builder(config.algorithm)(config, data)
