@@ -133,6 +133,9 @@ class Piece:
       scaled to (std ``hp["noise_multiplier"] * hp[noise]`` on the weighted
       sum; None: no noise).
     public_denominator: aggregator: divides the noisy sum by a public number.
+    mechanism: a piece that perturbs what each client releases by itself
+      (DP-RSA's sign perturbation): ``(hp, dimension) -> mechanism record``
+      of one round (:mod:`fedjax_dp.privacy.sign`); None: declares none.
   """
 
   make: Callable
@@ -140,6 +143,7 @@ class Piece:
   bound: Optional[str] = None
   noise: Optional[str] = None
   public_denominator: bool = False
+  mechanism: Optional[Callable] = None
 
   def __call__(self, hp):
     return self.make(hp)

@@ -305,3 +305,18 @@ def test_summary_records_only_the_settings_the_algorithm_uses(digits):
   for name in ("clip", "target_epsilon", "noise_multiplier", "local_steps", "denominator"):
     assert name not in s["config"] and name in s["config"]["not_used"]
   assert s["config"]["batch_size"] == 16 and s["config"]["options"]["epsilon"] == 1.0
+
+
+def test_the_sign_mechanism_is_the_one_the_perturbation_piece_declares(digits):
+  # DP-RSA's ledger comes from the worker's perturbation piece, read from the hyper-parameters
+  # its transform uses; a hand-built worker that sends exact signs declares nothing.
+  from fedjax_dp.algorithms import build
+  from fedjax_dp.algorithms.rsa import perturbation, rsa_client
+  setup = build(_config("dp-rsa-f", epsilon=1.0), digits)
+  mech = setup.accounting.mechanism
+  assert mech.keep_prob == pytest.approx(float(setup.hparams["keep_prob"]))
+  assert mech.epsilon_per_coordinate_round == pytest.approx(1.0, rel=1e-6)
+  g = build(_config("dp-rsa-g", sign_sigma=0.01, sign_clip=0.002), digits).accounting.mechanism
+  assert (g.sigma, g.clip) == (pytest.approx(0.01), pytest.approx(0.002))
+  assert rsa_client(lambda *a: None, perturbation("rsa")).mechanism is None
+  assert rsa_client(lambda *a: None, lambda hp: to_sign()).mechanism is None

@@ -55,7 +55,7 @@ from fedjax_dp.algorithms import Setup, cached_round, common_hparams, read_optio
 from fedjax_dp.algorithms.options import L2, Option
 from fedjax_dp.algorithms.robust_sgd import attacker_knowledge, stochastic_gradient
 from fedjax_dp.errors import ConfigError, check
-from fedjax_dp.round import ClientOut, Round
+from fedjax_dp.round import ClientOut, Piece, Round
 from fedjax_dp.transforms import global_norm
 from fedjax_dp.transforms.sign import paper_sign, sign_flip, sign_gaussian, to_sign
 
@@ -86,19 +86,30 @@ def worker_step(xk, x0, grad, lr, lam):
   return jax.tree_util.tree_map(lambda w, m, g: w - lr * (g + lam * paper_sign(w - m)), xk, x0, grad)
 
 
-def perturbation(variant: str, sign_clip: bool = False, norm: str = "linf"):
-  """``hp -> transform`` of ``u = x_0 - x_k`` into the sent signs (Eq. 6, 8, 9)."""
+def perturbation(variant: str, sign_clip: bool = False, norm: str = "linf") -> Piece:
+  """The :class:`fedjax_dp.round.Piece` turning ``u = x_0 - x_k`` into the sent signs (Eq. 6, 8, 9).
+
+  It declares the privacy record of what it releases, from the same
+  hyper-parameters its transform reads (RSA's exact signs declare none).
+  """
+  from fedjax_dp.privacy import sign as psign
   if variant == "rsa":
-    return lambda hp: to_sign()
+    return Piece(lambda hp: to_sign(), "sign")
   if variant == "dp-rsa-f":
-    return lambda hp: sign_flip(hp["keep_prob"])
-  return lambda hp: sign_gaussian(hp["sign_sigma"], hp["sign_clip"] if sign_clip else None, norm)
+    return Piece(lambda hp: sign_flip(hp["keep_prob"]), "sign_flip",
+                 mechanism=lambda hp, dim: psign.SignFlipMechanism(float(hp["keep_prob"]), dim))
+  return Piece(
+      lambda hp: sign_gaussian(hp["sign_sigma"], hp["sign_clip"] if sign_clip else None, norm),
+      "sign_gaussian",
+      mechanism=lambda hp, dim: psign.SignGaussianMechanism(
+          float(hp["sign_sigma"]), dim, float(hp["sign_clip"]) if sign_clip else None, norm))
 
 
-def rsa_client(gradient, perturb):
+def rsa_client(gradient, perturb) -> Piece:
   """``hp -> worker``: Eq. 5 on its own model (the state row) and the message ``F/G(x_0 - x_k)``.
 
-  ``gradient``: ``(params, x, y, count, key) -> (loss, grad)``; ``perturb``: ``hp -> transform``.
+  ``gradient``: ``(params, x, y, count, key) -> (loss, grad)``; ``perturb``: ``hp -> transform``
+  (a :class:`fedjax_dp.round.Piece` whose declared mechanism the worker passes on).
   """
 
   def client(hp):
@@ -117,7 +128,7 @@ def rsa_client(gradient, perturb):
 
     return fn
 
-  return client
+  return Piece(client, "rsa_worker", mechanism=getattr(perturb, "mechanism", None))
 
 
 def rsa_attack_step(knowledge: str, rnd, state, out, uploads, byz, mask, hp, key):
@@ -173,22 +184,18 @@ def rsa_round(model, num_clients: int, gradient, perturb, *, attack: str = "none
       released_metrics=("master_norm", "aggregate_norm"), describe=describe)
 
 
-def _perturbation(variant, opts, dim):
-  """``(hparams, mechanism)`` of the variant's perturbation."""
-  from fedjax_dp.privacy import NonPrivate
+def perturbation_hparams(variant: str, opts: dict) -> dict:
+  """The perturbation's hyper-parameters from the options (an ``epsilon`` calibrated here)."""
   from fedjax_dp.privacy import sign as psign
   from fedjax_dp.privacy.randomized_response import keep_prob_for_epsilon
   if variant == "rsa":
-    return {}, NonPrivate(relation="replace_one")
+    return {}
   eps = opts.get("epsilon")
   if variant == "dp-rsa-f":
     gamma = opts.get("keep_prob")
     check((gamma is None) != (eps is None), "keep_prob/epsilon", (gamma, eps),
           "give exactly one of keep_prob (gamma) and epsilon (per coordinate per round)")
-    if gamma is None:
-      gamma = keep_prob_for_epsilon(float(eps))
-    mech = psign.SignFlipMechanism(float(gamma), dim)
-    return {"keep_prob": mech.keep_prob}, mech
+    return {"keep_prob": keep_prob_for_epsilon(eps) if gamma is None else gamma}
   sigma, clip, norm = opts.get("sign_sigma"), opts.get("sign_clip"), opts.get("sign_clip_norm", "linf")
   check((sigma is None) != (eps is None), "sign_sigma/epsilon", (sigma, eps),
         "give exactly one of sign_sigma and epsilon (per coordinate per round)")
@@ -196,15 +203,15 @@ def _perturbation(variant, opts, dim):
     if clip is None or norm != "linf":
       raise ConfigError("epsilon", eps, "calibrating sign_sigma to a per-coordinate epsilon needs "
                         "sign_clip with sign_clip_norm='linf'")
-    sigma = psign.sign_gaussian_sigma_for_epsilon(float(eps), float(clip))
-  mech = psign.SignGaussianMechanism(float(sigma), dim, None if clip is None else float(clip), norm)
-  return {"sign_sigma": mech.sigma, "sign_clip": mech.clip or 0.0}, mech
+    sigma = psign.sign_gaussian_sigma_for_epsilon(eps, clip)
+  return {"sign_sigma": sigma, "sign_clip": 0.0 if clip is None else clip}
 
 
 def build_rsa_family(config, data, variant: str) -> Setup:
   """RSA (``"rsa"``), DP-RSA with Sign-Flipping (``"dp-rsa-f"``) or Sign-Gaussian (``"dp-rsa-g"``)."""
   from fedjax_dp.algorithms.dp_fedavg import make_model
   from fedjax_dp.models import num_params
+  from fedjax_dp.privacy import NonPrivate
   from fedjax_dp.privacy.accounting import LedgerAccounting
   from fedjax_dp.privacy.sign import SignAccounting
   from fedjax_dp.sampling import make_sampler
@@ -214,7 +221,7 @@ def build_rsa_family(config, data, variant: str) -> Setup:
   knowledge = attacker_knowledge(config)
   model = make_model(config, data)
   dim = int(num_params(jax.eval_shape(model.init, jax.random.PRNGKey(0))))
-  perturb_hp, mechanism = _perturbation(variant, opts, dim)
+  perturb_hp = perturbation_hparams(variant, opts)
   norm = opts.get("sign_clip_norm", "linf")
   attack = str(config.attack).replace("-", "_")
   key = ("rsa", model, data.num_clients, variant, config.batch_size, attack, opts["nonfinite_value"],
@@ -228,12 +235,15 @@ def build_rsa_family(config, data, variant: str) -> Setup:
                          config.cohort_size, config.capacity)
   hparams = common_hparams(config, opts, server_lr=config.client_lr, client_lr=config.client_lr,
                            l2=opts["l2"], **{"lambda": opts["lambda"]}, **perturb_hp)
-  if variant == "rsa":
-    accounting = LedgerAccounting(mechanism, config.delta, config.accountant,
-                                  attacker_knowledge=knowledge)
+  # The privacy record is the one the worker's perturbation piece declares, read from the same
+  # hyper-parameters its transform uses; exact signs declare none.
+  declared = getattr(rnd.client, "mechanism", None)
+  if declared is None:
+    accounting = LedgerAccounting(NonPrivate(relation="replace_one"), config.delta,
+                                  config.accountant, attacker_knowledge=knowledge)
   else:
-    accounting = SignAccounting(mechanism, config.delta, config.rounds, config.accountant,
-                                attacker_knowledge=knowledge)
+    accounting = SignAccounting(declared(hparams, dim), config.delta, config.rounds,
+                                config.accountant, attacker_knowledge=knowledge)
   return Setup(rnd, sampler, accounting, hparams)
 
 
