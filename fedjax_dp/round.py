@@ -180,8 +180,6 @@ class Round:
     metrics: ``(state, new_params, out, sent, mask, hp) -> dict`` of extra scalars, or None.
     released_metrics: metric names computed only from the released aggregate
       (see :mod:`fedjax_dp.engine`).
-    describe: a static description of the pieces (names), for the privacy
-      derivation and the summary.
   """
 
   model: Any
@@ -200,7 +198,6 @@ class Round:
   attack_step: Callable = attack_uploads
   metrics: Optional[Callable] = None
   released_metrics: tuple = ("aggregate_norm",)
-  describe: Any = None
 
   def init(self, key: jax.Array, hparams: dict) -> RoundState:
     """The state before round 1 (the server optimizer's state, per-client rows, server state)."""

@@ -36,7 +36,7 @@ from fedjax_dp.transforms import global_norm
 
 @dataclasses.dataclass(frozen=True)
 class DPSGDPieces:
-  """The static structure of a DP-SGD-family round (its Round's ``describe``).
+  """The static structure of a DP-SGD-family round (part of its cache key).
 
   Attributes:
     name: the algorithm ("spfl", "spfl-sound", "dp-fl", "adp-fl", "nodp-fl").
@@ -57,10 +57,6 @@ class DPSGDPieces:
   data_dependent_noise: bool
   class_names: tuple
   weighting: str
-
-  # No update-level clip bound: each example's gradient is clipped inside DP-SGD instead (so the
-  # engine reports no update-level ``fraction_clipped``).
-  bound = None
 
 
 def dpsgd_client(local_train: Callable, client_optimizer: str) -> Callable:
@@ -164,4 +160,4 @@ def dpsgd_round(model, num_clients: int, pieces: DPSGDPieces, *, local_train: Ca
       metrics=dpsgd_metrics(tuple(pieces.class_names)),
       # The aggregate of the clients' DP-SGD deltas, and the thresholds, which the sound
       # variants set from noisy statistics only (see fedjax_dp.engine).
-      released_metrics=("aggregate_norm", "clip_*"), describe=pieces)
+      released_metrics=("aggregate_norm", "clip_*"))

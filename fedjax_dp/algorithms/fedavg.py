@@ -166,4 +166,4 @@ def fedavg_round(model, num_clients: int, pieces: Pieces, *, local_steps: int, b
       client=fedavg_client(model, pieces, local_steps=local_steps, batch_size=batch_size,
                            client_optimizer=client_optimizer, lus_batches=lus_batches),
       aggregator=make_aggregator(pieces, static), attack=attack, nonfinite_value=nonfinite_value,
-      weighting=pieces.weighting, server_optimizer=server_optimizer, describe=pieces)
+      weighting=pieces.weighting, server_optimizer=server_optimizer)

@@ -102,8 +102,7 @@ def build_robust_sgd(config, data, method: str) -> Setup:
   rnd = cached_round(key, lambda: Round(
       model=model, num_clients=data.num_clients, client=gradient_client(model, config.batch_size),
       aggregator=make_aggregator(pieces, static), attack=attack,
-      nonfinite_value=opts["nonfinite_value"], descent=True, server_optimizer="sgd",
-      describe=pieces))
+      nonfinite_value=opts["nonfinite_value"], descent=True, server_optimizer="sgd"))
   sampler = make_sampler(config.sampling, data.num_clients, config.seed, config.sampling_prob,
                          config.cohort_size, config.capacity)
   hparams = common_hparams(config, opts, server_lr=config.client_lr, l2=opts["l2"],

@@ -165,7 +165,7 @@ def rsa_metrics(state, params, out, sent, mask, hp):
 
 
 def rsa_round(model, num_clients: int, gradient, perturb, *, attack: str = "none",
-              nonfinite_value: str = "nan", knowledge: str = "released", describe=None) -> Round:
+              nonfinite_value: str = "nan", knowledge: str = "released") -> Round:
   """RSA / DP-RSA as a :class:`fedjax_dp.round.Round` (workers' models as state rows).
 
   Args:
@@ -181,7 +181,7 @@ def rsa_round(model, num_clients: int, gradient, perturb, *, attack: str = "none
       aggregator=sign_sum_scaled, attack=attack, nonfinite_value=nonfinite_value, descent=True,
       server_optimizer="sgd", init_row=lambda params: params,
       attack_step=functools.partial(rsa_attack_step, knowledge), metrics=rsa_metrics,
-      released_metrics=("master_norm", "aggregate_norm"), describe=describe)
+      released_metrics=("master_norm", "aggregate_norm"))
 
 
 def perturbation_hparams(variant: str, opts: dict) -> dict:
@@ -230,7 +230,7 @@ def build_rsa_family(config, data, variant: str) -> Setup:
       model, data.num_clients,
       stochastic_gradient(objectives.supervised(model.apply), config.batch_size),
       perturbation(variant, opts.get("sign_clip") is not None, norm), attack=attack,
-      nonfinite_value=opts["nonfinite_value"], knowledge=knowledge, describe=variant))
+      nonfinite_value=opts["nonfinite_value"], knowledge=knowledge))
   sampler = make_sampler(config.sampling, data.num_clients, config.seed, config.sampling_prob,
                          config.cohort_size, config.capacity)
   hparams = common_hparams(config, opts, server_lr=config.client_lr, client_lr=config.client_lr,
