@@ -115,6 +115,19 @@ def _parse_options(items) -> dict:
   return out
 
 
+def _refuse_unused(config, given) -> None:
+  """A setting the user gave (flag or config file) that the algorithm does not read is an error.
+
+  Otherwise it would run as if it applied (``--clip`` for DP-RSA, ``--target-epsilon`` for
+  FedAvg). Unsetting one (``none``) is always allowed.
+  """
+  from fedjax_dp.algorithms import USES, unused_fields
+  for name in unused_fields(config):
+    check(name not in given or getattr(config, name) is None, name, getattr(config, name),
+          f"is not used by algorithm {config.algorithm!r}: leave it out (of its own settings it "
+          f"reads {sorted(USES[config.algorithm]) or 'none'})")
+
+
 def _cmd_run(args) -> int:
   from fedjax_dp.config import field_types, load_config_file, make_config, parse_value
   base = load_config_file(args.config) if args.config else {}
@@ -130,7 +143,9 @@ def _cmd_run(args) -> int:
       overrides[other] = None
   options = dict(base.pop("options", {}) or {})
   options.update(_parse_options(args.set))
+  given = set(base) | {k for k, v in overrides.items() if v is not None}
   config = make_config(base, options=options, **overrides)
+  _refuse_unused(config, given)
   out = pathlib.Path(args.output_dir)
   if not args.overwrite:
     for name in ("metrics.jsonl", "summary.json"):

@@ -311,3 +311,17 @@ def test_an_option_of_another_variant_is_refused(tmp_path, capsys):
   assert main(["run", "--algorithm", "dp_fedavg+lus", "--set", "lambda=0.4",
                "--output-dir", str(tmp_path / "o"), "--no-progress"]) == 2
   assert "option='lambda'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args,field", [
+    (["--algorithm", "dp-rsa-f", "--clip", "0.3", "--set", "epsilon=1"], "clip"),
+    (["--algorithm", "fedavg", "--target-epsilon", "4"], "target_epsilon"),
+    (["--algorithm", "median", "--local-steps", "3"], "local_steps"),
+    (["--algorithm", "dp-fl", "--denominator", "realized"], "denominator")])
+def test_a_setting_the_algorithm_does_not_use_is_refused(args, field, capsys, tmp_path):
+  out = tmp_path / "o"
+  assert main(["run", *args, "--num-clients", "20", "--rounds", "1", "--output-dir", str(out),
+               "--no-progress"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and f"invalid {field}=" in err[0] and "is not used by algorithm" in err[0]
+  assert not out.exists()
