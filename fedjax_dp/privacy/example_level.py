@@ -52,6 +52,7 @@ from fedjax_dp.privacy.mechanisms import SAMPLINGS, calibrate
 
 PRIVACY_UNIT = "one example of one client (example-level DP, local to each client)"
 RELATION = "replace_one"
+FIXED_BATCHES = "or fixed-size batches (--set example_sampling=fixed) with rdp"
 
 
 def split_noise_multiplier(z: float, stat_noise: float) -> float:
@@ -162,6 +163,7 @@ def calibrate_example_noise(target_epsilon: float, delta: float, steps: int, num
   """
   def make_event(z):
     return ExampleDPSGDMechanism(z, batch_size, 1, sampling, capacity=capacity).step_event(num_examples)
+  check_supported(make_event(1.0), accountant, RELATION, alternative=FIXED_BATCHES)
   return calibrate(make_event, int(steps), RELATION, target_epsilon, delta, accountant)
 
 
@@ -228,7 +230,8 @@ class ExampleLevelAccounting:
     for i, c in enumerate(self.classes):
       if c.formal_guarantee:
         smallest = int(self.counts[np.asarray(c.client_ids, np.int64)].min())
-        check_supported(c.mechanism.step_event(smallest), accountant, RELATION)
+        check_supported(c.mechanism.step_event(smallest), accountant, RELATION,
+                        alternative=FIXED_BATCHES)
         for cid in c.client_ids:
           self.ledgers[int(cid)] = PrivacyLedger(self.delta, accountant, c.mechanism.relation)
     self._memo: dict = {}

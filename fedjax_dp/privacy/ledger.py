@@ -55,16 +55,18 @@ def make_accountant(accountant: str = "rdp", relation: str = "add_remove"):
 
 
 def check_supported(event: dp_accounting.DpEvent, accountant: str, relation: str,
-                    field: str = "accountant") -> None:
+                    field: str = "accountant", alternative: str = "") -> None:
   """Raises :class:`ConfigError` unless dp_accounting's ``accountant`` can compose ``event``.
 
   Asked of every run's round event while building, so an unsupported pair
   (PLD with fixed-size sampling, RDP with Poisson sampling under replace-one)
-  is refused before anything compiles.
+  is refused before anything compiles. ``alternative`` names another way out
+  (e.g. a setting whose event the chosen accountant does compose).
   """
   if not make_accountant(accountant, relation).supports(event):
     other = [a for a in ACCOUNTANTS if a != accountant and make_accountant(a, relation).supports(event)]
     hint = f"use '{other[0]}'" if other else "no accountant of dp_accounting supports it"
+    hint += f", {alternative}" if alternative else ""
     raise ConfigError(field, accountant,
                       f"dp_accounting's {accountant.upper()} accountant cannot compose this "
                       f"mechanism's event under the {relation} relation ({type(event).__name__}); {hint}")
