@@ -510,3 +510,21 @@ def test_mean_initial_norm_masks_padding():
   norms = np.asarray(jax.vmap(global_norm)(g))
   got = mean_initial_norm(objective, params, xs, ys, jnp.array([6, 2]), 6)
   assert float(got) == pytest.approx(np.concatenate([norms, norms[:2]]).mean(), rel=1e-5)
+
+
+def test_each_class_record_is_the_one_the_dp_sgd_client_declares():
+  # The per-class records come from the round's DP-SGD client piece, read from the hparams the
+  # compiled steps use; published SP-FL's client (noise from the batch's own norms) declares none.
+  data = _data()
+  sound = build(_config("spfl-sound"), data)
+  hp = sound.hparams
+  high, low = (c.mechanism for c in sound.accounting.classes)
+  assert high.grad_noise_multiplier == pytest.approx(float(hp["z_grad"]))
+  assert high.stat_noise == pytest.approx(float(hp["stat_noise"]))
+  assert low.grad_noise_multiplier == pytest.approx(float(hp["sigma"])) and low.stat_noise == 0.0
+  assert high.noise_multiplier == low.noise_multiplier == pytest.approx(float(hp["sigma"]))
+  assert sound.program.client.mechanism is not None
+  published = build(_config("spfl"), data)
+  assert published.program.client.mechanism is None
+  assert all(c.mechanism is None for c in published.accounting.classes)
+  assert build(_config("nodp-fl"), data).program.client.mechanism is None

@@ -32,9 +32,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from fedjax_dp.algorithms import Setup
-from fedjax_dp.algorithms.spfl import (build_dpsgd_family, example_mechanism, init_clip_bound,
+from fedjax_dp.algorithms.spfl import (build_dpsgd_family, init_clip_bound,
                                        options, resolve_sigma, statistic_budget)
-from fedjax_dp.privacy.example_level import PrivacyClass
 from fedjax_dp.transforms import dp_args
 
 
@@ -69,10 +68,9 @@ def build_adp_fl(config, data) -> Setup:
   opts = options(config)
   sigma = resolve_sigma(config, data, opts)
   stat_noise, z_grad = statistic_budget(sigma, opts, "adp-fl")
-  mech = example_mechanism(config, data, opts, sigma, z_grad, stat_noise)
-  classes = [PrivacyClass("all", tuple(range(data.num_clients)), mech,
-                          "adaptive clip bound from noisy per-example quantile bits (accounted: "
-                          "the gradient and the bits share the step's multiplier z)")]
+  classes = [("all", tuple(range(data.num_clients)), ("z_grad", "stat_noise"),
+              "adaptive clip bound from noisy per-example quantile bits (accounted: the gradient "
+              "and the bits share the step's multiplier z)")]
   hparams = {"sigma": sigma, "z_grad": z_grad, "stat_noise": stat_noise,
              "target_quantile": opts["target_quantile"], "clip_lr": opts["clip_lr"],
              "min_clip": opts["min_clip"], "max_clip": opts["max_clip"],
@@ -80,4 +78,4 @@ def build_adp_fl(config, data) -> Setup:
   return build_dpsgd_family(
       config, data, name="adp-fl", statistic="below", private=True, client_args=_adp_args,
       threshold_rule=_adp_rule, init_thresholds=init_clip_bound, hparams=hparams, classes=classes,
-      class_names=("all",), mechanism=mech, opts=opts)
+      class_names=("all",), opts=opts)

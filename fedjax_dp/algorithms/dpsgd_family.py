@@ -30,7 +30,7 @@ from typing import Callable, Optional
 import jax.numpy as jnp
 
 from fedjax_dp.client import make_optimizer
-from fedjax_dp.round import ClientOut, Round, tree_sub
+from fedjax_dp.round import ClientOut, Piece, Round, tree_sub
 from fedjax_dp.transforms import global_norm
 
 
@@ -57,9 +57,27 @@ class DPSGDPieces:
   data_dependent_noise: bool
   class_names: tuple
   weighting: str
+  batch_size: int = 1
+  local_steps: int = 1
 
 
-def dpsgd_client(local_train: Callable, client_optimizer: str) -> Callable:
+def example_record(pieces: DPSGDPieces) -> Callable:
+  """``(hp, grad_key, stat_key=None) -> ExampleDPSGDMechanism``: the per-step privacy record of a
+  class whose clients' DP-SGD uses ``hp[grad_key]`` on the gradient and ``hp[stat_key]`` on the
+  norm statistic, with the combined multiplier ``hp["sigma"]`` (the float32 values the compiled
+  steps use) and the round's batch size, steps, sampling and capacity."""
+  from fedjax_dp.privacy.example_level import ExampleDPSGDMechanism
+
+  def record(hp, grad_key: str, stat_key: Optional[str] = None):
+    return ExampleDPSGDMechanism(
+        float(hp["sigma"]), pieces.batch_size, pieces.local_steps, pieces.sampling,
+        grad_noise_multiplier=float(hp[grad_key]),
+        stat_noise=float(hp[stat_key]) if stat_key else 0.0, capacity=pieces.capacity)
+
+  return record
+
+
+def dpsgd_client(local_train: Callable, client_optimizer: str, pieces: DPSGDPieces) -> Piece:
   """``hp -> client``: :func:`fedjax_dp.client.dp_sgd`'s ``Q`` local steps, uploading ``w_{t,Q} - w_t``.
 
   The client optimizer is built inside the trace with learning rate
@@ -80,7 +98,10 @@ def dpsgd_client(local_train: Callable, client_optimizer: str) -> Callable:
 
     return fn
 
-  return client
+  # Per-example clipping to a data-independent bound with noise declares its per-step record;
+  # plain steps (NoDP-FL) and noise scaled by the batch's own norms (published SP-FL) declare none.
+  sound = pieces.private and not pieces.data_dependent_noise
+  return Piece(client, "dp_sgd", mechanism=example_record(pieces) if sound else None)
 
 
 def dpsgd_metrics(class_names: tuple) -> Callable:
@@ -153,7 +174,8 @@ def dpsgd_round(model, num_clients: int, pieces: DPSGDPieces, *, local_train: Ca
 
   return Round(
       model=model, num_clients=num_clients,
-      client=dpsgd_client(local_train, client_optimizer), aggregator=aggregator, attack=attack,
+      client=dpsgd_client(local_train, client_optimizer, pieces), aggregator=aggregator,
+      attack=attack,
       nonfinite_value=nonfinite_value,
       weighting=pieces.weighting, server_optimizer=server_optimizer, init_server=init_server,
       client_hparams=client_hparams, server_rule=server_rule,

@@ -74,13 +74,11 @@ from fedjax_dp.algorithms import Setup, cached_round, common_hparams, read_optio
 from fedjax_dp.algorithms.dp_fedavg import make_model
 from fedjax_dp.algorithms.fedavg import Pieces, make_aggregator
 from fedjax_dp.algorithms.options import STATIC_AGGREGATOR, Option
-from fedjax_dp.algorithms.dpsgd_family import DPSGDPieces, dpsgd_round
+from fedjax_dp.algorithms.dpsgd_family import DPSGDPieces, dpsgd_round, example_record
 from fedjax_dp.client import dp_sgd, mean_initial_norm
 from fedjax_dp.errors import ConfigError, check
-from fedjax_dp.privacy import NonPrivate
-from fedjax_dp.privacy.example_level import (ExampleDPSGDMechanism, ExampleLevelAccounting,
-                                             PrivacyClass, calibrate_example_noise,
-                                             split_noise_multiplier)
+from fedjax_dp.privacy.example_level import (ExampleLevelAccounting, PrivacyClass,
+                                             calibrate_example_noise, split_noise_multiplier)
 from fedjax_dp.sampling import SAMPLINGS, make_sampler, poisson_capacity
 from fedjax_dp.transforms import dp_args
 
@@ -149,16 +147,6 @@ def example_capacity(config, data, sampling: str) -> Optional[int]:
   return min(int(data.x.shape[1]), poisson_capacity(n_max, min(1.0, config.batch_size / n_max)))
 
 
-def example_mechanism(config, data, opts, sigma: float, grad_noise_multiplier: float,
-                      stat_noise: float = 0.0, formal_guarantee: bool = True) -> ExampleDPSGDMechanism:
-  """The run's per-step record: batch size, steps, sampling and capacity from the config."""
-  sampling = opts["example_sampling"]
-  return ExampleDPSGDMechanism(sigma, config.batch_size, config.local_steps, sampling,
-                               grad_noise_multiplier=grad_noise_multiplier, stat_noise=stat_noise,
-                               capacity=example_capacity(config, data, sampling),
-                               formal_guarantee=formal_guarantee)
-
-
 def resolve_sigma(config, data, opts) -> float:
   """``sigma``: ``noise_multiplier``, or calibrated so that every client meets ``target_epsilon``.
 
@@ -190,7 +178,7 @@ def _class_mean(values, mask, weight):
 def build_dpsgd_family(config, data, *, name: str, statistic: str, private: bool,
                        client_args: Callable, threshold_rule: Callable,
                        init_thresholds: Callable, hparams: dict, classes: list,
-                       class_names: tuple, mechanism, opts: dict,
+                       class_names: tuple, opts: dict,
                        client_class: Optional[np.ndarray] = None,
                        data_dependent_noise: bool = False) -> Setup:
   """Shared builder: model, local DP-SGD, the round, sampler, hparams and per-class accounting.
@@ -203,14 +191,15 @@ def build_dpsgd_family(config, data, *, name: str, statistic: str, private: bool
   algorithm's numbers (added to :func:`fedjax_dp.algorithms.common_hparams`,
   with ``client_lr`` and ``client_class``).
 
-  ``data_dependent_noise`` (published SP-FL only) lets a client with an
-  infinite clip bound scale its noise by its own batch's gradient norms; a
-  build that asks for it may not claim a formal guarantee for any class.
+  ``classes``: ``(name, client_ids, keys, reason)`` per privacy class, where
+  ``keys`` names the hparams of the class's noise (``(grad_key,)`` or
+  ``(grad_key, stat_key)``) or is None for a class without a guarantee
+  (``reason`` says why). Each class's record is the one the round's DP-SGD
+  client piece declares for those keys, from the same hparams the compiled
+  steps use; a client that declares none (published SP-FL's
+  ``data_dependent_noise``, whose noise is scaled by the batch's own norms,
+  or NoDP-FL's plain steps) gives no class a guarantee.
   """
-  if data_dependent_noise:
-    check(not any(c.formal_guarantee for c in classes), "data_dependent_noise", True,
-          "noise scaled by the batch's own gradient norms has no sensitivity bound: no class "
-          "of such a run may claim a formal guarantee")
   if config.sampling == "fixed":
     check(config.cohort_size <= data.num_clients, "cohort_size", config.cohort_size,
           f"must be <= the population ({data.num_clients} clients)")
@@ -223,7 +212,8 @@ def build_dpsgd_family(config, data, *, name: str, statistic: str, private: bool
   capacity = example_capacity(config, data, sampling)
   pieces = DPSGDPieces(name=name, sampling=sampling, capacity=capacity, statistic=statistic,
                        private=private, data_dependent_noise=data_dependent_noise,
-                       class_names=tuple(class_names), weighting=config.weighting)
+                       class_names=tuple(class_names), weighting=config.weighting,
+                       batch_size=config.batch_size, local_steps=config.local_steps)
   # Any aggregator, and attacks on the uploads: each upload is already private (example-level,
   # local to its client), so what the server or an attacker computes from them is post-processing.
   aggregation = Pieces(aggregator=config.aggregator or "mean", weighting=config.weighting)
@@ -253,8 +243,18 @@ def build_dpsgd_family(config, data, *, name: str, statistic: str, private: bool
   hp = common_hparams(config, opts, client_lr=config.client_lr, expected_size=sampler.expected_size,
                       examples_per_round=float(config.local_steps * config.batch_size), **hparams)
   hp["client_class"] = np.asarray(client_class, np.int32)
-  accounting = ExampleLevelAccounting(classes, data.counts, config.delta, config.accountant,
-                                      mechanism, "released" if config.byzantine else None)
+  declared = rnd.client.mechanism
+  privacy_classes = []
+  for class_name, ids, keys, reason in classes:
+    if keys is not None and declared is None:
+      keys, reason = None, reason or "the client's DP-SGD declares no privacy record"
+    privacy_classes.append(PrivacyClass(class_name, ids, None if keys is None else declared(hp, *keys),
+                                        reason))
+  # The nominal per-step record, for the summary's noise multiplier.
+  nominal = example_record(pieces)(hp, "sigma") if "sigma" in hp else None
+  accounting = ExampleLevelAccounting(privacy_classes, data.counts, config.delta,
+                                      config.accountant, nominal,
+                                      "released" if config.byzantine else None)
   return Setup(rnd, sampler, accounting, hp)
 
 
@@ -278,15 +278,14 @@ def build_dp_fl(config, data) -> Setup:
   """DP-FL: client-side DP-SGD with the constant clip bound ``config.clip``."""
   opts = options(config)
   sigma = resolve_sigma(config, data, opts)
-  mech = example_mechanism(config, data, opts, sigma, sigma)
   ids = tuple(range(data.num_clients))
-  classes = [PrivacyClass("all", ids, mech if sigma > 0 else None,
-                          "" if sigma > 0 else "noise_multiplier=0: clipping only")]
+  classes = [("all", ids, ("sigma",) if sigma > 0 else None,
+              "" if sigma > 0 else "noise_multiplier=0: clipping only")]
   return build_dpsgd_family(
       config, data, name="dp-fl", statistic="none", private=True, client_args=_one_clip_args,
       threshold_rule=_constant_rule, init_thresholds=init_clip_bound,
       hparams={"sigma": sigma, "clip": config.clip}, classes=classes, class_names=("all",),
-      mechanism=mech, opts=opts)
+      opts=opts)
 
 
 def _nodp_args(thresholds, hp, cls):
@@ -303,11 +302,11 @@ def build_nodp_fl(config, data) -> Setup:
   """NoDP-FL: the same local training (sampling, steps, server) without clipping or noise."""
   opts = options(config)
   ids = tuple(range(data.num_clients))
-  classes = [PrivacyClass("all", ids, None, "non-private: no clipping and no noise")]
+  classes = [("all", ids, None, "non-private: no clipping and no noise")]
   return build_dpsgd_family(
       config, data, name="nodp-fl", statistic="none", private=False, client_args=_nodp_args,
       threshold_rule=_constant_rule, init_thresholds=_no_thresholds, hparams={},
-      classes=classes, class_names=(), mechanism=NonPrivate(), opts=opts)
+      classes=classes, class_names=(), opts=opts)
 
 
 def _spfl_common(config, data):
@@ -363,10 +362,7 @@ def _spfl_rule(thresholds, hp, stats, mask, c):
 def build_spfl(config, data) -> Setup:
   """SP-FL as published (Wu and Li 2024, Eqs. 5 and 7): no formal DP guarantee."""
   opts, sigma, cls, high_ids, low_ids = _spfl_common(config, data)
-  classes = [PrivacyClass("high", high_ids, None, REASON_HIGH),
-             PrivacyClass("low", low_ids, None, REASON_LOW)]
-  # Nominal record: the noise multiplier in use. There is no accounted event.
-  mech = example_mechanism(config, data, opts, sigma, sigma, formal_guarantee=False)
+  classes = [("high", high_ids, None, REASON_HIGH), ("low", low_ids, None, REASON_LOW)]
   c0 = initial_spfl_threshold(make_model(config, data), data, config.seed,
                               opts["init_norm_examples"])
   return build_dpsgd_family(
@@ -374,7 +370,7 @@ def build_spfl(config, data) -> Setup:
       threshold_rule=_spfl_rule, init_thresholds=_spfl_init,
       hparams={"sigma": sigma, "beta_high": opts["beta_high"],
                "beta_low": opts["beta_low"], "init_clip_high": c0},
-      classes=classes, class_names=("high", "low"), mechanism=mech, opts=opts, client_class=cls,
+      classes=classes, class_names=("high", "low"), opts=opts, client_class=cls,
       data_dependent_noise=True)
 
 
@@ -415,15 +411,13 @@ def build_spfl_sound(config, data) -> Setup:
   """SP-FL with privatised thresholds and a data-independent low-class cap: a real epsilon per class."""
   opts, sigma, cls, high_ids, low_ids = _spfl_common(config, data)
   stat_noise, z_grad = statistic_budget(sigma, opts, "spfl-sound")
-  high_mech = example_mechanism(config, data, opts, sigma, z_grad, stat_noise)
-  low_mech = example_mechanism(config, data, opts, sigma, sigma)
   classes = [
-      PrivacyClass("high", high_ids, high_mech,
-                   "clip threshold from a noisy per-example norm statistic (accounted: the "
-                   "gradient and the statistic share the step's multiplier, Andrew et al. 2021)"),
-      PrivacyClass("low", low_ids, low_mech,
-                   "proportional scaling by beta_low under the data-independent cap low_cap; "
-                   "noise sigma * low_cap")]
+      ("high", high_ids, ("z_grad", "stat_noise"),
+       "clip threshold from a noisy per-example norm statistic (accounted: the gradient and the "
+       "statistic share the step's multiplier, Andrew et al. 2021)"),
+      ("low", low_ids, ("sigma",),
+       "proportional scaling by beta_low under the data-independent cap low_cap; noise sigma * "
+       "low_cap")]
   hparams = {"sigma": sigma, "z_grad": z_grad, "stat_noise": stat_noise,
              "beta_high": opts["beta_high"], "beta_low": opts["beta_low"],
              "low_cap": opts["low_cap"], "stat_bound": opts["stat_bound"],
@@ -431,4 +425,4 @@ def build_spfl_sound(config, data) -> Setup:
   return build_dpsgd_family(
       config, data, name="spfl-sound", statistic="norm", private=True, client_args=_sound_args,
       threshold_rule=_sound_rule, init_thresholds=_sound_init, hparams=hparams, classes=classes,
-      class_names=("high", "low"), mechanism=high_mech, opts=opts, client_class=cls)
+      class_names=("high", "low"), opts=opts, client_class=cls)
