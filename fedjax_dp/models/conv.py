@@ -271,14 +271,6 @@ def max_pool(x: jax.Array,
   return out
 
 
-def pool_output_size(size: int, window: int, stride: int | None = None) -> int:
-  """Output length of one spatial dim of VALID pooling (``<= 0``: impossible)."""
-  stride = window if stride is None else stride
-  if size < window:
-    return 0
-  return (size - window) // stride + 1
-
-
 class Conv(nn.Module):
   """Drop-in for ``flax.linen.Conv`` (2-D, NHWC) built on :func:`conv2d`.
 
