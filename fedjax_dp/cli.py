@@ -41,7 +41,8 @@ def _add_run(sub):
   for f in dataclasses.fields(RunConfig):
     if f.name == "options":
       continue
-    p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, metavar=types[f.name].__name__.upper())
+    p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None,
+                   metavar=types[f.name].__name__.upper(), help=f.metadata.get("help"))
 
 
 def _add_privacy(sub):

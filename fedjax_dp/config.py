@@ -88,10 +88,18 @@ class RunConfig:
   delta: float = 1e-5
   accountant: str = "rdp"
   # Byzantine clients (the last `byzantine` ids) and the server's aggregator.
-  byzantine: int = 0
-  attack: str = "none"
-  attacker_knowledge: str = "released"
-  aggregator: Optional[str] = None
+  byzantine: int = dataclasses.field(default=0, metadata={
+      "help": "number of Byzantine clients, the last ids (default 0; an int in [0, num_clients))"})
+  attack: str = dataclasses.field(default="none", metadata={
+      "help": "what the Byzantine clients send (default none; one of none, gaussian, sign_flip, "
+              "sample_duplication, alie, ipm, nonfinite); strengths via --set"})
+  attacker_knowledge: str = dataclasses.field(default="released", metadata={
+      "help": "what an attack that reads the regular clients sees (default released: what they "
+              "release; omniscient: their raw state, which voids the DP guarantee)"})
+  aggregator: Optional[str] = dataclasses.field(default=None, metadata={
+      "help": "the server's aggregator (default: the algorithm's own; one of mean, sign_vote, "
+              "sign_sum, geometric_median, coordinate_median, trimmed_mean, krum, "
+              "centered_clipping); parameters via --set"})
   # Run.
   seed: int = 0
   eval_every: int = 5

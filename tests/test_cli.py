@@ -325,3 +325,14 @@ def test_a_setting_the_algorithm_does_not_use_is_refused(args, field, capsys, tm
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and f"invalid {field}=" in err[0] and "is not used by algorithm" in err[0]
   assert not out.exists()
+
+
+def test_byzantine_flags_have_help_naming_every_allowed_value():
+  import dataclasses
+  from fedjax_dp.aggregators.robust import NAMES
+  from fedjax_dp.attacks import ATTACKS, KNOWLEDGE
+  fields = {f.name: f.metadata.get("help", "") for f in dataclasses.fields(RunConfig)}
+  for name, allowed in (("attack", ATTACKS), ("aggregator", NAMES),
+                        ("attacker_knowledge", KNOWLEDGE)):
+    assert all(a in fields[name] for a in allowed), name
+  assert "default 0" in fields["byzantine"]
