@@ -147,6 +147,8 @@ def _cmd_run(args) -> int:
   given = set(base) | {k for k, v in overrides.items() if v is not None}
   config = make_config(base, options=options, **overrides)
   _refuse_unused(config, given)
+  check(args.output_dir.strip() != "", "output_dir", args.output_dir,
+        "must name a folder (an empty path would write into the current folder)")
   out = pathlib.Path(args.output_dir)
   if not args.overwrite:
     for name in ("metrics.jsonl", "summary.json"):

@@ -45,6 +45,31 @@ def check_finite(field: str, value: Any) -> None:
   check(not is_nonfinite(value), field, value, "must be a finite number")
 
 
+def check_type(field: str, value: Any, hint) -> None:
+  """Raises :class:`ConfigError` unless ``value`` has the field's type (``hint``).
+
+  Config files are JSON: ``rounds: true``, ``rounds: 2.5`` or ``rounds: "abc"``
+  must be refused by name, not read as 1, truncated or met with a traceback.
+  """
+  args = typing.get_args(hint)
+  optional = typing.get_origin(hint) is typing.Union and type(None) in args
+  if optional and value is None:
+    return
+  typ = next(a for a in args if a is not type(None)) if optional else hint
+  tail = " or unset (null)" if optional else ""
+  if typ is int:
+    ok, what = isinstance(value, numbers.Integral) and not isinstance(value, bool), "an integer"
+  elif typ is float:
+    ok, what = isinstance(value, numbers.Real) and not isinstance(value, bool), "a number"
+  elif typ is bool:
+    ok, what = isinstance(value, bool), "true or false"
+  elif typ is str:
+    ok, what = isinstance(value, str), "a string"
+  else:
+    return
+  check(ok, field, value, f"must be {what}{tail}")
+
+
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
   """One simulation. Defaults are the offline quickstart: DP-FedAvg on digits."""
@@ -110,14 +135,18 @@ class RunConfig:
     from fedjax_dp.client import OPTIMIZERS
     from fedjax_dp.data import DATASETS, PARTITIONERS
     from fedjax_dp.models import CONV_IMPLS, MODELS
-    # Every numeric field is finite, checked before any other check of it.
+    # Every field has its type and every numeric field is finite, checked before anything else.
+    from fedjax_dp.models import Model
+    hints = typing.get_type_hints(RunConfig)
     for f in dataclasses.fields(self):
-      if f.name != "options":
-        check_finite(f.name, getattr(self, f.name))
+      value = getattr(self, f.name)
+      if f.name != "options" and not isinstance(value, Model):
+        check_finite(f.name, value)
+        check_type(f.name, value, hints[f.name])
+    check(0 <= self.seed < 2 ** 32, "seed", self.seed, "must be an integer in [0, 2**32)")
     check_choice("algorithm", self.algorithm, sorted(ALGORITHMS))
     check_choice("dataset", self.dataset, DATASETS)
     check_choice("partition", self.partition, [p for p in PARTITIONERS if p != "natural"])
-    from fedjax_dp.models import Model
     if self.model is not None and not isinstance(self.model, Model):
       check_choice("model", self.model, MODELS)
     check_choice("conv_impl", self.conv_impl, CONV_IMPLS)
