@@ -191,7 +191,9 @@ class RunConfig:
     from fedjax_dp.aggregators.robust import NAMES
     check(isinstance(self.byzantine, int) and 0 <= self.byzantine < self.num_clients, "byzantine",
           self.byzantine, f"must be an int in [0, num_clients={self.num_clients})")
-    check_choice("attack", str(self.attack).replace("-", "_"), ATTACKS)
+    # "sign-flip" is accepted for "sign_flip"; the configuration holds the canonical name.
+    object.__setattr__(self, "attack", self.attack.replace("-", "_"))
+    check_choice("attack", self.attack, ATTACKS)
     check_choice("attacker_knowledge", self.attacker_knowledge, KNOWLEDGE)
     if self.aggregator is not None:
       check_choice("aggregator", self.aggregator, NAMES)

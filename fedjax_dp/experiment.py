@@ -87,8 +87,7 @@ def as_model(model, data):
 def custom_setup(rnd, hparams: Optional[dict], config: RunConfig, data):
   """The :class:`fedjax_dp.algorithms.Setup` of a hand-built round: sampler and accounting from
   the configuration, privacy from the round's pieces."""
-  import numpy as np
-  from fedjax_dp.algorithms import Setup
+  from fedjax_dp.algorithms import Setup, as_hparams
   from fedjax_dp.errors import check
   from fedjax_dp.privacy.accounting import LedgerAccounting
   from fedjax_dp.privacy.mechanisms import user_level_mechanism
@@ -97,7 +96,7 @@ def custom_setup(rnd, hparams: Optional[dict], config: RunConfig, data):
   sampler = make_sampler(config.sampling, data.num_clients, config.seed, config.sampling_prob,
                          config.cohort_size, config.capacity)
   hp = {"server_lr": 1.0, "byzantine": 0, "expected_size": sampler.expected_size, **hparams}
-  hp = {k: np.asarray(v, np.int32 if k == "byzantine" else np.float32) for k, v in hp.items()}
+  hp = as_hparams(hp)
   mechanism = user_level_mechanism(rnd, hp, config.sampling, config.sampling_prob,
                                    data.num_clients, config.cohort_size)
   return Setup(rnd, sampler, LedgerAccounting(mechanism, config.delta, config.accountant), hp)

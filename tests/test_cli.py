@@ -360,3 +360,8 @@ def test_seed_flag_out_of_range_and_empty_output_dir_are_refused(capsys, tmp_pat
   assert "invalid seed=-1" in capsys.readouterr().err
   assert main(["run", "--output-dir", ""]) == 2
   assert "invalid output_dir=''" in capsys.readouterr().err
+
+
+def test_the_configuration_holds_the_canonical_attack_name():
+  assert RunConfig(attack="sign-flip").attack == "sign_flip"
+  assert RunConfig(attack="sample-duplication").to_dict()["attack"] == "sample_duplication"

@@ -23,7 +23,7 @@ class Setup(NamedTuple):
 
 def common_hparams(config, opts: dict, **extra) -> dict:
   """The hparams every round reads (server rate, Byzantine clients, attack and aggregator
-  strengths, ``l2``) plus ``extra``, as float32 arrays (``byzantine`` int32)."""
+  strengths, ``l2``) plus ``extra``, as arrays (:func:`as_hparams`)."""
   from fedjax_dp.algorithms import options
   hp = {"server_lr": config.server_lr, "l2": 0.0, "byzantine": config.byzantine}
   for o in options.BYZANTINE + options.AGGREGATOR:
@@ -31,7 +31,16 @@ def common_hparams(config, opts: dict, **extra) -> dict:
       hp[o.name] = opts.get(o.name, o.default)
   hp["alie_z"] = float("nan") if hp["alie_z"] is None else hp["alie_z"]
   hp.update(extra)
-  return {k: np.asarray(v, np.int32 if k == "byzantine" else np.float32) for k, v in hp.items()}
+  return as_hparams(hp)
+
+
+INT_HPARAMS = ("byzantine", "client_class")
+
+
+def as_hparams(values: dict) -> dict:
+  """Hyper-parameters as the compiled round takes them: int32 arrays for the counts and ids of
+  :data:`INT_HPARAMS`, float32 arrays for every other number."""
+  return {k: np.asarray(v, np.int32 if k in INT_HPARAMS else np.float32) for k, v in values.items()}
 
 
 _ROUNDS: dict = {}

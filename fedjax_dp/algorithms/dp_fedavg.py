@@ -103,12 +103,13 @@ def build_fedavg_family(config, data, *, private: bool, regularizer: str = "none
   static = {k: opts[k] for k in STATIC_AGGREGATOR}
   lus_batches = opts.get("lus_batches", 1)
   key = ("fedavg", model, data.num_clients, pieces, config.local_steps, config.batch_size,
-         config.client_optimizer, config.server_optimizer, str(config.attack).replace("-", "_"),
+         config.client_optimizer, config.server_optimizer, config.attack,
          opts["nonfinite_value"], lus_batches, tuple(sorted(static.items())))
   rnd = cached_round(key, lambda: fedavg_round(
       model, data.num_clients, pieces, local_steps=config.local_steps,
       batch_size=config.batch_size, client_optimizer=config.client_optimizer,
-      server_optimizer=config.server_optimizer, attack=key[8], nonfinite_value=opts["nonfinite_value"],
+      server_optimizer=config.server_optimizer, attack=config.attack,
+      nonfinite_value=opts["nonfinite_value"],
       lus_batches=lus_batches, static=static))
   hparams = common_hparams(
       config, opts, client_lr=config.client_lr, clip=config.clip, noise_multiplier=z,
@@ -119,7 +120,7 @@ def build_fedavg_family(config, data, *, private: bool, regularizer: str = "none
   # The clients' clipped updates are not released (only the noisy sum is): an attack that
   # reads the regular clients' rows reads unprotected data, whatever attacker_knowledge says.
   from fedjax_dp.attacks import get as get_attack
-  reads = get_attack(key[8]).reads_honest
+  reads = get_attack(config.attack).reads_honest
   knowledge = "omniscient" if config.byzantine and reads else "released"
   accounting = LedgerAccounting(mechanism, config.delta, config.accountant,
                                 attacker_knowledge=knowledge if config.byzantine else None)

@@ -96,12 +96,11 @@ def build_robust_sgd(config, data, method: str) -> Setup:
   model = make_model(config, data)
   pieces = Pieces(aggregator=AGGREGATORS[method], weighting="uniform")
   static = {k: opts[k] for k in STATIC_AGGREGATOR}
-  attack = str(config.attack).replace("-", "_")
-  key = ("robust_sgd", model, data.num_clients, pieces, config.batch_size, attack,
+  key = ("robust_sgd", model, data.num_clients, pieces, config.batch_size, config.attack,
          opts["nonfinite_value"], tuple(sorted(static.items())))
   rnd = cached_round(key, lambda: Round(
       model=model, num_clients=data.num_clients, client=gradient_client(model, config.batch_size),
-      aggregator=make_aggregator(pieces, static), attack=attack,
+      aggregator=make_aggregator(pieces, static), attack=config.attack,
       nonfinite_value=opts["nonfinite_value"], descent=True, server_optimizer="sgd"))
   sampler = make_sampler(config.sampling, data.num_clients, config.seed, config.sampling_prob,
                          config.cohort_size, config.capacity)

@@ -223,13 +223,12 @@ def build_rsa_family(config, data, variant: str) -> Setup:
   dim = int(num_params(jax.eval_shape(model.init, jax.random.PRNGKey(0))))
   perturb_hp = perturbation_hparams(variant, opts)
   norm = opts.get("sign_clip_norm", "linf")
-  attack = str(config.attack).replace("-", "_")
-  key = ("rsa", model, data.num_clients, variant, config.batch_size, attack, opts["nonfinite_value"],
-         knowledge, opts.get("sign_clip") is not None, norm)
+  key = ("rsa", model, data.num_clients, variant, config.batch_size, config.attack,
+         opts["nonfinite_value"], knowledge, opts.get("sign_clip") is not None, norm)
   rnd = cached_round(key, lambda: rsa_round(
       model, data.num_clients,
       stochastic_gradient(objectives.supervised(model.apply), config.batch_size),
-      perturbation(variant, opts.get("sign_clip") is not None, norm), attack=attack,
+      perturbation(variant, opts.get("sign_clip") is not None, norm), attack=config.attack,
       nonfinite_value=opts["nonfinite_value"], knowledge=knowledge))
   sampler = make_sampler(config.sampling, data.num_clients, config.seed, config.sampling_prob,
                          config.cohort_size, config.capacity)

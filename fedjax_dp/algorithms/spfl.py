@@ -46,8 +46,9 @@ Every algorithm here is one :class:`fedjax_dp.round.Round`
 (:func:`fedjax_dp.algorithms.dpsgd_family.dpsgd_round`) whose numbers (noise multipliers,
 betas, bounds, the threshold rules' rates, learning rates, the clients'
 privacy classes) are in the Setup's ``hparams``: runs that differ only in
-numbers share one compilation. The family takes no Byzantine clients, no
-attack and no other aggregator (the mean weighted by ``weighting``).
+numbers share one compilation. Byzantine clients attack the uploads and any
+aggregator may combine them (the mean weighted by ``weighting`` by default):
+each upload is private already, so both are post-processing.
 
 Options (``--set name=value``): ``high_fraction`` (0.5), ``beta_high`` (1.0),
 ``beta_low`` (0.9), ``example_sampling`` ("fixed", accounted with RDP, or
@@ -218,8 +219,7 @@ def build_dpsgd_family(config, data, *, name: str, statistic: str, private: bool
   # local to its client), so what the server or an attacker computes from them is post-processing.
   aggregation = Pieces(aggregator=config.aggregator or "mean", weighting=config.weighting)
   static = {k: opts[k] for k in STATIC_AGGREGATOR}
-  attack = str(config.attack).replace("-", "_")
-  key = ("dpsgd", model, data.num_clients, max_examples, pieces, aggregation, attack,
+  key = ("dpsgd", model, data.num_clients, max_examples, pieces, aggregation, config.attack,
          opts["nonfinite_value"], tuple(sorted(static.items())), config.local_steps,
          config.batch_size, config.client_optimizer, config.server_optimizer)
 
@@ -231,7 +231,7 @@ def build_dpsgd_family(config, data, *, name: str, statistic: str, private: bool
                        client_optimizer=config.client_optimizer,
                        server_optimizer=config.server_optimizer, client_args=client_args,
                        threshold_rule=threshold_rule, init_thresholds=init_thresholds,
-                       aggregator=make_aggregator(aggregation, static), attack=attack,
+                       aggregator=make_aggregator(aggregation, static), attack=config.attack,
                        nonfinite_value=opts["nonfinite_value"])
 
   rnd = cached_round(key, make)
@@ -241,8 +241,8 @@ def build_dpsgd_family(config, data, *, name: str, statistic: str, private: bool
     client_class = np.zeros(data.num_clients, np.int32)
   # Q L: the expected examples behind one client's round (public), for the threshold rules.
   hp = common_hparams(config, opts, client_lr=config.client_lr, expected_size=sampler.expected_size,
-                      examples_per_round=float(config.local_steps * config.batch_size), **hparams)
-  hp["client_class"] = np.asarray(client_class, np.int32)
+                      examples_per_round=float(config.local_steps * config.batch_size),
+                      client_class=client_class, **hparams)
   declared = rnd.client.mechanism
   privacy_classes = []
   for class_name, ids, keys, reason in classes:
