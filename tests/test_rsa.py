@@ -91,7 +91,8 @@ def _hp(**kw):
         if o.name not in options.STATIC_AGGREGATOR and o.kind != "choice"}
   hp.update(alie_z=float("nan"), server_lr=0.1, client_lr=0.1, l2=0.004, byzantine=1, **{"lambda": 0.01})
   hp.update(kw)
-  return {k: jnp.asarray(v, jnp.int32 if k == "byzantine" else jnp.float32) for k, v in hp.items()}
+  from fedjax_dp.algorithms import as_hparams
+  return {k: jnp.asarray(v) for k, v in as_hparams(hp).items()}
 
 
 def _rsa_round(attack, grads, perturb=None, knowledge="released", num_clients=5, **hp):
