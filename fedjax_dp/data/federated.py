@@ -20,7 +20,9 @@ class CentralDataset(NamedTuple):
   Attributes:
     name: Data set name, e.g. ``"mnist"``.
     train_x: ``float32`` images, NHWC, values in ``[0, 1]``.
-    train_y: ``int32`` labels in ``[0, num_classes)``.
+    train_y: ``int32`` labels in ``[0, num_classes)``, ``[num_train]`` or, for
+      a sequence task, one label per position ``[num_train, *label_shape]``
+      (:data:`fedjax_dp.models.IGNORE` marks positions that count nowhere).
     test_x: ``float32`` test images, same layout as ``train_x``.
     test_y: ``int32`` test labels.
     num_classes: Number of classes.
@@ -46,11 +48,13 @@ class FederatedData:
   Attributes:
     name: Data set name.
     x: ``float32`` array ``[num_clients, max_examples, *example_shape]``.
-    y: ``int32`` array ``[num_clients, max_examples]``.
+    y: ``int32`` array ``[num_clients, max_examples, *label_shape]``;
+      ``label_shape`` is ``()`` for classification and e.g. ``(80,)`` for
+      next-character prediction at every position of an 80-character input.
     counts: ``int32`` array ``[num_clients]``, real examples per client, each
       ``>= 1``.
     test_x: Centralized ``float32`` test inputs ``[num_test, *example_shape]``.
-    test_y: Centralized ``int32`` test labels ``[num_test]``.
+    test_y: Centralized ``int32`` test labels ``[num_test, *label_shape]``.
     num_classes: Number of classes.
   """
   name: str
@@ -65,8 +69,8 @@ class FederatedData:
     self.counts = np.asarray(self.counts, dtype=np.int32)
     check(self.x.ndim >= 2, "x", self.x.shape,
           "must be [num_clients, max_examples, ...]")
-    check(self.y.shape == self.x.shape[:2], "y", self.y.shape,
-          f"must have shape x.shape[:2]={self.x.shape[:2]}")
+    check(self.y.shape[:2] == self.x.shape[:2], "y", self.y.shape,
+          f"must start with x.shape[:2]={self.x.shape[:2]}")
     check(self.counts.shape == (self.x.shape[0],), "counts",
           self.counts.shape, f"must have shape ({self.x.shape[0]},)")
     if self.counts.size:
@@ -76,6 +80,9 @@ class FederatedData:
             int(self.counts.max()), f"must be <= max_examples={self.x.shape[1]}")
     check(self.test_x.shape[1:] == self.x.shape[2:], "test_x",
           self.test_x.shape, f"must have example shape {self.x.shape[2:]}")
+    check(self.test_y.shape == self.test_x.shape[:1] + self.y.shape[2:], "test_y",
+          self.test_y.shape, f"must be [num_test, *label_shape] = "
+          f"{self.test_x.shape[:1] + self.y.shape[2:]}")
     check(self.num_classes >= 1, "num_classes", self.num_classes, "must be >= 1")
 
   @property
@@ -107,7 +114,7 @@ class FederatedData:
     Args:
       name: Data set name.
       x: Training inputs ``[num_examples, *example_shape]``.
-      y: Training labels ``[num_examples]``.
+      y: Training labels ``[num_examples, *label_shape]``.
       client_indices: One integer index array into ``x``/``y`` per client, as
         returned by the functions in :mod:`fedjax_dp.data.partition`. The
         order within a client is kept.
@@ -139,7 +146,7 @@ class FederatedData:
           f"[{flat.min()}, {flat.max()}]", f"must index [0, {x.shape[0]})")
     num_clients, max_examples = len(idx), int(counts.max())
     px = np.zeros((num_clients, max_examples) + x.shape[1:], dtype=np.float32)
-    py = np.zeros((num_clients, max_examples), dtype=np.int32)
+    py = np.zeros((num_clients, max_examples) + y.shape[1:], dtype=np.int32)
     for c, i in enumerate(idx):
       px[c, :len(i)] = x[i]
       py[c, :len(i)] = y[i]
@@ -156,9 +163,12 @@ class FederatedData:
     return self.x[i, :n], self.y[i, :n]
 
   def label_histogram(self) -> np.ndarray:
-    """Per-client label counts, ``int64`` ``[num_clients, num_classes]``."""
+    """Per-client label counts, ``int64`` ``[num_clients, num_classes]`` (every
+    label position of a sequence counts; negative labels, ignored ones, do not)."""
     mask = np.arange(self.max_examples)[None, :] < self.counts[:, None]
     hist = np.zeros((self.num_clients, self.num_classes), dtype=np.int64)
-    rows = np.broadcast_to(np.arange(self.num_clients)[:, None], mask.shape)
-    np.add.at(hist, (rows[mask], self.y[mask]), 1)
+    rows = np.broadcast_to(np.arange(self.num_clients).reshape((-1,) + (1,) * (self.y.ndim - 1)),
+                           self.y.shape)[mask].reshape(-1)
+    labels = self.y[mask].reshape(-1)
+    np.add.at(hist, (rows[labels >= 0], labels[labels >= 0]), 1)
     return hist
