@@ -7,6 +7,10 @@ Usage::
   logits = model.apply(params, x)            # x: [B, 28, 28, 1]
   loss = cross_entropy(logits, y, mask)
 
+A sequence model returns logits ``[B, T, num_classes]`` for labels ``[B, T]``
+(one per position); the losses and metrics take either, and a label equal to
+:data:`IGNORE` counts nowhere.
+
 Available models (see :mod:`fedjax_dp.models.zoo` for the architectures and
 the papers they come from):
 
@@ -20,6 +24,11 @@ the papers they come from):
   ``features=(40, 40)``, ``hidden=(384, 192)``.
 * ``resnet18_gn``: CIFAR ResNet-18 with GroupNorm; kwargs ``num_groups=2``,
   ``widths=(64, 128, 256, 512)``.
+* ``char_lstm``: next-character LSTM of federated Shakespeare (embedding 8,
+  two LSTM layers of 256, 820,522 parameters with 90 tokens); kwargs
+  ``embed=8``, ``hidden=(256, 256)``. Input ``(T,)`` token ids.
+* ``char_lstm_small``: the same with one LSTM layer of 64 units (25,258
+  parameters with 90 tokens), fast enough for a CPU.
 """
 
 from __future__ import annotations
@@ -33,19 +42,21 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dp.errors import check_choice, ConfigError
-from fedjax_dp.models import zoo
+from fedjax_dp.models import recurrent, zoo
 from fedjax_dp.models.conv import CONV_IMPLS, Conv, conv2d, max_pool
-from fedjax_dp.models.losses import (accuracy, cross_entropy, num_params,
+from fedjax_dp.models.losses import (IGNORE, accuracy, cross_entropy,
+                                     masked_sums, num_params,
                                      per_example_cross_entropy)
 
 __all__ = [
     "MODELS", "CONV_IMPLS", "Model", "get_model", "cross_entropy",
-    "per_example_cross_entropy", "accuracy", "num_params", "conv2d",
+    "per_example_cross_entropy", "accuracy", "masked_sums", "IGNORE",
+    "num_params", "conv2d",
     "max_pool", "Conv",
 ]
 
 MODELS = ("mlp", "rsa_mlp", "digits_cnn", "cnn2", "spfl_cnn",
-          "rsa_cifar_cnn", "resnet18_gn")
+          "rsa_cifar_cnn", "resnet18_gn", "char_lstm", "char_lstm_small")
 _CONV_MODELS = {"digits_cnn", "cnn2", "spfl_cnn", "rsa_cifar_cnn",
                 "resnet18_gn"}
 _KWARGS = {
@@ -56,7 +67,10 @@ _KWARGS = {
     "spfl_cnn": ("hidden",),
     "rsa_cifar_cnn": ("features", "hidden"),
     "resnet18_gn": ("num_groups", "widths"),
+    "char_lstm": ("embed", "hidden"),
+    "char_lstm_small": (),
 }
+_SEQUENCE_MODELS = {"char_lstm", "char_lstm_small"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +81,7 @@ class Model:
     name: the name given to :func:`get_model`.
     module: the flax module; ``module.apply({"params": p}, x)``.
     input_shape: per-example input shape, e.g. ``(28, 28, 1)``.
-    num_classes: number of output logits.
+    num_classes: number of output logits (a sequence model's vocabulary).
   """
   name: str
   module: nn.Module
@@ -79,7 +93,8 @@ class Model:
     return _init(self, key)
 
   def apply(self, params: Any, x: jax.Array) -> jax.Array:
-    """Logits ``[B, num_classes]`` for inputs ``x`` of shape ``[B, *input_shape]``."""
+    """Logits ``[B, num_classes]`` (a sequence model: ``[B, T, num_classes]``)
+    for inputs ``x`` of shape ``[B, *input_shape]``."""
     return self.module.apply({"params": params}, x)
 
 
@@ -115,6 +130,12 @@ def _build(name, num_classes, conv_impl, kwargs):
   if name == "spfl_cnn":
     hidden = _tuple_of_ints("hidden", (kwargs.get("hidden", 32),))[0]
     return zoo.SPFLCNN(num_classes, hidden=hidden, conv_impl=conv_impl)
+  if name == "char_lstm":
+    embed = _tuple_of_ints("embed", (kwargs.get("embed", 8),))[0]
+    hidden = _tuple_of_ints("hidden", kwargs.get("hidden", (256, 256)))
+    return recurrent.CharLSTM(num_classes, embed=embed, hidden=hidden)
+  if name == "char_lstm_small":
+    return recurrent.CharLSTM(num_classes, hidden=(64,))
   if name == "rsa_cifar_cnn":
     return zoo.RSACifarCNN(
         num_classes,
@@ -163,6 +184,9 @@ def get_model(name: str, input_shape, num_classes: int,
   if name in _CONV_MODELS and len(input_shape) not in (2, 3):
     raise ConfigError("input_shape", input_shape,
                       f"model {name} needs (H, W, C) or (H, W)")
+  if name in _SEQUENCE_MODELS and len(input_shape) != 1:
+    raise ConfigError("input_shape", input_shape,
+                      f"model {name} needs (T,): a sequence of token ids")
   if isinstance(num_classes, bool) or int(num_classes) != num_classes or (
       num_classes < 2):
     raise ConfigError("num_classes", num_classes, "must be an int >= 2")
