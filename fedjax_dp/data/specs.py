@@ -1,4 +1,4 @@
-"""The one table of centralized data sets: what each is and where its files go.
+"""The one table of data sets: what each is and where its files go.
 
 Every per-data-set fact (source, sub-folders and file names under the data
 directory, number of classes, example shape, tensorflow-datasets name, default
@@ -13,6 +13,11 @@ directory itself::
   <data_dir>/fashion-mnist/  (same file names)
   <data_dir>/emnist/emnist-byclass-{train,test}-{images-idx3,labels-idx1}-ubyte.gz
   <data_dir>/cifar10/{train,test}.tar.gz  (members <split>/<class>/<NNNN>.jpg)
+  <data_dir>/tff-h5/shakespeare_{train,test}.h5  (TensorFlow Federated's HDF5)
+  <data_dir>/tff-h5/fed_emnist_{train,test}.h5, fed_emnist_digitsonly_{train,test}.h5
+
+The TFF sets come with their natural partition (``partition="natural"``): one
+client per speaking role of a play (Shakespeare), per writer (EMNIST).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import dataclasses
 import pathlib
 from typing import Optional
 
-from fedjax_dp.errors import check_choice
+from fedjax_dp.errors import check, check_choice
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,10 +35,13 @@ class DatasetSpec:
 
   Attributes:
     name: Name used by the API and the CLI (``--dataset``).
-    source: Module of :mod:`fedjax_dp.data.sources` that reads the local
-      files: ``"digits"``, ``"idx"`` or ``"cifar10"``.
-    num_classes: Number of classes.
-    example_shape: Shape of one example, NHWC without N.
+    source: Key of :data:`fedjax_dp.data.sources.LOCAL`, the module that
+      reads the local files: ``"digits"``, ``"idx"``, ``"cifar10"``,
+      ``"tff_emnist"`` or ``"tff_shakespeare"``.
+    num_classes: Number of classes (for Shakespeare, tokens: every position
+      of a window has a next-character label).
+    example_shape: Shape of one example, NHWC without N (Shakespeare: a
+      window of 80 token ids).
     default_model: Model used when the configuration names none.
     subdirs: Sub-folders of the data directory searched, in order, before the
       data directory itself.
@@ -46,6 +54,8 @@ class DatasetSpec:
       files and in tfds) and are transposed back on load.
     natural_hint: Where a natural (per-client) partition of this data set
       comes from, for the error message of ``partition="natural"``.
+    partitions: The partitions it takes: ``"natural"`` for sets with client
+      ids; ``"dirichlet"`` and ``"shards"`` need one label per example.
   """
   name: str
   source: str
@@ -57,6 +67,7 @@ class DatasetSpec:
   tfds_name: Optional[str] = None
   transposed: bool = False
   natural_hint: Optional[str] = None
+  partitions: tuple[str, ...] = ("iid", "dirichlet", "shards")
 
   def search_dirs(self, data_dir: Optional[pathlib.Path]) -> list[pathlib.Path]:
     """Folders searched for :attr:`files`, in order; none without a data dir."""
@@ -83,11 +94,24 @@ SPECS = (
                 subdirs=("emnist", "emnist/gzip"),
                 files=_idx_files("emnist-byclass-", "test"),
                 tfds_name="emnist/byclass", transposed=True,
-                natural_hint="fedjax_dp.data.tff_h5.load_federated_emnist for "
-                "writer-partitioned EMNIST"),
+                natural_hint="dataset federated_emnist for writer-partitioned "
+                "EMNIST (TFF's HDF5 files)"),
     DatasetSpec("cifar10", "cifar10", 10, (32, 32, 3), "cnn2",
                 subdirs=("cifar10", "cifar-10"),
                 files=("train.tar.gz", "test.tar.gz"), tfds_name="cifar10"),
+    DatasetSpec("shakespeare", "tff_shakespeare", 90, (80,), "char_lstm",
+                subdirs=("tff-h5", "shakespeare"),
+                files=("shakespeare_train.h5", "shakespeare_test.h5"),
+                partitions=("natural", "iid")),
+    DatasetSpec("federated_emnist", "tff_emnist", 62, (28, 28, 1), "cnn2",
+                subdirs=("tff-h5", "fed_emnist"),
+                files=("fed_emnist_train.h5", "fed_emnist_test.h5"),
+                partitions=("natural", "iid", "dirichlet", "shards")),
+    DatasetSpec("federated_emnist_digits", "tff_emnist", 10, (28, 28, 1), "cnn2",
+                subdirs=("tff-h5", "fed_emnist_digitsonly", "fed_emnist"),
+                files=("fed_emnist_digitsonly_train.h5",
+                       "fed_emnist_digitsonly_test.h5"),
+                partitions=("natural", "iid", "dirichlet", "shards")),
 )
 
 BY_NAME = {s.name: s for s in SPECS}
@@ -103,3 +127,17 @@ def get(name: str) -> DatasetSpec:
   """
   check_choice("dataset", name, DATASETS)
   return BY_NAME[name]
+
+
+def check_partition(name: str, partition: str) -> None:
+  """Refuses a partition that data set ``name`` does not take.
+
+  Raises:
+    ConfigError: One line naming the partition, the ones the set takes and
+      the sets with a natural partition.
+  """
+  allowed = get(name).partitions
+  natural = ", ".join(s.name for s in SPECS if "natural" in s.partitions)
+  check(partition in allowed, "partition", partition,
+        f"must be one of {list(allowed)} for dataset={name} (natural "
+        f"partitions: {natural})")

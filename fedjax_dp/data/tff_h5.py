@@ -8,6 +8,9 @@ with one group per client::
 
 ``h5py`` is imported inside the functions, so importing this module is cheap.
 Client ids are listed in the file's order, which for h5py is sorted by name.
+
+Federated Shakespeare becomes next-character prediction at every position
+(:func:`shakespeare_windows`): the task of the TFF and FedJAX benchmarks.
 """
 
 from __future__ import annotations
@@ -71,45 +74,39 @@ def read_client(path, client_id: str,
     return _read_group(f, path, client_id, features)
 
 
-def _read_all(path, feature_x: str, feature_y: str,
-              example_filter, max_clients: Optional[int]):
-  """Yields (client_id, x, y) for non-empty clients, in file order."""
+def _read_all(path, features: Sequence[str], client_fn: Callable,
+              max_clients: Optional[int]):
+  """Yields ``client_fn`` of each client's features, for clients left non-empty, in file order."""
   with _open(path) as f:
     n = 0
     for cid in f[_ROOT].keys():
       if max_clients is not None and n >= max_clients:
         return
-      d = _read_group(f, path, cid, [feature_x, feature_y])
-      x, y = d[feature_x], d[feature_y]
-      if example_filter is not None:
-        keep = np.asarray(example_filter(x, y), dtype=bool)
-        x, y = x[keep], y[keep]
+      x, y = client_fn(_read_group(f, path, cid, features))
       if len(y):
         n += 1
-        yield cid, x, y
+        yield x, y
 
 
-def load_tff_h5_federated(train_path, test_path, feature_x: str,
-                          feature_y: str, num_classes: int,
+def load_tff_h5_federated(train_path, test_path, features: Sequence[str],
+                          client_fn: Callable, num_classes: int,
                           name: str = "tff_h5",
-                          max_clients: Optional[int] = None,
-                          example_filter: Optional[Callable] = None,
-                          x_fn: Optional[Callable] = None) -> FederatedData:
+                          max_clients: Optional[int] = None) -> FederatedData:
   """Loads a TFF HDF5 data set with its natural (per-client) partition.
 
   Args:
     train_path: Training HDF5 file; one client per group.
     test_path: Test HDF5 file; all its clients are concatenated into the
       centralized test set.
-    feature_x: Input feature name, e.g. ``"pixels"``.
-    feature_y: Label feature name, e.g. ``"label"``.
+    features: Feature names read from each client, e.g. ``("pixels",
+      "label")``.
+    client_fn: Maps one client's ``{feature: array}`` to its examples ``(x,
+      y)`` (model inputs and ``int`` labels, one row per example); a client
+      with no rows is dropped (train and test).
     num_classes: Number of classes.
     name: Data set name for the result.
     max_clients: Keep only the first this many (non-empty) training clients,
       in file order; ``None`` keeps all. The test set is not reduced.
-    example_filter: Optional ``(x, y) -> bool mask`` applied to each client's
-      examples (train and test); clients left empty are dropped.
-    x_fn: Optional map of each client's raw inputs to model inputs.
 
   Returns:
     The padded :class:`FederatedData`, clients in file order.
@@ -117,13 +114,12 @@ def load_tff_h5_federated(train_path, test_path, feature_x: str,
   check(max_clients is None or (isinstance(max_clients, (int, np.integer))
                                 and max_clients >= 1),
         "max_clients", max_clients, "must be None or an integer >= 1")
-  x_fn = x_fn or (lambda a: a)
 
   def per_client(field, path, limit):
     xs, ys = [], []
-    for _, x, y in _read_all(path, feature_x, feature_y, example_filter, limit):
-      xs.append(x_fn(x))
-      ys.append(np.asarray(y, dtype=np.int32).reshape(-1))
+    for x, y in _read_all(path, features, client_fn, limit):
+      xs.append(x)
+      ys.append(np.asarray(y, dtype=np.int32))
     check(len(xs) >= 1, field, str(path), "must hold at least one non-empty client")
     return xs, ys
 
@@ -156,9 +152,93 @@ def load_federated_emnist(train_path, test_path,
   Returns:
     The padded :class:`FederatedData` named ``"federated_emnist"``.
   """
+  def client_fn(d):
+    x, y = np.asarray(d["pixels"], dtype=np.float32)[..., None], np.asarray(d["label"])
+    keep = y < 10 if only_digits else slice(None)
+    return x[keep], y[keep]
+
   return load_tff_h5_federated(
-      train_path, test_path, "pixels", "label",
+      train_path, test_path, ("pixels", "label"), client_fn,
       num_classes=10 if only_digits else 62, name="federated_emnist",
-      max_clients=max_clients,
-      example_filter=(lambda x, y: np.asarray(y) < 10) if only_digits else None,
-      x_fn=lambda x: np.asarray(x, dtype=np.float32)[..., None])
+      max_clients=max_clients)
+
+
+# TFF's Shakespeare vocabulary: the 86 characters of the "Federated Learning for
+# Text Generation" tutorial (tensorflow.org/federated/tutorials/
+# federated_learning_for_text_generation), in its order, as
+# google-research/federated's utils/datasets/shakespeare_dataset.py numbers
+# them: pad 0, the characters 1..86, out-of-vocabulary 87, beginning of
+# snippet 88, end of snippet 89 (90 tokens). Characters are bytes: a byte
+# outside the vocabulary (any non-ASCII byte) is OOV.
+SHAKESPEARE_CHARS = (
+    b"dhlptx@DHLPTX $(,048cgkoswCGKOSW[_#'/37;?bfjnrvzBFJNRVZ\"&*.26:\naeimquy"
+    b"AEIMQUY]!%)-159\r")
+PAD, OOV, BOS, EOS = 0, 87, 88, 89
+# A target that counts in no loss or metric: fedjax_dp.models.IGNORE, not
+# imported so that this module stays free of JAX (a test checks they agree).
+IGNORE = -1
+SHAKESPEARE_VOCAB_SIZE = 90
+SEQUENCE_LENGTH = 80  # McMahan et al., AISTATS 2017
+_BYTE_TO_ID = np.full(256, OOV, dtype=np.int32)
+_BYTE_TO_ID[np.frombuffer(SHAKESPEARE_CHARS, np.uint8)] = np.arange(1, 87)
+
+
+def shakespeare_windows(snippets: Sequence[bytes],
+                        length: int = SEQUENCE_LENGTH) -> tuple[np.ndarray, np.ndarray]:
+  """One client's snippets as next-character examples ``(x, y)``, each ``[n, length]``.
+
+  The snippets become one token stream, each as ``BOS, characters, EOS``; the
+  stream without its last token is cut into windows of ``length`` inputs ``x``
+  and the stream without its first token into the aligned targets ``y``
+  (``y[i, t]`` is the token after ``x[i, t]``), so every token but the first
+  is a target exactly once (FedJAX's split; TFF's drops the last token of each
+  window of ``length + 1``). The last window is padded: inputs with
+  :data:`PAD`, targets with :data:`IGNORE`. For example,
+  with ``length=3``, ``[b"ABCD", b"E"]`` gives ``x = [[BOS, A, B], [C, D,
+  EOS], [BOS, E, PAD]]`` and ``y = [[A, B, C], [D, EOS, BOS], [E, EOS,
+  IGNORE]]``.
+
+  Args:
+    snippets: The client's byte strings.
+    length: Window length, ``>= 1``.
+
+  Returns:
+    ``int32`` inputs and targets; ``n = ceil((tokens - 1) / length)`` (0 for
+    no snippets).
+  """
+  check(isinstance(length, (int, np.integer)) and length >= 1, "length", length,
+        "must be an integer >= 1")
+  stream = np.concatenate(
+      [np.concatenate([[BOS], _BYTE_TO_ID[np.frombuffer(s, np.uint8)], [EOS]])
+       for s in snippets] or [np.zeros(1, np.int32)]).astype(np.int32)
+  n = -(-(len(stream) - 1) // length)
+  x = np.full(n * length, PAD, np.int32)
+  y = np.full(n * length, IGNORE, np.int32)
+  x[:len(stream) - 1], y[:len(stream) - 1] = stream[:-1], stream[1:]
+  return x.reshape(n, length), y.reshape(n, length)
+
+
+def load_federated_shakespeare(train_path, test_path,
+                               max_clients: Optional[int] = None,
+                               length: int = SEQUENCE_LENGTH) -> FederatedData:
+  """Loads TFF's federated Shakespeare (one client per speaking role of a play).
+
+  Each client's snippets become :func:`shakespeare_windows`; inputs are token
+  ids stored as ``float32`` ``[n, length]``, labels ``int32`` ``[n, length]``
+  over the :data:`SHAKESPEARE_VOCAB_SIZE` tokens. The real files have 715
+  clients, 30,249 training and 4,657 test windows of 80.
+
+  Args:
+    train_path: ``shakespeare_train.h5``.
+    test_path: ``shakespeare_test.h5``; all its clients form the test set.
+    max_clients: Keep only the first this many clients (file order).
+    length: Window length.
+
+  Returns:
+    The padded :class:`FederatedData` named ``"shakespeare"``.
+  """
+  return load_tff_h5_federated(
+      train_path, test_path, ("snippets",),
+      lambda d: shakespeare_windows(d["snippets"], length),
+      num_classes=SHAKESPEARE_VOCAB_SIZE, name="shakespeare",
+      max_clients=max_clients)

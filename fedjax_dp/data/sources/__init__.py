@@ -3,12 +3,16 @@
 A local source (:data:`LOCAL`, keyed by :attr:`DatasetSpec.source`) has
 ``load(spec, request)``, returning ``(train_x, train_y, test_x, test_y)`` or
 ``None`` when the files are absent, and ``expected_files(spec)`` for the error
-message. :mod:`~fedjax_dp.data.sources.tfds` is the download fallback. Heavy
-libraries (scikit-learn, PIL, TensorFlow) are imported only inside the loads.
+message. :mod:`~fedjax_dp.data.sources.tff` (TFF's HDF5 sets) also has
+``load_natural``, the sets' own clients, and raises when its files are absent:
+it has no download fallback. :mod:`~fedjax_dp.data.sources.tfds` is the
+download fallback of the others. Heavy libraries (scikit-learn, PIL,
+TensorFlow, h5py) are imported only inside the loads.
 """
 
-from fedjax_dp.data.sources import cifar10, digits, idx, tfds
+from fedjax_dp.data.sources import cifar10, digits, idx, tfds, tff
 
-LOCAL = {"digits": digits, "idx": idx, "cifar10": cifar10}
+LOCAL = {"digits": digits, "idx": idx, "cifar10": cifar10, "tff_emnist": tff,
+         "tff_shakespeare": tff}
 
-__all__ = ["LOCAL", "cifar10", "digits", "idx", "tfds"]
+__all__ = ["LOCAL", "cifar10", "digits", "idx", "tfds", "tff"]

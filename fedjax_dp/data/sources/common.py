@@ -59,19 +59,22 @@ def balanced_subset(labels: np.ndarray, n: Optional[int],
   """Deterministic class-balanced random subset of ``n`` indices.
 
   Classes take turns (in random order within each class), so class counts
-  differ by at most one until a class runs out.
+  differ by at most one until a class runs out. Labels with a shape per
+  example (a sequence's labels) give a uniformly random subset.
 
   Args:
-    labels: Integer labels.
+    labels: Integer labels ``[N]`` or ``[N, *label_shape]``.
     n: Subset size; ``None`` or ``>= len(labels)`` keeps everything.
     rng: Source of randomness.
 
   Returns:
     Sorted ``int64`` indices (the source order is kept).
   """
-  labels = np.asarray(labels).reshape(-1)
+  labels = np.asarray(labels)
   if n is None or n >= labels.shape[0]:
     return np.arange(labels.shape[0], dtype=np.int64)
+  if labels.ndim > 1:  # one label per position: no class per example
+    return np.sort(rng.choice(labels.shape[0], n, replace=False)).astype(np.int64)
   perm = rng.permutation(labels.shape[0])
   lab = labels[perm]
   order = np.argsort(lab, kind="stable")

@@ -1,0 +1,83 @@
+"""TensorFlow Federated's HDF5 files: federated Shakespeare and EMNIST.
+
+These sets carry their natural partition (one client per speaking role, per
+writer): :func:`load_natural` returns it as a :class:`FederatedData`;
+:func:`load` pools every client's examples, for the partitions that ignore
+the clients. tensorflow-datasets does not have them, so there is no download
+fallback: the files are those ``tff.simulation.datasets`` downloads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from fedjax_dp.data import tff_h5
+from fedjax_dp.data.federated import FederatedData
+from fedjax_dp.data.sources.common import DATA_ENV, Arrays, Request, subset
+from fedjax_dp.data.specs import DatasetSpec
+from fedjax_dp.errors import ConfigError, check
+
+
+def expected_files(spec: DatasetSpec) -> list[str]:
+  """The train and test HDF5 file names, for error messages."""
+  return list(spec.files)
+
+
+def _paths(spec: DatasetSpec, data_dir):
+  searched = spec.search_dirs(data_dir)
+  for d in searched:
+    train, test = (d / f for f in spec.files)
+    if train.is_file() and test.is_file():
+      return train, test
+  hint = ("" if data_dir is not None else
+          f"no data directory given: pass data_dir (--data-dir) or set ${DATA_ENV}; ")
+  raise ConfigError(
+      "data_dir", str(data_dir) if data_dir is not None else None,
+      f"{hint}no local {spec.name} files found; searched "
+      f"{', '.join(str(s) for s in searched) or '(none)'} for "
+      f"{', '.join(spec.files)} (TensorFlow Federated's HDF5 files, as "
+      "tff.simulation.datasets downloads them; tensorflow-datasets has none)")
+
+
+def _read(spec: DatasetSpec, request: Request, max_clients) -> FederatedData:
+  train, test = _paths(spec, request.data_dir)
+  if spec.source == "tff_shakespeare":
+    return tff_h5.load_federated_shakespeare(train, test, max_clients,
+                                             spec.example_shape[0])
+  return tff_h5.load_federated_emnist(train, test, max_clients,
+                                      only_digits=spec.num_classes == 10)
+
+
+def load(spec: DatasetSpec, request: Request) -> Arrays:
+  """Every training client's examples pooled, in file order, and the test set.
+
+  Raises:
+    ConfigError: When the files are missing (naming the searched folders).
+  """
+  fd = _read(spec, request, None)
+  real = np.arange(fd.max_examples)[None, :] < fd.counts[:, None]
+  return fd.x[real], fd.y[real], fd.test_x, fd.test_y
+
+
+def load_natural(spec: DatasetSpec, request: Request, num_clients: int) -> FederatedData:
+  """The first ``num_clients`` clients of the training file, in file order.
+
+  ``request.max_test`` keeps a random subset of the test examples (class-
+  balanced for EMNIST, uniform for Shakespeare's windows); ``max_train`` is
+  refused, since the clients' data is what they hold.
+
+  Raises:
+    ConfigError: For missing files, ``max_train``, or ``num_clients`` above
+      the number of (non-empty) clients in the file.
+  """
+  check(request.max_train is None, "max_train", request.max_train,
+        "must be unset with partition='natural': a client's data is what it "
+        "holds (num_clients takes fewer clients)")
+  fd = _read(spec, request, num_clients)
+  check(fd.num_clients == num_clients, "num_clients", num_clients,
+        f"must be <= {fd.num_clients}, the clients of {spec.name} "
+        f"({spec.files[0]})")
+  keep = subset(fd.test_y, request.max_test, request.seed)
+  return dataclasses.replace(fd, test_x=fd.test_x[keep], test_y=fd.test_y[keep])
