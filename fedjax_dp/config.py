@@ -16,7 +16,7 @@ import typing
 from typing import Any, Mapping, Optional
 
 from fedjax_dp.aggregators.base import DENOMINATORS
-from fedjax_dp.data.specs import SPECS
+from fedjax_dp.data.specs import SPECS, check_partition
 from fedjax_dp.engine import PLACEMENTS
 from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit, check_positive
 from fedjax_dp.privacy.ledger import ACCOUNTANTS
@@ -133,7 +133,7 @@ class RunConfig:
   def __post_init__(self):
     from fedjax_dp.algorithms import ALGORITHMS
     from fedjax_dp.client import OPTIMIZERS
-    from fedjax_dp.data import DATASETS, PARTITIONERS
+    from fedjax_dp.data import DATASETS
     from fedjax_dp.models import CONV_IMPLS, MODELS
     # Every field has its type and every numeric field is finite, checked before anything else.
     from fedjax_dp.models import Model
@@ -146,7 +146,7 @@ class RunConfig:
     check(0 <= self.seed < 2 ** 32, "seed", self.seed, "must be an integer in [0, 2**32)")
     check_choice("algorithm", self.algorithm, sorted(ALGORITHMS))
     check_choice("dataset", self.dataset, DATASETS)
-    check_choice("partition", self.partition, [p for p in PARTITIONERS if p != "natural"])
+    check_partition(self.dataset, self.partition)
     if self.model is not None and not isinstance(self.model, Model):
       check_choice("model", self.model, MODELS)
     check_choice("conv_impl", self.conv_impl, CONV_IMPLS)
