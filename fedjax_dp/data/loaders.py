@@ -165,8 +165,10 @@ def load_federated(name: str, num_clients: int, partition: str = "iid",
   Args:
     name: One of :data:`~fedjax_dp.data.specs.DATASETS`.
     num_clients: Number of clients, in ``[1, number of training examples]``.
-    partition: ``"iid"``, ``"dirichlet"`` or ``"shards"`` (``"natural"`` needs
-      client ids, which only the TFF HDF5 loaders have).
+    partition: One of the set's ``partitions``
+      (:func:`~fedjax_dp.data.specs.check_partition`): ``"iid"``,
+      ``"dirichlet"``, ``"shards"``, or ``"natural"`` for the TFF HDF5 sets
+      (their first ``num_clients`` clients, in file order).
     seed: Seeds both the subsets and the partition (independent streams).
     data_dir: See :func:`load_central`.
     alpha: Dirichlet concentration, ``> 0``.
@@ -180,8 +182,8 @@ def load_federated(name: str, num_clients: int, partition: str = "iid",
   Returns:
     The padded :class:`FederatedData`; the test set stays centralized.
   """
-  specs.get(name)
-  check_choice("partition", partition, partition_lib.PARTITIONERS)
+  spec = specs.get(name)
+  specs.check_partition(name, partition)
   check(isinstance(num_clients, (int, np.integer)) and num_clients >= 1,
         "num_clients", num_clients, "must be an integer >= 1")
   if partition == "dirichlet":
@@ -190,7 +192,10 @@ def load_federated(name: str, num_clients: int, partition: str = "iid",
     check(isinstance(shards_per_client, (int, np.integer)) and
           shards_per_client >= 1, "shards_per_client", shards_per_client,
           "must be an integer >= 1")
-  check(partition != "natural", "partition", partition, _natural_needs_ids())
+  if partition == "natural":
+    return sources.LOCAL[spec.source].load_natural(spec, Request(
+        data_dir=resolve_data_dir(data_dir), cache_dir=cache_dir,
+        max_train=max_train, max_test=max_test, seed=seed), num_clients)
   data = load_central(name, data_dir=data_dir, cache_dir=cache_dir,
                       download=download, max_train=max_train,
                       max_test=max_test, seed=seed)
