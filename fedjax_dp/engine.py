@@ -110,11 +110,14 @@ class RunResult:
 
 
 @functools.lru_cache(maxsize=64)
-def _evaluate_fn(model):
-  """The jitted test-set evaluation of ``model``, compiled once per model and test-set shape."""
+def _evaluate_fn(model, experiments: Optional[str] = None):
+  """The jitted test-set evaluation of ``model``, compiled once per model and test-set shape.
+
+  ``experiments``: None for one model; "shared": parameters with a leading
+  experiment axis, one test set; "stacked": a test set per experiment too.
+  """
   from fedjax_dp.models import cross_entropy
 
-  @jax.jit
   def evaluate(params, xs, ys, ms):
     def chunk(args):
       x, y, m = args
@@ -125,20 +128,39 @@ def _evaluate_fn(model):
     n = jnp.sum(ms)
     return jnp.sum(correct) / n, jnp.sum(loss) / n
 
-  return evaluate
+  if experiments is not None:
+    evaluate = jax.vmap(evaluate, in_axes=(0, None, None, None) if experiments == "shared" else 0)
+  return jax.jit(evaluate)
 
 
-def make_evaluator(model, test_x: np.ndarray, test_y: np.ndarray, batch_size: int = 1024):
-  """``params -> (accuracy, loss)`` over the whole test set, in fixed-size chunks (jitted once)."""
+def _test_chunks(test_x: np.ndarray, test_y: np.ndarray, batch_size: int):
+  """The test set as ``[chunks, batch]`` arrays and a mask of its real examples."""
   n = len(test_y)
   bs = min(batch_size, n)
   chunks = -(-n // bs)
   pad = chunks * bs - n
-  xs = jnp.asarray(np.concatenate([test_x, np.zeros((pad,) + test_x.shape[1:], test_x.dtype)])
-                   .reshape((chunks, bs) + test_x.shape[1:]))
-  ys = jnp.asarray(np.concatenate([test_y, np.zeros(pad, test_y.dtype)]).reshape(chunks, bs))
-  ms = jnp.asarray((np.arange(chunks * bs) < n).astype(np.float32).reshape(chunks, bs))
-  fn = _evaluate_fn(model)
+  xs = np.concatenate([test_x, np.zeros((pad,) + test_x.shape[1:], test_x.dtype)])
+  ys = np.concatenate([test_y, np.zeros(pad, test_y.dtype)])
+  ms = (np.arange(chunks * bs) < n).astype(np.float32)
+  return (xs.reshape((chunks, bs) + test_x.shape[1:]), ys.reshape(chunks, bs),
+          ms.reshape(chunks, bs))
+
+
+def make_evaluator(model, test_x: np.ndarray, test_y: np.ndarray, batch_size: int = 1024,
+                   experiments: Optional[str] = None):
+  """``params -> (accuracy, loss)`` over the whole test set, in fixed-size chunks (jitted once).
+
+  ``experiments`` (:func:`_evaluate_fn`): "shared" or "stacked" evaluate
+  parameters with a leading experiment axis, on one test set or (then
+  ``test_x``, ``test_y`` are sequences) on each experiment's own.
+  """
+  if experiments == "stacked":
+    arrays = [np.stack(a) for a in zip(*[_test_chunks(x, y, batch_size)
+                                         for x, y in zip(test_x, test_y)])]
+  else:
+    arrays = _test_chunks(test_x, test_y, batch_size)
+  xs, ys, ms = (jnp.asarray(a) for a in arrays)
+  fn = _evaluate_fn(model, experiments)
   return lambda params: fn(params, xs, ys, ms)
 
 
@@ -203,6 +225,31 @@ def clip_bound(program, hparams) -> Optional[float]:
   return None if bound is None else float(hparams[bound])
 
 
+@dataclasses.dataclass
+class Experiment:
+  """One run of a group that shares a :class:`fedjax_dp.round.Round` (:func:`run_group`).
+
+  Attributes:
+    hparams: its hyper-parameters (name -> array).
+    data: its :class:`fedjax_dp.data.FederatedData`.
+    sampler: its host sampler (``sample() -> Cohort``).
+    seed: its PRNG seed (:func:`run_keys`).
+    accounting: its privacy accounting (``on_round``, ``report``), or None.
+    output_dir: where its ``metrics.jsonl`` and ``summary.json`` go (none: not written).
+    config: its configuration, copied into the summary.
+    on_round: called with each of its round records.
+  """
+
+  hparams: dict
+  data: Any
+  sampler: Any
+  seed: int = 0
+  accounting: Any = None
+  output_dir: Optional[str] = None
+  config: Optional[dict] = None
+  on_round: Optional[Callable[[dict], None]] = None
+
+
 def run(program, data, sampler, rounds: int, *, hparams: Optional[dict] = None, seed: int = 0,
         accounting=None,
         eval_every: int = 1, output_dir: Optional[str] = None, progress: bool = True,
@@ -232,125 +279,230 @@ def run(program, data, sampler, rounds: int, *, hparams: Optional[dict] = None, 
       outputs hold only what the guarantee covers and what is public by
       design (module docstring).
   """
+  experiment = Experiment(dict(hparams or {}), data, sampler, seed, accounting, output_dir, config,
+                          on_round)
+  return run_group(program, [experiment], rounds, eval_every=eval_every, progress=progress,
+                   placement=placement, release=release)[0]
+
+
+def group_mode(experiments) -> Optional[str]:
+  """How a group's data sets enter its vmapped step (:func:`fedjax_dp.round.compiled_step`):
+  None for one experiment; "shared" when every experiment has the same data set (held once);
+  "stacked" when they differ (a leading experiment axis on the clients' arrays and test sets),
+  which needs equal shapes (``ConfigError`` otherwise: such experiments are different groups).
+  """
+  first = experiments[0].data
+  if len(experiments) == 1:
+    return None
+  if all(e.data is first for e in experiments):
+    return "shared"
+  for e in experiments[1:]:
+    d = e.data
+    check(d.x.shape == first.x.shape and d.y.shape == first.y.shape
+          and d.test_x.shape == first.test_x.shape, "experiments", d.name,
+          "a group's data sets must have the same shapes (clients, examples, test set)")
+  return "stacked"
+
+
+def _pad_cohort(cohort, capacity: int):
+  """``cohort`` padded with inert slots (client 0, mask 0) to ``capacity``."""
+  from fedjax_dp.sampling import Cohort
+  extra = capacity - len(cohort.ids)
+  if extra == 0:
+    return cohort
+  return Cohort(np.concatenate([cohort.ids, np.zeros(extra, cohort.ids.dtype)]),
+                np.concatenate([cohort.mask, np.zeros(extra, cohort.mask.dtype)]))
+
+
+class _Log:
+  """One experiment's records: its history, its open ``metrics.jsonl``, its last evaluation."""
+
+  def __init__(self, program, experiment: Experiment, release: str):
+    self.e = experiment
+    self.release = release
+    self.released_metrics = tuple(getattr(program, "released_metrics", ()))
+    self.clip = clip_bound(program, experiment.hparams)
+    self.history = []
+    self.accuracy = self.loss = None
+    self.diverged = False
+    self.out_dir = pathlib.Path(experiment.output_dir) if experiment.output_dir else None
+    self.file = None
+    if self.out_dir is not None:
+      self.out_dir.mkdir(parents=True, exist_ok=True)
+      self.file = open(self.out_dir / "metrics.jsonl", "w")
+
+  def round(self, r: int, metrics: dict, cohort, evaluation, seconds: float) -> dict:
+    released, diag = summarize_round(metrics, self.clip, self.released_metrics)
+    rec = {"round": r + 1, **released}
+    accounting = self.e.accounting
+    if accounting is not None:
+      accounting.on_round(cohort)
+      rep = accounting.report()
+      rec["epsilon"] = rep.get("epsilon")
+      for k, v in rep.items():
+        if k.startswith("epsilon_"):
+          rec[k] = v
+    if evaluation is not None:
+      self.accuracy, self.loss = evaluation
+      rec["test_accuracy"], rec["test_loss"] = self.accuracy, self.loss
+      if not math.isfinite(self.loss):
+        rec["diverged"] = self.diverged = True
+    if self.release == "all":
+      rec["diagnostics"] = dict(diag, seconds=seconds)
+    self.history.append(rec)
+    if self.file is not None:
+      self.file.write(dumps(rec) + "\n")
+      self.file.flush()
+    if self.e.on_round is not None:
+      self.e.on_round(rec)
+    return rec
+
+  def close(self):
+    if self.file is not None:
+      self.file.close()
+
+  def finish(self, program, state, rounds: int, timing: dict) -> RunResult:
+    e = self.e
+    summary = {
+        "final_accuracy": self.accuracy,
+        "final_test_loss": self.loss,
+        "diverged": self.diverged,
+        "rounds": rounds,
+    }
+    if e.accounting is not None:
+      summary.update(e.accounting.report())
+    noise = getattr(getattr(e.accounting, "mechanism", None), "noise_multiplier", None)
+    if noise is not None:
+      summary["noise_multiplier"] = noise
+    summary["config"] = e.config
+    summary.update(provenance(program.model, state, e.data))
+    summary["release"] = {
+        "mode": self.release,
+        "covered_by_guarantee": {"summary": list(SUMMARY_COVERED),
+                                 "metrics_rows": list(ROW_COVERED) + list(self.released_metrics)},
+        "public_by_design": list(PUBLIC_BY_DESIGN),
+        "diagnostics": ("raw, unnoised statistics (realized cohort sizes, client losses, pre-clip "
+                        "norms, timings, the sampler's capacity): not covered by the guarantee"
+                        + (", and left out of this run's outputs" if self.release == "private" else
+                           ", grouped under 'diagnostics'")),
+    }
+    if self.release == "all":
+      counts = np.asarray(e.data.counts)
+      summary["diagnostics"] = {
+          # Raw statistics of the clients' data (unnoised; public only under example-level DP).
+          "data": {"train_examples": int(counts.sum()),
+                   "examples_per_client": {"min": int(counts.min()),
+                                           "median": float(np.median(counts)),
+                                           "max": int(counts.max())}},
+          **timing,
+          "cohort_capacity": int(e.sampler.capacity),
+          "capacity_grew": int(getattr(e.sampler, "capacity_grew", 0)),
+      }
+    if self.out_dir is not None:
+      (self.out_dir / "summary.json").write_text(dumps(summary, indent=2, default=str) + "\n")
+    return RunResult(self.history, summary, state)
+
+
+def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progress: bool = True,
+              placement: str = "device", release: str = "all") -> list:
+  """Runs experiments that share one :class:`fedjax_dp.round.Round` as one compiled program.
+
+  One experiment runs the round's jitted step; several run it ``vmap``-ed over
+  a leading experiment axis of ``(state, hparams, cohort, key)`` (and of the
+  data sets when they differ, :func:`group_mode`), so the whole group compiles
+  once and each round is one call. Each experiment keeps its own sampler,
+  accounting, keys and records, so its results equal its run alone (up to
+  floating-point reassociation): a cohort is padded with inert slots to the
+  group's largest capacity, and padded clients change nothing. Arguments as
+  :func:`run`; returns one :class:`RunResult` per experiment. A round's
+  ``seconds`` is the whole group's.
+  """
   check(rounds >= 1, "rounds", rounds, "must be >= 1")
   check(eval_every >= 1, "eval_every", eval_every, "must be >= 1")
   check_choice("placement", placement, PLACEMENTS)
   check_choice("release", release, RELEASES)
-  released_metrics = tuple(getattr(program, "released_metrics", ()))
-  out_dir = pathlib.Path(output_dir) if output_dir else None
-  if out_dir is not None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    metrics_file = open(out_dir / "metrics.jsonl", "w")
-  k_init, k_run = run_keys(seed)
+  check(len(experiments) >= 1, "experiments", len(experiments), "need at least one")
   from fedjax_dp.round import CohortBatch, compiled_step
-  hp = {k: jnp.asarray(v) for k, v in dict(hparams or {}).items()}
-  state = program.init(k_init, hp)
-  evaluate = make_evaluator(program.model, data.test_x, data.test_y)
-  step = compiled_step(program, placement)
-  clip = clip_bound(program, hparams or {})
+  single = len(experiments) == 1
+  mode = group_mode(experiments)
+  stack = (lambda trees: trees[0]) if single else (
+      lambda trees: jax.tree_util.tree_map(lambda *xs: np.stack(xs), *trees))
+  hp = stack([{k: jnp.asarray(v) for k, v in e.hparams.items()} for e in experiments])
+  keys = [run_keys(e.seed) for e in experiments]
+  states = [program.init(k_init, {k: jnp.asarray(v) for k, v in e.hparams.items()})
+            for (k_init, _), e in zip(keys, experiments)]
+  state = jax.tree_util.tree_map(jnp.asarray, stack(states))
+  del states
+  datas = [e.data for e in experiments] if mode == "stacked" else [experiments[0].data]
+  if mode == "stacked":
+    evaluate = make_evaluator(program.model, [d.test_x for d in datas], [d.test_y for d in datas],
+                              experiments=mode)
+  else:
+    evaluate = make_evaluator(program.model, datas[0].test_x, datas[0].test_y, experiments=mode)
+  step = compiled_step(program, placement, mode)
 
   if placement == "device":
-    arrays = (jnp.asarray(data.x), jnp.asarray(data.y), jnp.asarray(data.counts))
+    arrays = tuple(jnp.asarray(getattr(datas[0], f)) if len(datas) == 1 else
+                   jnp.asarray(np.stack([getattr(d, f) for d in datas])) for f in ("x", "y", "counts"))
+    del datas
 
-    def call(state, cohort, key):
-      return step(state, hp, arrays, cohort.ids, cohort.mask, key)
+    def call(state, cohorts, round_keys):
+      return step(state, hp, arrays, stack([c.ids for c in cohorts]),
+                  stack([c.mask for c in cohorts]), stack(round_keys))
   else:
-    def call(state, cohort, key):
-      ids = cohort.ids
-      batch = CohortBatch(data.x[ids], data.y[ids], data.counts[ids], ids, cohort.mask)
-      return step(state, hp, batch, key)
+    def call(state, cohorts, round_keys):
+      batches = [CohortBatch(e.data.x[c.ids], e.data.y[c.ids], e.data.counts[c.ids], c.ids, c.mask)
+                 for e, c in zip(experiments, cohorts)]
+      return step(state, hp, stack(batches), stack(round_keys))
 
+  logs = [_Log(program, e, release) for e in experiments]
   bar = None
   if progress:
     from tqdm.auto import tqdm
     bar = tqdm(total=rounds, unit="round", dynamic_ncols=True)
-  history = []
   t_start = time.perf_counter()
   first_round_s = None
-  accuracy = loss = None
-  diverged = False
   try:
     for r in range(rounds):
       t0 = time.perf_counter()
-      cohort = sampler.sample()
-      state, metrics = call(state, cohort, jax.random.fold_in(k_run, r))
+      cohorts = [e.sampler.sample() for e in experiments]
+      capacity = max(len(c.ids) for c in cohorts)
+      padded = [_pad_cohort(c, capacity) for c in cohorts]
+      state, metrics = call(state, padded, [jax.random.fold_in(k_run, r) for _, k_run in keys])
       metrics = jax.device_get(metrics)
       seconds = time.perf_counter() - t0
-      if first_round_s is None:
-        first_round_s = seconds
-      released, diag = summarize_round(metrics, clip, released_metrics)
-      rec = {"round": r + 1, **released}
-      if accounting is not None:
-        accounting.on_round(cohort)
-        rep = accounting.report()
-        rec["epsilon"] = rep.get("epsilon")
-        for k, v in rep.items():
-          if k.startswith("epsilon_"):
-            rec[k] = v
+      evaluation = None
       if (r + 1) % eval_every == 0 or r + 1 == rounds:
         acc, tl = jax.device_get(evaluate(program.eval_params(state)))
-        accuracy, loss = float(acc), float(tl)
-        rec["test_accuracy"], rec["test_loss"] = accuracy, loss
-        if not math.isfinite(loss):
-          rec["diverged"] = diverged = True
-      if release == "all":
-        rec["diagnostics"] = dict(diag, seconds=seconds)
-      history.append(rec)
-      if out_dir is not None:
-        metrics_file.write(dumps(rec) + "\n")
-        metrics_file.flush()
-      if on_round is not None:
-        on_round(rec)
+        evaluation = (np.atleast_1d(acc), np.atleast_1d(tl))
+      if first_round_s is None:
+        first_round_s = seconds
+      for i, (log, cohort) in enumerate(zip(logs, cohorts)):
+        m = metrics if single else jax.tree_util.tree_map(lambda a: a[i], metrics)
+        ev = None if evaluation is None else (float(evaluation[0][i]), float(evaluation[1][i]))
+        log.round(r, m, cohort, ev, seconds)
       if bar is not None:
-        post = {"acc": f"{accuracy:.4f}" if accuracy is not None else "-"}
-        if release == "all" and diag.get("train_loss") is not None:
+        log = logs[0]
+        post = {"acc": f"{log.accuracy:.4f}" if log.accuracy is not None else "-"}
+        diag = log.history[-1].get("diagnostics", {})
+        if diag.get("train_loss") is not None:
           post["loss"] = f"{diag['train_loss']:.3f}"
-        if rec.get("epsilon") is not None:
-          post["eps"] = f"{rec['epsilon']:.2f}"
+        if log.history[-1].get("epsilon") is not None:
+          post["eps"] = f"{log.history[-1]['epsilon']:.2f}"
+        if not single:
+          post["experiments"] = len(experiments)
         bar.set_postfix(post, refresh=False)
         bar.update(1)
   finally:
     if bar is not None:
       bar.close()
-    if out_dir is not None:
-      metrics_file.close()
+    for log in logs:
+      log.close()
   total = time.perf_counter() - t_start
-  summary = {
-      "final_accuracy": accuracy,
-      "final_test_loss": loss,
-      "diverged": diverged,
-      "rounds": rounds,
-  }
-  if accounting is not None:
-    summary.update(accounting.report())
-  noise = getattr(getattr(accounting, "mechanism", None), "noise_multiplier", None)
-  if noise is not None:
-    summary["noise_multiplier"] = noise
-  summary["config"] = config
-  summary.update(provenance(program.model, state, data))
-  summary["release"] = {
-      "mode": release,
-      "covered_by_guarantee": {"summary": list(SUMMARY_COVERED),
-                               "metrics_rows": list(ROW_COVERED) + list(released_metrics)},
-      "public_by_design": list(PUBLIC_BY_DESIGN),
-      "diagnostics": ("raw, unnoised statistics (realized cohort sizes, client losses, pre-clip norms, "
-                      "timings, the sampler's capacity): not covered by the guarantee"
-                      + (", and left out of this run's outputs" if release == "private" else
-                         ", grouped under 'diagnostics'")),
-  }
-  if release == "all":
-    counts = np.asarray(data.counts)
-    summary["diagnostics"] = {
-        # Raw statistics of the clients' data (unnoised; public only under example-level DP).
-        "data": {"train_examples": int(counts.sum()),
-                 "examples_per_client": {"min": int(counts.min()), "median": float(np.median(counts)),
-                                         "max": int(counts.max())}},
-        "seconds_total": total,
-        "seconds_first_round": first_round_s,
-        "seconds_per_round_after_first": (total - first_round_s) / max(rounds - 1, 1),
-        "cohort_capacity": int(sampler.capacity),
-        "capacity_grew": int(getattr(sampler, "capacity_grew", 0)),
-    }
-  if out_dir is not None:
-    (out_dir / "summary.json").write_text(dumps(summary, indent=2, default=str) + "\n")
-  return RunResult(history, summary, state)
+  timing = {"seconds_total": total, "seconds_first_round": first_round_s,
+            "seconds_per_round_after_first": (total - first_round_s) / max(rounds - 1, 1)}
+  if not single:
+    timing["experiments_in_group"] = len(experiments)
+  return [log.finish(program, state if single else jax.tree_util.tree_map(lambda a: a[i], state),
+                     rounds, timing)
+          for i, log in enumerate(logs)]

@@ -273,12 +273,18 @@ def step(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.A
 
 
 @functools.lru_cache(maxsize=128)
-def compiled_step(rnd: Round, placement: str = "device") -> Callable:
+def compiled_step(rnd: Round, placement: str = "device", experiments: Optional[str] = None) -> Callable:
   """The jitted step of ``rnd``, compiled once per :class:`Round` and argument shapes.
 
   ``placement="device"``: ``fn(state, hp, (x, y, counts), ids, mask, key)``
   gathers the cohort's rows from every client's arrays inside the compiled
   round; ``"host"``: ``fn(state, hp, CohortBatch, key)``.
+
+  ``experiments``: None for one experiment; otherwise the step is ``vmap``-ed
+  over a leading experiment axis of every argument (a sweep), except, with
+  ``"shared"`` and device placement, the clients' arrays, which all
+  experiments read from one copy (``"stacked"``: each has its own;
+  :func:`fedjax_dp.engine.group_mode`).
   """
   if placement == "device":
     def fn(state, hp, arrays, ids, mask, key):
@@ -287,4 +293,7 @@ def compiled_step(rnd: Round, placement: str = "device") -> Callable:
   else:
     def fn(state, hp, batch, key):
       return step(rnd, state, hp, batch, key)
+  if experiments is not None:
+    data = None if experiments == "shared" and placement == "device" else 0
+    fn = jax.vmap(fn, in_axes=(0, 0, data, 0, 0, 0) if placement == "device" else 0)
   return jax.jit(fn)

@@ -1,0 +1,240 @@
+"""Sweeps: a grid of settings times seeds, run as few compiled programs as the grid allows.
+
+::
+
+  sweep(config, grid={"clip": [0.1, 0.3], "lambda": [0.1, 0.4]}, seeds=3)
+
+Every grid point is a :class:`fedjax_dp.config.RunConfig` (a grid name is a
+configuration field or one of the algorithm's ``--set`` options), run with
+seeds ``config.seed, config.seed + 1, ...``. Each experiment is built as its
+single run would be (its own data partition, sampler, noise calibrated to its
+own ``target_epsilon``, its own accounting), so every bad value is refused
+before anything compiles. Experiments whose rounds share one static structure
+(the same :class:`fedjax_dp.round.Round`, rounds, evaluation period and data
+shapes) form a group, and a group runs as *one* compiled program ``vmap``-ed
+over a leading experiment axis (:func:`fedjax_dp.engine.run_group`): numbers
+such as clip bounds, noise levels, lambda or sparsity are data, so they vary
+inside a group; settings that change shapes or loop counts (the algorithm, the
+model, local steps, batch size, the number of clients) start new groups, run
+one after another. Each experiment's results equal its single run with the same
+seed, up to floating-point reassociation.
+
+Memory: a group holds one copy of the clients' data when its experiments share
+a data set and one per experiment otherwise (seeds partition the data
+differently), plus one model state per experiment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import pathlib
+import time
+from typing import Any, Mapping, Optional, Sequence
+
+
+from fedjax_dp.errors import check
+
+# The RunConfig fields that choose and split the data set (load_data's arguments).
+DATA_FIELDS = ("dataset", "num_clients", "partition", "seed", "data_dir", "dirichlet_alpha",
+               "shards_per_client", "max_train", "max_test", "download", "min_labels_per_client")
+
+
+def parse_grid(text: str) -> dict:
+  """``"clip=0.1,0.3 lambda=0.1,0.4"`` -> ``{"clip": ["0.1", "0.3"], "lambda": ["0.1", "0.4"]}``.
+
+  Values stay strings here; :func:`plan` converts them by the field's type (or,
+  for options, as JSON numbers and words).
+  """
+  grid = {}
+  for item in text.split():
+    check("=" in item, "grid", item, "each axis must look like NAME=V1,V2,... (axes separated by spaces)")
+    name, values = item.split("=", 1)
+    name = name.replace("-", "_")
+    check(name != "", "grid", item, "an axis needs a name before '='")
+    check(name not in grid, "grid", name, "names an axis twice")
+    vals = [v for v in values.split(",")]
+    check(all(v.strip() for v in vals), "grid", item, "every value must be non-empty")
+    grid[name] = vals
+  check(grid, "grid", text, "must name at least one axis, e.g. 'clip=0.1,0.3'")
+  return grid
+
+
+def _option_value(text):
+  import json
+  if not isinstance(text, str):
+    return text
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError:
+    return text
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+  """One experiment of a sweep: its grid values, its seed and its configuration."""
+
+  values: dict
+  seed: int
+  config: Any
+
+
+def plan(config, grid: Mapping[str, Sequence], seeds: int = 1) -> list:
+  """Every grid point times seed, as :class:`Point` s (grid order, then seeds).
+
+  A grid name is a :class:`RunConfig` field (its values converted by the
+  field's type) or, otherwise, an algorithm option (``--set``; checked by the
+  algorithm when built). Giving ``target_epsilon`` unsets ``noise_multiplier``
+  and the other way round, as on the command line.
+  """
+  from fedjax_dp.config import field_types, parse_value
+  types = field_types()
+  check(isinstance(seeds, int) and not isinstance(seeds, bool) and seeds >= 1, "seeds", seeds,
+        "must be an integer >= 1")
+  check("seed" not in grid, "grid", "seed", "seeds are not a grid axis: use seeds (--seeds N)")
+  for name in ("options", "output_dir"):
+    check(name not in grid, "grid", name, "cannot be a grid axis")
+  grid = {k: list(v) for k, v in grid.items()}
+  for k, v in grid.items():
+    check(len(v) >= 1, "grid", k, "needs at least one value")
+  unset = {}
+  for given, other in (("target_epsilon", "noise_multiplier"), ("noise_multiplier", "target_epsilon")):
+    if given in grid and other not in grid:
+      unset[other] = None
+  out = []
+  for combo in itertools.product(*grid.values()):
+    values, fields, options = {}, dict(unset), dict(config.options)
+    for name, v in zip(grid, combo):
+      if name in types:
+        v = parse_value(name, v, types[name]) if isinstance(v, str) else v
+        fields[name] = v
+      else:
+        v = _option_value(v)
+        options[name] = v
+      values[name] = v
+    for s in range(seeds):
+      out.append(Point(values, config.seed + s,
+                       config.replace(**fields, options=options, seed=config.seed + s)))
+  return out
+
+
+def _data_key(config) -> tuple:
+  return tuple(getattr(config, f) for f in DATA_FIELDS)
+
+
+def _shape_key(data) -> tuple:
+  """What must agree for experiments to share a group: the data's shapes and types."""
+  return tuple((a.shape, str(a.dtype)) for a in (data.x, data.y, data.counts, data.test_x,
+                                                  data.test_y))
+
+
+@dataclasses.dataclass
+class SweepResult:
+  """A finished sweep.
+
+  Attributes:
+    rows: one per grid point: the grid values, ``accuracy_mean``, ``accuracy_std`` (sample std
+      over seeds), ``seeds`` and ``epsilon`` (the largest over its seeds; None without accounting).
+    experiments: one per experiment, in plan order: its grid values, seed, group and
+      :class:`fedjax_dp.engine.RunResult` (``result``).
+    groups: one per compiled program: the experiments it ran and its seconds.
+    seconds: the whole sweep's.
+    points: the plan (:func:`plan`), in order.
+  """
+
+  rows: list
+  experiments: list
+  groups: list
+  seconds: float
+  points: list
+
+  def to_json(self) -> dict:
+    """``results.json``'s content: the rows, each experiment's summary and per-round metrics."""
+    exps = [{k: v for k, v in e.items() if k != "result"}
+            | {"summary": e["result"].summary, "metrics": e["result"].history}
+            for e in self.experiments]
+    return {"rows": self.rows, "experiments": exps, "groups": self.groups, "seconds": self.seconds}
+
+
+def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int = 1, *,
+          output_dir: Optional[str] = None, progress: bool = False, release: str = "all",
+          load=None, log=None) -> SweepResult:
+  """Runs every grid point times seed; experiments that share a round run as one program.
+
+  Args:
+    config: the base :class:`RunConfig` (default: the quickstart).
+    grid: axis name -> values (strings are converted by the field's type).
+    seeds: seeds per grid point: ``config.seed``, ``config.seed + 1``, ...
+    output_dir: if given, each experiment writes ``experiments/NNN/metrics.jsonl`` and
+      ``summary.json`` there, and the sweep ``results.json`` (:meth:`SweepResult.to_json`).
+    progress: a progress bar per group.
+    release: "all" or "private" (:func:`fedjax_dp.engine.run`).
+    load: ``config -> FederatedData`` (default: :func:`fedjax_dp.experiment.load_data`);
+      called once per distinct data set (data fields and seed).
+    log: where one line per finished group goes (default: nowhere).
+  """
+  from fedjax_dp.algorithms import build, option_table, options, unused_fields
+  from fedjax_dp.config import make_config
+  from fedjax_dp.engine import Experiment, run_group
+  from fedjax_dp.experiment import load_data, recorded_config
+  from fedjax_dp.jsonio import dumps
+  from fedjax_dp.reproduce.runner import seed_stats
+  config = make_config() if config is None else config
+  points = plan(config, grid or {}, seeds)
+  unused = set(unused_fields(points[0].config)) if points else set()
+  for name in grid or {}:
+    check(name not in unused, name, (grid or {})[name],
+          f"is not used by algorithm {config.algorithm!r}: it cannot be a grid axis")
+  for p in points:  # options are checked before any data set loads
+    options.read(p.config, option_table(p.config.algorithm))
+  load = load or load_data
+  t0 = time.perf_counter()
+  datasets, built = {}, []
+  for p in points:  # every experiment is built (and every value checked) before anything runs
+    key = _data_key(p.config)
+    if key not in datasets:
+      datasets[key] = load(p.config)
+    built.append(build(p.config, datasets[key]))
+  groups = {}
+  for i, (p, setup) in enumerate(zip(points, built)):
+    data = datasets[_data_key(p.config)]
+    key = (id(setup.program), p.config.rounds, p.config.eval_every, p.config.placement,
+           _shape_key(data))
+    groups.setdefault(key, []).append(i)
+  out = pathlib.Path(output_dir) if output_dir else None
+  results, group_records = [None] * len(points), []
+  for g, members in enumerate(groups.values()):
+    tg = time.perf_counter()
+    first = points[members[0]].config
+    experiments = [
+        Experiment(built[i].hparams, datasets[_data_key(points[i].config)], built[i].sampler,
+                   points[i].config.seed, built[i].accounting,
+                   None if out is None else str(out / "experiments" / f"{i:03d}"),
+                   recorded_config(points[i].config))
+        for i in members]
+    for i, res in zip(members, run_group(built[members[0]].program, experiments, first.rounds,
+                                         eval_every=first.eval_every, progress=progress,
+                                         placement=first.placement, release=release)):
+      results[i] = res
+    seconds = time.perf_counter() - tg
+    group_records.append({"experiments": list(members), "seconds": seconds})
+    if log is not None:
+      log(f"[group {g + 1}/{len(groups)}] {len(members)} experiments of {first.algorithm}: "
+          f"{seconds:.1f}s")
+  group_of = {i: g for g, rec in enumerate(group_records) for i in rec["experiments"]}
+  experiments = [{"values": p.values, "seed": p.seed, "group": group_of[i],
+                  "output_dir": None if out is None else f"experiments/{i:03d}", "result": r}
+                 for i, (p, r) in enumerate(zip(points, results))]
+  rows = []
+  for c in range(0, len(points), seeds):
+    block = experiments[c:c + seeds]
+    summaries = [e["result"].summary for e in block]
+    eps = [s.get("epsilon") for s in summaries]
+    rows.append({**block[0]["values"], **seed_stats([s["final_accuracy"] for s in summaries]),
+                 # The largest epsilon among the seeds (they differ only where it depends on data).
+                 "epsilon": None if any(e is None for e in eps) else max(eps)})
+  result = SweepResult(rows, experiments, group_records, time.perf_counter() - t0, points)
+  if out is not None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(dumps(result.to_json(), indent=2, default=str) + "\n")
+  return result

@@ -1,0 +1,106 @@
+"""Sweeps: one compiled program per group of experiments, each equal to its single run."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from fedjax_dp.config import make_config
+from fedjax_dp.errors import ConfigError
+from fedjax_dp.experiment import simulate
+from fedjax_dp.sweep import parse_grid, plan, sweep
+
+
+def _base(**kw):
+  base = dict(num_clients=60, sampling_prob=0.2, rounds=3, local_steps=2, batch_size=4, model="mlp",
+              clip=0.5, target_epsilon=None, noise_multiplier=1.0, eval_every=1, max_test=200)
+  base.update(kw)
+  return make_config(**base)
+
+
+def _close(a, b):
+  np.testing.assert_allclose(np.asarray(a, float), np.asarray(b, float), rtol=2e-4, atol=2e-5)
+
+
+def _compare_to_single_runs(result, data_of):
+  for e in result.experiments:
+    cfg = next(p.config for p in result.points if p.seed == e["seed"] and p.values == e["values"])
+    alone = simulate(cfg, data_of(cfg))
+    got = e["result"]
+    assert [h["round"] for h in got.history] == [h["round"] for h in alone.history]
+    _close(got.metrics["test_accuracy"], alone.metrics["test_accuracy"])
+    _close(got.metrics["test_loss"], alone.metrics["test_loss"])
+    _close(got.metrics["update_norm.q50"], alone.metrics["update_norm.q50"])
+    assert got.summary["epsilon"] == pytest.approx(alone.summary["epsilon"], rel=1e-9)
+    for a, b in zip(jax.tree_util.tree_leaves(got.state.params),
+                    jax.tree_util.tree_leaves(alone.state.params)):
+      np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
+
+
+def test_each_experiment_equals_its_single_run_and_the_grid_is_one_program(tmp_path):
+  from fedjax_dp.experiment import load_data
+  loaded = {}
+
+  def load(cfg):
+    loaded.setdefault(cfg.seed, load_data(cfg))
+    return loaded[cfg.seed]
+
+  # clip and noise are numbers (one group); two seeds partition the data differently (stacked).
+  result = sweep(_base(), {"clip": ["0.2", "1.0"], "noise_multiplier": [0.5]}, seeds=2,
+                 output_dir=str(tmp_path), load=load)
+  assert len(result.experiments) == 4 and len(result.groups) == 1
+  assert [(e["values"]["clip"], e["seed"]) for e in result.experiments] == [
+      (0.2, 0), (0.2, 1), (1.0, 0), (1.0, 1)]
+  _compare_to_single_runs(result, load)
+  # The rows: one per grid point, seed statistics of the final accuracies.
+  assert [r["clip"] for r in result.rows] == [0.2, 1.0]
+  for row, block in zip(result.rows, (result.experiments[:2], result.experiments[2:])):
+    accs = [e["result"].summary["final_accuracy"] for e in block]
+    assert row["accuracy_mean"] == pytest.approx(np.mean(accs))
+    assert row["accuracy_std"] == pytest.approx(np.std(accs, ddof=1))
+    assert row["seeds"] == 2 and row["epsilon"] == pytest.approx(
+        max(e["result"].summary["epsilon"] for e in block))
+  written = json.loads((tmp_path / "results.json").read_text())
+  assert [r["clip"] for r in written["rows"]] == [0.2, 1.0]
+  assert written["experiments"][3]["metrics"][-1]["round"] == 3
+  assert (tmp_path / written["experiments"][3]["output_dir"] / "metrics.jsonl").exists()
+  summary = json.loads((tmp_path / "experiments/001/summary.json").read_text())
+  assert summary["config"]["seed"] == 1 and summary["config"]["clip"] == 0.2
+
+
+def test_target_epsilon_axis_calibrates_each_experiment():
+  result = sweep(_base(rounds=2), {"target_epsilon": ["2", "8"]}, seeds=1)
+  eps = [r["epsilon"] for r in result.rows]
+  assert eps[0] == pytest.approx(2.0, rel=0.02) and eps[1] == pytest.approx(8.0, rel=0.02)
+  noise = [e["result"].summary["noise_multiplier"] for e in result.experiments]
+  assert noise[0] > noise[1]
+  assert len(result.groups) == 1
+
+
+def test_settings_that_change_shapes_start_new_groups_with_the_same_results():
+  from fedjax_dp.experiment import load_data
+  data = load_data(_base())
+  result = sweep(_base(algorithm="blur+lus"), {"local_steps": ["1", "3"], "lambda": [0.1]}, seeds=1,
+                 load=lambda cfg: data)
+  assert len(result.groups) == 2 and result.rows[0]["local_steps"] == 1
+  _compare_to_single_runs(result, lambda cfg: data)
+
+
+def test_options_as_grid_axes_and_bad_axes_are_refused_before_running():
+  base = _base(algorithm="blur+lus")
+  points = plan(base, parse_grid("lambda=0.1,0.4 sparsity=0.5"), seeds=2)
+  assert [(p.values["lambda"], p.seed) for p in points] == [(0.1, 0), (0.1, 1), (0.4, 0), (0.4, 1)]
+  assert points[2].config.options["lambda"] == 0.4 and points[2].config.options["sparsity"] == 0.5
+  with pytest.raises(ConfigError, match="grid"):
+    parse_grid("clip")
+  with pytest.raises(ConfigError, match="seeds"):
+    plan(base, {"clip": [0.1]}, seeds=0)
+  with pytest.raises(ConfigError, match="seed"):
+    plan(base, {"seed": [1, 2]})
+  with pytest.raises(ConfigError, match="clip"):
+    plan(base, {"clip": ["abc"]})
+  with pytest.raises(ConfigError, match="lambda"):  # an option out of range, refused by the build
+    sweep(base, {"lambda": ["-1"]}, load=lambda cfg: pytest.fail("loaded data"))
+  with pytest.raises(ConfigError, match="clip"):  # DP-RSA reads no clip
+    sweep(_base(algorithm="dp-rsa-f"), {"clip": ["0.1"]})
