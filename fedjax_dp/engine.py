@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dp import outputs
 from fedjax_dp.errors import check, check_choice
 from fedjax_dp.jsonio import dumps
 
@@ -328,8 +329,7 @@ class _Log:
     self.out_dir = pathlib.Path(experiment.output_dir) if experiment.output_dir else None
     self.file = None
     if self.out_dir is not None:
-      self.out_dir.mkdir(parents=True, exist_ok=True)
-      self.file = open(self.out_dir / "metrics.jsonl", "w")
+      self.file = outputs.MetricsFile(self.out_dir)
 
   def round(self, r: int, metrics: dict, cohort, evaluation, seconds: float) -> dict:
     released, diag = summarize_round(metrics, self.clip, self.released_metrics)
@@ -399,7 +399,8 @@ class _Log:
           "capacity_grew": int(getattr(e.sampler, "capacity_grew", 0)),
       }
     if self.out_dir is not None:
-      (self.out_dir / "summary.json").write_text(dumps(summary, indent=2, default=str) + "\n")
+      outputs.write_text_atomic(self.out_dir / "summary.json",
+                                dumps(summary, indent=2, default=str) + "\n")
     return RunResult(self.history, summary, state)
 
 

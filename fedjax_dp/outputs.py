@@ -1,0 +1,119 @@
+"""Output folders: checked before anything runs, written so that nothing already there is lost.
+
+* :func:`check_output_dir` refuses, with one :class:`ConfigError` naming
+  ``output_dir``, a path that is a file, that cannot be created (a parent is a
+  file) or where no file can be written (``/proc``, ``/sys``, read-only), and,
+  unless overwriting, a folder that holds an earlier result.
+* :class:`MetricsFile` creates ``metrics.jsonl`` only when the first round's
+  record is written, and removes the earlier run's files at that moment: a run
+  that stops before its first round leaves the folder as it was, and an
+  interrupted overwrite never leaves an old ``summary.json`` beside new rows.
+* :func:`write_text_atomic` writes a temporary file in the same folder and
+  renames it over the target, so a reader (or a crash) never sees half a
+  ``summary.json`` or ``results.json``.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import tempfile
+from typing import Sequence
+
+from fedjax_dp.errors import ConfigError, check
+
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+RUN_FILES = (METRICS, SUMMARY)  # everything a run writes
+
+
+def _nearest_existing(path: pathlib.Path) -> pathlib.Path:
+  return next(p for p in (path, *path.parents) if os.path.lexists(p))
+
+
+def check_writable(path) -> pathlib.Path:
+  """``path`` as a folder that exists or can be created, and in which a file can be written.
+
+  Nothing is created: the check writes and removes a probe file in the
+  nearest folder that exists.
+  """
+  out = pathlib.Path(path)
+  check(str(path).strip() != "", "output_dir", str(path),
+        "must name a folder (an empty path would write into the current folder)")
+  existing = _nearest_existing(out.absolute())
+  if existing == out.absolute():
+    check(out.is_dir(), "output_dir", str(out), "is a file, not a folder")
+  else:
+    check(existing.is_dir(), "output_dir", str(out),
+          f"cannot be created: {existing} is a file, not a folder")
+  try:
+    fd, probe = tempfile.mkstemp(dir=existing, prefix=".fedjax-dp-probe-")
+    os.close(fd)
+    os.unlink(probe)
+  except OSError as e:
+    raise ConfigError("output_dir", str(out),
+                      f"no file can be written in {existing} ({e.strerror or e})") from None
+  return out
+
+
+def holds_result(path: pathlib.Path) -> bool:
+  """Whether ``path`` is an earlier result (an empty file, e.g. a run stopped before its first
+  round by an older version, is not)."""
+  return os.path.lexists(path) and not (path.is_file() and path.stat().st_size == 0)
+
+
+def check_output_dir(path, *, overwrite: bool, results: Sequence[str] = RUN_FILES) -> pathlib.Path:
+  """:func:`check_writable`, and, unless ``overwrite``, no earlier result among ``results``."""
+  out = check_writable(path)
+  if not overwrite:
+    for name in results:
+      check(not holds_result(out / name), "output_dir", str(out),
+            f"already holds {name} from an earlier run: choose another directory or pass "
+            "--overwrite")
+  return out
+
+
+def remove(folder, names: Sequence[str]) -> None:
+  """Removes the files ``names`` of ``folder`` that exist."""
+  for name in names:
+    pathlib.Path(folder, name).unlink(missing_ok=True)
+
+
+def write_text_atomic(path, text: str) -> None:
+  """Writes ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``:
+  ``path`` holds either its old content or all of ``text``, never a part."""
+  path = pathlib.Path(path)
+  tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+  try:
+    tmp.write_text(text)
+    os.replace(tmp, path)
+  except BaseException:
+    tmp.unlink(missing_ok=True)
+    raise
+
+
+class MetricsFile:
+  """A run's ``metrics.jsonl``, opened when the first record is written.
+
+  At that moment the folder is created and the earlier run's files
+  (:data:`RUN_FILES`) are removed; before it nothing is touched.
+  """
+
+  def __init__(self, folder):
+    self.folder = check_writable(folder)
+    self._file = None
+
+  def write(self, text: str) -> None:
+    if self._file is None:
+      self.folder.mkdir(parents=True, exist_ok=True)
+      remove(self.folder, RUN_FILES)
+      self._file = open(self.folder / METRICS, "w")
+    self._file.write(text)
+
+  def flush(self) -> None:
+    if self._file is not None:
+      self._file.flush()
+
+  def close(self) -> None:
+    if self._file is not None:
+      self._file.close()
