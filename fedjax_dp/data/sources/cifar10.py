@@ -19,7 +19,7 @@ import numpy as np
 
 from fedjax_dp.data.sources import common
 from fedjax_dp.data.specs import DatasetSpec
-from fedjax_dp.errors import check
+from fedjax_dp.errors import ConfigError, check
 
 # Class folder names; their order gives the label ids 0..9 (CIFAR-10's own).
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog",
@@ -50,14 +50,13 @@ def decode_tar(path: pathlib.Path, max_n: Optional[int], seed: int,
     ``(x, y)``: ``uint8`` ``[N, *example_shape]`` sorted by class, then member
     name, and ``int32`` labels.
   """
-  from PIL import Image  # pylint: disable=g-import-not-at-top
-  with tarfile.open(path, "r:gz") as tar:
+  with common.reading(path), tarfile.open(path, "r:gz") as tar:
     members = []
     for m in tar.getmembers():
       parts = m.name.split("/")
       if m.isfile() and m.name.endswith(".jpg") and len(parts) >= 2:
-        check(parts[-2] in CLASSES, "cifar10_member", m.name,
-              f"class folder must be one of {list(CLASSES)}")
+        check(parts[-2] in CLASSES, "data_file", str(path),
+              f"member {m.name}'s class folder must be one of {list(CLASSES)}")
         members.append(m)
     members.sort(key=lambda m: (CLASSES.index(m.name.split("/")[-2]), m.name))
     labels = np.array([CLASSES.index(m.name.split("/")[-2]) for m in members],
@@ -68,9 +67,22 @@ def decode_tar(path: pathlib.Path, max_n: Optional[int], seed: int,
     pos = {m.offset_data: k for k, m in enumerate(chosen)}
     x = np.zeros((len(chosen),) + tuple(example_shape), dtype=np.uint8)
     for m in sorted(chosen, key=lambda m: m.offset_data):
-      with Image.open(io.BytesIO(tar.extractfile(m).read())) as img:
-        x[pos[m.offset_data]] = np.asarray(img.convert("RGB"))
+      x[pos[m.offset_data]] = _decode(path, m.name, tar.extractfile(m).read(), example_shape)
   return x, labels[pick]
+
+
+def _decode(path: pathlib.Path, name: str, blob: bytes, example_shape) -> np.ndarray:
+  """Member ``name`` of tarball ``path`` as an RGB array, checked to be a JPEG of the right size."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  h, w = example_shape[:2]
+  want = f"member {name} must be a {w}x{h} JPEG image"
+  try:
+    with Image.open(io.BytesIO(blob)) as img:
+      check(img.format == "JPEG" and img.size == (w, h), "data_file", str(path),
+            f"{want}, found a {img.size[0]}x{img.size[1]} {img.format}")
+      return np.asarray(img.convert("RGB"))
+  except OSError as e:  # not an image, or a truncated one
+    raise ConfigError("data_file", str(path), f"{want} ({e})") from None
 
 
 def _cached_split(spec: DatasetSpec, src: pathlib.Path, split: str,

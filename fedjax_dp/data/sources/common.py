@@ -7,12 +7,17 @@ labels integers, examples in source order.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pathlib
+import tarfile
+import zlib
 from typing import Optional
 
 import numpy as np
+
+from fedjax_dp.errors import ConfigError
 
 DATA_ENV = "FEDJAX_DP_DATA"
 CACHE_ENV = "FEDJAX_DP_CACHE"
@@ -36,6 +41,18 @@ class Request:
   max_train: Optional[int]
   max_test: Optional[int]
   seed: int
+
+@contextlib.contextmanager
+def reading(path):
+  """Turns a failure to read the data file ``path`` (truncated, a bad gzip CRC, not a tar
+  archive, unreadable) into a :class:`ConfigError` naming the file."""
+  try:
+    yield
+  except ConfigError:
+    raise
+  except (OSError, EOFError, zlib.error, tarfile.TarError) as e:
+    raise ConfigError("data_file", str(path),
+                      f"is damaged or truncated ({type(e).__name__}: {e})") from None
 
 # Stream of np.random.default_rng([seed, SUBSAMPLE_TAG]): the max_train /
 # max_test subsets, independent of the partition's stream.

@@ -8,12 +8,13 @@ uncompressed ``<name>``; the first folder holding all four wins.
 from __future__ import annotations
 
 import gzip
+import math
 import pathlib
 from typing import Optional
 
 import numpy as np
 
-from fedjax_dp.data.sources.common import Arrays, Request
+from fedjax_dp.data.sources.common import Arrays, Request, reading
 from fedjax_dp.data.specs import DatasetSpec
 from fedjax_dp.errors import check
 
@@ -32,22 +33,24 @@ def read_idx(path) -> np.ndarray:
     The array with the file's shape and dtype (native byte order).
   """
   path = pathlib.Path(path)
-  with open(path, "rb") as f:
-    compressed = f.read(2) == b"\x1f\x8b"
-  opener = gzip.open if compressed else open
-  with opener(path, "rb") as f:
-    data = f.read()
+  with reading(path):
+    with open(path, "rb") as f:
+      compressed = f.read(2) == b"\x1f\x8b"
+    opener = gzip.open if compressed else open
+    with opener(path, "rb") as f:
+      data = f.read()
   check(len(data) >= 4 and data[:2] == b"\x00\x00" and data[2] in _DTYPES,
-        "idx_file", str(path), "must be an IDX file (magic 0x0000<type><ndim>)")
+        "data_file", str(path), "must be an IDX file (magic 0x0000<type><ndim>)")
   ndim = data[3]
-  dims = np.frombuffer(data, dtype=">i4", count=ndim, offset=4)
-  dtype = np.dtype(_DTYPES[data[2]])
   offset = 4 + 4 * ndim
-  size = int(np.prod(dims)) if ndim else 1
-  check(len(data) - offset == size * dtype.itemsize, "idx_file", str(path),
-        f"payload size must match header dims {tuple(int(d) for d in dims)}")
+  check(len(data) >= offset, "data_file", str(path), f"is truncated: no room for {ndim} header dims")
+  dims = tuple(int(d) for d in np.frombuffer(data, dtype=">i4", count=ndim, offset=4))
+  dtype = np.dtype(_DTYPES[data[2]])
+  size = math.prod(dims)
+  check(min(dims, default=0) >= 0 and len(data) - offset == size * dtype.itemsize, "data_file",
+        str(path), f"payload size must match header dims {dims}")
   arr = np.frombuffer(data, dtype=dtype, count=size, offset=offset)
-  return arr.reshape(tuple(int(d) for d in dims)).astype(dtype.newbyteorder("="))
+  return arr.reshape(dims).astype(dtype.newbyteorder("="))
 
 
 def load_idx(images_path, labels_path) -> tuple[np.ndarray, np.ndarray]:
@@ -62,9 +65,20 @@ def load_idx(images_path, labels_path) -> tuple[np.ndarray, np.ndarray]:
     ``y`` as ``int32`` ``[N]``.
   """
   x = read_idx(images_path)
-  y = read_idx(labels_path).astype(np.int32).reshape(-1)
-  check(x.shape[0] == y.shape[0], "labels_path", str(labels_path),
-        f"must hold {x.shape[0]} labels (one per image), found {y.shape[0]}")
+  y = read_idx(labels_path)
+  check(y.ndim == 1 and x.ndim >= 1 and x.shape[0] == y.shape[0], "data_file", str(labels_path),
+        f"must hold one label per image of {images_path} ({x.shape[:1]}), found shape {y.shape}")
+  return x, y.astype(np.int32)
+
+
+def _checked(spec: DatasetSpec, images_path, labels_path) -> tuple[np.ndarray, np.ndarray]:
+  """:func:`load_idx`, with the images' shape and the labels' range checked against ``spec``."""
+  x, y = load_idx(images_path, labels_path)
+  check(x.shape[1:] == spec.example_shape[:2], "data_file", str(images_path),
+        f"must hold {spec.name} images of shape {spec.example_shape[:2]}, found {x.shape[1:]}")
+  if y.size:
+    check(0 <= y.min() and y.max() < spec.num_classes, "data_file", str(labels_path),
+          f"must hold {spec.name} labels in [0, {spec.num_classes}), found {y.min()}..{y.max()}")
   return x, y
 
 
@@ -91,8 +105,8 @@ def load(spec: DatasetSpec, request: Request) -> Optional[Arrays]:
   for d in spec.search_dirs(request.data_dir):
     found = [_find_file(d, f) for f in spec.files]
     if all(found):
-      tx, ty = load_idx(found[0], found[1])
-      ex, ey = load_idx(found[2], found[3])
+      tx, ty = _checked(spec, found[0], found[1])
+      ex, ey = _checked(spec, found[2], found[3])
       if spec.transposed:
         tx, ex = tx.transpose(0, 2, 1), ex.transpose(0, 2, 1)
       return tx[..., None], ty, ex[..., None], ey
