@@ -1,7 +1,9 @@
-"""Command line: ``fedjax-dp run | privacy | reproduce``.
+"""Command line: ``fedjax-dp run | sweep | privacy | reproduce | algorithms``.
 
-Invalid input exits with status 2 and one line naming the field, the value and
-what is allowed, before anything is compiled or written.
+Exit status: 0 done; 2 invalid input (one line naming the field, the value and
+what is allowed, before anything is compiled or written); 3 ``run`` finished
+but diverged (a non-finite test loss); 130 interrupted (Ctrl-C), with one line
+saying what was kept.
 """
 
 from __future__ import annotations
@@ -14,35 +16,62 @@ import sys
 import time
 from typing import Optional, Sequence
 
+from fedjax_dp import audit
 from fedjax_dp.errors import ConfigError, check
+
+EXIT_INVALID, EXIT_DIVERGED, EXIT_INTERRUPTED = 2, 3, 130
 
 
 class _Parser(argparse.ArgumentParser):
   """argparse that reports usage errors as ConfigError (one line, exit 2)."""
 
   def error(self, message):
-    raise ConfigError("arguments", " ".join(sys.argv[1:]), message)
+    raise ConfigError("arguments", self.prog, message)
 
 
 def _add_run(sub):
-  from fedjax_dp.config import RunConfig, field_types
   p = sub.add_parser("run", help="run one simulation (no arguments: the offline quickstart)")
-  p.add_argument("--config", help="JSON file with RunConfig fields")
   p.add_argument("--output-dir", default="runs/quickstart", help="where metrics.jsonl and summary.json go")
   p.add_argument("--overwrite", action="store_true", help="replace an earlier run's files in --output-dir")
-  p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                 help="algorithm option (repeatable), e.g. --set lambda=0.4")
   p.add_argument("--no-progress", action="store_true")
   p.add_argument("--release", default="all", choices=("all", "private"),
                  help="all (default): also write raw diagnostics (realized cohort sizes, client losses, "
                  "pre-clip norms, timings) under 'diagnostics'; private: write only what the privacy "
                  "guarantee covers and what is public by design")
+  _add_config_flags(p)
+
+
+def _add_config_flags(p):
+  """``--config``, ``--set`` and one flag per :class:`RunConfig` field (run and sweep)."""
+  from fedjax_dp.config import RunConfig, field_types
+  p.add_argument("--config", help="JSON file with RunConfig fields")
+  p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                 help="algorithm option (repeatable), e.g. --set lambda=0.4")
   types = field_types()
   for f in dataclasses.fields(RunConfig):
     if f.name == "options":
       continue
     p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None,
                    metavar=types[f.name].__name__.upper(), help=f.metadata.get("help"))
+
+
+def _add_sweep(sub):
+  p = sub.add_parser("sweep", help="run a grid of settings x seeds, each group of experiments that "
+                     "share one compiled round as one vmapped program; the base configuration comes "
+                     "from the same flags as run (none: the quickstart)")
+  p.add_argument("--grid", required=True, metavar="'NAME=V1,V2 ...'",
+                 help="the grid: axes separated by spaces, values by commas; a name is a run flag "
+                 "(clip, target_epsilon, noise_multiplier, local_steps, ...) or a --set option "
+                 "(lambda, sparsity, ...), e.g. 'clip=0.1,0.3 lambda=0.1,0.4'")
+  p.add_argument("--seeds", type=int, default=1, help="seeds per grid point (default 1): the "
+                 "configuration's seed, seed + 1, ...")
+  p.add_argument("--output-dir", required=True, help="where results.json and each experiment's "
+                 "experiments/NNN/{metrics.jsonl,summary.json} go")
+  p.add_argument("--overwrite", action="store_true", help="replace an earlier sweep's files")
+  p.add_argument("--no-progress", action="store_true", help="no progress bars")
+  p.add_argument("--release", default="all", choices=("all", "private"),
+                 help="as for run: private writes only what the guarantee covers")
+  _add_config_flags(p)
 
 
 def _add_privacy(sub):
@@ -100,6 +129,8 @@ def _add_reproduce(sub):
   p.add_argument("paper", help=f"one of {sorted(REPRODUCTIONS)}")
   p.add_argument("--scale", default="small")
   p.add_argument("--output-dir", required=True)
+  p.add_argument("--overwrite", action="store_true",
+                 help="replace an earlier reproduction's results in --output-dir")
   p.add_argument("--data-dir")
   p.add_argument("--seeds", type=int)
 
@@ -129,7 +160,9 @@ def _refuse_unused(config, given) -> None:
           f"reads {sorted(USES[config.algorithm]) or 'none'})")
 
 
-def _cmd_run(args) -> int:
+def _config_from_args(args):
+  """The :class:`RunConfig` of ``--config``, the field flags and ``--set``; a setting given that
+  the algorithm does not read is refused."""
   from fedjax_dp.config import field_types, load_config_file, make_config, parse_value
   base = load_config_file(args.config) if args.config else {}
   types = field_types()
@@ -147,39 +180,61 @@ def _cmd_run(args) -> int:
   given = set(base) | {k for k, v in overrides.items() if v is not None}
   config = make_config(base, options=options, **overrides)
   _refuse_unused(config, given)
-  check(args.output_dir.strip() != "", "output_dir", args.output_dir,
-        "must name a folder (an empty path would write into the current folder)")
-  out = pathlib.Path(args.output_dir)
-  if not args.overwrite:
-    for name in ("metrics.jsonl", "summary.json"):
-      check(not (out / name).exists(), "output_dir", str(out),
-            f"already holds {name} from an earlier run: choose another directory or pass --overwrite")
+  return config
+
+
+def _warn_noise(z, why: str) -> None:
+  """One line on stderr when a noise multiplier is so large that the model cannot learn."""
+  from fedjax_dp.config import NOISE_WARNING
+  if z is not None and z > NOISE_WARNING:
+    print(f"fedjax-dp: warning: noise_multiplier={z:.4g} ({why}) is above {NOISE_WARNING:g}: the "
+          "noise drowns every update; a larger target epsilon, more clients per round or fewer "
+          "rounds need less", file=sys.stderr)
+
+
+def _cmd_run(args) -> int:
+  from fedjax_dp.outputs import METRICS, SUMMARY, check_output_dir
+  config = _config_from_args(args)
+  out = check_output_dir(args.output_dir, overwrite=args.overwrite)
   from fedjax_dp.experiment import load_data, simulate
-  data = load_data(config)
+  rounds = []
   t0 = time.perf_counter()
-  result = simulate(config, data, output_dir=str(out), progress=not args.no_progress,
-                    release=args.release)
+  try:
+    data = load_data(config)
+    result = simulate(config, data, output_dir=str(out), progress=not args.no_progress,
+                      release=args.release, on_round=rounds.append)
+  except KeyboardInterrupt:
+    kept = (f"{len(rounds)} rounds kept in {out / METRICS}, no {SUMMARY}; rerun with --overwrite "
+            "to start again" if rounds else f"before the first round: {out} is as it was")
+    print(f"fedjax-dp: interrupted {kept}", file=sys.stderr)
+    return EXIT_INTERRUPTED
   seconds = time.perf_counter() - t0
   s = result.summary
   eps = s.get("epsilon")
   eps_text = (f"epsilon={eps:.3f} at delta={s['delta']:g}" if eps is not None
               else f"no formal DP guarantee ({s.get('guarantee_note')})")
-  print(f"final test accuracy={s['final_accuracy']:.4f}  {eps_text}  rounds={s['rounds']}  "
+  acc = s["final_accuracy"]
+  diverged = "diverged (non-finite test loss)  " if s["diverged"] else ""
+  _warn_noise(s.get("noise_multiplier"), f"calibrated for target_epsilon={config.target_epsilon:g}"
+              if config.target_epsilon is not None else "as given")
+  print(f"final test accuracy={acc:.4f}  {diverged}{eps_text}  rounds={s['rounds']}  "
         f"seconds={seconds:.1f}")
-  print(f"wrote {out / 'metrics.jsonl'} and {out / 'summary.json'}")
-  return 0
+  print(f"wrote {out / METRICS} and {out / SUMMARY}")
+  return EXIT_DIVERGED if s["diverged"] else 0
 
 
 def _cmd_privacy(args) -> int:
   """Prints one strict-JSON object: the epsilon of a mechanism, or the noise for a target epsilon."""
   import math
-  from fedjax_dp.config import check_finite
+  from fedjax_dp.config import check_finite, check_noise_multiplier
   from fedjax_dp.errors import check_choice, check_open_unit
   from fedjax_dp.jsonio import dumps
   from fedjax_dp.privacy import ACCOUNTANTS, GaussianSumMechanism, calibrate_noise_multiplier, epsilon_for
+  from fedjax_dp.privacy.ledger import check_supported
   for name in ("keep_prob", "sampling_prob", "noise_multiplier", "target_epsilon", "delta"):
     # argparse's float() accepts "inf" and "nan": refused before any computation.
     check_finite(name, getattr(args, name))
+  check_noise_multiplier(args.noise_multiplier)
   check_choice("mechanism", args.mechanism, ("gaussian", "sign-flip"))
   check_choice("accountant", args.accountant, ACCOUNTANTS)
   if args.mechanism == "sign-flip":
@@ -200,11 +255,13 @@ def _cmd_privacy(args) -> int:
   if args.target_epsilon is not None:
     z = calibrate_noise_multiplier(args.target_epsilon, args.delta, args.rounds, accountant=args.accountant, **common)
     out.update(target_epsilon=args.target_epsilon, noise_multiplier=z)
+    _warn_noise(z, f"calibrated for target_epsilon={args.target_epsilon:g}")
   else:
     z = args.noise_multiplier
     out["noise_multiplier"] = z
   mech = GaussianSumMechanism(1.0, z, **common)
   event = mech.round_event()
+  check_supported(event, args.accountant, mech.relation)
   eps = epsilon_for(event, args.rounds, args.delta, args.accountant, mech.relation)
   out["epsilon"] = eps  # written as null with "epsilon_nonfinite" beside it when infinite
   out["formal_guarantee"] = math.isfinite(eps)
@@ -219,8 +276,34 @@ def _cmd_privacy(args) -> int:
   return 0
 
 
+def _cmd_sweep(args) -> int:
+  from fedjax_dp.sweep import parse_grid, plan, sweep
+  config = _config_from_args(args)
+  grid = parse_grid(args.grid)
+  plan(config, grid, args.seeds)  # refuses bad axes and values before the folder is touched
+  out = pathlib.Path(args.output_dir)
+  result = sweep(config, grid, args.seeds, output_dir=str(out), overwrite=args.overwrite,
+                 progress=not args.no_progress, release=args.release,
+                 log=lambda line: print(line, file=sys.stderr))
+  for row in result.rows:
+    values = " ".join(f"{k}={row[k]}" for k in grid)
+    eps = row["epsilon"]
+    print(f"{values}: accuracy={row['accuracy_mean']:.4f} ± {row['accuracy_std']:.4f} "
+          f"({row['seeds']} seeds)  epsilon={'none' if eps is None else format(eps, '.3f')}")
+  print(f"{len(result.experiments)} experiments in {len(result.groups)} compiled programs, "
+        f"{result.seconds:.1f}s; wrote {out / 'results.json'}")
+  return 0
+
+
 def _cmd_reproduce(args) -> int:
-  from fedjax_dp.reproduce import run_reproduction
+  from fedjax_dp.outputs import check_output_dir, remove
+  from fedjax_dp.reproduce import REPRODUCTIONS, run_reproduction
+  from fedjax_dp.reproduce.runner import RESULT_FILES
+  from fedjax_dp.errors import check_choice
+  check_choice("paper", args.paper, sorted(REPRODUCTIONS))
+  out = check_output_dir(args.output_dir, overwrite=args.overwrite, results=RESULT_FILES)
+  if args.overwrite:
+    remove(out, RESULT_FILES)
   return run_reproduction(args.paper, scale=args.scale, output_dir=args.output_dir,
                           data_dir=args.data_dir, seeds=args.seeds)
 
@@ -231,18 +314,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = _Parser(prog="fedjax-dp", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     _add_run(sub)
+    _add_sweep(sub)
     _add_privacy(sub)
     _add_reproduce(sub)
     _add_algorithms(sub)
+    audit.add_parser(sub)
     if not argv:
       argv = ["run"]
     args = parser.parse_args(argv)
-    cmd = {"run": _cmd_run, "privacy": _cmd_privacy, "reproduce": _cmd_reproduce,
-           "algorithms": _cmd_algorithms}[args.command]
+    cmd = {"run": _cmd_run, "sweep": _cmd_sweep, "privacy": _cmd_privacy, "reproduce": _cmd_reproduce,
+           "algorithms": _cmd_algorithms, "audit": audit.command}[args.command]
     return cmd(args)
   except ConfigError as e:
-    print(f"fedjax-dp: error: {e}", file=sys.stderr)
-    return 2
+    print(f"fedjax-dp: error: {e}".replace("\n", "\\n"), file=sys.stderr)  # one line, always
+    return EXIT_INVALID
+  except KeyboardInterrupt:
+    print("fedjax-dp: interrupted", file=sys.stderr)
+    return EXIT_INTERRUPTED
   except BrokenPipeError:  # the reader (e.g. `| head`) closed the pipe: nothing left to say
     sys.stderr.close()
     return 0

@@ -1,0 +1,562 @@
+"""Empirical privacy audits: a lower bound on epsilon from releases on neighbouring inputs.
+
+``fedjax-dp audit --mechanism NAME`` runs one round (one local step for the
+DP-SGD family) of a mechanism many times, vmapped, on two neighbouring inputs
+under the relation its ledger claims, and turns the error rates of the best
+threshold test between them into a lower bound on epsilon (Jagielski, Ullman
+and Oprea, "Auditing Differentially Private Machine Learning: How Private is
+Private SGD?", NeurIPS 2020; Nasr et al., S&P 2021 and USENIX Security 2023).
+
+Everything that runs is the library's: each audit builds the algorithm's
+:class:`fedjax_dp.algorithms.Setup` through its own builder (the real client
+piece with its transforms, the aggregator, the attack, DP-SGD's sampling and
+per-example clipping, the sign perturbations) from a small synthetic data set
+holding a worst-case canary, runs :func:`fedjax_dp.round.step` (or, for DP-RSA,
+the worker piece whose messages the master sees), and takes ``epsilon_claimed``
+from the Setup's own accounting after that one round.
+
+The test (:func:`epsilon_lower_bound`). The releases of each world are split
+in halves. On the first half the attacker learns a direction ``v`` (the
+difference of the two worlds' mean releases) and the best threshold on the
+statistic ``<release - midpoint, v>`` (either orientation); on the second half
+that one test's false positive and false negative rates get Clopper-Pearson
+upper bounds, each one-sided at ``(1 - confidence) / 2`` so both hold together
+with probability ``confidence``. Then
+``epsilon >= max(log((1 - delta - FNR_u) / FPR_u), log((1 - delta - FPR_u) / FNR_u))``
+(an (epsilon, delta)-DP mechanism has ``FPR e^eps + delta >= 1 - FNR`` for
+every test). Selecting on one half and bounding on the other needs no
+correction for multiple testing.
+
+A lower bound is evidence, not proof: a mechanism whose bound stays below its
+claim is not shown private, while a bound above the claim (exit status 1)
+shows that the claim is false for the code that ran (at the stated confidence).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Callable, Optional
+
+import numpy as np
+
+from fedjax_dp.errors import ConfigError, check, check_choice
+
+DELTA = 1e-5
+SCALES = (1.0, 10.0, 100.0)
+CANARY = 50.0      # the canary's feature value: its gradient is far above every clip bound
+DIM = 2            # inputs: feature 0 is the canary's alone (0 for every other example)
+
+
+# ----------------------------------------------------------------------------------------------
+# The test: Clopper-Pearson bounds on a threshold test's error rates.
+
+def clopper_pearson_upper(errors, n: int, alpha: float) -> np.ndarray:
+  """One-sided upper confidence bound, level ``1 - alpha``, on a rate of ``errors`` in ``n``."""
+  from scipy.stats import beta
+  k = np.asarray(errors, np.float64)
+  safe = np.minimum(k, n - 1)
+  return np.where(k >= n, 1.0, beta.ppf(1.0 - alpha, safe + 1.0, n - safe))
+
+
+def _epsilons(s0: np.ndarray, s1: np.ndarray, thresholds: np.ndarray, delta: float, alpha: float):
+  """For each threshold t of the test "world 1 iff s > t": ``(eps bound, fpr_u, fnr_u, fp, fn)``."""
+  n0, n1 = len(s0), len(s1)
+  fp = n0 - np.searchsorted(np.sort(s0), thresholds, side="right")
+  fn = np.searchsorted(np.sort(s1), thresholds, side="right")
+  fpr_u = clopper_pearson_upper(fp, n0, alpha / 2)
+  fnr_u = clopper_pearson_upper(fn, n1, alpha / 2)
+  with np.errstate(divide="ignore", invalid="ignore"):
+    a = np.log(np.maximum(1.0 - delta - fnr_u, 0.0) / fpr_u)
+    b = np.log(np.maximum(1.0 - delta - fpr_u, 0.0) / fnr_u)
+  return np.maximum(a, b), fpr_u, fnr_u, fp, fn
+
+
+def epsilon_lower_bound(r0: np.ndarray, r1: np.ndarray, delta: float, confidence: float,
+                        coords: Optional[np.ndarray] = None) -> dict:
+  """Lower bound on epsilon from releases ``r0``, ``r1`` (``[trials, d]``) of two neighbours.
+
+  See the module docstring: direction, midpoint, orientation and threshold are
+  chosen on the first half of each world's trials, the bound is computed on
+  the second half. ``coords`` (a ``[d]`` mask) restricts the direction to the
+  coordinates the canary was designed to reach (a Dirac canary's), which the
+  auditor knows in advance. Returns the bound (0 when no test beats guessing)
+  and the chosen test's counts.
+  """
+  r0 = np.asarray(r0, np.float64).reshape(len(r0), -1)
+  r1 = np.asarray(r1, np.float64).reshape(len(r1), -1)
+  if coords is not None:
+    r0, r1 = r0[:, coords], r1[:, coords]
+  h = len(r0) // 2
+  alpha = 1.0 - confidence
+  m0, m1 = r0[:h].mean(0), r1[:h].mean(0)
+  v, mid = m1 - m0, (m0 + m1) / 2
+  best = None
+  for sign in (1.0, -1.0):
+    s0, s1 = sign * ((r0 - mid) @ v), sign * ((r1 - mid) @ v)
+    cand = np.concatenate([[-np.inf], np.unique(np.concatenate([s0[:h], s1[:h]]))])
+    eps, *_ = _epsilons(s0[:h], s1[:h], cand, delta, alpha)
+    i = int(np.nanargmax(np.where(np.isfinite(eps), eps, -np.inf)))
+    if best is None or eps[i] > best[0]:
+      best = (eps[i], sign, cand[i], s0[h:], s1[h:])
+  _, sign, t, e0, e1 = best
+  eps, fpr_u, fnr_u, fp, fn = (x[0] for x in _epsilons(e0, e1, np.array([t]), delta, alpha))
+  # The largest bound these trial counts can show (a test without errors).
+  cap, *_ = _epsilons(np.zeros(len(e0)), np.ones(len(e1)), np.array([0.5]), delta, alpha)
+  return {"epsilon_lower_bound": max(0.0, float(eps)) if np.isfinite(eps) else 0.0,
+          "max_lower_bound_at_trials": float(cap[0]),
+          "test": {"orientation": "above" if sign > 0 else "below", "threshold": float(t),
+                   "false_positives": int(fp), "false_negatives": int(fn),
+                   "evaluated_per_world": [len(e0), len(e1)],
+                   "fpr_upper": float(fpr_u), "fnr_upper": float(fnr_u)}}
+
+
+# ----------------------------------------------------------------------------------------------
+# The synthetic federation holding the canary.
+
+def linear_model():
+  """Softmax regression on ``DIM`` features, 2 classes (6 parameters)."""
+  from fedjax_dp.models import Model
+  from fedjax_dp.models.zoo import MLP
+  return Model("audit_linear", MLP(2, hidden=()), (DIM,), 2)
+
+
+def federation(num_clients: int, examples: int, seed: int, special=None, alone: bool = False):
+  """Benign clients (feature 0 is 0, feature 1 ~ N(0, 1), random labels), ``examples`` each.
+
+  ``special = (client, x0, label)``: example 0 of ``client`` becomes ``(x0, 0)`` with
+  ``label`` (the canary, an anti-canary, or a zero example); with ``alone`` that
+  client holds just that example.
+  """
+  from fedjax_dp.data import FederatedData
+  rng = np.random.default_rng([seed, 0xA0D1])
+  x = np.zeros((num_clients, examples, DIM), np.float32)
+  x[..., 1] = rng.normal(size=(num_clients, examples))
+  y = rng.integers(0, 2, size=(num_clients, examples)).astype(np.int32)
+  counts = np.full(num_clients, examples, np.int32)
+  if special is not None:
+    client, x0, label = special
+    x[client, 0] = (x0, 0.0)
+    y[client, 0] = label
+    if alone:
+      counts[client] = 1
+  return FederatedData("audit", x, y, counts, x[0, :1], y[0, :1], 2)
+
+
+def _config(**fields):
+  from fedjax_dp.config import make_config
+  base = dict(model=linear_model(), rounds=1, delta=DELTA, target_epsilon=None, client_lr=1.0,
+              server_lr=1.0, local_steps=1, batch_size=1, eval_every=1)
+  return make_config(base, **fields)
+
+
+def _zero_state(rnd, hp):
+  import jax
+  import jax.numpy as jnp
+  state = rnd.init(jax.random.PRNGKey(0), hp)
+  return state._replace(params=jax.tree_util.tree_map(jnp.zeros_like, state.params))
+
+
+def _flat(tree):
+  import jax
+  import jax.numpy as jnp
+  return jnp.concatenate([jnp.ravel(t) for t in jax.tree_util.tree_leaves(tree)])
+
+
+def _round_releases(setup, data, hp, ids, mask, key, trials: int, state=None):
+  """The new global model after one :func:`fedjax_dp.round.step` per trial (``[trials, d]``).
+
+  ``ids``, ``mask``: ``[trials, C]`` cohorts.
+  """
+  import jax
+  import jax.numpy as jnp
+  from fedjax_dp.round import CohortBatch, step
+  rnd = setup.program
+  state = _zero_state(rnd, hp) if state is None else state
+  x, y, c = (jnp.asarray(a) for a in (data.x, data.y, data.counts))
+
+  def one(k, i, m):
+    new, _ = step(rnd, state, hp, CohortBatch(x[i], y[i], c[i], i, m), k)
+    return _flat(new.params)
+
+  keys = jax.random.split(key, trials)
+  return np.asarray(jax.jit(jax.vmap(one))(keys, jnp.asarray(ids), jnp.asarray(mask)))
+
+
+def _canary_coords(setup, hp) -> np.ndarray:
+  """The model coordinates only the canary's feature reaches (its row of the kernel)."""
+  import jax
+  params = _zero_state(setup.program, hp).params
+  marked = jax.tree_util.tree_map_with_path(
+      lambda path, p: p.at[0].set(1.0) if getattr(path[-1], "key", None) == "kernel" else p, params)
+  return np.asarray(_flat(marked)) > 0
+
+
+def _cohorts(sampler, trials: int):
+  cs = [sampler.sample() for _ in range(trials)]
+  return np.stack([c.ids for c in cs]), np.stack([c.mask for c in cs])
+
+
+def _claim(setup, cohort) -> dict:
+  """The setup's own accounting after one round with ``cohort``."""
+  setup.accounting.on_round(cohort)
+  rep = setup.accounting.report()
+  keep = ("epsilon", "delta", "accountant", "formal_guarantee", "privacy_unit",
+          "neighbouring_relation", "guarantee_note", "dp_event", "epsilon_exact_check")
+  return {k: rep[k] for k in keep if k in rep}
+
+
+def _hp(setup, key: str, factor: float) -> dict:
+  """The setup's hparams with ``hp[key]`` multiplied by ``factor`` (what the release runs with)."""
+  hp = dict(setup.hparams)
+  hp[key] = np.asarray(hp[key] * factor, hp[key].dtype)
+  return hp
+
+
+# ----------------------------------------------------------------------------------------------
+# The audits. Each ``run(trials, key, factor, scale) -> (r0, r1, claim)``.
+
+NUM_USERS = 8  # the population of the user-level audits (the canary is the last client)
+
+
+def _user_level(algorithm: str, sampling: str, options=None):
+  """DP-FedAvg family: the round's noisy mean of clipped updates, one round.
+
+  Poisson (add/remove): world 1 has the canary client, world 0 has not (its slot
+  never joins; the population size and the public denominator ``qN`` are kept).
+  Fixed cohorts (replace-one): the canary is replaced by the anti-canary (the same
+  example with the other label, whose update is the canary's negated).
+  """
+  def run(trials, key, factor, scale):
+    import jax
+    cfg = dict(algorithm=algorithm, num_clients=NUM_USERS, sampling=sampling, clip=1.0,
+               noise_multiplier=1.5 if sampling == "poisson" else 3.0, options=options or {})
+    cfg.update(sampling_prob=0.5) if sampling == "poisson" else cfg.update(cohort_size=4)
+    canary = NUM_USERS - 1
+    out = []
+    for world in (0, 1):
+      label = 0 if world else 1
+      data = federation(NUM_USERS, 4, 0, (canary, CANARY * scale, label), alone=True)
+      setup = _build(_config(**cfg, seed=world), data)
+      ids, mask = _cohorts(setup.sampler, trials)
+      if sampling == "poisson" and world == 0:
+        mask = np.where(ids == canary, 0.0, mask).astype(np.float32)
+      hp = _hp(setup, "noise_multiplier", factor)
+      out.append(_round_releases(setup, data, hp, ids, mask, jax.random.fold_in(key, world), trials))
+    from fedjax_dp.sampling import Cohort
+    claim = _claim(setup, Cohort(np.arange(NUM_USERS, dtype=np.int32), np.ones(NUM_USERS, np.float32)))
+    return out[0], out[1], claim, _canary_coords(setup, hp)
+  return run
+
+
+def _build(config, data):
+  from fedjax_dp.algorithms import build
+  return build(config, data)
+
+
+def _example_level(algorithm: str, example_sampling: str, cls: Optional[str] = None):
+  """DP-SGD family: one client's upload after one local DP-SGD step (replace one example).
+
+  Two clients (one per SP-FL privacy class); the audited client (of class
+  ``cls``) is the cohort. Its example 0 is the canary in world 1 and the
+  anti-canary in world 0 (published SP-FL: a zero example, since its low class
+  scales the noise by the batch's own norms); the other 63 are benign.
+  """
+  def run(trials, key, factor, scale):
+    import jax
+    from fedjax_dp.sampling import Cohort
+    options = {"example_sampling": example_sampling}
+    if cls is not None:
+      options["high_fraction"] = 0.5
+    cfg = dict(algorithm=algorithm, num_clients=2, sampling="fixed", cohort_size=1, clip=1.0,
+               noise_multiplier=2.0 if example_sampling == "poisson" else 3.0, batch_size=32,
+               weighting="uniform", options=options,
+               accountant="pld" if example_sampling == "poisson" else "rdp")
+    setup = _build(_config(**cfg), federation(2, 64, 0))
+    client = int(np.flatnonzero(np.asarray(setup.hparams["client_class"]) ==
+                                (1 if cls == "low" else 0))[0])
+    zero = algorithm == "spfl"
+    noise_key = "z_grad" if cls == "high" and not zero else "sigma"
+    out = []
+    for world in (0, 1):
+      special = (client, CANARY * scale if (world or not zero) else 0.0, 0 if world else 1)
+      data = federation(2, 64, 0, special)
+      setup = _build(_config(**cfg), data)
+      ids = np.full((trials, 1), client, np.int32)
+      mask = np.ones((trials, 1), np.float32)
+      hp = _hp(setup, noise_key, factor)
+      out.append(_round_releases(setup, data, hp, ids, mask, jax.random.fold_in(key, world), trials))
+    claim = _claim(setup, Cohort(np.array([client], np.int32), np.ones(1, np.float32)))
+    eps = setup.accounting.client_epsilon(client)
+    claim.update(epsilon=eps, formal_guarantee=eps is not None)
+    claim["class"] = "all" if cls is None else cls
+    return out[0], out[1], claim, _canary_coords(setup, hp)
+  return run
+
+
+def _sign(variant: str, options: dict, perturb_key: str, flip: bool):
+  """DP-RSA: the messages one worker sends in one iteration (replace the worker's data set).
+
+  The worker's model ``x_k``, which its data set determines, is ``x_0 + scale`` in
+  every coordinate in world 0 and ``x_0 - scale`` in world 1 (``x_0 = 0``): every
+  sign of ``u = x_0 - x_k`` differs. ``flip``: the factor scales the flip
+  probability ``1 - keep_prob`` (else it scales ``hp[perturb_key]``).
+  """
+  def run(trials, key, factor, scale):
+    import jax
+    import jax.numpy as jnp
+    from fedjax_dp.sampling import Cohort
+    cfg = dict(algorithm=variant, num_clients=1, sampling="fixed", cohort_size=1, options=options)
+    data = federation(1, 4, 0)
+    setup = _build(_config(**cfg), data)
+    rnd, hp = setup.program, dict(setup.hparams)
+    if flip:
+      hp[perturb_key] = np.float32(1.0 - (1.0 - hp[perturb_key]) * factor)
+    else:
+      hp = _hp(setup, perturb_key, factor)
+    state = _zero_state(rnd, hp)
+    worker = rnd.client(hp)
+    x, y, c = (jnp.asarray(a[0]) for a in (data.x, data.y, data.counts))
+
+    def one(k, row):
+      return _flat(worker(state.params, x, y, c, row, (), k).upload)
+
+    out = []
+    for world in (0, 1):
+      s = scale if world == 0 else -scale
+      row = jax.tree_util.tree_map(lambda p: p + s, state.params)
+      keys = jax.random.split(jax.random.fold_in(key, world), trials)
+      out.append(np.asarray(jax.jit(jax.vmap(one, in_axes=(0, None)))(keys, row)))
+    claim = _claim(setup, Cohort(np.zeros(1, np.int32), np.ones(1, np.float32)))
+    return out[0], out[1], claim, None
+  return run
+
+
+def _omniscient(trials, key, factor, scale):
+  """DP-RSA(F) with one Byzantine worker running IPM on the regular workers' raw models.
+
+  Release: every message the master receives in one iteration (the regular
+  workers' perturbed signs and the attacker's), composed from the round's own
+  pieces as :func:`fedjax_dp.round.step` does before aggregating. Four regular
+  workers, one Byzantine; worker 0's model is ``-/+ scale`` in every coordinate
+  (worlds 0/1), the other workers' models are fixed N(0, 1) draws.
+  """
+  import jax
+  import jax.numpy as jnp
+  from fedjax_dp import attacks
+  from fedjax_dp.round import SALT_ATTACK, client_keys, mask_rows
+  from fedjax_dp.sampling import Cohort
+  K = 5
+  cfg = dict(algorithm="dp-rsa-f", num_clients=K, sampling="fixed", cohort_size=K, byzantine=1,
+             attack="ipm", attacker_knowledge="omniscient",
+             options={"keep_prob": 0.6, "ipm_epsilon": 1.0})
+  data = federation(K, 4, 0)
+  setup = _build(_config(**cfg), data)
+  rnd, hp = setup.program, dict(setup.hparams)
+  hp["keep_prob"] = np.float32(1.0 - (1.0 - hp["keep_prob"]) * factor)
+  state = _zero_state(rnd, hp)
+  rng = np.random.default_rng(0xA0D2)
+  others = jax.tree_util.tree_map(lambda r: jnp.asarray(rng.normal(size=r.shape), jnp.float32),
+                                  state.rows)
+  ids = jnp.arange(K, dtype=jnp.int32)
+  mask = jnp.ones((K,), jnp.float32)
+  x, y, c = (jnp.asarray(a) for a in (data.x, data.y, data.counts))
+  byz = attacks.byzantine_mask(ids, K, hp["byzantine"])
+
+  def one(k, rows):
+    k_clients, k_agg = jax.random.split(k)
+    out = jax.vmap(rnd.client(hp), in_axes=(None, 0, 0, 0, 0, None, 0))(
+        state.params, x, y, c, rows, (), client_keys(k_clients, ids))
+    sent = rnd.attack_step(rnd, state, out, mask_rows(out.upload, mask), byz, mask, hp,
+                           jax.random.fold_in(k_agg, SALT_ATTACK))
+    return _flat(sent)
+
+  out = []
+  for world in (0, 1):
+    s = -scale if world == 0 else scale
+    rows = jax.tree_util.tree_map(lambda o: o.at[0].set(s), others)
+    keys = jax.random.split(jax.random.fold_in(key, world), trials)
+    out.append(np.asarray(jax.jit(jax.vmap(one, in_axes=(0, None)))(keys, rows)))
+  claim = _claim(setup, Cohort(np.arange(K, dtype=np.int32), np.ones(K, np.float32)))
+  return out[0], out[1], claim, None
+
+
+@dataclasses.dataclass(frozen=True)
+class Audit:
+  """One audited mechanism: what its two neighbours are and how it is run.
+
+  Attributes:
+    run: ``(trials, key, noise_factor, scale) -> (releases0, releases1, claim)``.
+    covers: the relation, the number of rounds/steps and the canary, in words.
+    formal: whether the library claims a guarantee (False: audited over ``--scales``).
+    trials: the default number of releases per neighbour.
+  """
+
+  run: Callable
+  covers: str
+  formal: bool = True
+  trials: int = 4000
+
+
+_FEDAVG = ("user-level, one round, population 8 (4 examples each), clip 1; canary: one client "
+           "whose single example (50 on a feature no other client has) moves its update far past "
+           "the clip")
+_DPSGD = ("example-level, replace one example, one client, one local DP-SGD step (64 examples, "
+          "batch 32), clip 1; canary: an example (50 on a feature no other "
+          "example has) replaced by the same example with the other label")
+_SIGN = ("worker-level, replace one worker's data set, one iteration, 6 coordinates; the worker's "
+         "model x_k is x_0 - 1 in world 1 and x_0 + 1 in world 0 (every sign differs)")
+AUDITS = {
+    "dp_fedavg-poisson": Audit(_user_level("dp_fedavg", "poisson"),
+                               _FEDAVG + "; add/remove the canary client under Poisson sampling "
+                               "(q = 0.5), noise multiplier 1.5"),
+    "dp_fedavg-fixed": Audit(_user_level("dp_fedavg", "fixed"),
+                             _FEDAVG + "; replace the canary client by its anti-canary (the other "
+                             "label), cohorts of 4 without replacement, noise multiplier 3"),
+    "blur+lus": Audit(_user_level("blur+lus", "poisson"),
+                      _FEDAVG + "; BLUR local training, LUS sparsification (0.7) then clip then "
+                      "noise; add/remove under Poisson sampling (q = 0.5), noise multiplier 1.5"),
+    "dp-sgd-fixed": Audit(_example_level("dp-fl", "fixed"),
+                          _DPSGD + "; fixed-size batches sampled without replacement, noise "
+                          "multiplier 3"),
+    "dp-sgd-poisson": Audit(_example_level("dp-fl", "poisson"),
+                            _DPSGD + "; Poisson batches (rate 1/2) truncated at the library's "
+                            "capacity, noise multiplier 2, PLD accountant"),
+    "spfl-sound-high": Audit(_example_level("spfl-sound", "fixed", "high"),
+                             _DPSGD + "; spfl-sound's high class, sigma 3 (the gradient's share "
+                             "of it, beside the noisy norm statistic)"),
+    "spfl-sound-low": Audit(_example_level("spfl-sound", "fixed", "low"),
+                            _DPSGD + "; spfl-sound's low class, sigma 3: gradients scaled by "
+                            "beta_low 0.9 under the cap low_cap = clip"),
+    "dp-rsa-f": Audit(_sign("dp-rsa-f", {"keep_prob": 0.6}, "keep_prob", True),
+                      _SIGN + "; Sign-Flipping, keep probability 0.6"),
+    "dp-rsa-g": Audit(_sign("dp-rsa-g", {"sign_sigma": 1.5, "sign_clip": 0.5}, "sign_sigma", False),
+                      _SIGN.replace("- 1 in", "- 100 in").replace("+ 1 in", "+ 100 in")
+                      + "; Sign-Gaussian, sigma 1.5, coordinates clipped to [-0.5, 0.5]"),
+    "spfl": Audit(_example_level("spfl", "fixed", "low"),
+                  "published SP-FL's low class (noise scaled by the batch's own gradient norms): "
+                  "one client, one step (64 examples, batch 32); canary: a zero example replaced "
+                  "by one of value 50 x scale on its own feature", formal=False, trials=2000),
+    "dp-rsa-g-unclipped": Audit(
+        _sign("dp-rsa-g", {"sign_sigma": 1.0}, "sign_sigma", False),
+        "Sign-Gaussian without a clip, sigma 1: " + _SIGN.replace("1 in", "0.25 x scale in"),
+        formal=False, trials=2000),
+    "dp-rsa-f-omniscient": Audit(
+        _omniscient, "DP-RSA(F), keep probability 0.6, 4 regular workers and 1 Byzantine running "
+        "IPM (epsilon 1) on the regular workers' raw models; release: every message the master "
+        "receives in one iteration; worker 0's model is -/+ scale in every coordinate", formal=False,
+        trials=2000),
+}
+# The canary's distance per scale step of the no-guarantee audits.
+BASE_SCALE = {"spfl": 1.0 / CANARY, "dp-rsa-g-unclipped": 0.25, "dp-rsa-f-omniscient": 0.01}
+FORMAL_SCALE = {"dp-rsa-g": 100.0}
+
+
+def audit(mechanism: str, trials: Optional[int] = None, seed: int = 0, confidence: float = 0.95,
+          noise_factor: float = 1.0, scales=SCALES) -> dict:
+  """Audits ``mechanism`` (a key of :data:`AUDITS`); returns the JSON-ready report.
+
+  ``noise_factor`` multiplies the noise (the flip probability for Sign-Flipping)
+  the release runs with while the ledger accounts the nominal one: a factor
+  below 1 is a mis-calibrated implementation, which a sound audit must catch.
+  """
+  import jax
+  check_choice("mechanism", mechanism, sorted(AUDITS))
+  a = AUDITS[mechanism]
+  trials = a.trials if trials is None else trials
+  check(isinstance(trials, int) and 2 <= trials <= 10 ** 6, "trials", trials,
+        "must be an integer in [2, 1000000]")
+  check(isinstance(seed, int) and 0 <= seed < 2 ** 32, "seed", seed, "must be an integer in [0, 2**32)")
+  check(0 < confidence < 1, "confidence", confidence, "must be in (0, 1)")
+  check(math.isfinite(noise_factor) and noise_factor > 0, "noise_factor", noise_factor,
+        "must be a finite number > 0")
+  key = jax.random.PRNGKey(seed)
+  t0 = time.perf_counter()
+  out = {"mechanism": mechanism, "covers": a.covers, "trials": trials, "confidence": confidence,
+         "seed": seed, "noise_factor": noise_factor}
+  if a.formal:
+    r0, r1, claim, coords = a.run(trials, key, noise_factor, FORMAL_SCALE.get(mechanism, 1.0))
+    bound = epsilon_lower_bound(r0, r1, claim["delta"], confidence, coords)
+    eps = claim["epsilon"]
+    out.update(bound, epsilon_claimed=eps,
+               tightness=bound["epsilon_lower_bound"] / eps if eps else None)
+  else:
+    check(len(scales) >= 1 and all(math.isfinite(s) and s > 0 for s in scales), "scales", scales,
+          "must be one or more finite numbers > 0")
+    by_scale, claim = {}, None
+    for s in scales:
+      r0, r1, claim, coords = a.run(trials, jax.random.fold_in(key, len(by_scale)), noise_factor,
+                                    s * BASE_SCALE[mechanism])
+      b = epsilon_lower_bound(r0, r1, DELTA, confidence, coords)
+      by_scale[f"{s:g}"] = b["epsilon_lower_bound"]
+      out["max_lower_bound_at_trials"] = b["max_lower_bound_at_trials"]
+    check(not claim["formal_guarantee"], "mechanism", mechanism,
+          "is listed without a guarantee but its ledger claims one")
+    out.update(epsilon_lower_bound=max(by_scale.values()), epsilon_claimed=None, tightness=None,
+               lower_bound_by_scale=by_scale)
+  out.update(formal_guarantee=bool(claim["formal_guarantee"]), delta=claim["delta"],
+             rounds=1, claim=claim, seconds=round(time.perf_counter() - t0, 2))
+  return out
+
+
+# ----------------------------------------------------------------------------------------------
+# The command.
+
+def add_parser(sub):
+  """Adds ``fedjax-dp audit`` to the argparse subparsers ``sub``."""
+  p = sub.add_parser("audit", help="empirical privacy audit: a lower bound on epsilon from "
+                     "releases on neighbouring inputs, against the ledger's claim")
+  p.add_argument("--mechanism", help=f"one of {sorted(AUDITS)}")
+  p.add_argument("--trials", type=int, help="releases per neighbouring input (default per mechanism, "
+                 "4000 or 2000); half select the test, half bound its errors")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--confidence", type=float, default=0.95,
+                 help="joint confidence of the two Clopper-Pearson bounds (default 0.95)")
+  p.add_argument("--noise-factor", type=float, default=1.0,
+                 help="multiply the noise the release runs with (the ledger keeps the nominal "
+                 "one); below 1 simulates a mis-calibrated mechanism, which the audit must catch")
+  p.add_argument("--scales", help="no-guarantee mechanisms: comma-separated canary scales "
+                 "(default 1,10,100)")
+  p.add_argument("--json", action="store_true", help="print one JSON object")
+  p.add_argument("--list", action="store_true", help="list the mechanisms and what each audit covers")
+
+
+def _parse_scales(text):
+  try:
+    return tuple(float(s) for s in text.split(","))
+  except ValueError:
+    raise ConfigError("scales", text, "must be comma-separated numbers, e.g. 1,10,100") from None
+
+
+def command(args) -> int:
+  """``fedjax-dp audit``: 0 when the bound is within the claim, 1 when it exceeds it."""
+  import sys
+  from fedjax_dp.jsonio import dumps
+  if args.list:
+    listing = {k: {"formal_guarantee": a.formal, "trials": a.trials, "covers": a.covers}
+               for k, a in AUDITS.items()}
+    print(dumps(listing) if args.json else
+          "\n".join(f"{k}: {a.covers}" for k, a in AUDITS.items()))
+    return 0
+  check_choice("mechanism", args.mechanism, sorted(AUDITS))
+  scales = SCALES
+  if args.scales is not None:
+    check(not AUDITS[args.mechanism].formal, "scales", args.scales,
+          f"applies only to the mechanisms without a guarantee "
+          f"({sorted(k for k, a in AUDITS.items() if not a.formal)})")
+    scales = _parse_scales(args.scales)
+  rep = audit(args.mechanism, args.trials, args.seed, args.confidence, args.noise_factor, scales)
+  if args.json:
+    print(dumps(rep))
+  else:
+    claimed = rep["epsilon_claimed"]
+    print(f"{rep['mechanism']}: epsilon lower bound {rep['epsilon_lower_bound']:.3f}, claimed "
+          + (f"{claimed:.3f}" if claimed is not None else "none (no formal guarantee)")
+          + (f", by scale {rep['lower_bound_by_scale']}" if "lower_bound_by_scale" in rep else "")
+          + f" ({rep['trials']} trials per neighbour, {rep['seconds']} s)")
+  if rep["epsilon_claimed"] is not None and rep["epsilon_lower_bound"] > rep["epsilon_claimed"]:
+    print(f"fedjax-dp: audit failed: {args.mechanism}'s lower bound {rep['epsilon_lower_bound']:.3f} "
+          f"exceeds the claimed epsilon {rep['epsilon_claimed']:.3f}", file=sys.stderr)
+    return 1
+  return 0
