@@ -28,13 +28,15 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import pathlib
+import shutil
 import time
 from typing import Any, Mapping, Optional, Sequence
 
 
+from fedjax_dp import outputs
 from fedjax_dp.errors import check
 
+SWEEP_FILES = ("results.json", "experiments")  # everything a sweep writes in its folder
 # The RunConfig fields that choose and split the data set (load_data's arguments).
 DATA_FIELDS = ("dataset", "num_clients", "partition", "seed", "data_dir", "dirichlet_alpha",
                "shards_per_client", "max_train", "max_test", "download", "min_labels_per_client")
@@ -157,7 +159,8 @@ class SweepResult:
 
 
 def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int = 1, *,
-          output_dir: Optional[str] = None, progress: bool = False, release: str = "all",
+          output_dir: Optional[str] = None, overwrite: bool = False, progress: bool = False,
+          release: str = "all",
           load=None, log=None) -> SweepResult:
   """Runs every grid point times seed; experiments that share a round run as one program.
 
@@ -167,6 +170,9 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
     seeds: seeds per grid point: ``config.seed``, ``config.seed + 1``, ...
     output_dir: if given, each experiment writes ``experiments/NNN/metrics.jsonl`` and
       ``summary.json`` there, and the sweep ``results.json`` (:meth:`SweepResult.to_json`).
+    overwrite: replace an earlier sweep's files there (they are removed once every experiment
+      is built, before the first round); without it a folder holding ``results.json`` or
+      ``experiments/`` is refused before anything loads.
     progress: a progress bar per group.
     release: "all" or "private" (:func:`fedjax_dp.engine.run`).
     load: ``config -> FederatedData`` (default: :func:`fedjax_dp.experiment.load_data`);
@@ -187,6 +193,8 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
           f"is not used by algorithm {config.algorithm!r}: it cannot be a grid axis")
   for p in points:  # options are checked before any data set loads
     options.read(p.config, option_table(p.config.algorithm))
+  out = None if output_dir is None else outputs.check_output_dir(output_dir, overwrite=overwrite,
+                                                                  results=SWEEP_FILES)
   load = load or load_data
   t0 = time.perf_counter()
   datasets, built = {}, []
@@ -201,7 +209,9 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
     key = (id(setup.program), p.config.rounds, p.config.eval_every, p.config.placement,
            _shape_key(data))
     groups.setdefault(key, []).append(i)
-  out = pathlib.Path(output_dir) if output_dir else None
+  if out is not None:  # an earlier sweep's files go once everything is built, before round 1
+    shutil.rmtree(out / "experiments", ignore_errors=True)
+    outputs.remove(out, ("results.json",))
   results, group_records = [None] * len(points), []
   for g, members in enumerate(groups.values()):
     tg = time.perf_counter()
@@ -236,5 +246,5 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
   result = SweepResult(rows, experiments, group_records, time.perf_counter() - t0, points)
   if out is not None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(dumps(result.to_json(), indent=2, default=str) + "\n")
+    outputs.write_text_atomic(out / "results.json", dumps(result.to_json(), indent=2, default=str) + "\n")
   return result

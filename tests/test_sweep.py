@@ -104,3 +104,26 @@ def test_options_as_grid_axes_and_bad_axes_are_refused_before_running():
     sweep(base, {"lambda": ["-1"]}, load=lambda cfg: pytest.fail("loaded data"))
   with pytest.raises(ConfigError, match="clip"):  # DP-RSA reads no clip
     sweep(_base(algorithm="dp-rsa-f"), {"clip": ["0.1"]})
+
+
+def test_sweep_command_writes_rows_and_protects_earlier_results(tmp_path, capsys):
+  from fedjax_dp.cli import main
+  out = tmp_path / "s"
+  args = ["sweep", "--grid", "clip=0.3,0.6", "--seeds", "2", "--rounds", "2", "--num-clients", "60",
+          "--max-test", "200", "--local-steps", "1", "--noise-multiplier", "1.0", "--output-dir", str(out), "--no-progress"]
+  assert main(args) == 0
+  printed = capsys.readouterr().out
+  assert "clip=0.3: accuracy=" in printed and "4 experiments in 1 compiled programs" in printed
+  rows = json.loads((out / "results.json").read_text())["rows"]
+  assert [(r["clip"], r["seeds"]) for r in rows] == [(0.3, 2), (0.6, 2)]
+  assert all(0 <= r["accuracy_mean"] <= 1 and r["epsilon"] > 0 for r in rows)
+  before = (out / "results.json").read_text()
+  assert main(args) == 2  # an earlier sweep is kept
+  assert "--overwrite" in capsys.readouterr().err and (out / "results.json").read_text() == before
+  assert main(args[:2] + ["clip=0.3"] + args[3:] + ["--overwrite"]) == 0
+  assert not (out / "experiments" / "002").exists()  # the old sweep's extra experiments went
+  capsys.readouterr()
+  assert main(["sweep", "--grid", "clip=0.3", "--algorithm", "dp-rsa-f", "--output-dir",
+               str(tmp_path / "r")]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "clip" in err and not (tmp_path / "r").exists()
