@@ -16,6 +16,7 @@ import sys
 import time
 from typing import Optional, Sequence
 
+from fedjax_dp import audit
 from fedjax_dp.errors import ConfigError, check
 
 EXIT_INVALID, EXIT_DIVERGED, EXIT_INTERRUPTED = 2, 3, 130
@@ -317,11 +318,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     _add_privacy(sub)
     _add_reproduce(sub)
     _add_algorithms(sub)
+    audit.add_parser(sub)
     if not argv:
       argv = ["run"]
     args = parser.parse_args(argv)
     cmd = {"run": _cmd_run, "sweep": _cmd_sweep, "privacy": _cmd_privacy, "reproduce": _cmd_reproduce,
-           "algorithms": _cmd_algorithms}[args.command]
+           "algorithms": _cmd_algorithms, "audit": audit.command}[args.command]
     return cmd(args)
   except ConfigError as e:
     print(f"fedjax-dp: error: {e}".replace("\n", "\\n"), file=sys.stderr)  # one line, always
