@@ -45,6 +45,21 @@ def check_finite(field: str, value: Any) -> None:
   check(not is_nonfinite(value), field, value, "must be a finite number")
 
 
+# What each field type takes, in words (the same in config files and on the command line).
+TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+# A noise multiplier above MAX_NOISE_MULTIPLIER is refused (it drowns every update, and the
+# accountants overflow on its square); one above NOISE_WARNING is warned about.
+MAX_NOISE_MULTIPLIER = 1e6
+NOISE_WARNING = 1e3
+
+
+def check_noise_multiplier(value: Optional[float]) -> None:
+  """Refuses a negative, non-finite or absurd (> :data:`MAX_NOISE_MULTIPLIER`) noise multiplier."""
+  check_finite("noise_multiplier", value)
+  check(value is None or 0 <= value <= MAX_NOISE_MULTIPLIER, "noise_multiplier", value,
+        f"must be in [0, {MAX_NOISE_MULTIPLIER:g}] (a larger one drowns every update)")
+
+
 def check_type(field: str, value: Any, hint) -> None:
   """Raises :class:`ConfigError` unless ``value`` has the field's type (``hint``).
 
@@ -57,17 +72,13 @@ def check_type(field: str, value: Any, hint) -> None:
     return
   typ = next(a for a in args if a is not type(None)) if optional else hint
   tail = " or unset (null)" if optional else ""
-  if typ is int:
-    ok, what = isinstance(value, numbers.Integral) and not isinstance(value, bool), "an integer"
-  elif typ is float:
-    ok, what = isinstance(value, numbers.Real) and not isinstance(value, bool), "a number"
-  elif typ is bool:
-    ok, what = isinstance(value, bool), "true or false"
-  elif typ is str:
-    ok, what = isinstance(value, str), "a string"
-  else:
+  if typ not in TYPE_WORDS:
     return
-  check(ok, field, value, f"must be {what}{tail}")
+  if typ in (int, float):
+    ok = isinstance(value, numbers.Integral if typ is int else numbers.Real) and not isinstance(value, bool)
+  else:
+    ok = isinstance(value, typ)
+  check(ok, field, value, f"must be {TYPE_WORDS[typ]}{tail}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,7 +191,7 @@ class RunConfig:
     check_choice("denominator", self.denominator, DENOMINATORS)
     check_positive("clip", self.clip)
     nm, te = self.noise_multiplier, self.target_epsilon
-    check(nm is None or nm >= 0, "noise_multiplier", nm, "must be >= 0")
+    check_noise_multiplier(nm)
     check(te is None or te > 0, "target_epsilon", te, "must be > 0")
     check(nm is None or te is None, "noise_multiplier", nm,
           f"must be unset (None) when target_epsilon={te} is set: the ledger calibrates the noise")
@@ -240,17 +251,23 @@ def parse_value(field: str, text: str, typ) -> Any:
       return typ(text)
     return text
   except ValueError:
-    raise ConfigError(field, text, f"must be a {typ.__name__}") from None
+    raise ConfigError(field, text, f"must be {TYPE_WORDS[typ]}") from None
 
 
 def load_config_file(path: str) -> dict:
   p = pathlib.Path(path)
   check(p.is_file(), "config", path, "must be an existing JSON file")
   try:
-    d = json.loads(p.read_text())
+    d = json.loads(p.read_text(encoding="utf-8"))
+  except UnicodeDecodeError as e:
+    raise ConfigError("config", path, f"must be UTF-8 text (byte {e.start} is not)") from None
   except json.JSONDecodeError as e:
     raise ConfigError("config", path, f"must be valid JSON ({e})") from None
+  except OSError as e:
+    raise ConfigError("config", path, f"must be a readable file ({e.strerror or e})") from None
   check(isinstance(d, dict), "config", path, "must hold a JSON object")
+  check(isinstance(d.get("options", {}), (dict, type(None))), "options", d.get("options"),
+        "must be a JSON object of algorithm settings, e.g. {\"lambda\": 0.4}")
   known = {f.name for f in dataclasses.fields(RunConfig)}
   for k in d:
     check(k in known, "config key", k, f"must be one of {sorted(known)}")

@@ -38,6 +38,7 @@ from typing import Optional
 import numpy as np
 
 from fedjax_dp.errors import check, check_choice
+from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.reproduce.plots import Curve, plot_curves, plot_quantiles
 from fedjax_dp.reproduce.runner import Job, group_by, num_seeds, run_jobs, seed_stats
 from fedjax_dp.reproduce.tables import markdown_table, mean_std
@@ -312,7 +313,7 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
   }
   md = write_markdown(rows, settings, out / "results.md")
   plots = plot(runs, settings, out)
-  (out / "results.json").write_text(json.dumps(
+  write_text_atomic(out / "results.json", json.dumps(
       {"paper": "Cheng et al., Differentially Private Federated Learning with Local Regularization "
                 "and Sparsification, CVPR 2022", "settings": settings, "rows": rows,
        "paper_table1": {m: {str(k): v for k, v in t.items()} for m, t in PAPER_TABLE1.items()},
@@ -359,7 +360,7 @@ def run_paper(output_dir: str, data_dir=None, seeds: Optional[int] = None, prese
                                              "accuracy": res.summary["final_accuracy"]},
                      data=data, runs_path=out / "runs.jsonl", append=i > 0, log=log)
   keys = ("preset", "method", "target_epsilon", "seed", "epsilon", "accuracy")
-  (out / "results.json").write_text(json.dumps({"runs": [{k: r[k] for k in keys} for r in runs]},
+  write_text_atomic(out / "results.json", json.dumps({"runs": [{k: r[k] for k in keys} for r in runs]},
                                                indent=2) + "\n")
   return 0
 

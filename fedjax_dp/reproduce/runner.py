@@ -26,6 +26,10 @@ import numpy as np
 
 from fedjax_dp.errors import check
 
+# What a reproduction writes in its --output-dir besides plots and each run's own folder: a folder
+# holding one of these holds an earlier reproduction (kept unless --overwrite).
+RESULT_FILES = ("results.json", "results_partial.json", "results.md", "runs.jsonl")
+
 
 @dataclasses.dataclass(frozen=True)
 class Job:

@@ -45,6 +45,7 @@ import time
 import numpy as np
 
 from fedjax_dp.errors import check_choice
+from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.reproduce.plots import Curve, plot_curves
 from fedjax_dp.reproduce.runner import Job, group_by, num_seeds, run_jobs, seed_stats
 from fedjax_dp.reproduce.tables import markdown_table, mean_std
@@ -125,7 +126,7 @@ def _execute(job, data, train_eval: int):
   sigma = setup.hparams.get("sigma")
   res.summary.update(train_error=err, train_loss=loss,
                      noise_multiplier=None if sigma is None else float(sigma))
-  (pathlib.Path(job.output_dir) / "summary.json").write_text(
+  write_text_atomic(pathlib.Path(job.output_dir) / "summary.json",
       json.dumps(res.summary, indent=2, default=str) + "\n")
   return res
 
@@ -279,7 +280,7 @@ def run(scale: str = "small", output_dir: str = "runs/spfl2024", data_dir=None, 
     return data
 
   def partial(runs):
-    (out / "results_partial.json").write_text(
+    write_text_atomic(out / "results_partial.json",
         json.dumps({"rows": _rows(runs, settings, n_seeds)}, default=str) + "\n")
 
   runs = run_jobs(jobs, _record, load_data=load,
@@ -293,7 +294,7 @@ def run(scale: str = "small", output_dir: str = "runs/spfl2024", data_dir=None, 
             "spfl_options": SPFL_OPTIONS, "privacy_unit":
             "one example of one client (example-level DP, local to each client)",
             "rows": rows, "gains": gains, "paper_claims": PAPER_GAINS, "wall_seconds": wall}
-  (out / "results.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+  write_text_atomic(out / "results.json", json.dumps(result, indent=2, default=str) + "\n")
   plots = [_plot(rows, "epsilon", "target epsilon (nominal for spfl)", out / "spfl2024_fig3.png", True),
            _plot(rows, "clients_per_round", "clients per round", out / "spfl2024_fig4.png"),
            _plot(rows, "local_steps", "local iterations Q", out / "spfl2024_fig5.png")]

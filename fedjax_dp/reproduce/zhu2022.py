@@ -34,6 +34,7 @@ import time
 import numpy as np
 
 from fedjax_dp.errors import check_choice
+from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.reproduce.plots import Curve, plot_curves
 from fedjax_dp.reproduce.runner import Job, group_by, num_seeds, run_jobs, seed_stats
 from fedjax_dp.reproduce.tables import markdown_table, mean_std
@@ -220,7 +221,7 @@ def _write(out, scale_name, sc, rows, curves, t_start):
                    "DP-RSA(G) clips each coordinate of x_0 - x_k to [-sign_clip, sign_clip] (formal "
                    "guarantee) and calibrates sigma to epsilon",
                    "Byzantine workers are the last b ids; their messages are not perturbed"]}
-  (out / "results.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+  write_text_atomic(out / "results.json", json.dumps(doc, indent=1, default=str) + "\n")
 
 
 def run(scale: str, output_dir: str, data_dir=None, seeds=None) -> int:
