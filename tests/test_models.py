@@ -8,8 +8,9 @@ import pytest
 from jax import lax
 
 from fedjax_dp.errors import ConfigError
-from fedjax_dp.models import (accuracy, conv2d, cross_entropy, get_model,
-                              max_pool, MODELS, num_params)
+from fedjax_dp.models import (IGNORE, accuracy, conv2d, cross_entropy,
+                              get_model, masked_sums, max_pool, MODELS,
+                              num_params)
 from fedjax_dp.models.conv import Conv
 
 FAST_IMPLS = ("im2col", "custom_vjp")
@@ -137,7 +138,10 @@ MODEL_SHAPES = {
     "spfl_cnn": ((28, 28, 1), 10),
     "rsa_cifar_cnn": ((32, 32, 3), 10),
     "resnet18_gn": ((32, 32, 3), 10),
+    "char_lstm": ((80,), 90),
+    "char_lstm_small": ((80,), 90),
 }
+SEQUENCE_MODELS = ("char_lstm", "char_lstm_small")
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -145,9 +149,12 @@ def test_model_init_and_apply(name):
   shape, classes = MODEL_SHAPES[name]
   model = get_model(name, shape, classes)
   params = model.init(jax.random.key(0))
-  x = jax.random.normal(jax.random.key(1), (2, *shape))
+  if name in SEQUENCE_MODELS:  # token ids, stored as float32 like all inputs
+    x = jax.random.randint(jax.random.key(1), (2, *shape), 0, classes).astype(jnp.float32)
+  else:
+    x = jax.random.normal(jax.random.key(1), (2, *shape))
   logits = jax.jit(model.apply)(params, x)
-  assert logits.shape == (2, classes)
+  assert logits.shape == (2, *shape, classes) if name in SEQUENCE_MODELS else (2, classes)
   assert np.all(np.isfinite(logits))
 
 
@@ -193,6 +200,10 @@ def test_parameter_counts():
                 features=(64, 64)) == 576_778
   assert _count("spfl_cnn", (28, 28, 1), 10) == 66_506
   assert _count("resnet18_gn", (32, 32, 3), 10) == 11_173_962
+  # 90 * 8 + 4 * (8 + 256 + 1) * 256 + 4 * (256 + 256 + 1) * 256 + (256 * 90 + 90):
+  # FedJAX's Shakespeare LSTM.
+  assert _count("char_lstm", (80,), 90) == 820_522
+  assert _count("char_lstm_small", (80,), 90) == 720 + 4 * (8 + 64 + 1) * 64 + 64 * 90 + 90
 
 
 def test_num_params_of_arrays():
@@ -218,6 +229,31 @@ def test_cross_entropy_and_accuracy_masks():
   assert np.isfinite(float(cross_entropy(bad, labels, mask)))
 
 
+def test_sequence_labels_mean_over_real_positions():
+  """Labels [B, T] with logits [B, T, V]: means over positions of real examples that are not
+  IGNORE, and an example's mask covers all its positions."""
+  logits = jax.random.normal(jax.random.key(0), (3, 4, 5))
+  labels = jnp.array([[1, 2, 3, IGNORE], [0, 4, IGNORE, IGNORE], [2, 2, 2, 2]])
+  mask = jnp.array([1.0, 1.0, 0.0])
+  ce = -jax.nn.log_softmax(logits)
+  real = [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
+  want_ce = np.mean([ce[b, t, labels[b, t]] for b, t in real])
+  want_acc = np.mean([int(jnp.argmax(logits[b, t]) == labels[b, t]) for b, t in real])
+  np.testing.assert_allclose(cross_entropy(logits, labels, mask), want_ce, rtol=1e-6)
+  np.testing.assert_allclose(accuracy(logits, labels, mask), want_acc, rtol=1e-6)
+  loss_sum, correct, weight = masked_sums(logits, labels, mask)
+  assert float(weight) == 5 and float(correct) == want_acc * 5
+  np.testing.assert_allclose(loss_sum, want_ce * 5, rtol=1e-6)
+  # Ignored positions and masked examples get no gradient.
+  g = jax.grad(lambda l: cross_entropy(l, labels, mask))(logits)
+  assert not np.any(g[0, 3]) and not np.any(g[1, 2:]) and not np.any(g[2])
+  assert np.all(np.any(g[0, :3] != 0, axis=-1))
+  # Per-example labels are the T = () case: the same numbers as before.
+  flat = logits[:, 0]
+  np.testing.assert_allclose(cross_entropy(flat, labels[:, 0], mask),
+                             np.mean([ce[0, 0, 1], ce[1, 0, 0]]), rtol=1e-6)
+
+
 @pytest.mark.parametrize("args,kwargs,field", [
     (("lenet", (28, 28, 1), 10), {}, "model"),
     (("cnn2", (4, 4, 1), 10), {}, "input_shape"),
@@ -227,6 +263,8 @@ def test_cross_entropy_and_accuracy_masks():
     (("mlp", (784,), 10), {"activation": "gelu"}, "activation"),
     (("mlp", (784,), 10), {"depth": 3}, "mlp option"),
     (("resnet18_gn", (32, 32, 3), 10), {"num_groups": 3}, "num_groups"),
+    (("char_lstm", (28, 28, 1), 90), {}, "input_shape"),
+    (("char_lstm", (80,), 90), {"hidden": ()}, "hidden"),
 ])
 def test_get_model_config_errors(args, kwargs, field):
   with pytest.raises(ConfigError) as e:

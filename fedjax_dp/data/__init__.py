@@ -2,9 +2,10 @@
 
 :mod:`~fedjax_dp.data.specs` is the table of data sets, one module of
 :mod:`~fedjax_dp.data.sources` per source reads their files, and
-:mod:`~fedjax_dp.data.loaders` holds the entry points. NumPy only at import
-time; TensorFlow, h5py, PIL and scikit-learn are imported by the sources that
-need them.
+:mod:`~fedjax_dp.data.loaders` holds the entry points; :mod:`~fedjax_dp.data.tff_h5`
+reads TensorFlow Federated's HDF5 sets (Shakespeare, EMNIST) with their own
+clients. NumPy only at import time; TensorFlow, h5py, PIL and scikit-learn are
+imported by the sources that need them.
 """
 
 from fedjax_dp.data.federated import CentralDataset, FederatedData
@@ -26,12 +27,14 @@ from fedjax_dp.data.sources.common import (
     resolve_data_dir,
 )
 from fedjax_dp.data.sources.idx import load_idx, read_idx
-from fedjax_dp.data.specs import DATASETS, SPECS, DatasetSpec
+from fedjax_dp.data.specs import DATASETS, SPECS, DatasetSpec, check_partition
 from fedjax_dp.data.tff_h5 import (
     client_ids,
     load_federated_emnist,
+    load_federated_shakespeare,
     load_tff_h5_federated,
     read_client,
+    shakespeare_windows,
 )
 
 __all__ = [
@@ -39,5 +42,7 @@ __all__ = [
     "PARTITIONERS", "balanced_subset", "load_central", "load_federated",
     "load_idx", "partition_indices", "read_idx", "resolve_cache_dir",
     "resolve_data_dir", "dirichlet", "iid", "natural", "shards", "client_ids",
-    "load_federated_emnist", "load_tff_h5_federated", "read_client",
+    "load_federated_emnist", "load_federated_shakespeare",
+    "load_tff_h5_federated", "read_client", "shakespeare_windows",
+    "check_partition",
 ]

@@ -1,0 +1,208 @@
+"""Natural partitions: federated Shakespeare and EMNIST in TFF's HDF5 layout, the character LSTM,
+and `fedjax-dp run --partition natural`."""
+
+import json
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from fedjax_dp import data
+from fedjax_dp.cli import main
+from fedjax_dp.data import tff_h5
+from fedjax_dp.errors import ConfigError
+from fedjax_dp.models import IGNORE, cross_entropy, get_model
+
+BOS, EOS, PAD, OOV = tff_h5.BOS, tff_h5.EOS, tff_h5.PAD, tff_h5.OOV
+
+
+def _ids(text: bytes):
+  return [tff_h5.SHAKESPEARE_CHARS.index(bytes([c])) + 1 for c in text]
+
+
+def _text(ids) -> str:
+  return "".join(chr(tff_h5.SHAKESPEARE_CHARS[int(i) - 1]) for i in ids)
+
+
+def _write_h5(path, clients):
+  """A file in TFF's layout: examples/<client_id>/<feature> for each client's dict of arrays."""
+  import h5py  # pylint: disable=g-import-not-at-top
+  with h5py.File(path, "w") as f:
+    for cid, features in clients.items():
+      for name, value in features.items():
+        f.create_dataset(f"examples/{cid}/{name}", data=value)
+
+
+PLAYS = {  # client -> snippets; ids sort in this order, as h5py lists them
+    "AS_YOU_LIKE_IT_ROSALIND": [b"All the world's a stage,", b"And all the men and women"],
+    "HAMLET_HAMLET": [b"To be, or not to be: that is the question"],
+    "MACBETH_WITCH": [b"Double, double toil and trouble;", b"Fire burn", b"and cauldron bubble."],
+    "TEMPEST_ARIEL": [b"Full fathom five thy father lies"],
+}
+
+
+@pytest.fixture(scope="module")
+def plays_dir(tmp_path_factory):
+  """A data directory with tiny Shakespeare files in TFF's layout, under tff-h5/."""
+  root = tmp_path_factory.mktemp("data")
+  (root / "tff-h5").mkdir()
+  _write_h5(root / "tff-h5" / "shakespeare_train.h5",
+            {c: {"snippets": np.array(s, dtype=object)} for c, s in PLAYS.items()})
+  _write_h5(root / "tff-h5" / "shakespeare_test.h5",
+            {c: {"snippets": np.array([s[0][:12]], dtype=object)} for c, s in PLAYS.items()})
+  return root
+
+
+# ------------------------------------------------------------------- vocabulary and windows
+
+
+def test_vocabulary_is_tffs():
+  assert len(tff_h5.SHAKESPEARE_CHARS) == len(set(tff_h5.SHAKESPEARE_CHARS)) == 86
+  assert tff_h5.SHAKESPEARE_CHARS[:6] == b"dhlptx" and tff_h5.SHAKESPEARE_CHARS[-1:] == b"\r"
+  assert (PAD, OOV, BOS, EOS, tff_h5.SHAKESPEARE_VOCAB_SIZE) == (0, 87, 88, 89, 90)
+  assert tff_h5.IGNORE == IGNORE  # the reader's copy of the losses' constant
+
+
+def test_windows_cover_every_next_character_once():
+  a, b, c, d, e = _ids(b"ABCDE")
+  x, y = tff_h5.shakespeare_windows([b"ABCD", b"E"], 3)
+  np.testing.assert_array_equal(x, [[BOS, a, b], [c, d, EOS], [BOS, e, PAD]])
+  np.testing.assert_array_equal(y, [[a, b, c], [d, EOS, BOS], [e, EOS, IGNORE]])
+  x, y = tff_h5.shakespeare_windows([b"caf\xc3\xa9"], 80)  # non-ASCII bytes are OOV
+  assert x.shape == y.shape == (1, 80)
+  np.testing.assert_array_equal(y[0, :6], _ids(b"caf") + [OOV, OOV, EOS])
+  assert (x[0, 6:] == PAD).all() and (y[0, 6:] == IGNORE).all()
+  x, y = tff_h5.shakespeare_windows([b"x" * 159], 80)  # 161 tokens: exactly 2 windows
+  assert x.shape == (2, 80) and (y != IGNORE).all()
+  assert tff_h5.shakespeare_windows([], 80)[0].shape == (0, 80)
+  with pytest.raises(ConfigError, match="length"):
+    tff_h5.shakespeare_windows([b"ab"], 0)
+
+
+def test_generated_shakespeare_file_loads_per_client(plays_dir):
+  train = plays_dir / "tff-h5" / "shakespeare_train.h5"
+  test = plays_dir / "tff-h5" / "shakespeare_test.h5"
+  fd = tff_h5.load_federated_shakespeare(train, test, length=16)
+  assert fd.name == "shakespeare" and fd.num_classes == 90 and fd.num_clients == 4
+  assert fd.example_shape == (16,) and fd.y.shape[2:] == (16,)
+  for k, snippets in enumerate(PLAYS.values()):  # file order = sorted client ids
+    want_x, want_y = tff_h5.shakespeare_windows(snippets, 16)
+    x, y = fd.client_examples(k)
+    np.testing.assert_array_equal(x, want_x)
+    np.testing.assert_array_equal(y, want_y)
+    targets = y.reshape(-1)[y.reshape(-1) != IGNORE]
+    assert _text(targets[targets < OOV]) == "".join(s.decode() for s in snippets)
+  assert fd.test_x.shape == (4, 16)  # 12 characters + BOS + EOS - 1 = 13 inputs per client
+  two = tff_h5.load_federated_shakespeare(train, test, max_clients=2, length=16)
+  assert two.num_clients == 2 and two.test_x.shape == (4, 16)
+
+
+def test_real_shakespeare_natural(shared_data_dir):
+  if not (shared_data_dir / "tff-h5").is_dir():
+    pytest.skip(f"{shared_data_dir / 'tff-h5'} absent (set FEDJAX_DP_DATA to a folder with "
+                "tff-h5/shakespeare_{train,test}.h5)")
+  fd = data.load_federated("shakespeare", 715, "natural", data_dir=str(shared_data_dir))
+  assert fd.num_clients == 715 and fd.example_shape == (80,)
+  assert fd.total_examples == 30_249 and fd.test_y.shape == (4_657, 80)
+  assert fd.y.min() >= IGNORE and fd.y.max() < 90 and fd.x.max() < 90
+  ids = tff_h5.client_ids(shared_data_dir / "tff-h5" / "shakespeare_train.h5")
+  snippets = tff_h5.read_client(shared_data_dir / "tff-h5" / "shakespeare_train.h5",
+                                ids[0])["snippets"]
+  x, y = fd.client_examples(0)
+  assert x[0, 0] == BOS and _text(x[0, 1:1 + 17]) == snippets[0][:17].decode()
+  assert (y[-1] != IGNORE).sum() == (sum(len(s) + 2 for s in snippets) - 1) - 80 * (len(y) - 1)
+  with pytest.raises(ConfigError, match="num_clients=716"):
+    data.load_federated("shakespeare", 716, "natural", data_dir=str(shared_data_dir))
+
+
+# ------------------------------------------------------------------- federated EMNIST
+
+
+def test_federated_emnist_natural_from_generated_files(tmp_path):
+  rng = np.random.default_rng(0)
+  sizes = {"f0000_14": 3, "f0001_41": 5, "f0002_07": 2}
+  for split in ("train", "test"):
+    for name, digits in (("fed_emnist", False), ("fed_emnist_digitsonly", True)):
+      _write_h5(tmp_path / f"{name}_{split}.h5", {
+          w: {"pixels": rng.uniform(size=(n, 28, 28)).astype(np.float32),
+              "label": rng.integers(0, 10 if digits else 62, size=n).astype(np.int32)}
+          for w, n in sizes.items()})
+  fd = data.load_federated("federated_emnist", 3, "natural", data_dir=str(tmp_path))
+  assert fd.num_classes == 62 and fd.counts.tolist() == [3, 5, 2]
+  assert fd.x.shape == (3, 5, 28, 28, 1) and fd.test_x.shape == (10, 28, 28, 1)
+  digits = data.load_federated("federated_emnist_digits", 2, "natural", data_dir=str(tmp_path),
+                               max_test=4)
+  assert digits.num_classes == 10 and digits.counts.tolist() == [3, 5]
+  assert digits.test_y.shape == (4,)
+  pooled = data.load_federated("federated_emnist", 5, "iid", data_dir=str(tmp_path))
+  assert pooled.total_examples == 10 and pooled.num_clients == 5
+  with pytest.raises(ConfigError, match="num_clients=4: must be <= 3"):
+    data.load_federated("federated_emnist", 4, "natural", data_dir=str(tmp_path))
+  with pytest.raises(ConfigError, match="max_train"):
+    data.load_federated("federated_emnist", 3, "natural", data_dir=str(tmp_path), max_train=5)
+  with pytest.raises(ConfigError) as e:
+    data.load_federated("shakespeare", 3, "natural", data_dir=str(tmp_path))
+  assert e.value.field == "data_dir" and "shakespeare_train.h5" in str(e.value)
+  assert str(tmp_path / "tff-h5") in str(e.value)
+  with pytest.raises(ConfigError, match="partition='dirichlet'"):
+    data.load_federated("shakespeare", 3, "dirichlet", data_dir=str(tmp_path))
+
+
+# ------------------------------------------------------------------- the LSTM
+
+
+def test_char_lstm_learns_a_tiny_corpus():
+  x, y = tff_h5.shakespeare_windows([b"to be or not to be " * 4] * 4, 20)
+  model = get_model("char_lstm", (20,), 90, hidden=(32,))
+  params = model.init(jax.random.key(0))
+  assert model.apply(params, x).shape == (len(x), 20, 90)
+  opt = optax.adam(0.05)
+
+  @jax.jit
+  def step(params, state):
+    loss, g = jax.value_and_grad(lambda p: cross_entropy(model.apply(p, x), y))(params)
+    updates, state = opt.update(g, state)
+    return optax.apply_updates(params, updates), state, loss
+
+  state = opt.init(params)
+  losses = []
+  for _ in range(40):
+    params, state, loss = step(params, state)
+    losses.append(float(loss))
+  assert losses[0] > np.log(90) - 0.5  # starts near uniform over 90 tokens
+  assert losses[-1] < 0.5 * losses[0] and losses[-1] < min(losses[:10])
+
+
+# ------------------------------------------------------------------- the command line
+
+
+@pytest.mark.parametrize("dataset", ["mnist", "digits", "cifar10"])
+def test_cli_refuses_natural_without_clients(dataset, capsys, tmp_path):
+  assert main(["run", "--dataset", dataset, "--partition", "natural",
+               "--output-dir", str(tmp_path / "o")]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err == (f"fedjax-dp: error: invalid partition='natural': must be one of ['iid', "
+                 f"'dirichlet', 'shards'] for dataset={dataset} (natural partitions: "
+                 "shakespeare, federated_emnist, federated_emnist_digits)")
+  assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
+    "engine.make_evaluator pads test_y as [n] and _evaluate_fn compares argmax == y times a [B] "
+    "mask; per-position labels need models.masked_sums there (see the report); remove this "
+    "marker when the engine takes them"))
+def test_cli_runs_dp_fedavg_on_natural_shakespeare(plays_dir, tmp_path, capsys):
+  out = tmp_path / "run"
+  assert main(["run", "--dataset", "shakespeare", "--partition", "natural",
+               "--data-dir", str(plays_dir), "--num-clients", "4", "--model", "char_lstm_small",
+               "--algorithm", "dp_fedavg", "--sampling", "fixed", "--cohort-size", "2",
+               "--rounds", "2", "--local-steps", "2", "--batch-size", "2", "--clip", "1",
+               "--noise-multiplier", "0.5", "--no-progress",
+               "--output-dir", str(out)]) == 0
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["data"]["num_clients"] == 4 and summary["data"]["example_shape"] == [80]
+  assert 0 <= summary["final_accuracy"] <= 1 and summary["epsilon"] > 0
+  rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+  assert [r["round"] for r in rows] == [1, 2] and np.isfinite(rows[-1]["test_loss"])
+  capsys.readouterr()
