@@ -35,6 +35,7 @@ shows that the claim is false for the code that ran (at the stated confidence).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from typing import Callable, Optional
@@ -95,7 +96,10 @@ def epsilon_lower_bound(r0: np.ndarray, r1: np.ndarray, delta: float, confidence
   best = None
   for sign in (1.0, -1.0):
     s0, s1 = sign * ((r0 - mid) @ v), sign * ((r1 - mid) @ v)
-    cand = np.concatenate([[-np.inf], np.unique(np.concatenate([s0[:h], s1[:h]]))])
+    u = np.unique(np.concatenate([s0[:h], s1[:h]]))
+    # Midpoints between consecutive values: on the selection half each splits it as the value
+    # below does, and on fresh data it sits in the middle of a gap rather than at its edge.
+    cand = np.concatenate([[-np.inf], (u[:-1] + u[1:]) / 2])
     eps, *_ = _epsilons(s0[:h], s1[:h], cand, delta, alpha)
     i = int(np.nanargmax(np.where(np.isfinite(eps), eps, -np.inf)))
     if best is None or eps[i] > best[0]:
@@ -164,24 +168,27 @@ def _flat(tree):
   return jnp.concatenate([jnp.ravel(t) for t in jax.tree_util.tree_leaves(tree)])
 
 
-def _round_releases(setup, data, hp, ids, mask, key, trials: int, state=None):
-  """The new global model after one :func:`fedjax_dp.round.step` per trial (``[trials, d]``).
-
-  ``ids``, ``mask``: ``[trials, C]`` cohorts.
-  """
+@functools.lru_cache(maxsize=64)
+def _step_fn(rnd):
+  """``(keys, ids, mask, state, hp, x, y, counts) -> [trials, d]``: the new global model after one
+  :func:`fedjax_dp.round.step` per trial, compiled once per Round (both neighbours, any noise)."""
   import jax
-  import jax.numpy as jnp
   from fedjax_dp.round import CohortBatch, step
-  rnd = setup.program
-  state = _zero_state(rnd, hp) if state is None else state
-  x, y, c = (jnp.asarray(a) for a in (data.x, data.y, data.counts))
 
-  def one(k, i, m):
+  def one(k, i, m, state, hp, x, y, c):
     new, _ = step(rnd, state, hp, CohortBatch(x[i], y[i], c[i], i, m), k)
     return _flat(new.params)
 
+  return jax.jit(jax.vmap(one, in_axes=(0, 0, 0) + (None,) * 5))
+
+
+def _round_releases(setup, data, hp, ids, mask, key, trials: int):
+  """One round per trial on ``data`` with cohorts ``ids``, ``mask`` (``[trials, C]``)."""
+  import jax
+  rnd = setup.program
   keys = jax.random.split(key, trials)
-  return np.asarray(jax.jit(jax.vmap(one))(keys, jnp.asarray(ids), jnp.asarray(mask)))
+  return np.asarray(_step_fn(rnd)(keys, ids, mask, _zero_state(rnd, hp), hp, data.x, data.y,
+                                  data.counts))
 
 
 def _canary_coords(setup, hp) -> np.ndarray:
@@ -270,7 +277,8 @@ def _example_level(algorithm: str, example_sampling: str, cls: Optional[str] = N
     if cls is not None:
       options["high_fraction"] = 0.5
     cfg = dict(algorithm=algorithm, num_clients=2, sampling="fixed", cohort_size=1, clip=1.0,
-               noise_multiplier=2.0 if example_sampling == "poisson" else 3.0, batch_size=32,
+               noise_multiplier=2.0 if example_sampling == "poisson" else 3.0,
+               batch_size=32 if example_sampling == "poisson" else 48,
                weighting="uniform", options=options,
                accountant="pld" if example_sampling == "poisson" else "rdp")
     setup = _build(_config(**cfg), federation(2, 64, 0))
@@ -295,6 +303,18 @@ def _example_level(algorithm: str, example_sampling: str, cls: Optional[str] = N
   return run
 
 
+@functools.lru_cache(maxsize=16)
+def _message_fn(rnd):
+  """``(keys, x0, row, hp, x, y, count) -> [trials, d]``: one worker's message per trial (the
+  worker piece the master hears), compiled once per Round."""
+  import jax
+
+  def one(k, x0, row, hp, x, y, c):
+    return _flat(rnd.client(hp)(x0, x, y, c, row, (), k).upload)
+
+  return jax.jit(jax.vmap(one, in_axes=(0,) + (None,) * 6))
+
+
 def _sign(variant: str, options: dict, perturb_key: str, flip: bool):
   """DP-RSA: the messages one worker sends in one iteration (replace the worker's data set).
 
@@ -305,7 +325,6 @@ def _sign(variant: str, options: dict, perturb_key: str, flip: bool):
   """
   def run(trials, key, factor, scale):
     import jax
-    import jax.numpy as jnp
     from fedjax_dp.sampling import Cohort
     cfg = dict(algorithm=variant, num_clients=1, sampling="fixed", cohort_size=1, options=options)
     data = federation(1, 4, 0)
@@ -316,18 +335,13 @@ def _sign(variant: str, options: dict, perturb_key: str, flip: bool):
     else:
       hp = _hp(setup, perturb_key, factor)
     state = _zero_state(rnd, hp)
-    worker = rnd.client(hp)
-    x, y, c = (jnp.asarray(a[0]) for a in (data.x, data.y, data.counts))
-
-    def one(k, row):
-      return _flat(worker(state.params, x, y, c, row, (), k).upload)
-
     out = []
     for world in (0, 1):
       s = scale if world == 0 else -scale
       row = jax.tree_util.tree_map(lambda p: p + s, state.params)
       keys = jax.random.split(jax.random.fold_in(key, world), trials)
-      out.append(np.asarray(jax.jit(jax.vmap(one, in_axes=(0, None)))(keys, row)))
+      out.append(np.asarray(_message_fn(rnd)(keys, state.params, row, hp, data.x[0], data.y[0],
+                                             data.counts[0])))
     claim = _claim(setup, Cohort(np.zeros(1, np.int32), np.ones(1, np.float32)))
     return out[0], out[1], claim, None
   return run
@@ -372,12 +386,13 @@ def _omniscient(trials, key, factor, scale):
                            jax.random.fold_in(k_agg, SALT_ATTACK))
     return _flat(sent)
 
+  fn = jax.jit(jax.vmap(one, in_axes=(0, None)))
   out = []
   for world in (0, 1):
     s = -scale if world == 0 else scale
     rows = jax.tree_util.tree_map(lambda o: o.at[0].set(s), others)
     keys = jax.random.split(jax.random.fold_in(key, world), trials)
-    out.append(np.asarray(jax.jit(jax.vmap(one, in_axes=(0, None)))(keys, rows)))
+    out.append(np.asarray(fn(keys, rows)))
   claim = _claim(setup, Cohort(np.arange(K, dtype=np.int32), np.ones(K, np.float32)))
   return out[0], out[1], claim, None
 
@@ -402,8 +417,8 @@ class Audit:
 _FEDAVG = ("user-level, one round, population 8 (4 examples each), clip 1; canary: one client "
            "whose single example (50 on a feature no other client has) moves its update far past "
            "the clip")
-_DPSGD = ("example-level, replace one example, one client, one local DP-SGD step (64 examples, "
-          "batch 32), clip 1; canary: an example (50 on a feature no other "
+_DPSGD = ("example-level, replace one example, one client, one local DP-SGD step (64 examples), "
+          "clip 1; canary: an example (50 on a feature no other "
           "example has) replaced by the same example with the other label")
 _SIGN = ("worker-level, replace one worker's data set, one iteration, 6 coordinates; the worker's "
          "model x_k is x_0 - 1 in world 1 and x_0 + 1 in world 0 (every sign differs)")
@@ -418,16 +433,16 @@ AUDITS = {
                       _FEDAVG + "; BLUR local training, LUS sparsification (0.7) then clip then "
                       "noise; add/remove under Poisson sampling (q = 0.5), noise multiplier 1.5"),
     "dp-sgd-fixed": Audit(_example_level("dp-fl", "fixed"),
-                          _DPSGD + "; fixed-size batches sampled without replacement, noise "
-                          "multiplier 3"),
+                          _DPSGD + "; fixed-size batches of 48 sampled without replacement, "
+                          "noise multiplier 3"),
     "dp-sgd-poisson": Audit(_example_level("dp-fl", "poisson"),
                             _DPSGD + "; Poisson batches (rate 1/2) truncated at the library's "
                             "capacity, noise multiplier 2, PLD accountant"),
     "spfl-sound-high": Audit(_example_level("spfl-sound", "fixed", "high"),
-                             _DPSGD + "; spfl-sound's high class, sigma 3 (the gradient's share "
+                             _DPSGD + "; fixed batches of 48, spfl-sound's high class, sigma 3 (the gradient's share "
                              "of it, beside the noisy norm statistic)"),
     "spfl-sound-low": Audit(_example_level("spfl-sound", "fixed", "low"),
-                            _DPSGD + "; spfl-sound's low class, sigma 3: gradients scaled by "
+                            _DPSGD + "; fixed batches of 48, spfl-sound's low class, sigma 3: gradients scaled by "
                             "beta_low 0.9 under the cap low_cap = clip"),
     "dp-rsa-f": Audit(_sign("dp-rsa-f", {"keep_prob": 0.6}, "keep_prob", True),
                       _SIGN + "; Sign-Flipping, keep probability 0.6"),
@@ -436,7 +451,7 @@ AUDITS = {
                       + "; Sign-Gaussian, sigma 1.5, coordinates clipped to [-0.5, 0.5]"),
     "spfl": Audit(_example_level("spfl", "fixed", "low"),
                   "published SP-FL's low class (noise scaled by the batch's own gradient norms): "
-                  "one client, one step (64 examples, batch 32); canary: a zero example replaced "
+                  "one client, one step (64 examples, fixed batches of 48); canary: a zero example replaced "
                   "by one of value 50 x scale on its own feature", formal=False, trials=2000),
     "dp-rsa-g-unclipped": Audit(
         _sign("dp-rsa-g", {"sign_sigma": 1.0}, "sign_sigma", False),

@@ -1,0 +1,96 @@
+"""fedjax-dp audit: the Clopper-Pearson test, every mechanism's bound against its ledger's claim,
+mis-calibrated mechanisms caught, no-guarantee mechanisms growing with scale, and the command."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import binom
+
+from fedjax_dp import audit
+from fedjax_dp.cli import main
+
+TRIALS = 400
+SOUND = [k for k, a in audit.AUDITS.items() if a.formal]
+UNSOUND = [k for k, a in audit.AUDITS.items() if not a.formal]
+
+
+def test_clopper_pearson_upper_bound_covers_the_rate():
+  # The bound's defining property: P[Binomial(n, u) <= k] = alpha at the upper bound u.
+  for k, n in ((0, 100), (3, 100), (50, 100), (99, 100)):
+    u = float(audit.clopper_pearson_upper(k, n, 0.05))
+    assert binom.cdf(k, n, u) == pytest.approx(0.05, rel=1e-6)
+  assert audit.clopper_pearson_upper(0, 200, 0.025) == pytest.approx(1 - 0.025 ** (1 / 200))
+  assert audit.clopper_pearson_upper(100, 100, 0.05) == 1.0
+
+
+def test_lower_bound_of_randomized_response_is_below_its_epsilon_and_not_far():
+  # One binary randomized response with keep probability 0.8: epsilon = ln 4 exactly.
+  rng = np.random.default_rng(0)
+  n = 20000
+  r0 = (rng.random(n) > 0.8).astype(float)[:, None]   # world 0: bit 0 kept w.p. 0.8
+  r1 = (rng.random(n) < 0.8).astype(float)[:, None]
+  b = audit.epsilon_lower_bound(r0, r1, 1e-5, 0.95)
+  assert 0.8 * math.log(4) < b["epsilon_lower_bound"] <= math.log(4)
+  # Identical worlds: no test beats guessing.
+  same = audit.epsilon_lower_bound(r0, r0[::-1], 1e-5, 0.95)
+  assert same["epsilon_lower_bound"] < 0.3
+
+
+@pytest.mark.parametrize("mechanism", SOUND)
+def test_sound_mechanism_stays_below_its_claim_and_a_miscalibrated_one_is_caught(mechanism):
+  ok = audit.audit(mechanism, trials=TRIALS, seed=1)
+  assert ok["formal_guarantee"] and ok["epsilon_claimed"] > 0
+  assert 0 <= ok["epsilon_lower_bound"] <= ok["epsilon_claimed"]
+  assert ok["tightness"] == pytest.approx(ok["epsilon_lower_bound"] / ok["epsilon_claimed"])
+  # The same release with a tenth of the noise (flip probability) while the ledger accounts the
+  # nominal one: the audit must see the lie.
+  # (More trials than the sound run: they cost little once the round is compiled, and a test with
+  # 1000 evaluations per neighbour can show a bound up to 5.6.)
+  broken = audit.audit(mechanism, trials=5 * TRIALS, seed=1, noise_factor=0.1)
+  assert broken["epsilon_claimed"] == ok["epsilon_claimed"]
+  assert broken["epsilon_lower_bound"] > broken["epsilon_claimed"], broken["test"]
+
+
+@pytest.mark.parametrize("mechanism", UNSOUND)
+def test_no_guarantee_mechanism_bound_grows_with_scale(mechanism):
+  rep = audit.audit(mechanism, trials=TRIALS, scales=(1.0, 100.0))
+  assert rep["epsilon_claimed"] is None and rep["formal_guarantee"] is False
+  by = rep["lower_bound_by_scale"]
+  assert by["100"] > by["1"] + 1.0
+
+
+def test_command_json_and_exit_status(capsys):
+  assert main(["audit", "--mechanism", "dp-rsa-f", "--trials", "200", "--json"]) == 0
+  rep = json.loads(capsys.readouterr().out)
+  for key in ("epsilon_lower_bound", "epsilon_claimed", "trials", "tightness"):
+    assert key in rep
+  assert rep["trials"] == 200
+  assert main(["audit", "--mechanism", "dp-rsa-f", "--trials", "400", "--noise-factor", "0.1",
+               "--json"]) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "exceeds the claimed epsilon" in err[0]
+
+
+def test_list(capsys):
+  assert main(["audit", "--list", "--json"]) == 0
+  listing = json.loads(capsys.readouterr().out)
+  assert set(listing) == set(audit.AUDITS)
+
+
+@pytest.mark.parametrize("args,field", [
+    (["--mechanism", "laplace"], "mechanism"),
+    ([], "mechanism"),
+    (["--mechanism", "dp-rsa-f", "--trials", "1"], "trials"),
+    (["--mechanism", "dp-rsa-f", "--confidence", "1.5"], "confidence"),
+    (["--mechanism", "dp-rsa-f", "--noise-factor", "0"], "noise_factor"),
+    (["--mechanism", "dp-rsa-f", "--noise-factor", "nan"], "noise_factor"),
+    (["--mechanism", "dp-rsa-f", "--scales", "1,10"], "scales"),
+    (["--mechanism", "spfl", "--scales", "1,x"], "scales"),
+    (["--mechanism", "spfl", "--scales", "1,-2"], "scales"),
+])
+def test_bad_input_exits_2_naming_the_field(args, field, capsys):
+  assert main(["audit"] + args) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and f"invalid {field}=" in err
