@@ -411,7 +411,7 @@ class Audit:
   run: Callable
   covers: str
   formal: bool = True
-  trials: int = 4000
+  trials: int = 20000
 
 
 _FEDAVG = ("user-level, one round, population 8 (4 examples each), clip 1; canary: one client "
@@ -452,16 +452,16 @@ AUDITS = {
     "spfl": Audit(_example_level("spfl", "fixed", "low"),
                   "published SP-FL's low class (noise scaled by the batch's own gradient norms): "
                   "one client, one step (64 examples, fixed batches of 48); canary: a zero example replaced "
-                  "by one of value 50 x scale on its own feature", formal=False, trials=2000),
+                  "by one of value `scale` on its own feature (benign features are N(0, 1))", formal=False, trials=10000),
     "dp-rsa-g-unclipped": Audit(
         _sign("dp-rsa-g", {"sign_sigma": 1.0}, "sign_sigma", False),
         "Sign-Gaussian without a clip, sigma 1: " + _SIGN.replace("1 in", "0.25 x scale in"),
-        formal=False, trials=2000),
+        formal=False, trials=10000),
     "dp-rsa-f-omniscient": Audit(
         _omniscient, "DP-RSA(F), keep probability 0.6, 4 regular workers and 1 Byzantine running "
         "IPM (epsilon 1) on the regular workers' raw models; release: every message the master "
-        "receives in one iteration; worker 0's model is -/+ scale in every coordinate", formal=False,
-        trials=2000),
+        "receives in one iteration; worker 0's model is -/+ 0.01 x scale in every coordinate", formal=False,
+        trials=10000),
 }
 # The canary's distance per scale step of the no-guarantee audits.
 BASE_SCALE = {"spfl": 1.0 / CANARY, "dp-rsa-g-unclipped": 0.25, "dp-rsa-f-omniscient": 0.01}
@@ -523,8 +523,8 @@ def add_parser(sub):
   p = sub.add_parser("audit", help="empirical privacy audit: a lower bound on epsilon from "
                      "releases on neighbouring inputs, against the ledger's claim")
   p.add_argument("--mechanism", help=f"one of {sorted(AUDITS)}")
-  p.add_argument("--trials", type=int, help="releases per neighbouring input (default per mechanism, "
-                 "4000 or 2000); half select the test, half bound its errors")
+  p.add_argument("--trials", type=int, help="releases per neighbouring input (default 20000; "
+                 "10000 per scale without a guarantee); half select the test, half bound its errors")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--confidence", type=float, default=0.95,
                  help="joint confidence of the two Clopper-Pearson bounds (default 0.95)")
