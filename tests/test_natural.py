@@ -188,6 +188,14 @@ def test_cli_refuses_natural_without_clients(dataset, capsys, tmp_path):
   assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("dataset", ["shakespeare", "federated_emnist", "federated_emnist_digits"])
+def test_config_takes_natural_for_tff_sets(dataset):
+  from fedjax_dp.config import make_config  # pylint: disable=g-import-not-at-top
+  config = make_config(dataset=dataset, partition="natural", num_clients=715)
+  assert config.partition == "natural"
+  assert config.model_name == ("char_lstm" if dataset == "shakespeare" else "cnn2")
+
+
 @pytest.mark.xfail(strict=True, raises=ValueError, reason=(
     "engine.make_evaluator pads test_y as [n] and _evaluate_fn compares argmax == y times a [B] "
     "mask; per-position labels need models.masked_sums there (see the report); remove this "
