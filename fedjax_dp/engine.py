@@ -117,17 +117,14 @@ def _evaluate_fn(model, experiments: Optional[str] = None):
   ``experiments``: None for one model; "shared": parameters with a leading
   experiment axis, one test set; "stacked": a test set per experiment too.
   """
-  from fedjax_dp.models import cross_entropy
+  from fedjax_dp.models import masked_sums
 
   def evaluate(params, xs, ys, ms):
     def chunk(args):
       x, y, m = args
-      logits = model.apply(params, x)
-      correct = jnp.sum((jnp.argmax(logits, -1) == y) * m)
-      return correct, cross_entropy(logits, y, m) * jnp.sum(m)
-    correct, loss = jax.lax.map(chunk, (xs, ys, ms))
-    n = jnp.sum(ms)
-    return jnp.sum(correct) / n, jnp.sum(loss) / n
+      return masked_sums(model.apply(params, x), y, m)
+    loss, correct, n = (jnp.sum(a) for a in jax.lax.map(chunk, (xs, ys, ms)))
+    return correct / n, loss / n
 
   if experiments is not None:
     evaluate = jax.vmap(evaluate, in_axes=(0, None, None, None) if experiments == "shared" else 0)
@@ -141,9 +138,9 @@ def _test_chunks(test_x: np.ndarray, test_y: np.ndarray, batch_size: int):
   chunks = -(-n // bs)
   pad = chunks * bs - n
   xs = np.concatenate([test_x, np.zeros((pad,) + test_x.shape[1:], test_x.dtype)])
-  ys = np.concatenate([test_y, np.zeros(pad, test_y.dtype)])
+  ys = np.concatenate([test_y, np.zeros((pad,) + test_y.shape[1:], test_y.dtype)])
   ms = (np.arange(chunks * bs) < n).astype(np.float32)
-  return (xs.reshape((chunks, bs) + test_x.shape[1:]), ys.reshape(chunks, bs),
+  return (xs.reshape((chunks, bs) + test_x.shape[1:]), ys.reshape((chunks, bs) + test_y.shape[1:]),
           ms.reshape(chunks, bs))
 
 
