@@ -107,6 +107,10 @@ class RunConfig:
   cohort_size: Optional[int] = None
   capacity: Optional[int] = None
   placement: str = "device"
+  client_chunk: Optional[int] = dataclasses.field(default=None, metadata={
+      "help": "run the cohort in blocks of this many vmapped clients, one block after another "
+              "(default: all at once; an int >= 1); with the noised mean and no attack the "
+              "round's memory then stays flat in the cohort size"})
   # Client.
   local_steps: int = 5
   batch_size: int = 4
@@ -181,6 +185,8 @@ class RunConfig:
     check(self.capacity is None or 1 <= self.capacity <= self.num_clients, "capacity",
           self.capacity, f"must be in [1, num_clients={self.num_clients}] or unset")
     check_choice("placement", self.placement, PLACEMENTS)
+    check(self.client_chunk is None or self.client_chunk >= 1, "client_chunk", self.client_chunk,
+          "must be an integer >= 1 (or none: the whole cohort at once)")
     check(self.local_steps >= 1, "local_steps", self.local_steps, "must be >= 1")
     check(self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1")
     check_choice("client_optimizer", self.client_optimizer, OPTIMIZERS)

@@ -252,7 +252,8 @@ def run(program, data, sampler, rounds: int, *, hparams: Optional[dict] = None, 
         accounting=None,
         eval_every: int = 1, output_dir: Optional[str] = None, progress: bool = True,
         config: Optional[dict] = None, placement: str = "device",
-        on_round: Optional[Callable[[dict], None]] = None, release: str = "all") -> RunResult:
+        on_round: Optional[Callable[[dict], None]] = None, release: str = "all",
+        client_chunk: Optional[int] = None) -> RunResult:
   """Runs ``rounds`` federated rounds and returns the history and a summary.
 
   Args:
@@ -276,11 +277,13 @@ def run(program, data, sampler, rounds: int, *, hparams: Optional[dict] = None, 
       in every record and in the summary; "private" leaves them out, so the
       outputs hold only what the guarantee covers and what is public by
       design (module docstring).
+    client_chunk: run the cohort in blocks of this many vmapped clients
+      (:func:`fedjax_dp.round.run_clients`); None: all at once.
   """
   experiment = Experiment(dict(hparams or {}), data, sampler, seed, accounting, output_dir, config,
                           on_round)
   return run_group(program, [experiment], rounds, eval_every=eval_every, progress=progress,
-                   placement=placement, release=release)[0]
+                   placement=placement, release=release, client_chunk=client_chunk)[0]
 
 
 def group_mode(experiments) -> Optional[str]:
@@ -402,7 +405,8 @@ class _Log:
 
 
 def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progress: bool = True,
-              placement: str = "device", release: str = "all") -> list:
+              placement: str = "device", release: str = "all",
+              client_chunk: Optional[int] = None) -> list:
   """Runs experiments that share one :class:`fedjax_dp.round.Round` as one compiled program.
 
   One experiment runs the round's jitted step; several run it ``vmap``-ed over
@@ -413,7 +417,8 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
   floating-point reassociation): a cohort is padded with inert slots to the
   group's largest capacity, and padded clients change nothing. Arguments as
   :func:`run`; returns one :class:`RunResult` per experiment. A round's
-  ``seconds`` is the whole group's.
+  ``seconds`` is the whole group's. ``client_chunk``: clients per block
+  (:func:`fedjax_dp.round.run_clients`).
   """
   check(rounds >= 1, "rounds", rounds, "must be >= 1")
   check(eval_every >= 1, "eval_every", eval_every, "must be >= 1")
@@ -437,7 +442,8 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
                               experiments=mode)
   else:
     evaluate = make_evaluator(program.model, datas[0].test_x, datas[0].test_y, experiments=mode)
-  step = compiled_step(program, placement, mode)
+  check(client_chunk is None or client_chunk >= 1, "client_chunk", client_chunk, "must be >= 1")
+  step = compiled_step(program, placement, mode, client_chunk)
 
   if placement == "device":
     arrays = tuple(jnp.asarray(getattr(datas[0], f)) if len(datas) == 1 else

@@ -57,7 +57,8 @@ def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional
   return run(setup.program, data, setup.sampler, config.rounds, hparams=setup.hparams,
              seed=config.seed, accounting=setup.accounting, eval_every=config.eval_every,
              output_dir=output_dir, progress=progress, config=recorded_config(config),
-             placement=config.placement, on_round=on_round, release=release)
+             placement=config.placement, on_round=on_round, release=release,
+             client_chunk=config.client_chunk)
 
 
 def recorded_config(config: RunConfig) -> dict:

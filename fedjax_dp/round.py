@@ -240,8 +240,81 @@ def nonfinite_rows(rows, mask) -> jax.Array:
   return jnp.sum(mask) - jnp.sum(finite_rows(rows, mask))
 
 
-def step(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.Array):
-  """One federated round (pure; see the module docstring). Returns ``(state, metrics)``."""
+def _blocks(tree, size: int, count: int):
+  """Leading axis ``[C]`` -> ``[count, size]``, padded with zeros (inert: their mask is 0)."""
+  def split(a):
+    pad = count * size - a.shape[0]
+    a = jnp.concatenate([a, jnp.zeros((pad,) + a.shape[1:], a.dtype)]) if pad else a
+    return a.reshape((count, size) + a.shape[1:])
+  return jax.tree_util.tree_map(split, tree)
+
+
+def _unblocks(tree, length: int):
+  return jax.tree_util.tree_map(lambda a: a.reshape((-1,) + a.shape[2:])[:length], tree)
+
+
+def run_clients(rnd: Round, hp: dict, params, batch: CohortBatch, rows, chp, keys, *,
+                data=None, chunk: Optional[int] = None, accumulate=None):
+  """The cohort's client updates: one ``vmap``, or, with ``chunk``, blocks of ``chunk`` clients.
+
+  ``data``: the population's ``(x, y, counts)``; each block gathers its own
+  clients' rows from it (so the cohort's data is never held at once), else
+  ``batch`` holds them. Blocks run one after another (``lax.scan``) and a block
+  of padded slots only is skipped. ``accumulate``: ``(prepare, weighting)``
+  of a linear aggregator (:class:`fedjax_dp.aggregators.Aggregator`): each
+  block adds its masked, prepared uploads to a running weighted sum, and the
+  uploads themselves are not kept. Returns ``(out, total, weight)``; ``out``
+  holds every client's outputs (its ``upload`` None when accumulating) and
+  ``total``, ``weight`` the weighted sum and total weight (None otherwise).
+  """
+  client = rnd.client(hp)
+
+  def block(ids, mask, x, y, counts, rows, chp, keys):
+    if data is not None:
+      x, y, counts = (a[ids] for a in data)
+    out = jax.vmap(client, in_axes=(None, 0, 0, 0, 0, 0, 0))(params, x, y, counts, rows, chp, keys)
+    if accumulate is None:
+      return out, None, None
+    prepare, weighting = accumulate
+    u, m = prepare(mask_rows(out.upload, mask), mask)
+    w = client_weights(weighting, CohortBatch(None, None, counts, ids, mask))
+    from fedjax_dp.aggregators import weighted_sum
+    return out._replace(upload=None), weighted_sum(u, w, m), jnp.sum(w * m)
+
+  args = (batch.ids, batch.mask, batch.x, batch.y, batch.counts, rows, chp, keys)
+  size = batch.ids.shape[0]
+  if chunk is None or chunk >= size:
+    return block(*args)
+  count = -(-size // chunk)
+  blocks = _blocks(args, chunk, count)
+  first = jax.tree_util.tree_map(lambda a: a[0], blocks)
+  shapes = jax.eval_shape(block, *first)
+
+  def zeros(*_):
+    return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+  def body(carry, blk):
+    out, total, weight = jax.lax.cond(jnp.any(blk[1] > 0), block, zeros, *blk)
+    if accumulate is not None:
+      carry = (jax.tree_util.tree_map(jnp.add, carry[0], total), carry[1] + weight)
+    return carry, out
+
+  init = (zeros()[1], jnp.zeros((), jnp.float32)) if accumulate is not None else (None, None)
+  (total, weight), out = jax.lax.scan(body, init, blocks)
+  return _unblocks(out, size), total, weight
+
+
+def step(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.Array, *,
+         data=None, chunk: Optional[int] = None):
+  """One federated round (pure; see the module docstring). Returns ``(state, metrics)``.
+
+  ``data``, ``chunk``: see :func:`run_clients` (``batch.x``, ``batch.y`` and
+  ``batch.counts`` are unused with ``data``). With ``chunk``, a round whose
+  aggregate is linear in the uploads (the noised mean) and that has no attack
+  and no per-client state sums the uploads block by block, so its memory does
+  not grow with the cohort; any other keeps every client's upload (the
+  aggregators that need all rows at once say what they hold).
+  """
   # The split the FedAvg and DP-SGD programs used before the one round, so their runs
   # reproduce; the attack draws from its own salt.
   k_clients, k_agg = jax.random.split(key)
@@ -249,13 +322,26 @@ def step(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.A
   keys = client_keys(k_clients, batch.ids)
   rows = gather_rows(state.rows, batch.ids)
   chp = () if rnd.client_hparams is None else rnd.client_hparams(state.server, hp, batch.ids)
-  out = jax.vmap(rnd.client(hp), in_axes=(None, 0, 0, 0, 0, 0, 0))(
-      state.params, batch.x, batch.y, batch.counts, rows, chp, keys)
-  uploads = mask_rows(out.upload, batch.mask)
+  aggregator = rnd.aggregator(hp)
+  accumulate = None
+  if (chunk is not None and aggregator.finish is not None and rnd.attack == "none"
+      and rnd.attack_step is attack_uploads and rnd.init_row is None):
+    accumulate = (aggregator.prepare, rnd.weighting)
+  out, total, weight = run_clients(rnd, hp, state.params, batch, rows, chp, keys, data=data,
+                                   chunk=chunk, accumulate=accumulate)
+  counts = batch.counts if data is None else data[2][batch.ids]
   byz = attacks_lib.byzantine_mask(batch.ids, rnd.num_clients, hp["byzantine"])
-  sent = rnd.attack_step(rnd, state, out, uploads, byz, batch.mask, hp, k_attack)
-  aggregate, agg_state = rnd.aggregator(hp).aggregate(
-      sent, client_weights(rnd.weighting, batch), batch.mask, state.agg_state, k_agg)
+  if accumulate is None:
+    uploads = mask_rows(out.upload, batch.mask)
+    sent = rnd.attack_step(rnd, state, out, uploads, byz, batch.mask, hp, k_attack)
+    aggregate, agg_state = aggregator.aggregate(
+        sent, client_weights(rnd.weighting, batch._replace(counts=counts)), batch.mask,
+        state.agg_state, k_agg)
+    nonfinite = nonfinite_rows(sent, batch.mask)
+  else:
+    sent = None
+    aggregate, agg_state = aggregator.finish(total, weight, state.agg_state, k_agg)
+    nonfinite = jnp.sum(batch.mask * ~jnp.isfinite(out.norm))
   params, opt_state = server_update(rnd, state, aggregate, hp)
   server = state.server if rnd.server_rule is None else rnd.server_rule(
       state.server, hp, out.aux, batch.mask, batch.ids)
@@ -263,7 +349,7 @@ def step(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.A
       state.rows, batch.ids, out.row, batch.mask, rnd.num_clients)
   metrics = {"client_loss": out.loss, "update_norm": out.norm, "mask": batch.mask,
              "aggregate_norm": global_norm(aggregate),
-             "nonfinite_rows": nonfinite_rows(sent, batch.mask),
+             "nonfinite_rows": nonfinite,
              "nonfinite_updates": jnp.sum(batch.mask * ~jnp.isfinite(out.norm)),
              "byzantine_in_cohort": jnp.sum(byz * batch.mask)}
   if rnd.metrics is not None:
@@ -273,7 +359,8 @@ def step(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.A
 
 
 @functools.lru_cache(maxsize=128)
-def compiled_step(rnd: Round, placement: str = "device", experiments: Optional[str] = None) -> Callable:
+def compiled_step(rnd: Round, placement: str = "device", experiments: Optional[str] = None,
+                  chunk: Optional[int] = None) -> Callable:
   """The jitted step of ``rnd``, compiled once per :class:`Round` and argument shapes.
 
   ``placement="device"``: ``fn(state, hp, (x, y, counts), ids, mask, key)``
@@ -284,15 +371,16 @@ def compiled_step(rnd: Round, placement: str = "device", experiments: Optional[s
   over a leading experiment axis of every argument (a sweep), except, with
   ``"shared"`` and device placement, the clients' arrays, which all
   experiments read from one copy (``"stacked"``: each has its own;
-  :func:`fedjax_dp.engine.group_mode`).
+  :func:`fedjax_dp.engine.group_mode`). ``chunk``: clients per block
+  (:func:`run_clients`).
   """
   if placement == "device":
     def fn(state, hp, arrays, ids, mask, key):
-      x, y, c = arrays
-      return step(rnd, state, hp, CohortBatch(x[ids], y[ids], c[ids], ids, mask), key)
+      return step(rnd, state, hp, CohortBatch(None, None, None, ids, mask), key, data=arrays,
+                  chunk=chunk)
   else:
     def fn(state, hp, batch, key):
-      return step(rnd, state, hp, batch, key)
+      return step(rnd, state, hp, batch, key, chunk=chunk)
   if experiments is not None:
     data = None if experiments == "shared" and placement == "device" else 0
     fn = jax.vmap(fn, in_axes=(0, 0, data, 0, 0, 0) if placement == "device" else 0)

@@ -158,6 +158,53 @@ class SweepResult:
     return {"rows": self.rows, "experiments": exps, "groups": self.groups, "seconds": self.seconds}
 
 
+def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Sequence] = None,
+                progress: bool = False, release: str = "all", log=None, on_group=None,
+                before_running=None) -> tuple:
+  """Runs configurations, those that share a round as one program each; returns
+  ``(results, groups)``: a :class:`fedjax_dp.engine.RunResult` per configuration, in order,
+  and one record per group (``experiments``: their indices, ``seconds``).
+
+  Every configuration is built on its data set (``datas[i]``) before anything runs (so a bad
+  value stops the whole batch before compiling; then ``before_running()`` is called). Groups:
+  the same :class:`fedjax_dp.round.Round`, rounds, evaluation period, placement, client chunk and
+  data shapes
+  (:func:`fedjax_dp.engine.run_group`). ``on_group(indices, results)`` is called as each group
+  ends; ``log`` gets one line per group.
+  """
+  from fedjax_dp.algorithms import build
+  from fedjax_dp.engine import Experiment, run_group
+  from fedjax_dp.experiment import recorded_config
+  built = [build(c, d) for c, d in zip(configs, datas)]
+  output_dirs = list(output_dirs or [None] * len(configs))
+  groups = {}
+  for i, (c, setup) in enumerate(zip(configs, built)):
+    key = (id(setup.program), c.rounds, c.eval_every, c.placement, c.client_chunk,
+           _shape_key(datas[i]))
+    groups.setdefault(key, []).append(i)
+  if before_running is not None:
+    before_running()
+  results, records = [None] * len(configs), []
+  for g, members in enumerate(groups.values()):
+    tg = time.perf_counter()
+    first = configs[members[0]]
+    experiments = [Experiment(built[i].hparams, datas[i], built[i].sampler, configs[i].seed,
+                              built[i].accounting, output_dirs[i], recorded_config(configs[i]))
+                   for i in members]
+    done = run_group(built[members[0]].program, experiments, first.rounds,
+                     eval_every=first.eval_every, progress=progress, placement=first.placement,
+                     release=release, client_chunk=first.client_chunk)
+    for i, res in zip(members, done):
+      results[i] = res
+    records.append({"experiments": list(members), "seconds": time.perf_counter() - tg})
+    if log is not None:
+      log(f"[group {g + 1}/{len(groups)}] {len(members)} experiments of {first.algorithm}: "
+          f"{records[-1]['seconds']:.1f}s")
+    if on_group is not None:
+      on_group(members, done)
+  return results, records
+
+
 def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int = 1, *,
           output_dir: Optional[str] = None, overwrite: bool = False, progress: bool = False,
           release: str = "all",
@@ -179,10 +226,9 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
       called once per distinct data set (data fields and seed).
     log: where one line per finished group goes (default: nowhere).
   """
-  from fedjax_dp.algorithms import build, option_table, options, unused_fields
+  from fedjax_dp.algorithms import option_table, options, unused_fields
   from fedjax_dp.config import make_config
-  from fedjax_dp.engine import Experiment, run_group
-  from fedjax_dp.experiment import load_data, recorded_config
+  from fedjax_dp.experiment import load_data
   from fedjax_dp.jsonio import dumps
   from fedjax_dp.reproduce.runner import seed_stats
   config = make_config() if config is None else config
@@ -197,40 +243,22 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
                                                                   results=SWEEP_FILES)
   load = load or load_data
   t0 = time.perf_counter()
-  datasets, built = {}, []
-  for p in points:  # every experiment is built (and every value checked) before anything runs
+  datasets = {}
+  for p in points:  # one load per distinct data set
     key = _data_key(p.config)
     if key not in datasets:
       datasets[key] = load(p.config)
-    built.append(build(p.config, datasets[key]))
-  groups = {}
-  for i, (p, setup) in enumerate(zip(points, built)):
-    data = datasets[_data_key(p.config)]
-    key = (id(setup.program), p.config.rounds, p.config.eval_every, p.config.placement,
-           _shape_key(data))
-    groups.setdefault(key, []).append(i)
-  if out is not None:  # an earlier sweep's files go once everything is built, before round 1
-    shutil.rmtree(out / "experiments", ignore_errors=True)
-    outputs.remove(out, ("results.json",))
-  results, group_records = [None] * len(points), []
-  for g, members in enumerate(groups.values()):
-    tg = time.perf_counter()
-    first = points[members[0]].config
-    experiments = [
-        Experiment(built[i].hparams, datasets[_data_key(points[i].config)], built[i].sampler,
-                   points[i].config.seed, built[i].accounting,
-                   None if out is None else str(out / "experiments" / f"{i:03d}"),
-                   recorded_config(points[i].config))
-        for i in members]
-    for i, res in zip(members, run_group(built[members[0]].program, experiments, first.rounds,
-                                         eval_every=first.eval_every, progress=progress,
-                                         placement=first.placement, release=release)):
-      results[i] = res
-    seconds = time.perf_counter() - tg
-    group_records.append({"experiments": list(members), "seconds": seconds})
-    if log is not None:
-      log(f"[group {g + 1}/{len(groups)}] {len(members)} experiments of {first.algorithm}: "
-          f"{seconds:.1f}s")
+
+  def clear_earlier():  # an earlier sweep's files go once everything is built, before round 1
+    if out is not None:
+      shutil.rmtree(out / "experiments", ignore_errors=True)
+      outputs.remove(out, ("results.json",))
+
+  results, group_records = run_configs(
+      [p.config for p in points], [datasets[_data_key(p.config)] for p in points],
+      output_dirs=[None if out is None else str(out / "experiments" / f"{i:03d}")
+                   for i in range(len(points))],
+      progress=progress, release=release, log=log, before_running=clear_earlier)
   group_of = {i: g for g, rec in enumerate(group_records) for i in rec["experiments"]}
   experiments = [{"values": p.values, "seed": p.seed, "group": group_of[i],
                   "output_dir": None if out is None else f"experiments/{i:03d}", "result": r}

@@ -196,10 +196,6 @@ def test_config_takes_natural_for_tff_sets(dataset):
   assert config.model_name == ("char_lstm" if dataset == "shakespeare" else "cnn2")
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "engine.make_evaluator pads test_y as [n] and _evaluate_fn compares argmax == y times a [B] "
-    "mask; per-position labels need models.masked_sums there (see the report); remove this "
-    "marker when the engine takes them"))
 def test_cli_runs_dp_fedavg_on_natural_shakespeare(plays_dir, tmp_path, capsys):
   out = tmp_path / "run"
   assert main(["run", "--dataset", "shakespeare", "--partition", "natural",

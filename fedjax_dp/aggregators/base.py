@@ -15,10 +15,20 @@ DENOMINATORS = ("realized", "expected")
 
 
 class Aggregator(NamedTuple):
-  """``init(params_like) -> state`` and ``aggregate(updates, weights, mask, state, key)``."""
+  """``init(params_like) -> state`` and ``aggregate(updates, weights, mask, state, key)``.
+
+  An aggregate that depends on the rows only through their weighted sum also
+  gives ``prepare`` and ``finish``, with ``aggregate(u, w, m, s, k) ==
+  finish(weighted_sum(u', w, m'), sum(w * m'), s, k)`` where ``(u', m') =
+  prepare(u, m)`` acts on each row alone. The round then sums the rows block
+  by block without holding all of them (``--client-chunk``); aggregators that
+  need every row at once (medians, Krum, the geometric median) leave them None.
+  """
 
   init: Callable[[Any], Any]
   aggregate: Callable[..., tuple]
+  prepare: Optional[Callable] = None
+  finish: Optional[Callable] = None
 
 
 def weighted_sum(updates, weights: jax.Array, mask: jax.Array):
@@ -50,15 +60,14 @@ def mean(denominator: str = "realized", expected_size: Optional[float] = None,
           "must be > 0 when denominator='expected'")
   check(noise_stddev is None or noise_stddev >= 0, "noise_stddev", noise_stddev, "must be >= 0")
 
-  def aggregate(updates, weights, mask, state, key):
-    total = weighted_sum(updates, weights, mask)
+  def finish(total, weight, state, key):
     if noise_stddev is not None:
       noise = gaussian_like(total, noise_stddev, salted(key, SALT_GAUSSIAN))
       total = jax.tree_util.tree_map(jnp.add, total, noise)
-    if denominator == "realized":
-      denom = jnp.maximum(jnp.sum(weights * mask), 1.0)
-    else:
-      denom = expected_size
+    denom = jnp.maximum(weight, 1.0) if denominator == "realized" else expected_size
     return jax.tree_util.tree_map(lambda t: t / denom, total), state
 
-  return Aggregator(lambda params: optax.EmptyState(), aggregate)
+  def aggregate(updates, weights, mask, state, key):
+    return finish(weighted_sum(updates, weights, mask), jnp.sum(weights * mask), state, key)
+
+  return Aggregator(lambda params: optax.EmptyState(), aggregate, lambda u, m: (u, m), finish)

@@ -77,11 +77,17 @@ def _zero_nonreal(updates, mask):
 def guard_nonfinite(aggregator: Aggregator) -> Aggregator:
   """Rejects rows with Inf/NaN entries (treats them as padding) before ``aggregator``."""
 
-  def aggregate(updates, weights, mask, state, key):
+  def guard(updates, mask):
     m = finite_rows(updates, mask)
-    return aggregator.aggregate(_zero_nonreal(updates, m), weights, m, state, key)
+    return _zero_nonreal(updates, m), m
 
-  return Aggregator(aggregator.init, aggregate)
+  def aggregate(updates, weights, mask, state, key):
+    u, m = guard(updates, mask)
+    return aggregator.aggregate(u, weights, m, state, key)
+
+  prepare = None if aggregator.prepare is None else (
+      lambda updates, mask: aggregator.prepare(*guard(updates, mask)))
+  return Aggregator(aggregator.init, aggregate, prepare, aggregator.finish)
 
 
 def _sorted_real(values: jax.Array, mask: jax.Array) -> jax.Array:
