@@ -225,10 +225,22 @@ def _cmd_run(args) -> int:
 
 def _cmd_privacy(args) -> int:
   """Prints one strict-JSON object: the epsilon of a mechanism, or the noise for a target epsilon."""
+  from dp_accounting.mechanism_calibration import NoBracketIntervalFoundError
+  from fedjax_dp.jsonio import dumps
+  try:
+    report = _privacy_report(args)
+  except (MemoryError, OverflowError, NoBracketIntervalFoundError) as e:
+    raise ConfigError("accountant", args.accountant, "dp_accounting cannot account this setting "
+                      f"({type(e).__name__}: {str(e)[:100]}); fewer rounds, a larger noise multiplier "
+                      "or delta, or the other accountant may") from None
+  print(dumps(report))
+  return 0
+
+
+def _privacy_report(args) -> dict:
   import math
   from fedjax_dp.config import check_finite, check_noise_multiplier
   from fedjax_dp.errors import check_choice, check_open_unit
-  from fedjax_dp.jsonio import dumps
   from fedjax_dp.privacy import ACCOUNTANTS, GaussianSumMechanism, calibrate_noise_multiplier, epsilon_for
   from fedjax_dp.privacy.ledger import check_supported
   for name in ("keep_prob", "sampling_prob", "noise_multiplier", "target_epsilon", "delta"):
@@ -242,9 +254,8 @@ def _cmd_privacy(args) -> int:
     _check_rdp(args.accountant)
     check(args.keep_prob is not None and 0.5 < args.keep_prob < 1, "keep_prob", args.keep_prob, "must be in (0.5, 1)")
     check(args.dimension is not None and args.dimension >= 1, "dimension", args.dimension, "must be >= 1")
-    print(dumps({"mechanism": "sign-flip", "keep_prob": args.keep_prob, **composed_epsilon(
-        SignFlipMechanism(args.keep_prob, args.dimension), args.rounds, args.delta)}))
-    return 0
+    return {"mechanism": "sign-flip", "keep_prob": args.keep_prob, **composed_epsilon(
+        SignFlipMechanism(args.keep_prob, args.dimension), args.rounds, args.delta)}
   check(args.rounds >= 1, "rounds", args.rounds, "must be >= 1")
   check_open_unit("delta", args.delta)
   check((args.noise_multiplier is None) != (args.target_epsilon is None), "noise_multiplier/target_epsilon",
@@ -272,8 +283,7 @@ def _cmd_privacy(args) -> int:
                              "guarantee")
   out["neighbouring_relation"] = mech.relation
   out["dp_event"] = repr(event)
-  print(dumps(out))
-  return 0
+  return out
 
 
 def _cmd_sweep(args) -> int:
@@ -326,7 +336,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
            "algorithms": _cmd_algorithms, "audit": audit.command}[args.command]
     return cmd(args)
   except ConfigError as e:
-    print(f"fedjax-dp: error: {e}".replace("\n", "\\n"), file=sys.stderr)  # one line, always
+    print("\\n".join(f"fedjax-dp: error: {e}".splitlines()), file=sys.stderr)  # one line, always
     return EXIT_INVALID
   except KeyboardInterrupt:
     print("fedjax-dp: interrupted", file=sys.stderr)

@@ -1,0 +1,527 @@
+"""Hostile input, tried as a new user would: exit 2 and one line naming the field, never a
+traceback; wrong results are never silent; nothing already written is lost."""
+
+import dataclasses
+import gzip
+import io
+import json
+import math
+import os
+import tarfile
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fedjax_dp.cli import main
+from fedjax_dp.config import RunConfig, make_config
+from fedjax_dp.errors import ConfigError
+
+TINY = ["--num-clients", "40", "--rounds", "2", "--local-steps", "2", "--model", "mlp", "--no-progress"]
+PRIVACY = ["privacy", "--rounds", "10", "--delta", "1e-5"]
+
+
+def _one_error_line(capsys, field):
+  """The captured stderr is one line naming ``field``; returns it."""
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1, err
+  assert err[0].startswith(f"fedjax-dp: error: invalid {field}="), err[0]
+  return err[0]
+
+
+# ------------------------------------------------------------------ flags and config files
+
+
+@pytest.mark.parametrize("args,field", [
+    (["run", "--seed", "-1"], "seed"),
+    (["run", "--seed", "2**70"], "seed"),
+    (["run", "--seed", str(2 ** 70)], "seed"),
+    (["run", "--noise-multiplier", "1e300", "--target-epsilon", "none"], "noise_multiplier"),
+    (["run", "--target-epsilon", "inf"], "target_epsilon"),
+    (["run", "--rounds", "2.5"], "rounds"),
+    (["run", "--batch-size", "2.5"], "batch_size"),
+    (["run", "--local-steps", "1.5"], "local_steps"),
+    (["run", "--output-dir", ""], "output_dir"),
+    ([*PRIVACY, "--sampling-prob", "0.1", "--noise-multiplier", "1e300"], "noise_multiplier"),
+    ([*PRIVACY, "--sampling-prob", "0.1", "--target-epsilon", "inf"], "target_epsilon"),
+    ([*PRIVACY, "--sampling", "fixed", "--num-clients", "100", "--cohort-size", "10",
+      "--noise-multiplier", "1", "--accountant", "pld"], "accountant"),
+    ([*PRIVACY, "--sampling-prob", "0.1", "--noise-multiplier", "1", "--seed", "3"], "arguments"),
+    ([*PRIVACY, "--sampling-prob", "0.1", "--noise-multiplier", "1", "--rounds", str(10 ** 30),
+      "--accountant", "pld"], "accountant"),
+    ([*PRIVACY, "--mechanism", "sign-flip", "--keep-prob", "0.7", "--dimension", str(10 ** 30)],
+     "accountant"),
+])
+def test_flags_are_refused_in_one_line(args, field, capsys, tmp_path):
+  if args[0] == "run" and "--output-dir" not in args:
+    args = [*args, "--output-dir", str(tmp_path / "o")]
+  assert main(args) == 2
+  line = _one_error_line(capsys, field)
+  assert "must be a int" not in line  # "an integer"
+  assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("content,field", [
+    ({"rounds": True}, "rounds"), ({"rounds": 2.5}, "rounds"), ({"rounds": "abc"}, "rounds"),
+    ({"batch_size": 2.5}, "batch_size"), ({"local_steps": 1.5}, "local_steps"),
+    ({"eval_every": 1.5}, "eval_every"), ({"target_epsilon": True}, "target_epsilon"),
+    ({"clip": "0.5"}, "clip"), ({"download": "yes"}, "download"), ({"seed": -1}, "seed"),
+    ({"seed": 2 ** 70}, "seed"), ({"options": [1, 2]}, "options"), ({"options": "abc"}, "options"),
+    ({"options": 3}, "options"), (b'{"rounds": 2, "dataset": "\xff\xfe"}', "config"),
+    (b"\xff\xfe\x00\x00", "config"), ([1, 2], "config"), (b"{", "config")])
+def test_config_files_are_refused_by_the_field_at_fault(content, field, capsys, tmp_path):
+  cfg = tmp_path / "c.json"
+  cfg.write_bytes(content if isinstance(content, bytes) else json.dumps(content).encode())
+  assert main(["run", "--config", str(cfg), "--output-dir", str(tmp_path / "o"), "--no-progress"]) == 2
+  line = _one_error_line(capsys, field)
+  if content == {"rounds": "abc"}:
+    assert "batch_size" not in line and "'abc'" in line  # names rounds only
+  assert not (tmp_path / "o").exists()
+
+
+def _every_option():
+  """(algorithm, option) with one algorithm per option name: every --set option there is."""
+  from fedjax_dp.algorithms import ALGORITHMS, option_table
+  seen = {}
+  for name in ALGORITHMS:
+    for o in option_table(name):
+      seen.setdefault(o.name, (name, o))
+  return sorted(seen.values(), key=lambda p: p[1].name)
+
+
+@pytest.mark.parametrize("algorithm,option", _every_option(), ids=lambda v: getattr(v, "name", v))
+@pytest.mark.parametrize("text", ["abc", "[1]", "{}", "true"])
+def test_wrong_typed_set_values_are_refused_in_one_line(algorithm, option, text, capsys, tmp_path):
+  if option.kind == "choice" and text == "abc":
+    text = "3"
+  assert main(["run", "--algorithm", algorithm, "--num-clients", "20", "--set", f"{option.name}={text}",
+               "--output-dir", str(tmp_path / "o"), "--no-progress"]) == 2
+  _one_error_line(capsys, f"option {option.name}")
+  assert not (tmp_path / "o").exists()
+
+
+def test_fixed_sampling_with_pld_is_refused_before_compiling(capsys, tmp_path, monkeypatch):
+  import fedjax_dp.round
+
+  def no_compiling(*a, **k):
+    raise AssertionError("compiled a round for a refused configuration")
+
+  monkeypatch.setattr(fedjax_dp.round, "compiled_step", no_compiling)
+  assert main(["run", *TINY, "--sampling", "fixed", "--cohort-size", "10", "--accountant", "pld",
+               "--output-dir", str(tmp_path / "o")]) == 2
+  _one_error_line(capsys, "accountant")
+  assert not (tmp_path / "o").exists()
+
+
+# ------------------------------------------------------------------ data files
+
+
+def _idx(arr, dtype_code=0x08):
+  head = bytes([0, 0, dtype_code, arr.ndim]) + np.array(arr.shape, dtype=">i4").tobytes()
+  return head + arr.astype(np.uint8).tobytes()
+
+
+def _mnist_dir(tmp_path, labels=None, images=None):
+  """A data folder with four small gzipped MNIST IDX files; returns it and the files."""
+  d = tmp_path / "data" / "mnist"
+  d.mkdir(parents=True)
+  rng = np.random.default_rng(0)
+  img = rng.integers(0, 256, size=(50, 28, 28)) if images is None else images
+  lab = np.arange(50) % 10 if labels is None else labels
+  files = {}
+  for split in ("train", "t10k"):
+    for kind, arr in (("images-idx3", img), ("labels-idx1", lab)):
+      files[f"{split}-{kind}"] = p = d / f"{split}-{kind}-ubyte.gz"
+      p.write_bytes(gzip.compress(_idx(arr)))
+  return tmp_path / "data", files
+
+
+def _run_on(data_dir, dataset, tmp_path):
+  return main(["run", "--dataset", dataset, "--data-dir", str(data_dir), "--model", "mlp",
+               "--num-clients", "10", "--rounds", "1", "--no-progress",
+               "--output-dir", str(tmp_path / "o")])
+
+
+def _corrupt_crc(blob):
+  b = bytearray(blob)
+  b[-8] ^= 0xFF  # the CRC-32 in the gzip trailer
+  return bytes(b)
+
+
+@pytest.mark.parametrize("damage,words", [
+    (lambda b: b[:len(b) // 2], "truncated"),
+    (_corrupt_crc, "CRC"),
+    (lambda b: gzip.compress(b"\x01\x02\x08\x03" + gzip.decompress(b)[4:]), "magic"),
+    (lambda b: gzip.compress(gzip.decompress(b)[:-7]), "size"),
+    (lambda b: b"not gzip, not idx", "magic"),
+])
+def test_damaged_idx_files_are_refused_naming_the_file(damage, words, capsys, tmp_path):
+  data_dir, files = _mnist_dir(tmp_path)
+  bad = files["train-labels-idx1"]
+  bad.write_bytes(damage(bad.read_bytes()))
+  assert _run_on(data_dir, "mnist", tmp_path) == 2
+  line = _one_error_line(capsys, "data_file")
+  assert str(bad) in line and words.lower() in line.lower()
+  assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("labels,images,which,words", [
+    (np.full(50, 200), None, "train-labels-idx1", "[0, 10)"),
+    (None, np.zeros((50, 27, 28)), "train-images-idx3", "(28, 28)"),
+    (np.zeros((50, 2)), None, "train-labels-idx1", "one label per image"),
+])
+def test_idx_contents_are_checked_against_the_data_set(labels, images, which, words, capsys, tmp_path):
+  data_dir, files = _mnist_dir(tmp_path, labels=labels, images=images)
+  assert _run_on(data_dir, "mnist", tmp_path) == 2
+  line = _one_error_line(capsys, "data_file")
+  assert str(files[which]) in line and words in line
+
+
+def _jpeg(size=(32, 32), fmt="JPEG"):
+  from PIL import Image
+  buf = io.BytesIO()
+  Image.new("RGB", size, (120, 30, 200)).save(buf, format=fmt)
+  return buf.getvalue()
+
+
+def _tar(path, members):
+  with tarfile.open(path, "w:gz") as tar:
+    for name, blob in members.items():
+      info = tarfile.TarInfo(name)
+      info.size = len(blob)
+      tar.addfile(info, io.BytesIO(blob))
+
+
+def _cifar_dir(tmp_path, bad_member=None):
+  d = tmp_path / "data" / "cifar10"
+  d.mkdir(parents=True)
+  classes = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+  for split in ("train", "test"):
+    members = {f"{split}/{c}/{i:04d}.jpg": _jpeg() for c in classes for i in range(2)}
+    if bad_member is not None:
+      members[f"{split}/cat/9999.jpg"] = bad_member
+    _tar(d / f"{split}.tar.gz", members)
+  return tmp_path / "data", d
+
+
+@pytest.mark.parametrize("case,words", [
+    ("garbage", "tar"), ("truncated", "tar"), ("not_jpeg", "JPEG"), ("png", "JPEG"),
+    ("wrong_size", "32x32")])
+def test_damaged_cifar_tarballs_are_refused_naming_the_file(case, words, capsys, tmp_path, monkeypatch):
+  monkeypatch.setenv("FEDJAX_DP_CACHE", str(tmp_path / "cache"))
+  member = {"not_jpeg": b"hello, not an image", "png": _jpeg(fmt="PNG"),
+            "wrong_size": _jpeg((31, 32))}.get(case)
+  data_dir, d = _cifar_dir(tmp_path, member)
+  tar = d / "train.tar.gz"
+  if case == "garbage":
+    tar.write_bytes(os.urandom(3000))
+  elif case == "truncated":
+    tar.write_bytes(tar.read_bytes()[:-300])
+  assert _run_on(data_dir, "cifar10", tmp_path) == 2
+  line = _one_error_line(capsys, "data_file")
+  assert str(tar) in line and words in line
+  if member is not None:
+    assert "train/cat/9999.jpg" in line
+
+
+def test_the_undamaged_synthetic_files_load(tmp_path, monkeypatch):
+  from fedjax_dp import data
+  monkeypatch.setenv("FEDJAX_DP_CACHE", str(tmp_path / "cache"))
+  data_dir, _ = _mnist_dir(tmp_path)
+  assert data.load_central("mnist", data_dir=str(data_dir)).train_x.shape == (50, 28, 28, 1)
+  data_dir, _ = _cifar_dir(tmp_path / "c")
+  assert data.load_central("cifar10", data_dir=str(data_dir)).train_x.shape == (20, 32, 32, 3)
+
+
+# ------------------------------------------------------------------ output folders
+
+
+@pytest.mark.parametrize("where", ["file", "parent_file", "proc", "sys"])
+def test_output_paths_that_cannot_hold_a_run_are_refused(where, capsys, tmp_path):
+  (tmp_path / "f").write_text("x")
+  path = {"file": tmp_path / "f", "parent_file": tmp_path / "f" / "run",
+          "proc": "/proc/fedjax_dp_run", "sys": "/sys/fedjax_dp_run"}[where]
+  assert main(["run", *TINY, "--output-dir", str(path)]) == 2
+  _one_error_line(capsys, "output_dir")
+  assert (tmp_path / "f").read_text() == "x"
+
+
+def test_reproduce_into_a_file_is_refused(capsys, tmp_path):
+  (tmp_path / "f").write_text("x")
+  assert main(["reproduce", "cheng2022", "--scale", "tiny", "--output-dir", str(tmp_path / "f")]) == 2
+  _one_error_line(capsys, "output_dir")
+
+
+def test_reproduce_keeps_an_earlier_reproduction_unless_overwrite(capsys, tmp_path, monkeypatch):
+  import fedjax_dp.reproduce
+  out = tmp_path / "r"
+  out.mkdir()
+  (out / "results.json").write_text('{"rows": []}')
+  (out / "runs.jsonl").write_text("{}\n")
+  calls = []
+  monkeypatch.setattr(fedjax_dp.reproduce, "run_reproduction", lambda *a, **k: calls.append(k) or 0)
+  assert main(["reproduce", "cheng2022", "--scale", "tiny", "--output-dir", str(out)]) == 2
+  assert "--overwrite" in _one_error_line(capsys, "output_dir") and not calls
+  assert (out / "results.json").read_text() == '{"rows": []}'
+  assert main(["reproduce", "cheng2022", "--scale", "tiny", "--output-dir", str(out), "--overwrite"]) == 0
+  assert len(calls) == 1
+  assert not (out / "results.json").exists() and not (out / "runs.jsonl").exists()
+
+
+def _interrupt_at_round(monkeypatch, n):
+  """Ctrl-C (KeyboardInterrupt) while round ``n`` is being summarized."""
+  import fedjax_dp.engine
+  real, count = fedjax_dp.engine.summarize_round, [0]
+
+  def summarize(*a, **k):
+    count[0] += 1
+    if count[0] == n:
+      raise KeyboardInterrupt
+    return real(*a, **k)
+
+  monkeypatch.setattr(fedjax_dp.engine, "summarize_round", summarize)
+
+
+def test_ctrl_c_ends_with_one_line_and_keeps_the_rounds_written(capsys, tmp_path, monkeypatch):
+  out = tmp_path / "o"
+  _interrupt_at_round(monkeypatch, 3)
+  assert main(["run", *TINY, "--rounds", "5", "--output-dir", str(out)]) == 130
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "interrupted" in err[0] and "2 rounds" in err[0], err
+  assert "--overwrite" in err[0] and "Traceback" not in err[0]
+  assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+  assert not (out / "summary.json").exists()
+
+
+def test_overwrite_clears_the_old_run_before_its_first_round(capsys, tmp_path, monkeypatch):
+  out = tmp_path / "o"
+  assert main(["run", *TINY, "--output-dir", str(out)]) == 0
+  assert (out / "summary.json").exists()
+  old_rows = (out / "metrics.jsonl").read_text()
+  # Interrupted before its first round: the earlier run is as it was.
+  _interrupt_at_round(monkeypatch, 1)
+  assert main(["run", *TINY, "--output-dir", str(out), "--overwrite"]) == 130
+  assert (out / "metrics.jsonl").read_text() == old_rows and (out / "summary.json").exists()
+  # Interrupted in its second round: one new row, and no summary of the old run beside it.
+  monkeypatch.undo()
+  _interrupt_at_round(monkeypatch, 2)
+  assert main(["run", *TINY, "--output-dir", str(out), "--overwrite"]) == 130
+  assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
+  assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl"]
+  capsys.readouterr()
+
+
+def test_a_run_that_fails_before_its_first_round_leaves_no_files(capsys, tmp_path, monkeypatch):
+  import fedjax_dp.engine
+  out = tmp_path / "o"
+
+  def boom(*a, **k):
+    raise RuntimeError("out of memory")
+
+  monkeypatch.setattr(fedjax_dp.engine, "make_evaluator", boom)
+  with pytest.raises(RuntimeError):
+    main(["run", *TINY, "--output-dir", str(out)])
+  assert not out.exists() or not any(out.iterdir())
+  # An empty metrics.jsonl (left by an older version) is not a result: a retry is not blocked.
+  monkeypatch.undo()
+  out.mkdir(exist_ok=True)
+  (out / "metrics.jsonl").write_text("")
+  assert main(["run", *TINY, "--output-dir", str(out)]) == 0
+  assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+  capsys.readouterr()
+
+
+def test_summary_and_results_are_written_atomically(tmp_path, monkeypatch):
+  from fedjax_dp import outputs
+  target = tmp_path / "summary.json"
+  target.write_text("old")
+
+  def fail(src, dst):
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(os, "replace", fail)
+  with pytest.raises(OSError):
+    outputs.write_text_atomic(target, "new")
+  assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["summary.json"]
+  monkeypatch.undo()
+  replaced = []
+  real = os.replace
+  monkeypatch.setattr(os, "replace", lambda s, d: replaced.append(os.path.basename(d)) or real(s, d))
+  assert main(["run", *TINY, "--output-dir", str(tmp_path / "o")]) == 0
+  assert "summary.json" in replaced
+
+
+# ------------------------------------------------------------------ wrong results, never silent
+
+
+def test_a_diverged_run_says_so_and_exits_3(capsys, tmp_path):
+  out = tmp_path / "o"
+  assert main(["run", *TINY, "--server-lr", "1e30", "--output-dir", str(out)]) == 3
+  printed = capsys.readouterr().out
+  assert "diverged" in printed.splitlines()[0]
+  assert json.loads((out / "summary.json").read_text())["diverged"] is True
+
+
+def test_an_absurd_calibrated_noise_warns_in_one_line(capsys, tmp_path):
+  assert main([*PRIVACY, "--sampling-prob", "0.1", "--target-epsilon", "1e-9"]) == 0
+  captured = capsys.readouterr()
+  assert json.loads(captured.out)["noise_multiplier"] > 1000
+  err = captured.err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("fedjax-dp: warning: noise_multiplier=")
+  assert main(["run", *TINY, "--rounds", "1", "--target-epsilon", "1e-9",
+               "--output-dir", str(tmp_path / "o")]) == 0
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("fedjax-dp: warning: noise_multiplier=")
+
+
+# ------------------------------------------------------------------ properties
+
+
+def _small_data(num_clients, examples=8):
+  from fedjax_dp.data.federated import FederatedData
+  rng = np.random.default_rng(num_clients)
+  return FederatedData("digits", rng.random((num_clients, examples, 8, 8, 1), dtype=np.float32),
+                       rng.integers(0, 10, (num_clients, examples)).astype(np.int32),
+                       np.full(num_clients, examples), rng.random((16, 8, 8, 1), dtype=np.float32),
+                       np.arange(16) % 10, 10)
+
+
+@st.composite
+def valid_configs(draw):
+  from fedjax_dp.algorithms import ALGORITHMS
+  algorithm = draw(st.sampled_from(sorted(ALGORITHMS)))
+  n = draw(st.integers(2, 30))
+  d = {"algorithm": algorithm, "num_clients": n, "model": "mlp",
+       "rounds": draw(st.integers(1, 10 ** 6)), "seed": draw(st.integers(0, 2 ** 32 - 1)),
+       "local_steps": draw(st.integers(1, 4)), "batch_size": draw(st.integers(1, 8)),
+       "clip": draw(st.floats(1e-3, 1e3)), "client_lr": draw(st.floats(1e-4, 10)),
+       "delta": draw(st.floats(1e-12, 0.5)), "eval_every": draw(st.integers(1, 100)),
+       "byzantine": draw(st.integers(0, n - 1)),
+       "partition": draw(st.sampled_from(["iid", "dirichlet", "shards"])),
+       "noise_multiplier": draw(st.floats(0.1, 1e3)), "target_epsilon": None}
+  if draw(st.booleans()):
+    d["sampling"], d["cohort_size"] = "fixed", draw(st.integers(1, n))
+  else:
+    d["sampling_prob"] = draw(st.floats(0.01, 1.0))
+  if algorithm == "dp-rsa-f":
+    d["options"] = {"epsilon": draw(st.floats(0.01, 5))}
+  if algorithm == "dp-rsa-g":
+    d["options"] = {"sign_sigma": draw(st.floats(1e-3, 10))}
+  return d
+
+
+# (field, changes that make it invalid) for every RunConfig field that can be wrong.
+INVALID = [
+    ("algorithm", {"algorithm": "fedsgd"}), ("algorithm", {"algorithm": 3}),
+    ("dataset", {"dataset": "imagenet"}), ("partition", {"partition": "natural"}),
+    ("num_clients", {"num_clients": 0}), ("num_clients", {"num_clients": 2.5}),
+    ("num_clients", {"num_clients": True}), ("num_clients", {"num_clients": "10"}),
+    ("dirichlet_alpha", {"dirichlet_alpha": 0.0}), ("dirichlet_alpha", {"dirichlet_alpha": math.nan}),
+    ("shards_per_client", {"shards_per_client": 0}), ("min_labels_per_client", {"min_labels_per_client": 10 ** 6}),
+    ("max_train", {"max_train": 0}), ("max_test", {"max_test": 1.5}), ("model", {"model": "transformer"}),
+    ("conv_impl", {"conv_impl": "fft"}), ("rounds", {"rounds": 0}), ("rounds", {"rounds": "abc"}),
+    ("rounds", {"rounds": math.inf}), ("rounds", {"rounds": None}), ("sampling", {"sampling": "bernoulli"}),
+    ("sampling_prob", {"sampling": "poisson", "sampling_prob": 1.5}),
+    ("sampling_prob", {"sampling": "poisson", "sampling_prob": 0.0}),
+    ("cohort_size", {"sampling": "fixed", "cohort_size": 10 ** 6}),
+    ("cohort_size", {"sampling": "fixed", "cohort_size": None}), ("capacity", {"capacity": 10 ** 6}),
+    ("placement", {"placement": "gpu"}), ("client_chunk", {"client_chunk": 0}),
+    ("client_chunk", {"client_chunk": 1.5}), ("local_steps", {"local_steps": 1.5}),
+    ("batch_size", {"batch_size": 0}), ("client_optimizer", {"client_optimizer": "sgdm"}),
+    ("client_lr", {"client_lr": -0.1}), ("weighting", {"weighting": "x"}),
+    ("server_optimizer", {"server_optimizer": "x"}), ("server_lr", {"server_lr": 0}),
+    ("denominator", {"denominator": "x"}), ("clip", {"clip": 0}), ("clip", {"clip": "0.5"}),
+    ("noise_multiplier", {"noise_multiplier": -1, "target_epsilon": None}),
+    ("noise_multiplier", {"noise_multiplier": 1e300, "target_epsilon": None}),
+    ("noise_multiplier", {"noise_multiplier": 1.0, "target_epsilon": 2.0}),
+    ("target_epsilon", {"target_epsilon": 0, "noise_multiplier": None}),
+    ("target_epsilon", {"target_epsilon": True, "noise_multiplier": None}),
+    ("delta", {"delta": 1.0}), ("delta", {"delta": -1e-5}), ("accountant", {"accountant": "moments"}),
+    ("byzantine", {"byzantine": 10 ** 6}), ("byzantine", {"byzantine": -1}), ("attack", {"attack": "boom"}),
+    ("attacker_knowledge", {"attacker_knowledge": "x"}), ("aggregator", {"aggregator": "avg"}),
+    ("seed", {"seed": -1}), ("seed", {"seed": 2 ** 70}), ("seed", {"seed": 1.5}),
+    ("eval_every", {"eval_every": 0}), ("options", {"options": [1, 2]}), ("options", {"options": "abc"}),
+    ("download", {"download": "yes"}), ("data_dir", {"data_dir": 3}),
+]
+
+
+def test_every_field_has_an_invalid_case():
+  assert {f for f, _ in INVALID} == {f.name for f in dataclasses.fields(RunConfig)}
+
+
+QUICK = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.mark.parametrize("field,changes", INVALID)
+@settings(max_examples=4, deadline=None)
+@given(base=valid_configs())
+def test_invalid_configs_are_refused_naming_the_field(field, changes, base):
+  with pytest.raises(ConfigError) as e:
+    make_config(base, **changes)
+  assert e.value.field == field
+
+
+@QUICK
+@given(valid_configs())
+def test_valid_configs_build(d):
+  from fedjax_dp.algorithms import build
+  config = make_config(d)
+  setup = build(config, _small_data(config.num_clients))
+  assert setup.program is not None and setup.sampler is not None
+
+
+# flag -> (plausible values, hostile values)
+PRIVACY_FLAGS = {
+    "--mechanism": (["gaussian", "sign-flip"], ["x"]),
+    "--keep-prob": (["0.7"], ["0.5", "1", "2", "abc"]),
+    "--dimension": (["10"], ["0", "-1", "1.5", str(10 ** 30)]),
+    "--sampling": (["poisson", "fixed"], ["x", ""]),
+    "--sampling-prob": (["0.1", "1"], ["0", "-1", "1e-300", "2", "nan", "x"]),
+    "--num-clients": (["100"], ["0", "-5", "10", "1e3"]),
+    "--cohort-size": (["10"], ["0", "1000", "-1"]),
+    "--noise-multiplier": (["1", "0"], ["-1", "1e300", "1e-300", "1e6", "inf", "x"]),
+    "--target-epsilon": (["4"], ["0", "-1", "1e-9", "inf", "x"]),
+    "--rounds": (["10"], ["1", "0", "-3", "1.5", str(10 ** 30), "x"]),
+    "--delta": (["1e-5"], ["0", "1", "1e-300", "0.5", "nan", "x"]),
+    "--accountant": (["rdp", "pld"], ["x"]),
+}
+
+
+@st.composite
+def privacy_args(draw):
+  """A privacy command line: mostly the shape of a real one (a mechanism, its sampling, one of
+  noise and target), with hostile values drawn from :data:`PRIVACY_FLAGS` and flags dropped."""
+  def value(flag):
+    plausible, hostile = PRIVACY_FLAGS[flag]
+    return draw(st.sampled_from(hostile if draw(st.integers(0, 4)) == 0 else plausible))
+
+  mechanism = value("--mechanism")
+  flags = ["--mechanism", "--rounds", "--delta", "--accountant"]
+  if mechanism == "sign-flip":
+    flags += ["--keep-prob", "--dimension"]
+  else:
+    sampling = value("--sampling")
+    flags += ["--sampling"] + (["--num-clients", "--cohort-size"] if sampling == "fixed" else
+                               ["--sampling-prob"])
+    flags += [draw(st.sampled_from(["--noise-multiplier", "--target-epsilon"]))]
+  flags = [f for f in flags if draw(st.integers(0, 9)) > 0]  # now and then one is left out
+  flags += draw(st.lists(st.sampled_from(sorted(PRIVACY_FLAGS)), max_size=1))  # or one added
+  args = ["privacy"]
+  for f in flags:
+    args += [f, mechanism if f == "--mechanism" else value(f)]
+  return args + draw(st.lists(st.text(max_size=6), max_size=1))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(privacy_args())
+def test_privacy_never_ends_in_a_traceback(args):
+  import contextlib
+  out, err = io.StringIO(), io.StringIO()
+  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    rc = main(args)
+  if rc == 0:
+    assert isinstance(json.loads(out.getvalue()), dict)
+  else:
+    lines = err.getvalue().strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("fedjax-dp: error: invalid "), lines
