@@ -352,14 +352,13 @@ def _omniscient(trials, key, factor, scale):
 
   Release: every message the master receives in one iteration (the regular
   workers' perturbed signs and the attacker's), composed from the round's own
-  pieces as :func:`fedjax_dp.round.step` does before aggregating. Four regular
+  pieces by :func:`fedjax_dp.round.messages` (what the step aggregates). Four regular
   workers, one Byzantine; worker 0's model is ``-/+ scale`` in every coordinate
   (worlds 0/1), the other workers' models are fixed N(0, 1) draws.
   """
   import jax
   import jax.numpy as jnp
-  from fedjax_dp import attacks
-  from fedjax_dp.round import SALT_ATTACK, client_keys, mask_rows
+  from fedjax_dp.round import CohortBatch, messages
   from fedjax_dp.sampling import Cohort
   K = 5
   cfg = dict(algorithm="dp-rsa-f", num_clients=K, sampling="fixed", cohort_size=K, byzantine=1,
@@ -376,15 +375,9 @@ def _omniscient(trials, key, factor, scale):
   ids = jnp.arange(K, dtype=jnp.int32)
   mask = jnp.ones((K,), jnp.float32)
   x, y, c = (jnp.asarray(a) for a in (data.x, data.y, data.counts))
-  byz = attacks.byzantine_mask(ids, K, hp["byzantine"])
 
   def one(k, rows):
-    k_clients, k_agg = jax.random.split(k)
-    out = jax.vmap(rnd.client(hp), in_axes=(None, 0, 0, 0, 0, None, 0))(
-        state.params, x, y, c, rows, (), client_keys(k_clients, ids))
-    sent = rnd.attack_step(rnd, state, out, mask_rows(out.upload, mask), byz, mask, hp,
-                           jax.random.fold_in(k_agg, SALT_ATTACK))
-    return _flat(sent)
+    return _flat(messages(rnd, state._replace(rows=rows), hp, CohortBatch(x, y, c, ids, mask), k)[1])
 
   fn = jax.jit(jax.vmap(one, in_axes=(0, None)))
   out = []

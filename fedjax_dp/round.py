@@ -304,6 +304,40 @@ def run_clients(rnd: Round, hp: dict, params, batch: CohortBatch, rows, chp, key
   return _unblocks(out, size), total, weight
 
 
+def round_keys(key: jax.Array) -> tuple:
+  """``(k_clients, k_agg, k_attack)`` of a round key.
+
+  The split the FedAvg and DP-SGD programs used before the one round, so their
+  runs reproduce; the attack draws from its own salt.
+  """
+  k_clients, k_agg = jax.random.split(key)
+  return k_clients, k_agg, jax.random.fold_in(k_agg, SALT_ATTACK)
+
+
+def _messages(rnd, state, hp, batch, key, data, chunk, accumulate):
+  """``(out, sent, byzantine mask, (total, weight))`` of a round (:func:`messages`)."""
+  k_clients, _, k_attack = round_keys(key)
+  keys = client_keys(k_clients, batch.ids)
+  rows = gather_rows(state.rows, batch.ids)
+  chp = () if rnd.client_hparams is None else rnd.client_hparams(state.server, hp, batch.ids)
+  out, total, weight = run_clients(rnd, hp, state.params, batch, rows, chp, keys, data=data,
+                                   chunk=chunk, accumulate=accumulate)
+  byz = attacks_lib.byzantine_mask(batch.ids, rnd.num_clients, hp["byzantine"])
+  sent = None
+  if accumulate is None:
+    sent = rnd.attack_step(rnd, state, out, mask_rows(out.upload, batch.mask), byz, batch.mask,
+                           hp, k_attack)
+  return out, sent, byz, (total, weight)
+
+
+def messages(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.Array):
+  """What the server receives in one round, exactly as :func:`step` computes it before
+  aggregating: ``(out, sent)``, the clients' :class:`ClientOut` and the cohort's uploads after
+  the attack (padded rows zero). For audits of what a round releases."""
+  out, sent, _, _ = _messages(rnd, state, hp, batch, key, None, None, None)
+  return out, sent
+
+
 def step(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.Array, *,
          data=None, chunk: Optional[int] = None):
   """One federated round (pure; see the module docstring). Returns ``(state, metrics)``.
@@ -315,32 +349,21 @@ def step(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.A
   not grow with the cohort; any other keeps every client's upload (the
   aggregators that need all rows at once say what they hold).
   """
-  # The split the FedAvg and DP-SGD programs used before the one round, so their runs
-  # reproduce; the attack draws from its own salt.
-  k_clients, k_agg = jax.random.split(key)
-  k_attack = jax.random.fold_in(k_agg, SALT_ATTACK)
-  keys = client_keys(k_clients, batch.ids)
-  rows = gather_rows(state.rows, batch.ids)
-  chp = () if rnd.client_hparams is None else rnd.client_hparams(state.server, hp, batch.ids)
   aggregator = rnd.aggregator(hp)
   accumulate = None
   if (chunk is not None and aggregator.finish is not None and rnd.attack == "none"
       and rnd.attack_step is attack_uploads and rnd.init_row is None):
     accumulate = (aggregator.prepare, rnd.weighting)
-  out, total, weight = run_clients(rnd, hp, state.params, batch, rows, chp, keys, data=data,
-                                   chunk=chunk, accumulate=accumulate)
-  counts = batch.counts if data is None else data[2][batch.ids]
-  byz = attacks_lib.byzantine_mask(batch.ids, rnd.num_clients, hp["byzantine"])
+  out, sent, byz, summed = _messages(rnd, state, hp, batch, key, data, chunk, accumulate)
+  k_agg = round_keys(key)[1]
   if accumulate is None:
-    uploads = mask_rows(out.upload, batch.mask)
-    sent = rnd.attack_step(rnd, state, out, uploads, byz, batch.mask, hp, k_attack)
+    counts = batch.counts if data is None else data[2][batch.ids]
     aggregate, agg_state = aggregator.aggregate(
         sent, client_weights(rnd.weighting, batch._replace(counts=counts)), batch.mask,
         state.agg_state, k_agg)
     nonfinite = nonfinite_rows(sent, batch.mask)
   else:
-    sent = None
-    aggregate, agg_state = aggregator.finish(total, weight, state.agg_state, k_agg)
+    aggregate, agg_state = aggregator.finish(*summed, state.agg_state, k_agg)
     nonfinite = jnp.sum(batch.mask * ~jnp.isfinite(out.norm))
   params, opt_state = server_update(rnd, state, aggregate, hp)
   server = state.server if rnd.server_rule is None else rnd.server_rule(
