@@ -1,4 +1,4 @@
-"""Command line: ``fedjax-dp run | sweep | privacy | reproduce | algorithms``.
+"""Command line: ``fedjax-dp run | sweep | privacy | reproduce | algorithms | audit | plot``.
 
 Exit status: 0 done; 2 invalid input (one line naming the field, the value and
 what is allowed, before anything is compiled or written); 3 ``run`` finished
@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from fedjax_dp import audit
+from fedjax_dp import audit, plots
 from fedjax_dp.errors import ConfigError, check
 
 EXIT_INVALID, EXIT_DIVERGED, EXIT_INTERRUPTED = 2, 3, 130
@@ -38,6 +38,10 @@ def _add_run(sub):
                  help="all (default): also write raw diagnostics (realized cohort sizes, client losses, "
                  "pre-clip norms, timings) under 'diagnostics'; private: write only what the privacy "
                  "guarantee covers and what is public by design")
+  p.add_argument("--tensorboard", action="store_true",
+                 help="also write TensorBoard event files to OUTPUT_DIR/tensorboard/ (needs "
+                 "tensorboardX: pip install 'fedjax_dp[tensorboard]'); with --release private only "
+                 "the released values, no diagnostics")
   _add_config_flags(p)
 
 
@@ -202,7 +206,8 @@ def _cmd_run(args) -> int:
   try:
     data = load_data(config)
     result = simulate(config, data, output_dir=str(out), progress=not args.no_progress,
-                      release=args.release, on_round=rounds.append)
+                      release=args.release, on_round=rounds.append,
+                      tensorboard=args.tensorboard)
   except KeyboardInterrupt:
     kept = (f"{len(rounds)} rounds kept in {out / METRICS}, no {SUMMARY}; rerun with --overwrite "
             "to start again" if rounds else f"before the first round: {out} is as it was")
@@ -329,11 +334,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     _add_reproduce(sub)
     _add_algorithms(sub)
     audit.add_parser(sub)
+    plots.add_parser(sub)
     if not argv:
       argv = ["run"]
     args = parser.parse_args(argv)
     cmd = {"run": _cmd_run, "sweep": _cmd_sweep, "privacy": _cmd_privacy, "reproduce": _cmd_reproduce,
-           "algorithms": _cmd_algorithms, "audit": audit.command}[args.command]
+           "algorithms": _cmd_algorithms, "audit": audit.command, "plot": plots.command}[args.command]
     return cmd(args)
   except ConfigError as e:
     print("\\n".join(f"fedjax-dp: error: {e}".splitlines()), file=sys.stderr)  # one line, always

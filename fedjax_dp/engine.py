@@ -30,6 +30,14 @@ guarantee covers from raw statistics it does not:
   draw). None of these is noised.
 
 ``release="private"`` writes (and returns) only the first two groups.
+
+Files in ``output_dir``: ``metrics.jsonl`` (one record per round),
+``summary.json``, with ``release="all"`` ``norms.npz`` (every real client's
+pre-clip update norm per round, :class:`_Log`), and with ``tensorboard``
+TensorBoard event files in ``tensorboard/`` (the records' numbers as scalars
+tagged by their ``metrics.jsonl`` names, the diagnostics under
+``diagnostics/`` with a histogram of the update norms; with
+``release="private"`` only the released values).
 """
 
 from __future__ import annotations
@@ -169,6 +177,11 @@ def _quantiles(values: np.ndarray) -> dict:
   return {"mean": float(values.mean()), "q10": float(q[0]), "q50": float(q[1]), "q90": float(q[2])}
 
 
+def client_norms(metrics: dict) -> np.ndarray:
+  """The real (unmasked) clients' pre-clip update norms of one round's ``metrics``."""
+  return np.asarray(metrics["update_norm"])[np.asarray(metrics["mask"]) > 0]
+
+
 def summarize_round(metrics: dict, clip: Optional[float], released_metrics=()) -> tuple:
   """Host-side summary of one round's metrics: ``(released, diagnostics)``.
 
@@ -181,7 +194,7 @@ def summarize_round(metrics: dict, clip: Optional[float], released_metrics=()) -
   diag = {"cohort_size": int(mask.sum())}
   losses = np.asarray(metrics["client_loss"])[mask]
   diag["train_loss"] = float(losses.mean()) if losses.size else None
-  norms = np.asarray(metrics["update_norm"])[mask]
+  norms = client_norms(metrics)
   diag["update_norm"] = _quantiles(norms)
   if clip is not None and norms.size:
     diag["fraction_clipped"] = float(np.mean(norms > clip))
@@ -236,6 +249,8 @@ class Experiment:
     output_dir: where its ``metrics.jsonl`` and ``summary.json`` go (none: not written).
     config: its configuration, copied into the summary.
     on_round: called with each of its round records.
+    tensorboard: also write TensorBoard event files to ``output_dir/tensorboard/`` (needs
+      ``output_dir`` and tensorboardX: ``pip install 'fedjax_dp[tensorboard]'``).
   """
 
   hparams: dict
@@ -246,11 +261,13 @@ class Experiment:
   output_dir: Optional[str] = None
   config: Optional[dict] = None
   on_round: Optional[Callable[[dict], None]] = None
+  tensorboard: bool = False
 
 
 def run(program, data, sampler, rounds: int, *, hparams: Optional[dict] = None, seed: int = 0,
         accounting=None,
-        eval_every: int = 1, output_dir: Optional[str] = None, progress: bool = True,
+        eval_every: int = 1, output_dir: Optional[str] = None, tensorboard: bool = False,
+        progress: bool = True,
         config: Optional[dict] = None, placement: str = "device",
         on_round: Optional[Callable[[dict], None]] = None, release: str = "all",
         client_chunk: Optional[int] = None) -> RunResult:
@@ -266,7 +283,10 @@ def run(program, data, sampler, rounds: int, *, hparams: Optional[dict] = None, 
     accounting: privacy accounting (``on_round``, ``report``), or None.
     eval_every: evaluate on the test set every this many rounds (and at the end).
     output_dir: if given, ``metrics.jsonl`` gets one line per round (flushed as
-      it goes) and ``summary.json`` is written at the end.
+      it goes) and ``summary.json`` is written at the end (and ``norms.npz``, module
+      docstring).
+    tensorboard: also write TensorBoard event files to ``output_dir/tensorboard/``
+      (:class:`Experiment`).
     progress: show a progress bar.
     config: the run's configuration, copied into the summary.
     placement: "device" keeps every client's data on the accelerator and
@@ -281,7 +301,7 @@ def run(program, data, sampler, rounds: int, *, hparams: Optional[dict] = None, 
       (:func:`fedjax_dp.round.run_clients`); None: all at once.
   """
   experiment = Experiment(dict(hparams or {}), data, sampler, seed, accounting, output_dir, config,
-                          on_round)
+                          on_round, tensorboard)
   return run_group(program, [experiment], rounds, eval_every=eval_every, progress=progress,
                    placement=placement, release=release, client_chunk=client_chunk)[0]
 
@@ -316,7 +336,15 @@ def _pad_cohort(cohort, capacity: int):
 
 
 class _Log:
-  """One experiment's records: its history, its open ``metrics.jsonl``, its last evaluation."""
+  """One experiment's records: its history, its open ``metrics.jsonl``, its last evaluation.
+
+  With an output folder and ``release="all"`` it keeps each round's client norms and writes
+  them to ``norms.npz`` beside ``summary.json`` at the end of the run: arrays
+  ``round`` ``[R]`` (int32), ``offsets`` ``[R + 1]`` (int64), ``norms`` (float32, every round's
+  real clients' pre-clip update norms one after another: round ``round[i]``'s are
+  ``norms[offsets[i]:offsets[i + 1]]``) and ``clip`` (the clip bound; NaN without one). With
+  the experiment's ``tensorboard`` it writes each record to ``tensorboard/`` (module docstring).
+  """
 
   def __init__(self, program, experiment: Experiment, release: str):
     self.e = experiment
@@ -330,6 +358,8 @@ class _Log:
     self.file = None
     if self.out_dir is not None:
       self.file = outputs.MetricsFile(self.out_dir)
+    self.norms = [] if self.out_dir is not None and release == "all" else None
+    self.writer = None
 
   def round(self, r: int, metrics: dict, cohort, evaluation, seconds: float) -> dict:
     released, diag = summarize_round(metrics, self.clip, self.released_metrics)
@@ -353,13 +383,46 @@ class _Log:
     if self.file is not None:
       self.file.write(dumps(rec) + "\n")
       self.file.flush()
+    norms = client_norms(metrics)
+    if self.norms is not None:
+      self.norms.append(norms.astype(np.float32))
+    if self.e.tensorboard:
+      self._tensorboard(rec, norms)
     if self.e.on_round is not None:
       self.e.on_round(rec)
     return rec
 
+  def _tensorboard(self, rec: dict, norms: np.ndarray) -> None:
+    """The record's numbers as scalars at step ``round`` (diagnostics under ``diagnostics/``,
+    with a histogram of the clients' update norms)."""
+    if self.writer is None:  # after metrics.jsonl: its first write removed an earlier run's files
+      from tensorboardX import SummaryWriter
+      self.writer = SummaryWriter(str(self.out_dir / outputs.TENSORBOARD), flush_secs=10)
+    step = rec["round"]
+    scalars = _flat({k: v for k, v in rec.items() if k not in ("round", "diagnostics")})
+    if "diagnostics" in rec:
+      scalars.update({f"diagnostics/{k}": v for k, v in _flat(rec["diagnostics"]).items()})
+      if norms.size:
+        self.writer.add_histogram("diagnostics/update_norm", norms, step)
+    for tag, v in scalars.items():
+      if v is not None:
+        self.writer.add_scalar(tag, v, step)
+
   def close(self):
     if self.file is not None:
       self.file.close()
+    if self.writer is not None:
+      self.writer.close()
+
+  def _write_norms(self) -> None:
+    rounds = np.array([rec["round"] for rec in self.history], np.int32)
+    offsets = np.concatenate([[0], np.cumsum([len(n) for n in self.norms])]).astype(np.int64)
+    clip = np.float64(np.nan if self.clip is None else self.clip)
+
+    def write(tmp):
+      with open(tmp, "wb") as f:
+        np.savez(f, round=rounds, offsets=offsets, norms=np.concatenate(self.norms), clip=clip)
+    outputs.write_atomic(self.out_dir / outputs.NORMS, write)
 
   def finish(self, program, state, rounds: int, timing: dict) -> RunResult:
     e = self.e
@@ -398,10 +461,23 @@ class _Log:
           "cohort_capacity": int(e.sampler.capacity),
           "capacity_grew": int(getattr(e.sampler, "capacity_grew", 0)),
       }
+    if self.norms is not None:
+      self._write_norms()
     if self.out_dir is not None:
       outputs.write_text_atomic(self.out_dir / "summary.json",
                                 dumps(summary, indent=2, default=str) + "\n")
     return RunResult(self.history, summary, state)
+
+
+def _check_tensorboard(experiments) -> None:
+  """An experiment that writes TensorBoard files needs an output folder, and tensorboardX."""
+  import importlib.util
+  for e in experiments:
+    if e.tensorboard:
+      check(e.output_dir is not None, "tensorboard", True,
+            "needs an output_dir: the event files go to OUTPUT_DIR/tensorboard/")
+      check(importlib.util.find_spec("tensorboardX") is not None, "tensorboard", True,
+            "needs the tensorboardX package: pip install 'fedjax_dp[tensorboard]'")
 
 
 def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progress: bool = True,
@@ -425,6 +501,7 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
   check_choice("placement", placement, PLACEMENTS)
   check_choice("release", release, RELEASES)
   check(len(experiments) >= 1, "experiments", len(experiments), "need at least one")
+  _check_tensorboard(experiments)
   from fedjax_dp.round import CohortBatch, compiled_step
   single = len(experiments) == 1
   mode = group_mode(experiments)

@@ -21,7 +21,8 @@ def load_data(config: RunConfig):
 
 def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional[str] = None,
              progress: bool = False, on_round=None, release: str = "all", *, model=None,
-             round=None, hparams: Optional[dict] = None, **settings) -> RunResult:
+             round=None, hparams: Optional[dict] = None, tensorboard: bool = False,
+             **settings) -> RunResult:
   """Runs a simulation and returns its :class:`fedjax_dp.engine.RunResult`.
 
   Args:
@@ -33,6 +34,8 @@ def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional
     progress: show a progress bar.
     on_round: optional callback with each round's record.
     release: "all" or "private" (see :func:`fedjax_dp.engine.run`).
+    tensorboard: also write TensorBoard event files to ``output_dir/tensorboard/``
+      (:func:`fedjax_dp.engine.run`).
     model: a flax ``nn.Module`` (mapping a batch ``[B, *example_shape]`` to
       ``[B, num_classes]`` logits) or a :class:`fedjax_dp.models.Model`, used
       instead of ``config.model`` by the configured algorithm.
@@ -56,7 +59,8 @@ def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional
     setup = build(config, data)
   return run(setup.program, data, setup.sampler, config.rounds, hparams=setup.hparams,
              seed=config.seed, accounting=setup.accounting, eval_every=config.eval_every,
-             output_dir=output_dir, progress=progress, config=recorded_config(config),
+             output_dir=output_dir, tensorboard=tensorboard, progress=progress,
+             config=recorded_config(config),
              placement=config.placement, on_round=on_round, release=release,
              client_chunk=config.client_chunk)
 

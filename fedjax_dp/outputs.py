@@ -8,23 +8,26 @@
   record is written, and removes the earlier run's files at that moment: a run
   that stops before its first round leaves the folder as it was, and an
   interrupted overwrite never leaves an old ``summary.json`` beside new rows.
-* :func:`write_text_atomic` writes a temporary file in the same folder and
-  renames it over the target, so a reader (or a crash) never sees half a
-  ``summary.json`` or ``results.json``.
+* :func:`write_atomic` (and :func:`write_text_atomic`) writes a temporary file
+  in the same folder and renames it over the target, so a reader (or a crash)
+  never sees half a ``summary.json``, ``norms.npz`` or ``results.json``.
 """
 
 from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import tempfile
-from typing import Sequence
+from typing import Callable, Sequence
 
 from fedjax_dp.errors import ConfigError, check
 
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
-RUN_FILES = (METRICS, SUMMARY)  # everything a run writes
+NORMS = "norms.npz"
+TENSORBOARD = "tensorboard"  # a folder of TensorBoard event files
+RUN_FILES = (METRICS, SUMMARY, NORMS, TENSORBOARD)  # everything a run writes
 
 
 def _nearest_existing(path: pathlib.Path) -> pathlib.Path:
@@ -74,22 +77,31 @@ def check_output_dir(path, *, overwrite: bool, results: Sequence[str] = RUN_FILE
 
 
 def remove(folder, names: Sequence[str]) -> None:
-  """Removes the files ``names`` of ``folder`` that exist."""
+  """Removes the files (and folders, with what they hold) ``names`` of ``folder`` that exist."""
   for name in names:
-    pathlib.Path(folder, name).unlink(missing_ok=True)
+    path = pathlib.Path(folder, name)
+    if path.is_dir() and not path.is_symlink():
+      shutil.rmtree(path)
+    else:
+      path.unlink(missing_ok=True)
 
 
-def write_text_atomic(path, text: str) -> None:
-  """Writes ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``:
-  ``path`` holds either its old content or all of ``text``, never a part."""
+def write_atomic(path, write: Callable[[pathlib.Path], None]) -> None:
+  """Calls ``write(tmp)`` on a temporary file in ``path``'s folder, then ``os.replace`` s it over
+  ``path``: ``path`` holds either its old content or all of the new, never a part."""
   path = pathlib.Path(path)
   tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
   try:
-    tmp.write_text(text)
+    write(tmp)
     os.replace(tmp, path)
   except BaseException:
     tmp.unlink(missing_ok=True)
     raise
+
+
+def write_text_atomic(path, text: str) -> None:
+  """Writes ``text`` to ``path`` atomically (:func:`write_atomic`)."""
+  write_atomic(path, lambda tmp: tmp.write_text(text))
 
 
 class MetricsFile:

@@ -7,7 +7,7 @@ import types
 import pytest
 
 from fedjax_dp.errors import ConfigError
-from fedjax_dp.reproduce.plots import Curve, plot_curves, plot_quantiles
+from fedjax_dp.plots import Curve, plot_curves, plot_quantiles
 from fedjax_dp.reproduce.runner import Job, group_by, num_seeds, run_jobs, seed_stats
 from fedjax_dp.reproduce.tables import markdown_table, mean_std
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from fedjax_dp.errors import check_choice
 from fedjax_dp.outputs import write_text_atomic
-from fedjax_dp.reproduce.plots import Curve, plot_curves
+from fedjax_dp.plots import Curve, plot_curves
 from fedjax_dp.reproduce.runner import Job, group_by, num_seeds, run_jobs, seed_stats
 from fedjax_dp.reproduce.tables import markdown_table, mean_std
 

@@ -1,0 +1,321 @@
+"""Figures of runs, sweeps and reproductions (``fedjax-dp plot``), written with matplotlib's Agg
+backend (chosen inside these functions only).
+
+* :func:`plot_runs`: test accuracy and epsilon against rounds, one line per run folder
+  (``metrics.jsonl``);
+* :func:`plot_norms`: the per-round distribution of the clients' pre-clip update norms (median
+  and 10-90% band) against the clip bound, from a run's ``norms.npz`` (the style of Cheng et al.
+  2022, Fig. 2);
+* :func:`plot_frontier`: the privacy-utility frontier, accuracy against epsilon with error bars
+  over seeds, one line per method, from ``results.json`` files of ``fedjax-dp sweep`` or of a
+  reproduction; rows without an epsilon (non-private baselines) are dotted horizontal lines.
+
+Each writes its figure and returns the (closed) matplotlib ``Figure``. The reproductions draw
+their figures with the building blocks :class:`Curve`, :func:`plot_curves` and
+:func:`plot_quantiles`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+from typing import Optional, Sequence
+
+from fedjax_dp.errors import ConfigError, check
+
+KINDS = ("runs", "norms", "frontier")
+# Sweep grid axes that move a method along its frontier (not part of its line's label).
+PRIVACY_AXES = ("target_epsilon", "noise_multiplier")
+# The reproductions' row fields that tell their settings apart (a line's label names those that
+# vary among a file's rows).
+REPRODUCTION_KEYS = ("method", "table", "dataset", "setting", "partition", "attack", "sparsity")
+_ROW_VALUES = ("accuracy_mean", "accuracy_std", "seeds", "epsilon")  # a sweep row's non-grid fields
+
+
+@dataclasses.dataclass(frozen=True)
+class Curve:
+  """One method's line in a panel.
+
+  Attributes:
+    label: its legend entry.
+    x: the rounds, or the swept setting's values.
+    y: the values (mean over seeds).
+    err: error bars (std over seeds) drawn with markers; none: a plain line.
+    style: the matplotlib line style.
+  """
+
+  label: str
+  x: Sequence[float]
+  y: Sequence[float]
+  err: Optional[Sequence[float]] = None
+  style: str = "-"
+
+
+def _pyplot():
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  return plt
+
+
+def _panels(plt, n: int, size: tuple, sharey: bool):
+  check(n >= 1, "panels", n, "a figure needs at least one panel")
+  fig, axes = plt.subplots(1, n, figsize=(size[0] * n, size[1]), sharey=sharey, squeeze=False)
+  return fig, axes[0]
+
+
+def _save(plt, fig, axes, ylabel, path, legend_columns: int = 1, legend_size: int = 8):
+  """Labels the axes (``ylabel``: the first one's, or a sequence of one per axis), adds the
+  first axis's legend, writes ``path``, closes the figure and returns it."""
+  for ax, label in zip(axes, [ylabel] if isinstance(ylabel, str) else ylabel):
+    ax.set_ylabel(label)
+  axes[0].legend(fontsize=legend_size, ncol=legend_columns)
+  fig.tight_layout()
+  fig.savefig(path, dpi=90)
+  plt.close(fig)
+  return fig
+
+
+def curves_figure(panels: Sequence[tuple], path, *, xlabel: str, ylabel="test accuracy",
+                  logx: bool = False, ylim: Optional[tuple] = None, size: tuple = (4.2, 3.4),
+                  sharey: bool = True, legend_columns: int = 1, legend_size: int = 8):
+  """One panel per ``(title, [Curve])`` of ``panels``, side by side; writes ``path`` and returns
+  the figure. ``ylabel``: the first panel's label, or a sequence of one per panel."""
+  plt = _pyplot()
+  fig, axes = _panels(plt, len(panels), size, sharey)
+  for ax, (title, curves) in zip(axes, panels):
+    for c in curves:
+      if c.err is None:
+        ax.plot(c.x, c.y, c.style, label=c.label, lw=1.3)
+      else:
+        ax.errorbar(c.x, c.y, yerr=c.err, marker="o", capsize=2, label=c.label,
+                    linestyle=c.style)
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel(xlabel)
+    if logx:
+      ax.set_xscale("log")
+    if ylim is not None:
+      ax.set_ylim(*ylim)
+    ax.grid(alpha=0.3)
+  return _save(plt, fig, axes, ylabel, path, legend_columns, legend_size)
+
+
+def plot_curves(panels: Sequence[tuple], path, **kwargs):
+  """:func:`curves_figure`; returns ``path``."""
+  curves_figure(panels, path, **kwargs)
+  return path
+
+
+def quantiles_figure(panels: Sequence[tuple], path, *, clip: Optional[float], ylabel: str,
+                     size: tuple = (4.5, 3.4)):
+  """Per-round quantiles of the clients' update norms, one panel per ``(title, rounds,
+  {"q10", "q50", "q90": values})`` of ``panels``, against the clip bound ``clip`` (none: no
+  bound drawn); writes ``path`` and returns the figure."""
+  plt = _pyplot()
+  fig, axes = _panels(plt, len(panels), size, True)
+  for ax, (title, rounds, q) in zip(axes, panels):
+    ax.fill_between(rounds, q["q10"], q["q90"], alpha=0.3, label="10-90% of clients")
+    ax.plot(rounds, q["q50"], label="median")
+    if clip is not None:
+      ax.axhline(clip, color="k", ls="--", lw=1, label=f"clip S={clip:g}")
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("round")
+  return _save(plt, fig, axes, ylabel, path)
+
+
+def plot_quantiles(panels: Sequence[tuple], path, **kwargs):
+  """:func:`quantiles_figure`; returns ``path``."""
+  quantiles_figure(panels, path, **kwargs)
+  return path
+
+
+def _check_out(out) -> pathlib.Path:
+  """``out`` as a path whose folder exists and whose suffix names an image format."""
+  out = pathlib.Path(out)
+  check(out.parent.is_dir(), "out", str(out), f"its folder {out.parent} must exist")
+  _pyplot()
+  from matplotlib.backend_bases import FigureCanvasBase
+  formats = sorted(FigureCanvasBase.get_supported_filetypes())
+  check(out.suffix[1:].lower() in formats, "out", str(out),
+        f"must end in an image format's suffix: one of {['.' + f for f in formats]}")
+  return out
+
+
+def _file_in(folder, name: str, field: str = "dir") -> pathlib.Path:
+  """``folder/name``, which must exist (a folder given as ``folder`` must exist too)."""
+  folder = pathlib.Path(folder)
+  check(folder.is_dir(), field, str(folder), "must be an existing folder")
+  check((folder / name).is_file(), field, str(folder), f"holds no {name}")
+  return folder / name
+
+
+def _labels(paths: Sequence[pathlib.Path]) -> list:
+  """The folders' names, or their whole paths where two names are the same."""
+  names = [p.resolve().name for p in paths]
+  return names if len(set(names)) == len(names) else [str(p) for p in paths]
+
+
+def read_metrics(folder) -> list:
+  """A run folder's ``metrics.jsonl`` as a list of records (``ConfigError`` if missing, empty
+  or not JSON lines)."""
+  path = _file_in(folder, "metrics.jsonl")
+  rows = []
+  for i, line in enumerate(path.read_text().splitlines(), 1):
+    try:
+      rows.append(json.loads(line))
+    except json.JSONDecodeError:
+      raise ConfigError("dir", str(folder), f"line {i} of metrics.jsonl is not JSON") from None
+  check(rows, "dir", str(folder), "its metrics.jsonl holds no rounds")
+  return rows
+
+
+def plot_runs(dirs: Sequence, out):
+  """Test accuracy (evaluated rounds) and, when any run has one, epsilon against rounds: one line
+  per run folder of ``dirs``; writes ``out`` and returns the figure."""
+  check(len(dirs) >= 1, "dir", list(dirs), "give at least one run folder")
+  out = _check_out(out)
+  paths = [pathlib.Path(d) for d in dirs]
+  runs = [read_metrics(p) for p in paths]
+  acc, eps = [], []
+  for label, rows in zip(_labels(paths), runs):
+    ev = [r for r in rows if r.get("test_accuracy") is not None]
+    acc.append(Curve(label, [r["round"] for r in ev], [r["test_accuracy"] for r in ev]))
+    pr = [r for r in rows if r.get("epsilon") is not None]
+    if pr:
+      eps.append(Curve(label, [r["round"] for r in pr], [r["epsilon"] for r in pr]))
+  panels = [("test accuracy", acc)] + ([("privacy spent", eps)] if eps else [])
+  return curves_figure(panels, out, xlabel="round", sharey=False,
+                       ylabel=["test accuracy", "epsilon"][:len(panels)])
+
+
+def read_norms(folder) -> dict:
+  """A run folder's ``norms.npz``: ``round``, ``norms`` (a list of one array per round) and
+  ``clip`` (None without a clip bound)."""
+  import numpy as np
+  with np.load(_file_in(folder, "norms.npz")) as z:
+    offsets, flat = z["offsets"], z["norms"]
+    clip = float(z["clip"])
+    return {"round": z["round"], "norms": [flat[a:b] for a, b in zip(offsets[:-1], offsets[1:])],
+            "clip": None if math.isnan(clip) else clip}
+
+
+def plot_norms(folder, out):
+  """The clients' pre-clip update norms per round (median and the 10-90% band) against the clip
+  bound, from ``folder/norms.npz``; writes ``out`` and returns the figure."""
+  import numpy as np
+  out = _check_out(out)
+  z = read_norms(folder)
+  q = {k: [] for k in ("q10", "q50", "q90")}
+  for n in z["norms"]:
+    for k, v in zip(q, np.quantile(n, [0.1, 0.5, 0.9]) if n.size else [math.nan] * 3):
+      q[k].append(float(v))
+  title = f"{_labels([pathlib.Path(folder)])[0]}: {len(z['round'])} rounds"
+  return quantiles_figure([(title, z["round"], q)], out, clip=z["clip"], ylabel="update norm")
+
+
+def _frontier_lines(path: pathlib.Path) -> dict:
+  """``label -> [(epsilon or None, accuracy_mean, accuracy_std)]`` from one ``results.json``."""
+  try:
+    doc = json.loads(path.read_text())
+  except json.JSONDecodeError:
+    raise ConfigError("dir", str(path), "is not a JSON file") from None
+  rows = doc.get("rows") if isinstance(doc, dict) else None
+  check(isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows), "dir",
+        str(path), "needs 'rows' (a sweep's or a reproduction's results.json)")
+  for field in ("epsilon", "accuracy_mean", "accuracy_std"):
+    check(all(field in r for r in rows), "dir", str(path), f"every row needs {field!r}")
+  if "experiments" in doc:  # a sweep: rows hold the grid values, the algorithm is in the configs
+    keys = [k for k in rows[0] if k not in _ROW_VALUES and k not in PRIVACY_AXES]
+    algorithms = {(e.get("summary", {}).get("config") or {}).get("algorithm")
+                  for e in doc["experiments"]}
+    base = [str(a) for a in sorted(algorithms - {None})] if "algorithm" not in keys else []
+    plain = "algorithm"
+  else:  # a reproduction: the setting fields that vary among its rows
+    keys = [k for k in REPRODUCTION_KEYS
+            if k == "method" or len({json.dumps(r.get(k)) for r in rows}) > 1]
+    base, plain = [], "method"
+  lines = {}
+  for r in rows:
+    named = [str(r[k]) if k == plain else f"{k}={r[k]}" for k in keys if r.get(k) is not None]
+    label = ", ".join(base + named) or "run"
+    e = r["epsilon"]
+    if e is None or isinstance(e, (int, float)) and not isinstance(e, bool):
+      lines.setdefault(label, []).append((e, r["accuracy_mean"], r["accuracy_std"]))
+  return lines
+
+
+def plot_frontier(paths: Sequence, out):
+  """Accuracy against epsilon, one line per method (error bars: std over seeds), from
+  ``results.json`` files (a path or the folder holding it) of ``fedjax-dp sweep`` or a
+  reproduction. Rows whose epsilon is null (no guarantee) are dotted horizontal lines; rows
+  whose epsilon is not one number (SP-FL's per-class epsilons) are left out. Writes ``out`` and
+  returns the figure."""
+  check(len(paths) >= 1, "dir", list(paths), "give at least one results.json or its folder")
+  out = _check_out(out)
+  files = [pathlib.Path(p) if pathlib.Path(p).is_file() else _file_in(p, "results.json")
+           for p in paths]
+  curves, baselines = [], []
+  for prefix, f in zip(_labels([f.parent for f in files]), files):
+    for label, points in _frontier_lines(f).items():
+      label = f"{prefix}: {label}" if len(files) > 1 else label
+      private = sorted(p for p in points if p[0] is not None)
+      if private:
+        curves.append(Curve(label, *zip(*private)))
+      baselines += [(f"{label} (no DP)", acc) for e, acc, _ in points if e is None]
+  check(curves, "dir", [str(f) for f in files],
+        "holds no row with a numeric epsilon: nothing to draw against epsilon")
+  plt = _pyplot()
+  fig, axes = _panels(plt, 1, (6.0, 4.2), True)
+  ax = axes[0]
+  for c in curves:
+    ax.errorbar(c.x, c.y, yerr=c.err, marker="o", capsize=2, label=c.label)
+  for label, acc in baselines:
+    ax.axhline(acc, ls=":", lw=1.2, color="0.4", label=label)
+  ax.set_xlabel("epsilon")
+  ax.set_title("privacy-utility frontier", fontsize=9)
+  ax.grid(alpha=0.3)
+  return _save(plt, fig, axes, "test accuracy", out, legend_size=7)
+
+
+def detect_kind(dirs: Sequence) -> str:
+  """``fedjax-dp plot``'s default kind: "frontier" when a path is or holds a ``results.json``,
+  "norms" for one folder holding ``norms.npz``, else "runs"."""
+  paths = [pathlib.Path(d) for d in dirs]
+  if any(p.name == "results.json" or (p / "results.json").is_file() for p in paths):
+    return "frontier"
+  if len(paths) == 1 and (paths[0] / "norms.npz").is_file():
+    return "norms"
+  return "runs"
+
+
+def add_parser(sub) -> None:
+  """The ``plot`` subcommand."""
+  p = sub.add_parser("plot", help="draw runs (accuracy and epsilon per round), a run's update "
+                     "norms against its clip bound, or a privacy-utility frontier, as an image")
+  p.add_argument("dirs", nargs="+", metavar="DIR",
+                 help="run folders (metrics.jsonl, norms.npz) or sweep/reproduction folders "
+                 "(results.json, or the file itself)")
+  p.add_argument("--out", required=True, metavar="FILE.png",
+                 help="the image to write (its suffix picks the format: .png, .pdf, .svg, ...)")
+  p.add_argument("--kind", choices=KINDS,
+                 help="runs: test accuracy and epsilon against rounds, one line per folder; "
+                 "norms: one run's per-round update norms against the clip bound (norms.npz); "
+                 "frontier: accuracy against epsilon per method (results.json). Default: "
+                 "frontier if a DIR holds results.json, norms for one DIR with norms.npz, "
+                 "else runs")
+
+
+def command(args) -> int:
+  """Runs ``fedjax-dp plot``: writes the figure, prints its path."""
+  kind = args.kind or detect_kind(args.dirs)
+  if kind == "runs":
+    plot_runs(args.dirs, args.out)
+  elif kind == "norms":
+    check(len(args.dirs) == 1, "dir", args.dirs, "--kind norms draws one run folder")
+    plot_norms(args.dirs[0], args.out)
+  else:
+    plot_frontier(args.dirs, args.out)
+  print(f"wrote {args.out} ({kind})")
+  return 0

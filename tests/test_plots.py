@@ -1,0 +1,234 @@
+"""TensorBoard event files, norms.npz and ``fedjax-dp plot`` (fedjax_dp.plots)."""
+
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from fedjax_dp import outputs, plots
+from fedjax_dp.cli import main
+from fedjax_dp.engine import RunResult
+from fedjax_dp.errors import ConfigError
+from fedjax_dp.reproduce.runner import seed_stats
+from fedjax_dp.sweep import SweepResult
+
+TINY = ["--dataset", "digits", "--num-clients", "60", "--model", "mlp", "--rounds", "3",
+        "--eval-every", "2", "--no-progress"]
+
+
+def _events(folder) -> tuple:
+  """``({tag: {step: value}}, {histogram tag: steps})`` of the event files in ``folder``, read as
+  TFRecords (length, its CRC, an ``Event`` protobuf, its CRC)."""
+  from tensorboardX.proto import event_pb2
+  files = sorted(folder.glob("events.out.tfevents.*"))
+  assert files, f"no event file in {folder}"
+  scalars, histograms = {}, {}
+  for f in files:
+    data, i = f.read_bytes(), 0
+    while i < len(data):
+      (n,) = struct.unpack("<Q", data[i:i + 8])
+      event = event_pb2.Event.FromString(data[i + 12:i + 12 + n])
+      i += 12 + n + 4
+      for v in event.summary.value:
+        if v.HasField("histo"):
+          histograms.setdefault(v.tag, []).append(event.step)
+        else:
+          scalars.setdefault(v.tag, {})[event.step] = v.simple_value
+  return scalars, histograms
+
+
+def _rows(folder) -> list:
+  return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  """Two tiny DP-FedAvg runs with --tensorboard: release all and release private."""
+  base = tmp_path_factory.mktemp("runs")
+  out = {}
+  for release in ("all", "private"):
+    out[release] = base / release
+    assert main(["run", *TINY, "--tensorboard", "--release", release,
+                 "--output-dir", str(out[release])]) == 0
+  return out
+
+
+def test_tensorboard_holds_the_records(runs):
+  rows = _rows(runs["all"])
+  scalars, histograms = _events(runs["all"] / outputs.TENSORBOARD)
+  evaluated = {r["round"]: r["test_accuracy"] for r in rows if "test_accuracy" in r}
+  assert sorted(evaluated) == [2, 3]
+  assert scalars["test_accuracy"] == pytest.approx(evaluated, rel=1e-6)
+  assert scalars["epsilon"] == pytest.approx({r["round"]: r["epsilon"] for r in rows}, rel=1e-6)
+  for name in ("train_loss", "fraction_clipped"):
+    assert scalars[f"diagnostics/{name}"] == pytest.approx(
+        {r["round"]: r["diagnostics"][name] for r in rows}, rel=1e-6)
+  assert sorted(histograms["diagnostics/update_norm"]) == [1, 2, 3]
+
+
+def test_private_release_writes_no_diagnostics(runs):
+  folder = runs["private"]
+  scalars, histograms = _events(folder / outputs.TENSORBOARD)
+  assert not histograms
+  assert not [t for t in scalars if t.startswith("diagnostics/")]
+  assert set(scalars) >= {"test_accuracy", "test_loss", "epsilon", "aggregate_norm"}
+  assert not (folder / outputs.NORMS).exists()
+  assert all("diagnostics" not in r for r in _rows(folder))
+
+
+def test_norms_npz_matches_the_rows_quantiles(runs):
+  rows = _rows(runs["all"])
+  z = plots.read_norms(runs["all"])
+  assert list(z["round"]) == [r["round"] for r in rows]
+  summary = json.loads((runs["all"] / "summary.json").read_text())
+  assert z["clip"] == summary["config"]["clip"]
+  for norms, r in zip(z["norms"], rows):
+    d = r["diagnostics"]
+    assert norms.dtype == np.float32 and len(norms) == d["cohort_size"]
+    q10, q50, q90 = (float(q) for q in np.quantile(norms, [0.1, 0.5, 0.9]))
+    assert (q10, q50, q90) == tuple(d["update_norm"][k] for k in ("q10", "q50", "q90"))
+    assert float(np.mean(norms > z["clip"])) == d["fraction_clipped"]
+
+
+def test_overwrite_removes_the_earlier_norms_and_event_files(tmp_path):
+  (tmp_path / outputs.TENSORBOARD).mkdir()
+  (tmp_path / outputs.TENSORBOARD / "events.out.tfevents.1").write_bytes(b"old")
+  (tmp_path / outputs.NORMS).write_bytes(b"old")
+  with pytest.raises(ConfigError, match="norms.npz"):
+    outputs.check_output_dir(tmp_path, overwrite=False)
+  f = outputs.MetricsFile(tmp_path)
+  f.write("{}\n")
+  f.close()
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
+
+
+def test_plot_runs_and_norms(runs, tmp_path, capsys):
+  fig = plots.plot_runs([runs["all"], runs["private"]], tmp_path / "runs.png")
+  assert (tmp_path / "runs.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  accuracy, epsilon = fig.axes
+  assert [len(ax.get_lines()) for ax in fig.axes] == [2, 2]
+  assert list(accuracy.get_lines()[0].get_xdata()) == [2, 3]
+  assert list(epsilon.get_lines()[0].get_xdata()) == [1, 2, 3]
+  assert accuracy.get_legend_handles_labels()[1] == ["all", "private"]
+
+  fig = plots.plot_norms(runs["all"], tmp_path / "norms.png")
+  (ax,) = fig.axes
+  median, clip = ax.get_lines()
+  assert list(median.get_ydata()) == [r["diagnostics"]["update_norm"]["q50"]
+                                     for r in _rows(runs["all"])]
+  assert list(clip.get_ydata()) == [0.5, 0.5] and len(ax.collections) == 1  # the 10-90% band
+
+  for args, kind in (([str(runs["all"])], "norms"), ([str(runs["all"]), str(runs["private"])], "runs"),
+                     ([str(runs["all"]), "--kind", "runs"], "runs")):
+    out = tmp_path / f"cli-{kind}-{len(args)}.png"
+    assert main(["plot", *args, "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert capsys.readouterr().out.strip() == f"wrote {out} ({kind})"
+
+
+@pytest.fixture
+def sweep_dir(tmp_path):
+  """A sweep's results.json (SweepResult.to_json): clip 0.3 and 1 times target epsilon 4 and 8,
+  two seeds each, of dp_fedavg."""
+  rows, experiments = [], []
+  for clip in (0.3, 1.0):
+    for eps in (4.0, 8.0):
+      values = {"target_epsilon": eps, "clip": clip}
+      accs = [0.5 + eps / 100 + clip / 10 + s / 50 for s in (0, 1)]
+      rows.append({**values, **seed_stats(accs), "epsilon": eps - 0.001})
+      experiments += [{"values": values, "seed": s, "group": 0, "output_dir": None,
+                       "result": RunResult([], {"final_accuracy": a,
+                                                "config": {"algorithm": "dp_fedavg"}}, None)}
+                      for s, a in enumerate(accs)]
+  out = tmp_path / "sweep"
+  out.mkdir()
+  doc = SweepResult(rows, experiments, [], 0.0, []).to_json()
+  (out / "results.json").write_text(json.dumps(doc))
+  return out
+
+
+def test_frontier_of_a_sweep(sweep_dir, tmp_path, capsys):
+  rows = json.loads((sweep_dir / "results.json").read_text())["rows"]
+  assert main(["plot", str(sweep_dir), "--out", str(tmp_path / "f.png")]) == 0
+  assert capsys.readouterr().out.strip().endswith("(frontier)")
+  assert (tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  fig = plots.plot_frontier([sweep_dir / "results.json"], tmp_path / "f2.png")
+  (ax,) = fig.axes
+  labels = ax.get_legend_handles_labels()[1]
+  assert labels == ["dp_fedavg, clip=0.3", "dp_fedavg, clip=1.0"]
+  assert len(ax.containers) == 2  # one errorbar line per clip bound
+  for clip, bars in zip((0.3, 1.0), ax.containers):
+    mine = sorted((r["epsilon"], r["accuracy_mean"], r["accuracy_std"]) for r in rows
+                  if r["clip"] == clip)
+    line, _, (bar,) = bars
+    assert list(zip(line.get_xdata(), line.get_ydata())) == [m[:2] for m in mine]
+    lengths = [seg[1, 1] - seg[0, 1] for seg in bar.get_segments()]
+    assert lengths == pytest.approx([2 * m[2] for m in mine])  # +- one std over the seeds
+
+
+def test_frontier_of_a_reproduction_and_several_files(sweep_dir, tmp_path):
+  rows = [{"table": "table1", "method": "fedavg", "epsilon": None, "sparsity": None,
+           "accuracy_mean": 0.9, "accuracy_std": 0.0, "seeds": 2}]
+  rows += [{"table": "table1", "method": m, "epsilon": e, "sparsity": s, "accuracy_mean": a,
+            "accuracy_std": 0.01, "seeds": 2}
+           for m, s in (("dp_fedavg", None), ("blur+lus", 0.7)) for e, a in ((8.0, 0.8), (2.0, 0.5))]
+  rows.append({"table": "table3", "method": "blur+lus", "epsilon": 8.0, "sparsity": 0.5,
+               "accuracy_mean": 0.7, "accuracy_std": 0.02, "seeds": 2})
+  repro = tmp_path / "cheng"
+  repro.mkdir()
+  (repro / "results.json").write_text(json.dumps({"paper": "Cheng et al.", "rows": rows}))
+  fig = plots.plot_frontier([repro], tmp_path / "r.png")
+  (ax,) = fig.axes
+  assert ax.get_legend_handles_labels()[1] == [
+      "fedavg, table=table1 (no DP)", "dp_fedavg, table=table1",
+      "blur+lus, table=table1, sparsity=0.7", "blur+lus, table=table3, sparsity=0.5"]
+  assert list(ax.containers[0].lines[0].get_xdata()) == [2.0, 8.0]  # sorted by epsilon
+  assert list(ax.get_lines()[-1].get_ydata()) == [0.9, 0.9]  # the non-private baseline
+
+  fig = plots.plot_frontier([repro / "results.json", sweep_dir], tmp_path / "both.png")
+  labels = fig.axes[0].get_legend_handles_labels()[1]
+  assert len(fig.axes[0].containers) == 5
+  assert labels[1] == "cheng: dp_fedavg, table=table1"
+  assert labels[4] == "sweep: dp_fedavg, clip=0.3"
+
+
+def _refused(args, capsys, field, words):
+  assert main(args) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and f"invalid {field}=" in err and words in err, err
+
+
+def test_plot_refusals(runs, tmp_path, capsys):
+  out = str(tmp_path / "x.png")
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  _refused(["plot", str(tmp_path / "missing"), "--out", out], capsys, "dir", "existing folder")
+  _refused(["plot", str(empty), "--out", out], capsys, "dir", "holds no metrics.jsonl")
+  _refused(["plot", str(runs["private"]), "--kind", "norms", "--out", out], capsys, "dir",
+           "holds no norms.npz")
+  _refused(["plot", str(runs["all"]), str(runs["private"]), "--kind", "norms", "--out", out],
+           capsys, "dir", "one run folder")
+  _refused(["plot", str(runs["all"]), "--kind", "frontier", "--out", out], capsys, "dir",
+           "holds no results.json")
+  _refused(["plot", str(runs["all"]), "--out", str(tmp_path / "x.txt")], capsys, "out", ".png")
+  _refused(["plot", str(runs["all"]), "--out", str(tmp_path / "no" / "x.png")], capsys, "out",
+           "must exist")
+  _refused(["plot", str(runs["all"]), "--kind", "bars", "--out", out], capsys, "arguments",
+           "invalid choice")
+  (empty / "metrics.jsonl").write_text('{"round": 1}\n{"round"\n')
+  _refused(["plot", str(empty), "--out", out], capsys, "dir", "line 2 of metrics.jsonl")
+  (empty / "results.json").write_text(json.dumps({"rows": [
+      {"method": "spfl", "epsilon": {"all": {"max": 3.0}}, "accuracy_mean": 0.5,
+       "accuracy_std": 0.0}]}))
+  _refused(["plot", str(empty), "--out", out], capsys, "dir", "no row with a numeric epsilon")
+  (empty / "results.json").write_text(json.dumps({"rows": [{"method": "x", "epsilon": 1.0}]}))
+  _refused(["plot", str(empty), "--out", out], capsys, "dir", "'accuracy_mean'")
+  assert not (tmp_path / "x.png").exists()
+
+
+def test_tensorboard_needs_an_output_dir():
+  from fedjax_dp.config import make_config
+  from fedjax_dp.experiment import simulate
+  with pytest.raises(ConfigError, match="tensorboard=True: needs an output_dir"):
+    simulate(make_config(num_clients=60, model="mlp", rounds=1), tensorboard=True)
