@@ -111,6 +111,9 @@ class RunConfig:
       "help": "run the cohort in blocks of this many vmapped clients, one block after another "
               "(default: all at once; an int >= 1); with the noised mean and no attack the "
               "round's memory then stays flat in the cohort size"})
+  devices: Optional[int] = dataclasses.field(default=None, metadata={
+      "help": "split each round's clients over this many devices (default: every device JAX "
+              "sees, across processes; an int >= 1)"})
   # Client.
   local_steps: int = 5
   batch_size: int = 4
@@ -187,6 +190,8 @@ class RunConfig:
     check_choice("placement", self.placement, PLACEMENTS)
     check(self.client_chunk is None or self.client_chunk >= 1, "client_chunk", self.client_chunk,
           "must be an integer >= 1 (or none: the whole cohort at once)")
+    check(self.devices is None or self.devices >= 1, "devices", self.devices,
+          "must be an integer >= 1 (or none: every device)")
     check(self.local_steps >= 1, "local_steps", self.local_steps, "must be >= 1")
     check(self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1")
     check_choice("client_optimizer", self.client_optimizer, OPTIMIZERS)

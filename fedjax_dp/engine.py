@@ -270,7 +270,7 @@ def run(program, data, sampler, rounds: int, *, hparams: Optional[dict] = None, 
         progress: bool = True,
         config: Optional[dict] = None, placement: str = "device",
         on_round: Optional[Callable[[dict], None]] = None, release: str = "all",
-        client_chunk: Optional[int] = None) -> RunResult:
+        client_chunk: Optional[int] = None, devices: Optional[int] = None) -> RunResult:
   """Runs ``rounds`` federated rounds and returns the history and a summary.
 
   Args:
@@ -299,11 +299,13 @@ def run(program, data, sampler, rounds: int, *, hparams: Optional[dict] = None, 
       design (module docstring).
     client_chunk: run the cohort in blocks of this many vmapped clients
       (:func:`fedjax_dp.round.run_clients`); None: all at once.
+    devices: split the cohort's clients over this many devices (default: all).
   """
   experiment = Experiment(dict(hparams or {}), data, sampler, seed, accounting, output_dir, config,
                           on_round, tensorboard)
   return run_group(program, [experiment], rounds, eval_every=eval_every, progress=progress,
-                   placement=placement, release=release, client_chunk=client_chunk)[0]
+                   placement=placement, release=release, client_chunk=client_chunk,
+                   devices=devices)[0]
 
 
 def group_mode(experiments) -> Optional[str]:
@@ -482,7 +484,7 @@ def _check_tensorboard(experiments) -> None:
 
 def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progress: bool = True,
               placement: str = "device", release: str = "all",
-              client_chunk: Optional[int] = None) -> list:
+              client_chunk: Optional[int] = None, devices: Optional[int] = None) -> list:
   """Runs experiments that share one :class:`fedjax_dp.round.Round` as one compiled program.
 
   One experiment runs the round's jitted step; several run it ``vmap``-ed over
@@ -494,7 +496,10 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
   group's largest capacity, and padded clients change nothing. Arguments as
   :func:`run`; returns one :class:`RunResult` per experiment. A round's
   ``seconds`` is the whole group's. ``client_chunk``: clients per block
-  (:func:`fedjax_dp.round.run_clients`).
+  (:func:`fedjax_dp.round.run_clients`). ``devices``: the cohort's clients are
+  split over this many devices (default: every device JAX sees;
+  :func:`fedjax_dp.round.compiled_step`); cohorts are padded with inert slots
+  to a multiple of the device count.
   """
   check(rounds >= 1, "rounds", rounds, "must be >= 1")
   check(eval_every >= 1, "eval_every", eval_every, "must be >= 1")
@@ -502,7 +507,7 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
   check_choice("release", release, RELEASES)
   check(len(experiments) >= 1, "experiments", len(experiments), "need at least one")
   _check_tensorboard(experiments)
-  from fedjax_dp.round import CohortBatch, compiled_step
+  from fedjax_dp.round import CohortBatch, client_mesh, compiled_step
   single = len(experiments) == 1
   mode = group_mode(experiments)
   stack = (lambda trees: trees[0]) if single else (
@@ -520,7 +525,8 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
   else:
     evaluate = make_evaluator(program.model, datas[0].test_x, datas[0].test_y, experiments=mode)
   check(client_chunk is None or client_chunk >= 1, "client_chunk", client_chunk, "must be >= 1")
-  step = compiled_step(program, placement, mode, client_chunk)
+  step = compiled_step(program, placement, mode, client_chunk, devices)
+  n_devices = client_mesh(devices).size
 
   if placement == "device":
     arrays = tuple(jnp.asarray(getattr(datas[0], f)) if len(datas) == 1 else
@@ -547,7 +553,7 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
     for r in range(rounds):
       t0 = time.perf_counter()
       cohorts = [e.sampler.sample() for e in experiments]
-      capacity = max(len(c.ids) for c in cohorts)
+      capacity = -(-max(len(c.ids) for c in cohorts) // n_devices) * n_devices
       padded = [_pad_cohort(c, capacity) for c in cohorts]
       state, metrics = call(state, padded, [jax.random.fold_in(k_run, r) for _, k_run in keys])
       metrics = jax.device_get(metrics)

@@ -62,7 +62,7 @@ def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional
              output_dir=output_dir, tensorboard=tensorboard, progress=progress,
              config=recorded_config(config),
              placement=config.placement, on_round=on_round, release=release,
-             client_chunk=config.client_chunk)
+             client_chunk=config.client_chunk, devices=config.devices)
 
 
 def recorded_config(config: RunConfig) -> dict:

@@ -36,6 +36,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from fedjax_dp import attacks as attacks_lib
@@ -381,9 +382,29 @@ def step(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.A
   return new_state, metrics
 
 
+def client_mesh(devices: Optional[int] = None) -> jax.sharding.Mesh:
+  """A one-axis mesh ``("clients",)`` over the first ``devices`` devices (default: all of them,
+  across every process of a multi-process run)."""
+  from fedjax_dp.errors import check
+  available = jax.devices()
+  n = len(available) if devices is None else devices
+  check(1 <= n <= len(available), "devices", devices,
+        f"must be in [1, {len(available)}] (the devices JAX sees: {available[0].platform} x "
+        f"{len(available)})")
+  return jax.sharding.Mesh(np.asarray(available[:n]), ("clients",))
+
+
+def shard_clients(tree, mesh: jax.sharding.Mesh, axis: int):
+  """Constrains axis ``axis`` (the cohort's clients) of every leaf to be split over ``mesh``."""
+  def constrain(a):
+    spec = jax.sharding.PartitionSpec(*([None] * axis + ["clients"]))
+    return jax.lax.with_sharding_constraint(a, jax.sharding.NamedSharding(mesh, spec))
+  return jax.tree_util.tree_map(constrain, tree)
+
+
 @functools.lru_cache(maxsize=128)
 def compiled_step(rnd: Round, placement: str = "device", experiments: Optional[str] = None,
-                  chunk: Optional[int] = None) -> Callable:
+                  chunk: Optional[int] = None, devices: Optional[int] = None) -> Callable:
   """The jitted step of ``rnd``, compiled once per :class:`Round` and argument shapes.
 
   ``placement="device"``: ``fn(state, hp, (x, y, counts), ids, mask, key)``
@@ -396,7 +417,18 @@ def compiled_step(rnd: Round, placement: str = "device", experiments: Optional[s
   experiments read from one copy (``"stacked"``: each has its own;
   :func:`fedjax_dp.engine.group_mode`). ``chunk``: clients per block
   (:func:`run_clients`).
+
+  ``devices``: the cohort's clients are split over this many devices
+  (:func:`client_mesh`; default all), one code path for one device and many:
+  the cohort's ids and mask (host placement: its whole batch) are constrained
+  to be sharded along the clients, and XLA's SPMD partitioner runs each
+  device's clients there and sums across devices where the round aggregates.
+  Everything else (the model, the state, the population's data) is
+  replicated. The cohort's capacity must be a multiple of the device count
+  (:func:`fedjax_dp.engine.run_group` pads it).
   """
+  mesh = client_mesh(devices)
+  axis = 0 if experiments is None else 1
   if placement == "device":
     def fn(state, hp, arrays, ids, mask, key):
       return step(rnd, state, hp, CohortBatch(None, None, None, ids, mask), key, data=arrays,
@@ -407,4 +439,11 @@ def compiled_step(rnd: Round, placement: str = "device", experiments: Optional[s
   if experiments is not None:
     data = None if experiments == "shared" and placement == "device" else 0
     fn = jax.vmap(fn, in_axes=(0, 0, data, 0, 0, 0) if placement == "device" else 0)
+  inner = fn
+  if placement == "device":
+    def fn(state, hp, arrays, ids, mask, key):
+      return inner(state, hp, arrays, *shard_clients((ids, mask), mesh, axis), key)
+  else:
+    def fn(state, hp, batch, key):
+      return inner(state, hp, shard_clients(batch, mesh, axis), key)
   return jax.jit(fn)

@@ -167,8 +167,8 @@ def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Seq
 
   Every configuration is built on its data set (``datas[i]``) before anything runs (so a bad
   value stops the whole batch before compiling; then ``before_running()`` is called). Groups:
-  the same :class:`fedjax_dp.round.Round`, rounds, evaluation period, placement, client chunk and
-  data shapes
+  the same :class:`fedjax_dp.round.Round`, rounds, evaluation period, placement, client chunk,
+  devices and data shapes
   (:func:`fedjax_dp.engine.run_group`). ``on_group(indices, results)`` is called as each group
   ends; ``log`` gets one line per group.
   """
@@ -179,7 +179,7 @@ def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Seq
   output_dirs = list(output_dirs or [None] * len(configs))
   groups = {}
   for i, (c, setup) in enumerate(zip(configs, built)):
-    key = (id(setup.program), c.rounds, c.eval_every, c.placement, c.client_chunk,
+    key = (id(setup.program), c.rounds, c.eval_every, c.placement, c.client_chunk, c.devices,
            _shape_key(datas[i]))
     groups.setdefault(key, []).append(i)
   if before_running is not None:
@@ -193,7 +193,7 @@ def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Seq
                    for i in members]
     done = run_group(built[members[0]].program, experiments, first.rounds,
                      eval_every=first.eval_every, progress=progress, placement=first.placement,
-                     release=release, client_chunk=first.client_chunk)
+                     release=release, client_chunk=first.client_chunk, devices=first.devices)
     for i, res in zip(members, done):
       results[i] = res
     records.append({"experiments": list(members), "seconds": time.perf_counter() - tg})

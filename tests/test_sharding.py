@@ -1,0 +1,61 @@
+"""Clients split over devices: 4 forced host devices give the one-device result."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent("""
+    import json
+    import jax
+    import numpy as np
+    from fedjax_dp.config import make_config
+    from fedjax_dp.experiment import load_data, simulate
+    from fedjax_dp.sweep import sweep
+
+    assert len(jax.devices()) == 4, jax.devices()
+    out = {}
+    common = dict(num_clients=60, sampling_prob=0.2, rounds=2, local_steps=2, batch_size=4,
+                  model="mlp", eval_every=1, max_test=200, target_epsilon=None)
+    base = dict(common, clip=0.5, noise_multiplier=1.0)
+    cases = {"dp_fedavg": base,
+             "gm_attacked_host": dict(common, algorithm="gm", attack="gaussian", byzantine=6,
+                                      placement="host")}
+    for name, settings in cases.items():
+        cfg = make_config(**settings)
+        data = load_data(cfg)
+        runs = [simulate(cfg.replace(devices=d), data) for d in (1, 4)]
+        leaves = [jax.tree_util.tree_leaves(r.state.params) for r in runs]
+        out[name] = {
+            "param_diff": max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                              for a, b in zip(*leaves)),
+            "accuracy": [r.metrics["test_accuracy"].tolist() for r in runs],
+            "epsilon": [r.summary.get("epsilon") for r in runs],
+            "devices": [len(leaves[i][0].sharding.device_set) for i in (0, 1)]}
+    # A sweep's experiments split their clients the same way, here in blocks of 6 clients.
+    res = [sweep(make_config(**base, devices=d, client_chunk=6), {"clip": [0.2, 1.0]}, seeds=1)
+           for d in (1, 4)]
+    out["sweep_accuracy"] = [[e["result"].summary["final_accuracy"] for e in r.experiments]
+                             for r in res]
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def test_four_devices_give_the_one_device_result():
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+             JAX_PLATFORMS="cpu")
+  proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True,
+                        timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
+  out = json.loads(line[len("RESULT "):])
+  for name in ("dp_fedavg", "gm_attacked_host"):
+    case = out[name]
+    assert case["devices"] == [1, 4], (name, case)
+    assert case["param_diff"] < 1e-5, (name, case)
+    one, four = case["accuracy"]
+    assert max(abs(a - b) for a, b in zip(one, four)) <= 0.01, (name, case)
+    assert case["epsilon"][0] == case["epsilon"][1]
+  one, four = out["sweep_accuracy"]
+  assert max(abs(a - b) for a, b in zip(one, four)) <= 0.01
