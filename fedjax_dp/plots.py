@@ -66,14 +66,21 @@ def _panels(plt, n: int, size: tuple, sharey: bool):
   return fig, axes[0]
 
 
-def _save(plt, fig, axes, ylabel, path, legend_columns: int = 1, legend_size: int = 8):
+def _save(plt, fig, axes, ylabel, path, legend_columns: int = 1, legend_size: int = 8,
+          legend_outside: bool = False):
   """Labels the axes (``ylabel``: the first one's, or a sequence of one per axis), adds the
-  first axis's legend, writes ``path``, closes the figure and returns it."""
+  first axis's legend (inside it, or to the right of the last axis), writes ``path``, closes
+  the figure and returns it."""
   for ax, label in zip(axes, [ylabel] if isinstance(ylabel, str) else ylabel):
     ax.set_ylabel(label)
-  axes[0].legend(fontsize=legend_size, ncol=legend_columns)
-  fig.tight_layout()
-  fig.savefig(path, dpi=90)
+  if legend_outside:  # laid out first: the figure grows to the legend (bbox_inches) instead
+    fig.tight_layout()
+    axes[0].legend(fontsize=legend_size, ncol=legend_columns, loc="upper left",
+                   bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+  else:
+    axes[0].legend(fontsize=legend_size, ncol=legend_columns)
+    fig.tight_layout()
+  fig.savefig(path, dpi=90, bbox_inches="tight" if legend_outside else None)
   plt.close(fig)
   return fig
 
@@ -122,6 +129,7 @@ def quantiles_figure(panels: Sequence[tuple], path, *, clip: Optional[float], yl
       ax.axhline(clip, color="k", ls="--", lw=1, label=f"clip S={clip:g}")
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("round")
+    ax.xaxis.get_major_locator().set_params(integer=True)
   return _save(plt, fig, axes, ylabel, path)
 
 
@@ -271,12 +279,13 @@ def plot_frontier(paths: Sequence, out):
   ax = axes[0]
   for c in curves:
     ax.errorbar(c.x, c.y, yerr=c.err, marker="o", capsize=2, label=c.label)
-  for label, acc in baselines:
-    ax.axhline(acc, ls=":", lw=1.2, color="0.4", label=label)
+  colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+  for i, (label, acc) in enumerate(baselines, len(curves)):  # colors go on after the curves'
+    ax.axhline(acc, ls=":", lw=1.2, color=colors[i % len(colors)], label=label)
   ax.set_xlabel("epsilon")
   ax.set_title("privacy-utility frontier", fontsize=9)
   ax.grid(alpha=0.3)
-  return _save(plt, fig, axes, "test accuracy", out, legend_size=7)
+  return _save(plt, fig, axes, "test accuracy", out, legend_size=7, legend_outside=True)
 
 
 def detect_kind(dirs: Sequence) -> str:
