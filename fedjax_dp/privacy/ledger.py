@@ -12,6 +12,7 @@ import logging
 import math
 from typing import Optional
 
+import attr
 import numpy as np
 
 import dp_accounting
@@ -54,6 +55,28 @@ def make_accountant(accountant: str = "rdp", relation: str = "add_remove"):
   return pld.PLDAccountant(neighboring_relation=rel)
 
 
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class RdpCurveDpEvent(dp_accounting.DpEvent):
+  """A mechanism whose RDP curve its own record computes (dp_accounting has no event for it).
+
+  ``rdp`` holds its RDP at ``rdp_privacy_accountant.DEFAULT_RDP_ORDERS``; the
+  ledger composes it by adding curves, as dp_accounting's RDP accountant does,
+  and converts with dp_accounting's ``compute_epsilon``. Only the RDP
+  accountant takes it. ``mechanism`` names the record and every parameter the
+  curve depends on (the event's repr; e.g. DDGauss,
+  :mod:`fedjax_dp.privacy.ddgauss`).
+  """
+
+  mechanism: str
+  rdp: tuple = attr.ib(repr=False)
+
+
+def _supports(event: dp_accounting.DpEvent, accountant: str, relation: str) -> bool:
+  if isinstance(event, RdpCurveDpEvent):
+    return accountant == "rdp"
+  return make_accountant(accountant, relation).supports(event)
+
+
 def check_supported(event: dp_accounting.DpEvent, accountant: str, relation: str,
                     field: str = "accountant", alternative: str = "") -> None:
   """Raises :class:`ConfigError` unless dp_accounting's ``accountant`` can compose ``event``.
@@ -63,8 +86,8 @@ def check_supported(event: dp_accounting.DpEvent, accountant: str, relation: str
   is refused before anything compiles. ``alternative`` names another way out
   (e.g. a setting whose event the chosen accountant does compose).
   """
-  if not make_accountant(accountant, relation).supports(event):
-    other = [a for a in ACCOUNTANTS if a != accountant and make_accountant(a, relation).supports(event)]
+  if not _supports(event, accountant, relation):
+    other = [a for a in ACCOUNTANTS if a != accountant and _supports(event, a, relation)]
     hint = f"use '{other[0]}'" if other else "no accountant of dp_accounting supports it"
     hint += f", {alternative}" if alternative else ""
     raise ConfigError(field, accountant,
@@ -89,8 +112,11 @@ def _event_rdp(event: dp_accounting.DpEvent, relation: str) -> np.ndarray:
   this curve instead of asking the accountant to recompute the event's curve
   every time epsilon is reported (for a Poisson-sampled Gaussian that costs
   about 0.17 s; per round, it dominated short simulations). The curve is read
-  from a fresh ``RdpAccountant`` that composed the event once.
+  from a fresh ``RdpAccountant`` that composed the event once (a
+  :class:`RdpCurveDpEvent` carries its own).
   """
+  if isinstance(event, RdpCurveDpEvent):
+    return np.array(event.rdp)
   acc = make_accountant("rdp", relation)
   with quiet_accounting():
     acc.compose(event)

@@ -1,0 +1,198 @@
+"""Integer encodings for secure aggregation: DDGauss's client and server pieces in JAX.
+
+Kairouz, Liu and Steinke, "The Distributed Discrete Gaussian Mechanism for
+Federated Learning with Secure Aggregation", ICML 2021 (Algorithms 1 and 2).
+Functions of one client's flat vector (``vmap``-ed over the cohort by the
+round) and of the cohort's rows (the server's modular sum):
+
+* :func:`rotate` / :func:`unrotate`: the randomized Hadamard transform
+  ``H D x / sqrt(d)`` (``D`` a diagonal of random signs from a public key,
+  ``H`` the Walsh-Hadamard matrix) on a vector zero-padded to ``d = 2^k``;
+  orthogonal, so norms are kept and :func:`unrotate` inverts it.
+* :func:`randomized_round`: each coordinate to ``floor(x)`` or ``floor(x)+1``,
+  unbiased; :func:`conditional_round` retries it until the rounded vector's
+  L2 norm is within a bound (bounded retries inside ``lax.while_loop``).
+* :func:`discrete_gaussian`: N_Z(0, sigma^2) by Canonne, Kamath and
+  Steinke's rejection sampler (NeurIPS 2020, Algorithm 3), in float32.
+* :func:`modular_sum`, :func:`to_signed`: the secure aggregation's output, the
+  sum of the rows modulo ``2^bits``, and its signed representative.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+# Salts folded into a client's key (see fedjax_dp.transforms) and into the public rotation key.
+SALT_ROUNDING = 0x20D0
+SALT_DISCRETE_GAUSSIAN = 0xD6A5
+SALT_ROTATION = 0x207A
+# Rejection rounds of the discrete Gaussian sampler: each accepts with probability >= 0.51 for
+# sigma >= 1/2 (0.76 for large sigma), so a coordinate is left unaccepted with probability
+# below 0.49^64 < 1e-20 (it is then 0; the sampler counts them).
+SAMPLER_TRIES = 64
+# The rounding's norm check, in float32, accepts a norm up to bound * (1 - NORM_MARGIN): the
+# pairwise sum of squares (:func:`sum_of_squares`) is within (log2(d) + 1) * 2^-24 of the exact
+# integer one (below 1e-5 for d <= 2^100), so every accepted vector is within the bound exactly.
+NORM_MARGIN = 1e-5
+
+
+def padded_dim(size: int) -> int:
+  """The smallest power of two ``>= size`` (the rotation's dimension)."""
+  return 1 << max(0, int(size) - 1).bit_length()
+
+
+def hadamard(x: jax.Array) -> jax.Array:
+  """``H x / sqrt(d)`` over the last axis (``d`` a power of two): the normalised fast
+  Walsh-Hadamard transform, symmetric and orthogonal, hence its own inverse."""
+  d = x.shape[-1]
+  if d & (d - 1):
+    raise ValueError(f"hadamard needs a power-of-two dimension, got {d}")
+  y, h = x, 1
+  while h < d:
+    y = y.reshape(x.shape[:-1] + (d // (2 * h), 2, h))
+    y = jnp.stack([y[..., 0, :] + y[..., 1, :], y[..., 0, :] - y[..., 1, :]], axis=-2)
+    h *= 2
+  return y.reshape(x.shape) / jnp.sqrt(jnp.float32(d))
+
+
+def rotation_key(seed, round_index) -> jax.Array:
+  """The public key of a round's rotation (shared by every client and the server)."""
+  base = jax.random.fold_in(jax.random.PRNGKey(SALT_ROTATION), jnp.asarray(seed, jnp.int32))
+  return jax.random.fold_in(base, jnp.asarray(round_index, jnp.int32))
+
+
+def rotate(x: jax.Array, key: jax.Array) -> jax.Array:
+  """``H D x / sqrt(d)`` of a flat vector already padded to a power of two."""
+  return hadamard(jax.random.rademacher(key, x.shape, jnp.float32) * x)
+
+
+def unrotate(y: jax.Array, key: jax.Array) -> jax.Array:
+  """The inverse of :func:`rotate` with the same key: ``D H y / sqrt(d)``."""
+  return jax.random.rademacher(key, y.shape, jnp.float32) * hadamard(y)
+
+
+def randomized_round(x: jax.Array, key: jax.Array) -> jax.Array:
+  """Each coordinate to ``floor(x) + Bernoulli(x - floor(x))``: integers, ``E[round(x)] = x``."""
+  low = jnp.floor(x)
+  return low + (jax.random.uniform(key, x.shape) < x - low).astype(x.dtype)
+
+
+def sum_of_squares(v: jax.Array) -> jax.Array:
+  """``sum(v^2)`` of a power-of-two-long vector by pairwise halving, so its float32 error is at
+  most ``(log2(d) + 1) * 2^-24`` relative (a plain reduction's order is the compiler's)."""
+  s = v * v
+  while s.shape[-1] > 1:
+    s = s.reshape(s.shape[:-1] + (-1, 2)).sum(-1)
+  return s[..., 0]
+
+
+def conditional_round(x: jax.Array, bound, tries, key: jax.Array):
+  """Randomized rounding conditioned on ``||round(x)||_2 <= bound`` (Kairouz et al. 2021, Sec. 4.1).
+
+  Draws :func:`randomized_round` until the result's norm is within ``bound``
+  (checked as ``sum_of_squares <= (bound (1 - NORM_MARGIN))^2``), at most
+  ``tries`` draws (a ``lax.while_loop``; ``tries`` may be traced). If every
+  draw fails, the result is ``trunc(x)`` (rounding towards zero, whose norm is
+  at most ``||x||``), or zeros if even that fails the check, so the returned
+  vector is always within the bound.
+
+  Returns ``(rounded, draws, ok)``: ``ok`` False when the fallback was used.
+  """
+  limit = jnp.square(bound * (1.0 - NORM_MARGIN))
+
+  def draw(i):
+    r = randomized_round(x, jax.random.fold_in(key, i))
+    return r, sum_of_squares(r) <= limit
+
+  def cond(c):
+    i, _, ok = c
+    return jnp.logical_and(jnp.logical_not(ok), i < tries)
+
+  def body(c):
+    i, _, _ = c
+    r, ok = draw(i)
+    return i + 1, r, ok
+
+  r0, ok0 = draw(0)
+  draws, r, ok = jax.lax.while_loop(cond, body, (jnp.int32(1), r0, ok0))
+  fallback = jnp.trunc(x)
+  fallback = jnp.where(sum_of_squares(fallback) <= limit, fallback, jnp.zeros_like(x))
+  return jnp.where(ok, r, fallback), draws, ok
+
+
+def discrete_gaussian(key: jax.Array, shape, sigma, tries: int = SAMPLER_TRIES):
+  """Samples of the discrete Gaussian N_Z(0, sigma^2), ``P[y] ~ exp(-y^2 / (2 sigma^2))``.
+
+  Canonne, Kamath and Steinke, "The Discrete Gaussian for Differential
+  Privacy", NeurIPS 2020, Algorithm 3, vectorised: with ``t = floor(sigma) + 1``
+  each coordinate proposes ``Y ~`` discrete Laplace (``P[y] ~ exp(-|y|/t)``,
+  the difference of two geometric variables ``floor(t E)``, ``E ~ Exp(1)``)
+  and accepts it with probability ``exp(-(|Y| - sigma^2/t)^2 / (2 sigma^2))``;
+  all coordinates draw together, each keeps its first accepted proposal, for at
+  most ``tries`` rounds (a ``lax.while_loop`` that stops when all accepted).
+
+  Not bit-exact: the algorithm is exact with exact Bernoulli and geometric
+  draws; here they come from float32 uniforms (as TensorFlow Privacy's
+  sampler does), so each acceptance probability is off by about 2^-24 and
+  the discrete Laplace tail beyond about ``7 t`` is coarse. A coordinate
+  never accepted in ``tries`` rounds (probability below 1e-20 for
+  ``sigma >= 1/2``) is 0. ``sigma`` must be >= 1/2 (it may be traced).
+
+  Returns ``(samples, unaccepted)``: float32 integers and the number of coordinates set to 0.
+  """
+  t = jnp.floor(sigma) + 1.0
+  var = jnp.square(sigma)
+
+  def propose(i):
+    k1, k2, k3 = jax.random.split(jax.random.fold_in(key, i), 3)
+    y = jnp.floor(t * jax.random.exponential(k1, shape)) - jnp.floor(t * jax.random.exponential(k2, shape))
+    accept = jax.random.uniform(k3, shape) < jnp.exp(-jnp.square(jnp.abs(y) - var / t) / (2.0 * var))
+    return y, accept
+
+  def cond(c):
+    i, _, done = c
+    return jnp.logical_and(i < tries, jnp.logical_not(jnp.all(done)))
+
+  def body(c):
+    i, y, done = c
+    y_new, accept = propose(i)
+    return i + 1, jnp.where(done, y, y_new), jnp.logical_or(done, accept)
+
+  y0, done0 = propose(0)
+  _, y, done = jax.lax.while_loop(cond, body, (jnp.int32(1), y0, done0))
+  return jnp.where(done, y, 0.0), jnp.sum(jnp.logical_not(done))
+
+
+def modular_sum(rows: jax.Array, mask: jax.Array, bits) -> jax.Array:
+  """``sum_i mask_i rows_i mod 2^bits`` in ``[0, 2^bits)`` (uint32): what secure aggregation outputs.
+
+  ``rows``: ``[C, d]`` int32 (each client's integer vector; only its residue
+  modulo ``2^bits`` enters). The sum is taken in uint32, which wraps modulo
+  ``2^32``, a multiple of ``2^bits``, so it is exact for any cohort.
+  ``bits`` may be traced (``<= 31``).
+  """
+  modulus_mask = jnp.left_shift(jnp.uint32(1), jnp.asarray(bits, jnp.uint32)) - jnp.uint32(1)
+  residues = jnp.bitwise_and(jax.lax.bitcast_convert_type(rows.astype(jnp.int32), jnp.uint32),
+                             modulus_mask)
+  residues = jnp.where(mask.reshape((-1,) + (1,) * (rows.ndim - 1)) > 0, residues, jnp.uint32(0))
+  return jnp.bitwise_and(jnp.sum(residues, axis=0, dtype=jnp.uint32), modulus_mask)
+
+
+def to_signed(residues: jax.Array, bits) -> jax.Array:
+  """The representative in ``[-2^(bits-1), 2^(bits-1))`` of residues modulo ``2^bits`` (int32)."""
+  bits = jnp.asarray(bits, jnp.int32)
+  v = residues.astype(jnp.int32)
+  return jnp.where(v >= jnp.left_shift(1, bits - 1), v - jnp.left_shift(1, bits), v)
+
+
+def wrapped_fraction(rows: jax.Array, mask: jax.Array, bits) -> jax.Array:
+  """Fraction of coordinates of the true (integer) sum of the real rows outside
+  ``[-2^(bits-1), 2^(bits-1))``, where :func:`to_signed` of the modular sum differs from it.
+
+  The true sum is taken in int32 (exact while its magnitude stays below 2^31).
+  """
+  total = jnp.sum(jnp.where(mask.reshape((-1,) + (1,) * (rows.ndim - 1)) > 0,
+                            rows.astype(jnp.int32), 0), axis=0)
+  half = jnp.left_shift(1, jnp.asarray(bits, jnp.int32) - 1)
+  return jnp.mean(jnp.logical_or(total < -half, total >= half).astype(jnp.float32))
