@@ -446,4 +446,5 @@ def compiled_step(rnd: Round, placement: str = "device", experiments: Optional[s
   else:
     def fn(state, hp, batch, key):
       return inner(state, hp, shard_clients(batch, mesh, axis), key)
-  return jax.jit(fn)
+  # The new state and the metrics come back whole on every device (and every process).
+  return jax.jit(fn, out_shardings=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))

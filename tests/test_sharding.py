@@ -59,3 +59,46 @@ def test_four_devices_give_the_one_device_result():
     assert case["epsilon"][0] == case["epsilon"][1]
   one, four = out["sweep_accuracy"]
   assert max(abs(a - b) for a, b in zip(one, four)) <= 0.01
+
+
+PROCESS = textwrap.dedent("""
+    import json, sys
+    import jax
+    if len(sys.argv) > 2:  # one of several processes: JAX's multi-process runtime on localhost
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(coordinator_address="localhost:" + sys.argv[2],
+                                   num_processes=2, process_id=int(sys.argv[1]))
+    from fedjax_dp.experiment import simulate
+    r = simulate(num_clients=60, rounds=2, max_test=100, local_steps=2, eval_every=1)
+    print("RESULT " + json.dumps({"devices": len(jax.devices()), "processes": jax.process_count(),
+                                  "accuracy": r.metrics["test_accuracy"].tolist(),
+                                  "loss": r.metrics["test_loss"].tolist(),
+                                  "epsilon": r.summary["epsilon"]}))
+""")
+
+
+def _result(stdout: str) -> dict:
+  return json.loads(next(l for l in stdout.splitlines() if l.startswith("RESULT "))[len("RESULT "):])
+
+
+def test_two_processes_agree_with_one():
+  import socket
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = str(s.getsockname()[1])
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+  procs = [subprocess.Popen([sys.executable, "-c", PROCESS, str(i), port], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in (0, 1)]
+  outs = [p.communicate(timeout=600) for p in procs]
+  for p, (_, err) in zip(procs, outs):
+    assert p.returncode == 0, err[-3000:]
+  alone = subprocess.run([sys.executable, "-c", PROCESS], capture_output=True, text=True,
+                         timeout=600, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert alone.returncode == 0, alone.stderr[-3000:]
+  one = _result(alone.stdout)
+  for out, _ in outs:
+    got = _result(out)
+    assert got["devices"] == 4 and got["processes"] == 2
+    assert got["epsilon"] == one["epsilon"]
+    assert max(abs(a - b) for a, b in zip(got["accuracy"], one["accuracy"])) <= 0.01
+    assert max(abs(a - b) for a, b in zip(got["loss"], one["loss"])) <= 1e-4
