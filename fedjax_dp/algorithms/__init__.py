@@ -80,6 +80,7 @@ ALGORITHMS = {
     "dp_fedavg+blur": "fedjax_dp.algorithms.blur_lus:build_dp_fedavg_blur",
     "dp_fedavg+lus": "fedjax_dp.algorithms.blur_lus:build_dp_fedavg_lus",
     "blur+lus": "fedjax_dp.algorithms.blur_lus:build_blur_lus",
+    "ddgauss": "fedjax_dp.algorithms.ddgauss:build_ddgauss",
 }
 
 
@@ -123,6 +124,8 @@ ABOUT = {
     "trimmed_mean": ("Yin et al., ICML 2018", _NONE, "options:L2"),
     "krum": ("Blanchard et al., NeurIPS 2017", _NONE, "options:L2"),
     "centered_clipping": ("Karimireddy et al., ICML 2021", _NONE, "options:L2"),
+    "ddgauss": ("Kairouz, Liu and Steinke, ICML 2021 (distributed discrete Gaussian, secure "
+                "aggregation)", _USER + " (replace-one, fixed-size cohorts)", "ddgauss:OPTIONS"),
 }
 
 
@@ -163,6 +166,7 @@ USES.update({name: _LOCAL | _NOISE for name in ("spfl", "spfl-sound", "dp-fl", "
 USES["nodp-fl"] = _LOCAL | {"clip"}  # clip: the default of low_cap and stat_bound
 USES.update({name: frozenset() for name in ("rsa", "dp-rsa-f", "dp-rsa-g", "sgd", "signsgd", "gm",
                                             "median", "trimmed_mean", "krum", "centered_clipping")})
+USES["ddgauss"] = _LOCAL | _NOISE
 SPECIFIC = frozenset().union(*USES.values())
 
 

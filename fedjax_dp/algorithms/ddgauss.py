@@ -1,0 +1,234 @@
+"""DDGauss: DP-FedAvg with the distributed discrete Gaussian and secure aggregation.
+
+Kairouz, Liu and Steinke, "The Distributed Discrete Gaussian Mechanism for
+Federated Learning with Secure Aggregation", ICML 2021 (Algorithms 1 and 2).
+Each client of a fixed-size cohort of ``M`` runs FedAvg's local SGD and clip
+(:func:`fedjax_dp.algorithms.fedavg.fedavg_client`), then encodes its update
+as an integer vector (:mod:`fedjax_dp.transforms.discrete`):
+
+  flatten, zero-pad to d = 2^k  ->  rotate: H D x / sqrt(d) (the round's public key)
+  ->  scale by s  ->  conditional randomized rounding to L2 norm <= B
+  ->  + N_Z(0, sigma^2) per coordinate, sigma = s z c / sqrt(M)
+
+and uploads it (int32). The server sees only the sum modulo ``2^bits`` (the
+secure aggregation, :func:`fedjax_dp.transforms.discrete.modular_sum`), takes
+its signed representative, divides by ``s``, rotates back, truncates to the
+model's size and divides by ``M``; the server step is FedAvg's.
+
+Privacy: :mod:`fedjax_dp.privacy.ddgauss` (user-level, replace-one,
+fixed-size cohorts). The client piece and the secure-sum piece declare the
+same mechanism record, read from the hyper-parameters the round uses; a round
+whose two pieces do not both declare it claims no guarantee.
+
+Options (``--set``): ``bits`` (16), ``beta`` (exp(-1/2)), ``scale`` (unset:
+from ``bits`` and ``k_stddevs``, 4), ``rounding_tries`` (32). Raw diagnostics:
+``wrap_fraction`` (coordinates of the true sum outside ``[-2^(b-1), 2^(b-1))``),
+``rounding_failures`` (clients whose conditional rounding used its fallback),
+``rounding_draws`` (mean draws per client), ``sampler_unaccepted``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+from fedjax_dp.aggregators import Aggregator
+from fedjax_dp.algorithms import Setup, cached_round, common_hparams, read_options
+from fedjax_dp.algorithms.fedavg import Pieces, fedavg_client
+from fedjax_dp.algorithms.options import Option
+from fedjax_dp.errors import ConfigError, check
+from fedjax_dp.round import Piece, Round
+from fedjax_dp.transforms import salted
+from fedjax_dp.transforms import discrete
+
+OPTIONS = (
+    Option("bits", 16, "b: the secure aggregation sums integers modulo 2^b", kind="int", low=2,
+           high=24),
+    Option("beta", math.exp(-0.5), "conditional rounding's beta: the rounded norm bound B holds "
+           "for an unconditioned rounding with probability >= 1 - beta (0: B = s c + sqrt(d), "
+           "no retries)", low=0, high=1, high_open=True),
+    Option("scale", None, "s, the paper's 1/gamma (granularity gamma): updates are scaled by s "
+           "before rounding; unset: from bits, k_stddevs standard deviations of the aggregate "
+           "within 2^b (Sec. 4.4)", low=0, low_open=True),
+    Option("k_stddevs", 4.0, "standard deviations of the aggregate kept within 2^b when the "
+           "scale comes from bits", low=0, low_open=True),
+    Option("rounding_tries", 32, "conditional rounding: at most this many draws, then rounding "
+           "towards zero (counted in rounding_failures)", kind="int", low=1),
+)
+
+
+def declared_mechanism(hp: dict, dim: int, *, num_clients: int, sampling: str):
+  """The :class:`fedjax_dp.privacy.ddgauss.DDGaussMechanism` of a round run with ``hp``."""
+  from fedjax_dp.privacy.ddgauss import DDGaussMechanism
+  m = float(hp["expected_size"])
+  return DDGaussMechanism(float(hp["clip"]), float(hp["noise_multiplier"]), float(hp["scale"]),
+                          float(hp["sigma"]), float(hp["beta"]), int(dim), m, int(num_clients),
+                          int(round(m)) - int(hp["byzantine"]), sampling)
+
+
+def as_integers(rows):
+  """Uploads as int32 (an attacker's float rows rounded, non-finite entries 0)."""
+  if jnp.issubdtype(rows.dtype, jnp.integer):
+    return rows.astype(jnp.int32)
+  safe = jnp.where(jnp.isfinite(rows), jnp.clip(jnp.round(rows), -2.0 ** 30, 2.0 ** 30), 0.0)
+  return safe.astype(jnp.int32)
+
+
+def ddgauss_client(model, dim: int, mechanism, **local) -> Piece:
+  """``hp -> client``: local SGD and clip (FedAvg's client), then the integer encoding.
+
+  ``chp`` is the round's index (the public rotation key's input).
+  """
+  inner = fedavg_client(model, Pieces(transforms=("clip",)), **local)
+
+  def client(hp):
+    train = inner(hp)
+
+    def fn(params0, x, y, count, row, chp, key):
+      out = train(params0, x, y, count, row, (), key)
+      flat, _ = ravel_pytree(out.upload)
+      v = jnp.pad(flat.astype(jnp.float32), (0, dim - flat.size))
+      rotated = discrete.rotate(v, discrete.rotation_key(hp["rotation_seed"], chp))
+      rounded, draws, ok = discrete.conditional_round(
+          hp["scale"] * rotated, hp["bound"], hp["rounding_tries"],
+          salted(key, discrete.SALT_ROUNDING))
+      noise, unaccepted = discrete.discrete_gaussian(
+          salted(key, discrete.SALT_DISCRETE_GAUSSIAN), (dim,), jnp.maximum(hp["sigma"], 0.5))
+      noise = jnp.where(hp["sigma"] > 0, noise, 0.0)
+      return out._replace(upload=(rounded + noise).astype(jnp.int32),
+                          aux={"rounding_failed": jnp.logical_not(ok), "rounding_draws": draws,
+                               "unaccepted": unaccepted})
+
+    return fn
+
+  return Piece(client, "local_sgd+clip+ddgauss_encode", mechanism=mechanism)
+
+
+def secure_sum(unravel, size: int, mechanism) -> Piece:
+  """``hp -> Aggregator``: the modular sum of the uploads (all the server sees), decoded: signed,
+  ``/ s``, rotated back, the model's ``size`` coordinates, ``/ M`` (public). Its state is the
+  round's index (the rotation key's input)."""
+
+  def make(hp):
+    def aggregate(updates, weights, mask, state, key):
+      del weights, key  # uniform weights (checked by the builder); no server randomness
+      total = discrete.to_signed(discrete.modular_sum(as_integers(updates), mask, hp["bits"]),
+                                 hp["bits"])
+      v = discrete.unrotate(total.astype(jnp.float32) / hp["scale"],
+                            discrete.rotation_key(hp["rotation_seed"], state))
+      return unravel(v[:size] / hp["expected_size"]), state + 1
+
+    return Aggregator(lambda params: jnp.zeros((), jnp.int32), aggregate)
+
+  return Piece(make, "secure_modular_sum", public_denominator=True, mechanism=mechanism)
+
+
+def ddgauss_metrics(state, params, out, sent, mask, hp):
+  """Raw diagnostics: the wrap-around of the true sum, the rounding's retries and fallbacks."""
+  del state, params
+  real = jnp.maximum(jnp.sum(mask), 1.0)
+  return {"wrap_fraction": discrete.wrapped_fraction(as_integers(sent), mask, hp["bits"]),
+          "rounding_failures": jnp.sum(mask * out.aux["rounding_failed"]),
+          "rounding_draws": jnp.sum(mask * out.aux["rounding_draws"]) / real,
+          "sampler_unaccepted": jnp.sum(mask * out.aux["unaccepted"])}
+
+
+def model_vector(model) -> tuple:
+  """``(size, d, unravel)``: the model's parameter count, its padded dimension and the inverse of
+  flattening its parameters."""
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+  flat, unravel = ravel_pytree(jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), shapes))
+  return flat.size, discrete.padded_dim(flat.size), unravel
+
+
+def ddgauss_round(model, num_clients: int, sampling: str, *, local_steps: int, batch_size: int,
+                  client_optimizer: str, server_optimizer: str, attack: str = "none",
+                  nonfinite_value: str = "nan") -> Round:
+  """DDGauss as a :class:`fedjax_dp.round.Round`; the server state is the round's index."""
+  size, dim, unravel = model_vector(model)
+  mechanism = functools.partial(declared_mechanism, num_clients=num_clients, sampling=sampling)
+  return Round(
+      model=model, num_clients=num_clients,
+      client=ddgauss_client(model, dim, mechanism, local_steps=local_steps, batch_size=batch_size,
+                            client_optimizer=client_optimizer),
+      aggregator=secure_sum(unravel, size, mechanism), attack=attack,
+      nonfinite_value=nonfinite_value, server_optimizer=server_optimizer,
+      init_server=lambda params, hp: jnp.zeros((), jnp.int32),
+      client_hparams=lambda server, hp, ids: jnp.broadcast_to(server, ids.shape),
+      server_rule=lambda server, hp, aux, mask, ids: server + 1,
+      metrics=ddgauss_metrics)
+
+
+def round_mechanism(rnd: Round, hparams: dict, dim: int):
+  """The record both pieces declare (the same one), else :class:`fedjax_dp.privacy.NonPrivate`."""
+  from fedjax_dp.privacy import NonPrivate
+  client = getattr(rnd.client, "mechanism", None)
+  if client is None or client is not getattr(rnd.aggregator, "mechanism", None):
+    return NonPrivate(relation="replace_one", guarantee_note=(
+        "the client's encoding and the server's secure sum do not declare the same DDGauss "
+        "mechanism: no guarantee"))
+  return client(hparams, dim)
+
+
+def build_ddgauss(config, data) -> Setup:
+  """DDGauss on the FedAvg family's client (see the module docstring)."""
+  from fedjax_dp.algorithms.dp_fedavg import make_model
+  from fedjax_dp.attacks import get as get_attack
+  from fedjax_dp.privacy import ddgauss as pdd
+  from fedjax_dp.privacy.accounting import LedgerAccounting
+  from fedjax_dp.sampling import make_sampler
+  opts = read_options(config, OPTIONS, byzantine=True)
+  check(config.aggregator is None, "aggregator", config.aggregator,
+        "must be unset for ddgauss: the server sees only the secure modular sum")
+  check(config.weighting == "uniform", "weighting", config.weighting,
+        "must be 'uniform' for ddgauss (the secure sum has no weights)")
+  if config.sampling == "fixed":
+    check(config.cohort_size <= data.num_clients, "cohort_size", config.cohort_size,
+          f"must be <= the population ({data.num_clients} clients)")
+  elif config.target_epsilon is not None:
+    raise ConfigError("sampling", config.sampling, "must be 'fixed' to calibrate ddgauss to a "
+                      "target epsilon (its guarantee is for a fixed cohort: --sampling fixed "
+                      "--cohort-size M)")
+  sampler = make_sampler(config.sampling, data.num_clients, config.seed, config.sampling_prob,
+                         config.cohort_size, config.capacity)
+  model = make_model(config, data)
+  key = ("ddgauss", model, data.num_clients, config.sampling, config.local_steps,
+         config.batch_size, config.client_optimizer, config.server_optimizer, config.attack,
+         opts["nonfinite_value"])
+  rnd = cached_round(key, lambda: ddgauss_round(
+      model, data.num_clients, config.sampling, local_steps=config.local_steps,
+      batch_size=config.batch_size, client_optimizer=config.client_optimizer,
+      server_optimizer=config.server_optimizer, attack=config.attack,
+      nonfinite_value=opts["nonfinite_value"]))
+  dim = model_vector(model)[1]
+
+  def make(z):
+    return pdd.mechanism_for(
+        z, clip=config.clip, bits=opts["bits"], beta=opts["beta"], dim=dim,
+        cohort_size=sampler.expected_size, num_clients=data.num_clients,
+        noise_shares=int(round(sampler.expected_size)) - config.byzantine,
+        sampling=config.sampling, scale=opts["scale"], k_stddevs=opts["k_stddevs"])
+
+  if config.target_epsilon is not None:
+    z = pdd.calibrate_noise_multiplier(config.target_epsilon, config.delta, config.rounds, make)
+  else:
+    check(config.noise_multiplier is not None, "noise_multiplier", None,
+          "set noise_multiplier >= 0 or target_epsilon > 0")
+    z = config.noise_multiplier
+  mech = make(z)
+  hparams = common_hparams(
+      config, opts, client_lr=config.client_lr, clip=mech.clip, noise_multiplier=mech.noise_multiplier,
+      expected_size=sampler.expected_size, scale=mech.scale, sigma=mech.sigma, bound=mech.bound,
+      beta=mech.beta, bits=opts["bits"], rounding_tries=opts["rounding_tries"],
+      rotation_seed=config.seed % 2 ** 24)
+  # Reading the clients' rows reads their noisy shares, which secure aggregation never releases.
+  reads = get_attack(config.attack).reads_honest
+  knowledge = "omniscient" if config.byzantine and reads else "released"
+  accounting = LedgerAccounting(round_mechanism(rnd, hparams, dim), config.delta, config.accountant,
+                                attacker_knowledge=knowledge if config.byzantine else None)
+  return Setup(rnd, sampler, accounting, hparams)
