@@ -54,6 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp import outputs
+from fedjax_dp.checkpoint import params_sha256
 from fedjax_dp.errors import check, check_choice
 from fedjax_dp.jsonio import dumps
 
@@ -270,7 +271,8 @@ def run(program, data, sampler, rounds: int, *, hparams: Optional[dict] = None, 
         progress: bool = True,
         config: Optional[dict] = None, placement: str = "device",
         on_round: Optional[Callable[[dict], None]] = None, release: str = "all",
-        client_chunk: Optional[int] = None, devices: Optional[int] = None) -> RunResult:
+        client_chunk: Optional[int] = None, devices: Optional[int] = None,
+        checkpoint=None) -> RunResult:
   """Runs ``rounds`` federated rounds and returns the history and a summary.
 
   Args:
@@ -300,12 +302,14 @@ def run(program, data, sampler, rounds: int, *, hparams: Optional[dict] = None, 
     client_chunk: run the cohort in blocks of this many vmapped clients
       (:func:`fedjax_dp.round.run_clients`); None: all at once.
     devices: split the cohort's clients over this many devices (default: all).
+    checkpoint: a :class:`fedjax_dp.checkpoint.Checkpointer`: save the run every K
+      rounds into ``output_dir/checkpoints/``, or resume it from there.
   """
   experiment = Experiment(dict(hparams or {}), data, sampler, seed, accounting, output_dir, config,
                           on_round, tensorboard)
   return run_group(program, [experiment], rounds, eval_every=eval_every, progress=progress,
                    placement=placement, release=release, client_chunk=client_chunk,
-                   devices=devices)[0]
+                   devices=devices, checkpoint=checkpoint)[0]
 
 
 def group_mode(experiments) -> Optional[str]:
@@ -410,6 +414,25 @@ class _Log:
       if v is not None:
         self.writer.add_scalar(tag, v, step)
 
+  def state(self) -> tuple:
+    """``(host, arrays)``: what a checkpoint keeps of these records besides ``metrics.jsonl``'s
+    rows: the last evaluation and whether the run diverged (JSON), the rounds' client norms."""
+    host = {"accuracy": self.accuracy, "loss": self.loss, "diverged": self.diverged}
+    if self.norms is None:
+      return host, {}
+    return host, {"norms": np.concatenate(self.norms).astype(np.float32),
+                  "norm_counts": np.array([len(n) for n in self.norms], np.int64)}
+
+  def resume(self, rows: list, host: dict, arrays: dict) -> None:
+    """Continues from a checkpoint: ``rows`` (those ``metrics.jsonl`` keeps) and :meth:`state`'s
+    parts; new rows are appended to ``metrics.jsonl``."""
+    self.history = list(rows)
+    self.accuracy, self.loss, self.diverged = host["accuracy"], host["loss"], host["diverged"]
+    if self.norms is not None:
+      self.norms = np.split(arrays["norms"], np.cumsum(arrays["norm_counts"])[:-1])
+    if self.out_dir is not None:
+      self.file = outputs.MetricsFile(self.out_dir, append=True)
+
   def close(self):
     if self.file is not None:
       self.file.close()
@@ -440,6 +463,7 @@ class _Log:
     if noise is not None:
       summary["noise_multiplier"] = noise
     summary["config"] = e.config
+    summary["params_sha256"] = params_sha256(state.params)
     summary.update(provenance(program.model, state, e.data))
     summary["release"] = {
         "mode": self.release,
@@ -484,7 +508,8 @@ def _check_tensorboard(experiments) -> None:
 
 def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progress: bool = True,
               placement: str = "device", release: str = "all",
-              client_chunk: Optional[int] = None, devices: Optional[int] = None) -> list:
+              client_chunk: Optional[int] = None, devices: Optional[int] = None,
+              checkpoint=None) -> list:
   """Runs experiments that share one :class:`fedjax_dp.round.Round` as one compiled program.
 
   One experiment runs the round's jitted step; several run it ``vmap``-ed over
@@ -499,7 +524,8 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
   (:func:`fedjax_dp.round.run_clients`). ``devices``: the cohort's clients are
   split over this many devices (default: every device JAX sees;
   :func:`fedjax_dp.round.compiled_step`); cohorts are padded with inert slots
-  to a multiple of the device count.
+  to a multiple of the device count. ``checkpoint``: one experiment only (a
+  group is not checkpointed).
   """
   check(rounds >= 1, "rounds", rounds, "must be >= 1")
   check(eval_every >= 1, "eval_every", eval_every, "must be >= 1")
@@ -507,6 +533,9 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
   check_choice("release", release, RELEASES)
   check(len(experiments) >= 1, "experiments", len(experiments), "need at least one")
   _check_tensorboard(experiments)
+  check(checkpoint is None or len(experiments) == 1, "checkpoint_every",
+        getattr(checkpoint, "every", None), "checkpoints one run only, not a group of "
+        "experiments (a sweep): run each experiment alone")
   from fedjax_dp.round import CohortBatch, client_mesh, compiled_step
   single = len(experiments) == 1
   mode = group_mode(experiments)
@@ -543,14 +572,17 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
       return step(state, hp, stack(batches), stack(round_keys))
 
   logs = [_Log(program, e, release) for e in experiments]
+  start = 0
+  if checkpoint is not None:
+    state, start = checkpoint.begin(state, experiments[0], logs[0])
   bar = None
   if progress:
     from tqdm.auto import tqdm
-    bar = tqdm(total=rounds, unit="round", dynamic_ncols=True)
+    bar = tqdm(total=rounds, initial=start, unit="round", dynamic_ncols=True)
   t_start = time.perf_counter()
   first_round_s = None
   try:
-    for r in range(rounds):
+    for r in range(start, rounds):
       t0 = time.perf_counter()
       cohorts = [e.sampler.sample() for e in experiments]
       capacity = -(-max(len(c.ids) for c in cohorts) // n_devices) * n_devices
@@ -568,6 +600,8 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
         m = metrics if single else jax.tree_util.tree_map(lambda a: a[i], metrics)
         ev = None if evaluation is None else (float(evaluation[0][i]), float(evaluation[1][i]))
         log.round(r, m, cohort, ev, seconds)
+      if checkpoint is not None:
+        checkpoint.after_round(r + 1, rounds, state, experiments[0], logs[0])
       if bar is not None:
         log = logs[0]
         post = {"acc": f"{log.accuracy:.4f}" if log.accuracy is not None else "-"}
@@ -587,7 +621,10 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
       log.close()
   total = time.perf_counter() - t_start
   timing = {"seconds_total": total, "seconds_first_round": first_round_s,
-            "seconds_per_round_after_first": (total - first_round_s) / max(rounds - 1, 1)}
+            "seconds_per_round_after_first": None if first_round_s is None else
+            (total - first_round_s) / max(rounds - start - 1, 1)}
+  if start:
+    timing["resumed_from_round"] = start
   if not single:
     timing["experiments_in_group"] = len(experiments)
   return [log.finish(program, state if single else jax.tree_util.tree_map(lambda a: a[i], state),

@@ -22,6 +22,7 @@ def load_data(config: RunConfig):
 def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional[str] = None,
              progress: bool = False, on_round=None, release: str = "all", *, model=None,
              round=None, hparams: Optional[dict] = None, tensorboard: bool = False,
+             checkpoint_every: Optional[int] = None, resume: bool = False,
              **settings) -> RunResult:
   """Runs a simulation and returns its :class:`fedjax_dp.engine.RunResult`.
 
@@ -44,6 +45,10 @@ def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional
       declare (:func:`fedjax_dp.privacy.mechanisms.user_level_mechanism`), for
       the configured sampling, delta and accountant.
     hparams: the hand-built round's hyper-parameters (name -> number).
+    checkpoint_every: save the whole run every this many rounds (and after the last) into
+      ``output_dir/checkpoints/`` (:mod:`fedjax_dp.checkpoint`).
+    resume: continue the run in ``output_dir`` from its latest checkpoint (same configuration;
+      ``checkpoint_every`` then says how often to go on saving).
   """
   from fedjax_dp.algorithms import build
   from fedjax_dp.config import make_config
@@ -57,12 +62,16 @@ def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional
     setup = custom_setup(round, hparams, config, data)
   else:
     setup = build(config, data)
+  checkpoint = None
+  if checkpoint_every is not None or resume:
+    from fedjax_dp.checkpoint import Checkpointer
+    checkpoint = Checkpointer(checkpoint_every, config.to_dict(), resume)
   return run(setup.program, data, setup.sampler, config.rounds, hparams=setup.hparams,
              seed=config.seed, accounting=setup.accounting, eval_every=config.eval_every,
              output_dir=output_dir, tensorboard=tensorboard, progress=progress,
              config=recorded_config(config),
              placement=config.placement, on_round=on_round, release=release,
-             client_chunk=config.client_chunk, devices=config.devices)
+             client_chunk=config.client_chunk, devices=config.devices, checkpoint=checkpoint)
 
 
 def recorded_config(config: RunConfig) -> dict:

@@ -27,7 +27,8 @@ METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 NORMS = "norms.npz"
 TENSORBOARD = "tensorboard"  # a folder of TensorBoard event files
-RUN_FILES = (METRICS, SUMMARY, NORMS, TENSORBOARD)  # everything a run writes
+CHECKPOINTS = "checkpoints"  # a folder of orbax checkpoints (fedjax_dp.checkpoint)
+RUN_FILES = (METRICS, SUMMARY, NORMS, TENSORBOARD, CHECKPOINTS)  # everything a run writes
 
 
 def _nearest_existing(path: pathlib.Path) -> pathlib.Path:
@@ -108,18 +109,21 @@ class MetricsFile:
   """A run's ``metrics.jsonl``, opened when the first record is written.
 
   At that moment the folder is created and the earlier run's files
-  (:data:`RUN_FILES`) are removed; before it nothing is touched.
+  (:data:`RUN_FILES`) are removed; before it nothing is touched. With
+  ``append`` (a resumed run) the rows are appended and nothing is removed.
   """
 
-  def __init__(self, folder):
+  def __init__(self, folder, append: bool = False):
     self.folder = check_writable(folder)
+    self.append = append
     self._file = None
 
   def write(self, text: str) -> None:
     if self._file is None:
       self.folder.mkdir(parents=True, exist_ok=True)
-      remove(self.folder, RUN_FILES)
-      self._file = open(self.folder / METRICS, "w")
+      if not self.append:
+        remove(self.folder, RUN_FILES)
+      self._file = open(self.folder / METRICS, "a" if self.append else "w")
     self._file.write(text)
 
   def flush(self) -> None:

@@ -45,7 +45,21 @@ def poisson_capacity(num_clients: int, prob: float, tail: float = 1e-9) -> int:
   return max(1, min(num_clients, c))
 
 
-class PoissonSampler:
+class _Sampler:
+  """What every sampler carries between rounds: its NumPy Generator and its capacity."""
+
+  def state(self) -> dict:
+    """Everything :meth:`load_state` needs to continue the draws exactly (a checkpoint's part)."""
+    return {"bit_generator": self._rng.bit_generator.state, "capacity": self.capacity,
+            "capacity_grew": self.capacity_grew}
+
+  def load_state(self, state: dict) -> None:
+    self._rng.bit_generator.state = state["bit_generator"]
+    self.capacity = int(state["capacity"])
+    self.capacity_grew = int(state["capacity_grew"])
+
+
+class PoissonSampler(_Sampler):
   """Each client joins each round independently with probability ``prob``.
 
   The cohort is padded to ``capacity`` (by default large enough that overflow
@@ -81,7 +95,7 @@ class PoissonSampler:
     return _pad(ids, self.capacity)
 
 
-class FixedSizeSampler:
+class FixedSizeSampler(_Sampler):
   """A uniformly random subset of exactly ``cohort_size`` clients, without replacement."""
 
   kind = "fixed"

@@ -36,6 +36,13 @@ class LedgerAccounting:
     del cohort  # the event of a sampled round does not depend on the draw
     self.ledger.compose(self._event)
 
+  def state(self) -> dict:
+    """The composed events (JSON; a checkpoint's part, :meth:`load_state` restores it)."""
+    return {"ledger": self.ledger.state()}
+
+  def load_state(self, state: dict) -> None:
+    self.ledger.load_state(state["ledger"], [self._event])
+
   def report(self) -> dict:
     formal = (bool(self.mechanism.formal_guarantee)
               and not isinstance(self._event, dp_accounting.NonPrivateDpEvent))

@@ -246,6 +246,26 @@ class ExampleLevelAccounting:
         mech = self.classes[k].mechanism
         self.ledgers[cid].compose(mech.step_event(self.counts[cid]), mech.local_steps)
 
+  def state(self) -> dict:
+    """Each client's participation and composed events (JSON; a checkpoint's part)."""
+    return {"participation": self.participation.tolist(),
+            "ledgers": {str(cid): ledger.state() for cid, ledger in self.ledgers.items()
+                        if ledger.rounds}}
+
+  def load_state(self, state: dict) -> None:
+    """Restores :meth:`state`; each client's events must be the ones its class composes."""
+    participation = np.asarray(state["participation"], np.int64)
+    check(participation.shape == self.participation.shape, "resume", len(participation),
+          f"the checkpoint's accounting has another number of clients than this run's "
+          f"{len(self.participation)}")
+    self.participation = participation
+    for cid, runs in state["ledgers"].items():
+      cid = int(cid)
+      check(cid in self.ledgers, "resume", cid, "the checkpoint has a ledger for a client this "
+            "run accounts without one: it was written by another configuration")
+      mech = self.classes[self.class_of[cid]].mechanism
+      self.ledgers[cid].load_state(runs, [mech.step_event(self.counts[cid])])
+
   def client_epsilon(self, cid: int) -> Optional[float]:
     """Epsilon of client ``cid`` (None when its class has no formal guarantee)."""
     ledger = self.ledgers.get(int(cid))

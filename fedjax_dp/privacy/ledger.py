@@ -18,7 +18,7 @@ import numpy as np
 import dp_accounting
 from dp_accounting import pld, rdp
 
-from fedjax_dp.errors import ConfigError, check_choice, check_open_unit
+from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit
 
 ACCOUNTANTS = ("rdp", "pld")
 
@@ -173,6 +173,19 @@ class PrivacyLedger:
   @property
   def rounds(self) -> int:
     return sum(c for _, c in self._runs)
+
+  def state(self) -> list:
+    """The composed events as ``[[repr(event), count], ...]`` (JSON; a checkpoint's part)."""
+    return [[repr(e), c] for e, c in self._runs]
+
+  def load_state(self, runs: list, events) -> None:
+    """Restores :meth:`state`'s ``runs``, each event found by its repr among ``events`` (the
+    events this run composes): a checkpoint of other events is refused, never reinterpreted."""
+    by_repr = {repr(e): e for e in events}
+    for text, _ in runs:
+      check(text in by_repr, "resume", text, "the checkpoint's privacy ledger composed an event "
+            f"this run does not ({sorted(by_repr)}): it was written by another configuration")
+    self._runs = [[by_repr[text], int(count)] for text, count in runs]
 
   def event(self) -> dp_accounting.DpEvent:
     """The composed event of every round so far."""

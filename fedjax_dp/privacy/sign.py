@@ -237,6 +237,12 @@ class SignAccounting:
   def on_round(self, cohort) -> None:
     self._inner.on_round(cohort)
 
+  def state(self) -> dict:
+    return self._inner.state()
+
+  def load_state(self, state: dict) -> None:
+    self._inner.load_state(state)
+
   def report(self) -> dict:
     rep = self._inner.report()
     rep["epsilon_per_coordinate_round"] = self.mechanism.epsilon_per_coordinate_round

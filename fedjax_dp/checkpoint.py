@@ -1,0 +1,201 @@
+"""Checkpoint and resume one run with orbax (``fedjax-dp run --checkpoint-every K``, ``--resume``).
+
+Every ``K`` rounds, and after the last, :class:`Checkpointer` saves the whole
+run to ``OUTPUT_DIR/checkpoints/<round>/``, two orbax items:
+
+* ``state``: every leaf of the :class:`fedjax_dp.round.RoundState` (global
+  model, server optimizer state, aggregator state, per-client rows, the
+  algorithm's server state such as adaptive clip bounds, the round counter),
+  restored into the structure of the resumed run's freshly built state;
+* ``host`` (JSON): the round, the run's whole configuration and release mode,
+  the sampler's state (its NumPy Generator's exact bit-generator state, the
+  capacity and how often it grew), the accounting's composed privacy events
+  (:meth:`fedjax_dp.privacy.PrivacyLedger.state`; per client for
+  example-level accounting), the records' state (the last evaluation, whether
+  the run diverged, the clients' norms of every round so far), and each
+  state leaf's path, shape and dtype.
+
+Orbax writes a checkpoint into a temporary folder and renames it when it is
+complete, so a run killed while saving leaves a temporary folder that is never
+loaded (it is removed when the folder is next opened); the last
+:data:`KEEP` checkpoints are kept. Resuming truncates ``metrics.jsonl`` to the
+checkpoint's round and recomputes the rounds after it: round ``r``'s key is
+``fold_in(k_run, r)`` (:func:`fedjax_dp.engine.run_keys`) and the sampler
+continues from its saved state, so on the same machine a resumed run ends with
+the same parameters, bit for bit, as an uninterrupted one
+(:func:`params_sha256`), and ``metrics.jsonl`` has every round once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pathlib
+from typing import Optional
+
+import jax
+import numpy as np
+
+from fedjax_dp import outputs
+from fedjax_dp.errors import ConfigError, check
+
+KEEP = 2  # checkpoints kept
+
+
+def params_sha256(params) -> str:
+  """SHA-256 of a pytree of arrays, independent of its container types and of the host's byte
+  order: for every leaf in the order of its path (``jax.tree_util.keystr``, sorted), the path,
+  the dtype and the shape, then the leaf's bytes, little-endian."""
+  h = hashlib.sha256()
+  leaves = [(jax.tree_util.keystr(p), np.asarray(leaf))
+            for p, leaf in jax.tree_util.tree_flatten_with_path(params)[0]]
+  for path, a in sorted(leaves, key=lambda kv: kv[0]):
+    a = np.ascontiguousarray(a, a.dtype.newbyteorder("<"))
+    h.update(f"{path}|{a.dtype.str}|{a.shape};".encode())
+    h.update(a.tobytes())
+  return h.hexdigest()
+
+
+def _manager(folder: pathlib.Path):
+  import orbax.checkpoint as ocp
+  return ocp.CheckpointManager(folder.absolute(), options=ocp.CheckpointManagerOptions(
+      max_to_keep=KEEP, enable_async_checkpointing=False, create=False,
+      cleanup_tmp_directories=True))
+
+
+def latest_round(output_dir) -> Optional[int]:
+  """The round of the run's latest complete checkpoint in ``output_dir``, or None."""
+  folder = pathlib.Path(output_dir) / outputs.CHECKPOINTS
+  return _manager(folder).latest_step() if folder.is_dir() else None
+
+
+def _restore(manager, step: int, **items):
+  import orbax.checkpoint as ocp
+  try:
+    return manager.restore(step, args=ocp.args.Composite(**items))
+  except (OSError, ValueError, KeyError) as e:
+    raise ConfigError("resume", str(manager.directory / str(step)), "the checkpoint cannot be "
+                      f"read ({type(e).__name__}: {str(e)[:200]})") from None
+
+
+def read_meta(output_dir) -> dict:
+  """The ``host`` item of the latest checkpoint in ``output_dir`` (its ``config``, ``release``,
+  ``checkpoint_every``, ``round``, ...); :class:`ConfigError` when there is none."""
+  import orbax.checkpoint as ocp
+  step = latest_round(output_dir)
+  check(step is not None, "resume", str(output_dir),
+        f"holds no complete checkpoint in {outputs.CHECKPOINTS}/: nothing to resume (a run saves "
+        "one every --checkpoint-every K rounds)")
+  return _restore(_manager(pathlib.Path(output_dir) / outputs.CHECKPOINTS), step,
+                  host=ocp.args.JsonRestore()).host
+
+
+def _leaves(state) -> list:
+  """Each leaf of ``state`` as ``[path, shape, dtype]`` (JSON)."""
+  return [[jax.tree_util.keystr(p), list(np.shape(leaf)), str(jax.numpy.result_type(leaf))]
+          for p, leaf in jax.tree_util.tree_flatten_with_path(state)[0]]
+
+
+def _by_index(leaves) -> dict:
+  return {f"{i:05d}": leaf for i, leaf in enumerate(leaves)}
+
+
+def _kept_rows(path: pathlib.Path, rounds: int) -> list:
+  """The first ``rounds`` rows of ``metrics.jsonl`` (rounds 1, 2, ...), to which the file is
+  truncated: rows a killed run wrote after its checkpoint are recomputed."""
+  lines = path.read_text().splitlines(keepends=True)[:rounds] if path.exists() else []
+  rows = []
+  for i, line in enumerate(lines):
+    try:
+      row = json.loads(line) if line.endswith("\n") else None
+    except json.JSONDecodeError:
+      row = None
+    if not isinstance(row, dict) or row.get("round") != i + 1:
+      break
+    rows.append(row)
+  check(len(rows) == rounds, "resume", str(path),
+        f"holds {len(rows)} complete rows of rounds 1, 2, ... but the checkpoint is at round "
+        f"{rounds}: the folder's files are not one run's")
+  outputs.write_text_atomic(path, "".join(lines))
+  return rows
+
+
+class Checkpointer:
+  """The engine's checkpoint hook for one run (:func:`fedjax_dp.engine.run_group`).
+
+  Args:
+    every: save after every this many rounds (and after the last); None with ``resume``: as
+      the checkpoint's run did.
+    config: the run's whole configuration (JSON-able, e.g.
+      :meth:`fedjax_dp.config.RunConfig.to_dict`): stored in every checkpoint, and
+      a resumed run's must equal it.
+    resume: continue from the latest checkpoint in the run's output folder
+      instead of starting at round 0.
+  """
+
+  def __init__(self, every: Optional[int], config: dict, resume: bool = False):
+    check(every is None and resume or isinstance(every, int) and not isinstance(every, bool)
+          and every >= 1, "checkpoint_every", every, "must be an integer >= 1")
+    self.every = every
+    self.config = json.loads(json.dumps(config))  # as the JSON item stores it
+    self.resume = resume
+    self._manager = None
+
+  def begin(self, state, experiment, log) -> tuple:
+    """``(state, rounds done)``: the run's initial state and 0, or, with ``resume``, the latest
+    checkpoint's state and round, with the sampler, the accounting and ``log`` restored."""
+    import orbax.checkpoint as ocp
+    check(log.out_dir is not None, "checkpoint_every", self.every,
+          "needs an output_dir: checkpoints go to OUTPUT_DIR/checkpoints/")
+    for part in (experiment.sampler, experiment.accounting):
+      check(part is None or hasattr(part, "load_state"), "checkpoint_every", self.every,
+            f"the run's {type(part).__name__} has no state/load_state to checkpoint")
+    if not self.resume:
+      return state, 0
+    folder = log.out_dir / outputs.CHECKPOINTS
+    step = latest_round(log.out_dir)
+    check(step is not None, "resume", str(log.out_dir),
+          f"holds no complete checkpoint in {outputs.CHECKPOINTS}/: nothing to resume")
+    self._manager = _manager(folder)
+    host = _restore(self._manager, step, host=ocp.args.JsonRestore()).host
+    differ = sorted(k for k in set(host["config"]) | set(self.config)
+                    if host["config"].get(k) != self.config.get(k))
+    check(not differ, "resume", str(folder / str(step)),
+          f"the checkpoint was written by another configuration (it differs in {differ})")
+    check(host["release"] == log.release, "release", log.release,
+          f"the checkpoint's run wrote release={host['release']!r} records")
+    self.every = self.every or host["checkpoint_every"]
+    check(host["leaves"] == _leaves(state), "resume", str(folder / str(step)),
+          "the checkpoint's state has other leaves (paths, shapes, dtypes) than this run's")
+    leaves, treedef = jax.tree_util.tree_flatten(state)
+    # Restored into NumPy, then placed as the run's initial state was (jnp.asarray).
+    log_arrays = {k: np.zeros(shape, dtype) for k, (shape, dtype) in host["log_arrays"].items()}
+    target = {"round_state": _by_index([np.zeros(np.shape(a), a.dtype) for a in leaves]),
+              "log": log_arrays}
+    restored = _restore(self._manager, step, state=ocp.args.StandardRestore(target)).state
+    state = treedef.unflatten([jax.numpy.asarray(restored["round_state"][k])
+                               for k in _by_index(leaves)])
+    experiment.sampler.load_state(host["sampler"])
+    if experiment.accounting is not None:
+      experiment.accounting.load_state(host["accounting"])
+    log.resume(_kept_rows(log.out_dir / outputs.METRICS, step), host["log"], restored["log"])
+    return state, step
+
+  def after_round(self, done: int, rounds: int, state, experiment, log) -> None:
+    """Saves the run when ``done`` rounds are a multiple of ``every`` or all ``rounds``."""
+    import orbax.checkpoint as ocp
+    if done % self.every and done != rounds:
+      return
+    if self._manager is None:  # now: the first round's record removed an earlier run's folder
+      (log.out_dir / outputs.CHECKPOINTS).mkdir(parents=True, exist_ok=True)
+      self._manager = _manager(log.out_dir / outputs.CHECKPOINTS)
+    log_host, log_arrays = log.state()
+    accounting = experiment.accounting
+    host = {"round": done, "config": self.config, "release": log.release,
+            "checkpoint_every": self.every, "sampler": experiment.sampler.state(),
+            "accounting": None if accounting is None else accounting.state(),
+            "log": log_host, "leaves": _leaves(state),
+            "log_arrays": {k: [list(v.shape), str(v.dtype)] for k, v in log_arrays.items()}}
+    tree = {"round_state": _by_index(jax.tree_util.tree_leaves(state)), "log": log_arrays}
+    self._manager.save(done, args=ocp.args.Composite(state=ocp.args.StandardSave(tree),
+                                                     host=ocp.args.JsonSave(host)))
