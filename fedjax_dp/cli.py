@@ -20,6 +20,7 @@ from fedjax_dp import audit, plots
 from fedjax_dp.errors import ConfigError, check
 
 EXIT_INVALID, EXIT_DIVERGED, EXIT_INTERRUPTED = 2, 3, 130
+DEFAULT_RUN_DIR = "runs/quickstart"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -31,10 +32,18 @@ class _Parser(argparse.ArgumentParser):
 
 def _add_run(sub):
   p = sub.add_parser("run", help="run one simulation (no arguments: the offline quickstart)")
-  p.add_argument("--output-dir", default="runs/quickstart", help="where metrics.jsonl and summary.json go")
+  p.add_argument("--output-dir", help="where metrics.jsonl and summary.json go (default "
+                 f"{DEFAULT_RUN_DIR}; with --resume, that folder)")
   p.add_argument("--overwrite", action="store_true", help="replace an earlier run's files in --output-dir")
   p.add_argument("--no-progress", action="store_true")
-  p.add_argument("--release", default="all", choices=("all", "private"),
+  p.add_argument("--checkpoint-every", type=int, metavar="K",
+                 help="save the whole run every K rounds and after the last into "
+                 "OUTPUT_DIR/checkpoints/ (the last two kept), so that --resume can continue it")
+  p.add_argument("--resume", metavar="DIR",
+                 help="continue the run in DIR from its latest checkpoint, with the configuration "
+                 "stored there (a setting given that differs from it is refused); rounds written after "
+                 "the checkpoint are recomputed")
+  p.add_argument("--release", choices=("all", "private"),
                  help="all (default): also write raw diagnostics (realized cohort sizes, client losses, "
                  "pre-clip norms, timings) under 'diagnostics'; private: write only what the privacy "
                  "guarantee covers and what is public by design")
@@ -75,6 +84,8 @@ def _add_sweep(sub):
   p.add_argument("--no-progress", action="store_true", help="no progress bars")
   p.add_argument("--release", default="all", choices=("all", "private"),
                  help="as for run: private writes only what the guarantee covers")
+  p.add_argument("--checkpoint-every", type=int, metavar="K",
+                 help="refused: a sweep is not checkpointed (fedjax-dp run --checkpoint-every K is)")
   _add_config_flags(p)
 
 
@@ -164,10 +175,9 @@ def _refuse_unused(config, given) -> None:
           f"reads {sorted(USES[config.algorithm]) or 'none'})")
 
 
-def _config_from_args(args):
-  """The :class:`RunConfig` of ``--config``, the field flags and ``--set``; a setting given that
-  the algorithm does not read is refused."""
-  from fedjax_dp.config import field_types, load_config_file, make_config, parse_value
+def _settings(args) -> tuple:
+  """What ``--config``, the field flags and ``--set`` give: ``(base, overrides, options)``."""
+  from fedjax_dp.config import field_types, load_config_file, parse_value
   base = load_config_file(args.config) if args.config else {}
   types = field_types()
   overrides = {}
@@ -175,12 +185,20 @@ def _config_from_args(args):
     text = getattr(args, name, None)
     if name != "options" and text is not None:
       overrides[name] = parse_value(name, text, typ)
+  options = dict(base.pop("options", {}) or {})
+  options.update(_parse_options(args.set))
+  return base, overrides, options
+
+
+def _config_from_args(args):
+  """The :class:`RunConfig` of ``--config``, the field flags and ``--set``; a setting given that
+  the algorithm does not read is refused."""
+  from fedjax_dp.config import make_config
+  base, overrides, options = _settings(args)
   # Setting one of noise_multiplier / target_epsilon unsets the other's default.
   for given, other in (("target_epsilon", "noise_multiplier"), ("noise_multiplier", "target_epsilon")):
     if (given in overrides or given in base) and other not in overrides and other not in base:
       overrides[other] = None
-  options = dict(base.pop("options", {}) or {})
-  options.update(_parse_options(args.set))
   given = set(base) | {k for k, v in overrides.items() if v is not None}
   config = make_config(base, options=options, **overrides)
   _refuse_unused(config, given)
@@ -196,22 +214,69 @@ def _warn_noise(z, why: str) -> None:
           "rounds need less", file=sys.stderr)
 
 
+def _resumed(args) -> tuple:
+  """``(config, release, rounds done)`` of the run ``--resume`` names, from its latest checkpoint;
+  a setting given (flag, ``--config``, ``--set``) that differs from the stored one is refused."""
+  from fedjax_dp.checkpoint import read_meta
+  from fedjax_dp.config import make_config
+  check(not args.overwrite, "overwrite", True, "cannot be combined with --resume, which continues "
+        "the run in its folder")
+  check(args.output_dir is None or pathlib.Path(args.output_dir).resolve()
+        == pathlib.Path(args.resume).resolve(), "output_dir", args.output_dir,
+        f"must be left out with --resume (the run's folder is {args.resume})")
+  meta = read_meta(args.resume)
+  normal = lambda x: json.loads(json.dumps(x))
+  stored, where = meta["config"], f"stored in {pathlib.Path(args.resume) / 'checkpoints'}"
+  config = make_config(stored)
+  base, overrides, options = _settings(args)
+  for name, value in {**base, **overrides}.items():
+    try:
+      same = normal(config.replace(**{name: value}).to_dict()) == stored
+    except ConfigError:
+      same = False
+    check(same, name, value, f"conflicts with the resumed run's {name}={stored[name]!r} ({where}): "
+          "leave it out to continue that run")
+  for name, value in options.items():
+    check(normal(value) == stored["options"].get(name), name, value, "conflicts with the resumed "
+          f"run's option {name}={stored['options'].get(name)!r} ({where}): leave it out")
+  check(args.release in (None, meta["release"]), "release", args.release,
+        f"conflicts with the resumed run's release={meta['release']!r}: leave it out")
+  return config, meta["release"], meta["round"]
+
+
 def _cmd_run(args) -> int:
-  from fedjax_dp.outputs import METRICS, SUMMARY, check_output_dir
-  config = _config_from_args(args)
-  out = check_output_dir(args.output_dir, overwrite=args.overwrite)
+  from fedjax_dp.outputs import METRICS, SUMMARY, check_output_dir, check_writable
+  check(args.checkpoint_every is None or args.checkpoint_every >= 1, "checkpoint_every",
+        args.checkpoint_every, "must be an integer >= 1")
+  if args.resume is not None:
+    config, release, done = _resumed(args)
+    out = check_writable(args.resume)
+  else:
+    config, release, done = _config_from_args(args), args.release or "all", 0
+    out = check_output_dir(DEFAULT_RUN_DIR if args.output_dir is None else args.output_dir,
+                           overwrite=args.overwrite)
   from fedjax_dp.experiment import load_data, simulate
   rounds = []
   t0 = time.perf_counter()
   try:
     data = load_data(config)
     result = simulate(config, data, output_dir=str(out), progress=not args.no_progress,
-                      release=args.release, on_round=rounds.append,
-                      tensorboard=args.tensorboard)
+                      release=release, on_round=rounds.append,
+                      tensorboard=args.tensorboard, checkpoint_every=args.checkpoint_every,
+                      resume=args.resume is not None)
   except KeyboardInterrupt:
-    kept = (f"{len(rounds)} rounds kept in {out / METRICS}, no {SUMMARY}; rerun with --overwrite "
-            "to start again" if rounds else f"before the first round: {out} is as it was")
-    print(f"fedjax-dp: interrupted {kept}", file=sys.stderr)
+    from fedjax_dp.checkpoint import latest_round
+    kept = done + len(rounds)
+    saved = latest_round(out) if kept else None
+    if saved is not None:
+      what = (f"{kept} rounds kept in {out / METRICS}, no {SUMMARY}; continue from the checkpoint "
+              f"of round {saved} with: fedjax-dp run --resume {out}")
+    elif kept:
+      what = (f"{kept} rounds kept in {out / METRICS}, no {SUMMARY}; rerun with --overwrite to "
+              "start again")
+    else:
+      what = f"before the first round: {out} is as it was"
+    print(f"fedjax-dp: interrupted {what}", file=sys.stderr)
     return EXIT_INTERRUPTED
   seconds = time.perf_counter() - t0
   s = result.summary
@@ -293,6 +358,9 @@ def _privacy_report(args) -> dict:
 
 def _cmd_sweep(args) -> int:
   from fedjax_dp.sweep import parse_grid, plan, sweep
+  check(args.checkpoint_every is None, "checkpoint_every", args.checkpoint_every,
+        "a sweep is not checkpointed (its experiments run as one vmapped program): run an "
+        "experiment alone with fedjax-dp run --checkpoint-every K")
   config = _config_from_args(args)
   grid = parse_grid(args.grid)
   plan(config, grid, args.seeds)  # refuses bad axes and values before the folder is touched

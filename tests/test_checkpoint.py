@@ -1,0 +1,284 @@
+"""Checkpoint and resume (fedjax_dp.checkpoint, fedjax-dp run --checkpoint-every / --resume) and
+determinism: a run killed with kill -9 and resumed ends bit-identical to an uninterrupted one."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from fedjax_dp.checkpoint import params_sha256
+from fedjax_dp.cli import main
+from fedjax_dp.errors import ConfigError
+
+TINY = ["--num-clients", "60", "--rounds", "8", "--local-steps", "2", "--model", "mlp",
+        "--eval-every", "3", "--no-progress"]
+
+
+def _rows(out):
+  """``metrics.jsonl``'s rows without their timings (the only field that may differ)."""
+  rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+  for row in rows:
+    row["diagnostics"].pop("seconds")
+  return rows
+
+
+def _summary(out):
+  return json.loads((out / "summary.json").read_text())
+
+
+def _steps(out):
+  """The rounds of the complete checkpoints (orbax's temporary folders have other names)."""
+  folder = out / "checkpoints"
+  if not folder.is_dir():
+    return []
+  return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  """An uninterrupted run without checkpoints."""
+  out = tmp_path_factory.mktemp("reference") / "run"
+  assert main(["run", *TINY, "--output-dir", str(out)]) == 0
+  return out
+
+
+@pytest.fixture(scope="module")
+def checkpointed(tmp_path_factory):
+  """The same run with --checkpoint-every 3 (checkpoints at rounds 3, 6 and the last, 8)."""
+  out = tmp_path_factory.mktemp("checkpointed") / "run"
+  assert main(["run", *TINY, "--checkpoint-every", "3", "--output-dir", str(out)]) == 0
+  return out
+
+
+def test_a_run_is_deterministic_and_checkpointing_changes_nothing(reference, checkpointed):
+  s = _summary(reference)
+  assert len(s["params_sha256"]) == 64
+  assert [r["round"] for r in _rows(reference)] == list(range(1, 9))
+  # Two runs in one process, one of them saving checkpoints: the same rows and parameters.
+  assert _rows(checkpointed) == _rows(reference)
+  assert _summary(checkpointed)["params_sha256"] == s["params_sha256"]
+  assert _steps(checkpointed) == [6, 8]  # every 3 rounds and after the last; the last 2 kept
+
+
+def test_the_same_run_in_another_process_is_identical(reference, tmp_path):
+  out = tmp_path / "run"
+  proc = subprocess.run([sys.executable, "-m", "fedjax_dp.cli", "run", *TINY,
+                         "--output-dir", str(out)], capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  assert _rows(out) == _rows(reference)
+  assert _summary(out)["params_sha256"] == _summary(reference)["params_sha256"]
+
+
+# Runs the command line with every round slowed by 0.3 s (the results are unchanged), so that
+# the test can kill it between two checkpoints.
+SLOW_CLI = """
+import sys, time
+import fedjax_dp.engine as engine
+real = engine.summarize_round
+def slow(*args, **kwargs):
+  time.sleep(0.3)
+  return real(*args, **kwargs)
+engine.summarize_round = slow
+from fedjax_dp.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_kill_9_then_resume_equals_the_uninterrupted_run(reference, tmp_path, capsys):
+  out = tmp_path / "run"
+  proc = subprocess.Popen([sys.executable, "-c", SLOW_CLI, "run", *TINY, "--checkpoint-every", "2",
+                           "--output-dir", str(out)], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
+  deadline = time.monotonic() + 300
+  try:
+    # Wait for a checkpoint and a complete row after it (a row that resuming must drop).
+    while not (_steps(out) and (out / "metrics.jsonl").read_text().count("\n") > _steps(out)[-1]):
+      assert proc.poll() is None, proc.stderr.read()
+      assert time.monotonic() < deadline
+      time.sleep(0.02)
+  finally:
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+  assert proc.returncode == -signal.SIGKILL
+  saved = _steps(out)[-1]
+  assert saved < 8 and not (out / "summary.json").exists()
+  assert (out / "metrics.jsonl").read_text().count("\n") > saved
+  # A kill while saving leaves orbax's temporary folder (here of a later round); a kill while
+  # writing a row leaves half a line.
+  partial = out / "checkpoints" / f"{saved + 2}.orbax-checkpoint-tmp-1700000000"
+  (partial / "host").mkdir(parents=True)
+  (partial / "host" / "metadata").write_text('{"round": ')
+  with open(out / "metrics.jsonl", "a") as f:
+    f.write('{"round": 9, "epsil')
+
+  assert main(["run", "--resume", str(out), "--no-progress"]) == 0
+  assert "rounds=8" in capsys.readouterr().out
+  assert not partial.exists()  # ignored, and removed when the folder was opened
+  assert _rows(out) == _rows(reference)  # every round once, the dropped ones recomputed
+  s, ref = _summary(out), _summary(reference)
+  assert s["params_sha256"] == ref["params_sha256"]
+  for key in ("final_accuracy", "final_test_loss", "epsilon", "rounds", "config"):
+    assert s[key] == ref[key], key
+  assert s["diagnostics"]["resumed_from_round"] == saved
+  assert _steps(out) == [6, 8]
+
+
+def _interrupt_at_round(monkeypatch, n):
+  """Ctrl-C (KeyboardInterrupt) while round ``n`` is being summarized."""
+  import fedjax_dp.engine
+  real, count = fedjax_dp.engine.summarize_round, [0]
+
+  def summarize(*a, **k):
+    count[0] += 1
+    if count[0] == n:
+      raise KeyboardInterrupt
+    return real(*a, **k)
+
+  monkeypatch.setattr(fedjax_dp.engine, "summarize_round", summarize)
+
+
+def test_ctrl_c_says_how_to_resume_and_resuming_twice_is_the_same_run(reference, tmp_path,
+                                                                     monkeypatch, capsys):
+  out = tmp_path / "run"
+  _interrupt_at_round(monkeypatch, 5)
+  assert main(["run", *TINY, "--checkpoint-every", "2", "--output-dir", str(out)]) == 130
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "4 rounds kept" in err[0] and "round 4" in err[0], err
+  assert err[0].endswith(f"fedjax-dp run --resume {out}")
+  # Interrupted again, in the resumed run's third round (7): rows 1-6 kept, checkpoint of round 6.
+  monkeypatch.undo()
+  _interrupt_at_round(monkeypatch, 3)
+  assert main(["run", "--resume", str(out), "--no-progress"]) == 130
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "6 rounds kept" in err[0] and "round 6" in err[0], err
+  monkeypatch.undo()
+  assert main(["run", "--resume", str(out), "--no-progress"]) == 0
+  assert _rows(out) == _rows(reference)
+  assert _summary(out)["params_sha256"] == _summary(reference)["params_sha256"]
+
+
+def test_resuming_a_finished_run_recomputes_nothing(checkpointed, reference, capsys):
+  rows = (checkpointed / "metrics.jsonl").read_text()
+  # Settings equal to the stored ones may be given.
+  assert main(["run", "--resume", str(checkpointed), "--rounds", "8", "--model", "mlp",
+               "--release", "all", "--no-progress"]) == 0
+  assert "rounds=8" in capsys.readouterr().out
+  assert (checkpointed / "metrics.jsonl").read_text() == rows
+  s = _summary(checkpointed)
+  assert s["params_sha256"] == _summary(reference)["params_sha256"]
+  assert s["final_accuracy"] == _summary(reference)["final_accuracy"]
+  assert s["diagnostics"]["resumed_from_round"] == 8
+
+
+@pytest.mark.parametrize("args,field", [
+    (["--rounds", "9"], "rounds"),
+    (["--clip", "0.3"], "clip"),
+    (["--set", "lambda=0.1"], "lambda"),
+    (["--release", "private"], "release"),
+    (["--overwrite"], "overwrite"),
+    (["--output-dir", "elsewhere"], "output_dir"),
+    (["--checkpoint-every", "0"], "checkpoint_every"),
+])
+def test_a_resume_that_conflicts_with_the_stored_run_is_refused(checkpointed, args, field, capsys):
+  rows = (checkpointed / "metrics.jsonl").read_text()
+  assert main(["run", "--resume", str(checkpointed), *args]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith(f"fedjax-dp: error: invalid {field}="), err
+  assert (checkpointed / "metrics.jsonl").read_text() == rows
+
+
+def test_resume_refusals(checkpointed, reference, tmp_path, capsys):
+  config = tmp_path / "c.json"
+  config.write_text('{"seed": 1}')
+  assert main(["run", "--resume", str(checkpointed), "--config", str(config)]) == 2
+  assert "invalid seed=1: conflicts with the resumed run's seed=0" in capsys.readouterr().err
+  assert main(["run", "--resume", str(reference)]) == 2  # no checkpoint there
+  assert "holds no complete checkpoint" in capsys.readouterr().err
+  assert main(["sweep", "--grid", "clip=0.1,0.2", "--checkpoint-every", "2",
+               "--output-dir", str(tmp_path / "sweep")]) == 2
+  assert "invalid checkpoint_every=2: a sweep is not checkpointed" in capsys.readouterr().err
+  # The Python API compares the whole configuration with the checkpoint's.
+  from fedjax_dp.config import make_config
+  from fedjax_dp.experiment import simulate
+  config = make_config(num_clients=60, rounds=8, local_steps=2, model="mlp", eval_every=3, seed=1)
+  with pytest.raises(ConfigError, match=r"another configuration \(it differs in \['seed'\]\)"):
+    simulate(config, output_dir=str(checkpointed), resume=True)
+
+
+def test_a_new_run_never_meets_an_earlier_runs_checkpoints(checkpointed, tmp_path, capsys):
+  out = tmp_path / "run"
+  (out / "checkpoints").mkdir(parents=True)
+  shutil.copytree(checkpointed / "checkpoints" / "8", out / "checkpoints" / "8")
+  assert main(["run", *TINY, "--output-dir", str(out)]) == 2  # an earlier run's folder
+  assert "already holds checkpoints" in capsys.readouterr().err
+  assert main(["run", *TINY, "--rounds", "2", "--output-dir", str(out), "--overwrite"]) == 0
+  assert not (out / "checkpoints").exists()
+
+
+def test_accounting_and_sampler_states_continue_exactly():
+  from fedjax_dp.privacy import GaussianSumMechanism
+  from fedjax_dp.privacy.accounting import LedgerAccounting
+  from fedjax_dp.privacy.example_level import (ExampleDPSGDMechanism, ExampleLevelAccounting,
+                                               PrivacyClass)
+  from fedjax_dp.sampling import PoissonSampler
+
+  def resumed(make, feed):
+    """``make()`` fed 3 rounds, its JSON state loaded into a fresh one; both fed 2 more."""
+    a, b = make(), make()
+    for r in range(3):
+      feed(a, r)
+    b.load_state(json.loads(json.dumps(a.state())))
+    assert b.report() == a.report()
+    for r in range(3, 5):
+      feed(a, r)
+      feed(b, r)
+    assert b.report() == a.report()
+    return a, b
+
+  sampler = PoissonSampler(20, 0.2, seed=3, capacity=2)  # grows on its first draws
+  cohorts = [sampler.sample() for _ in range(5)]
+  ledger, resumed_ledger = resumed(
+      lambda: LedgerAccounting(GaussianSumMechanism(1.0, 1.1, "poisson", 0.2), 1e-5),
+      lambda acc, r: acc.on_round(cohorts[r]))
+  assert resumed_ledger.ledger.rounds == 5 and ledger.report()["epsilon"] > 0
+  classes = [PrivacyClass("high", tuple(range(10)), ExampleDPSGDMechanism(1.0, 4, 2)),
+             PrivacyClass("low", tuple(range(10, 20)), ExampleDPSGDMechanism(2.0, 4, 3))]
+  a, b = resumed(lambda: ExampleLevelAccounting(classes, [20 + i % 3 for i in range(20)], 1e-5),
+                 lambda acc, r: acc.on_round(cohorts[r]))
+  assert np.array_equal(a.participation, b.participation) and b.participation.sum() > 0
+  # A checkpoint of other events (another noise multiplier) is refused, not reinterpreted.
+  other = LedgerAccounting(GaussianSumMechanism(1.0, 1.2, "poisson", 0.2), 1e-5)
+  with pytest.raises(ConfigError, match="invalid resume="):
+    other.load_state(json.loads(json.dumps(ledger.state())))
+
+  fresh = PoissonSampler(20, 0.2, seed=3, capacity=2)
+  for _ in range(3):
+    fresh.sample()
+  state = json.loads(json.dumps(fresh.state()))
+  assert state["capacity_grew"] >= 1
+  restored = PoissonSampler(20, 0.2, seed=99)
+  restored.load_state(state)
+  for _ in range(2):
+    x, y = fresh.sample(), restored.sample()
+    assert np.array_equal(x.ids, y.ids) and np.array_equal(x.mask, y.mask)
+  assert restored.capacity == fresh.capacity
+
+
+def test_params_sha256_is_of_the_bytes_shapes_and_dtypes():
+  params = {"b": {"kernel": np.arange(6, dtype=np.float32).reshape(2, 3)},
+            "a": np.zeros(3, np.float32)}
+  h = params_sha256(params)
+  assert h == params_sha256({"a": params["a"], "b": params["b"]})  # order of insertion
+  bumped = params["b"]["kernel"].copy()
+  bumped[1, 2] = np.nextafter(bumped[1, 2], np.float32(np.inf))
+  assert params_sha256({**params, "b": {"kernel": bumped}}) != h  # one ulp
+  assert params_sha256({**params, "b": {"kernel": params["b"]["kernel"].reshape(3, 2)}}) != h
+  assert params_sha256({**params, "a": np.zeros(3, np.float64)}) != h
+  big_endian = params["b"]["kernel"].astype(">f4")
+  assert params_sha256({**params, "b": {"kernel": big_endian}}) == h
