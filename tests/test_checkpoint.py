@@ -28,6 +28,13 @@ def _rows(out):
   return rows
 
 
+def _same_norms(out, reference):
+  """``norms.npz`` (every client's norm of every round) is the same as the reference run's."""
+  with np.load(out / "norms.npz") as a, np.load(reference / "norms.npz") as b:
+    return sorted(a.files) == sorted(b.files) and all(np.array_equal(a[k], b[k], equal_nan=True)
+                                                      for k in a.files)
+
+
 def _summary(out):
   return json.loads((out / "summary.json").read_text())
 
@@ -126,6 +133,7 @@ def test_kill_9_then_resume_equals_the_uninterrupted_run(reference, tmp_path, ca
   for key in ("final_accuracy", "final_test_loss", "epsilon", "rounds", "config"):
     assert s[key] == ref[key], key
   assert s["diagnostics"]["resumed_from_round"] == saved
+  assert _same_norms(out, reference)
   assert _steps(out) == [6, 8]
 
 
@@ -159,7 +167,7 @@ def test_ctrl_c_says_how_to_resume_and_resuming_twice_is_the_same_run(reference,
   assert len(err) == 1 and "6 rounds kept" in err[0] and "round 6" in err[0], err
   monkeypatch.undo()
   assert main(["run", "--resume", str(out), "--no-progress"]) == 0
-  assert _rows(out) == _rows(reference)
+  assert _rows(out) == _rows(reference) and _same_norms(out, reference)
   assert _summary(out)["params_sha256"] == _summary(reference)["params_sha256"]
 
 
