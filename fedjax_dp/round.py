@@ -11,7 +11,8 @@
   attack:      Byzantine rows replaced; attacks see what clients release
   aggregate:   aggregator(hp).aggregate(rows, weights, mask, agg_state, key)
   server:      params <- params - server_lr * opt(grads), grads = -aggregate for model
-               deltas, aggregate + l2 * params for gradients (``descent``)
+               deltas, aggregate + l2 * params for gradients (``descent``); or the
+               round's own ``server_step`` (AE-DPFL trains on labels read off the aggregate)
   server rule: the algorithm's server state (adaptive clip bounds) from the
                clients' ``aux`` outputs; per-client state rows scattered back
 
@@ -107,6 +108,7 @@ def scatter_rows(tree, ids, rows, mask, num_clients: int):
 
 WEIGHTINGS = ("uniform", "examples")
 SALT_ATTACK = 0xA77C
+SALT_SERVER = 0x5E2F
 
 
 def client_weights(weighting: str, batch: CohortBatch) -> jax.Array:
@@ -177,6 +179,10 @@ class Round:
     init_server: ``(params, hp) -> server state``, or None.
     client_hparams: ``(server_state, hp, ids) -> per-client pytree [C]``, or None.
     server_rule: ``(server_state, hp, aux [C], mask, ids) -> server_state``, or None.
+    server_step: ``(state, aggregate, hp, key) -> (params, opt_state)``, the server's update
+      from the aggregate in place of :func:`server_update`'s optimizer step (AE-DPFL trains the
+      model on labels read off the aggregate), or None. Its key is the round's own
+      (:func:`round_keys`), apart from the aggregator's and the attack's.
     attack_step: how the attack enters (:func:`attack_uploads` by default).
     metrics: ``(state, new_params, out, sent, mask, hp) -> dict`` of extra scalars, or None.
     released_metrics: metric names computed only from the released aggregate
@@ -196,6 +202,7 @@ class Round:
   init_server: Optional[Callable] = None
   client_hparams: Optional[Callable] = None
   server_rule: Optional[Callable] = None
+  server_step: Optional[Callable] = None
   attack_step: Callable = attack_uploads
   metrics: Optional[Callable] = None
   released_metrics: tuple = ("aggregate_norm",)
@@ -306,18 +313,20 @@ def run_clients(rnd: Round, hp: dict, params, batch: CohortBatch, rows, chp, key
 
 
 def round_keys(key: jax.Array) -> tuple:
-  """``(k_clients, k_agg, k_attack)`` of a round key.
+  """``(k_clients, k_agg, k_attack, k_server)`` of a round key.
 
   The split the FedAvg and DP-SGD programs used before the one round, so their
-  runs reproduce; the attack draws from its own salt.
+  runs reproduce; the attack and the server's own step (:attr:`Round.server_step`) draw from
+  their own salts.
   """
   k_clients, k_agg = jax.random.split(key)
-  return k_clients, k_agg, jax.random.fold_in(k_agg, SALT_ATTACK)
+  return (k_clients, k_agg, jax.random.fold_in(k_agg, SALT_ATTACK),
+          jax.random.fold_in(k_agg, SALT_SERVER))
 
 
 def _messages(rnd, state, hp, batch, key, data, chunk, accumulate):
   """``(out, sent, byzantine mask, (total, weight))`` of a round (:func:`messages`)."""
-  k_clients, _, k_attack = round_keys(key)
+  k_clients, _, k_attack, _ = round_keys(key)
   keys = client_keys(k_clients, batch.ids)
   rows = gather_rows(state.rows, batch.ids)
   chp = () if rnd.client_hparams is None else rnd.client_hparams(state.server, hp, batch.ids)
@@ -366,7 +375,10 @@ def step(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.A
   else:
     aggregate, agg_state = aggregator.finish(*summed, state.agg_state, k_agg)
     nonfinite = jnp.sum(batch.mask * ~jnp.isfinite(out.norm))
-  params, opt_state = server_update(rnd, state, aggregate, hp)
+  if rnd.server_step is None:
+    params, opt_state = server_update(rnd, state, aggregate, hp)
+  else:
+    params, opt_state = rnd.server_step(state, aggregate, hp, round_keys(key)[3])
   server = state.server if rnd.server_rule is None else rnd.server_rule(
       state.server, hp, out.aux, batch.mask, batch.ids)
   new_rows = state.rows if rnd.init_row is None else scatter_rows(

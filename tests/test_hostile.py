@@ -408,6 +408,10 @@ def valid_configs(draw):
     d["options"] = {"epsilon": draw(st.floats(0.01, 5))}
   if algorithm == "dp-rsa-g":
     d["options"] = {"sign_sigma": draw(st.floats(1e-3, 10))}
+  if algorithm == "ae-dpfl":  # no Byzantine clients; the last client's 8 examples are public
+    d["byzantine"], d["options"] = 0, {"public_size": draw(st.integers(1, 8))}
+    if "cohort_size" in d:
+      d["cohort_size"] = min(d["cohort_size"], n - 1)
   return d
 
 

@@ -81,6 +81,7 @@ ALGORITHMS = {
     "dp_fedavg+lus": "fedjax_dp.algorithms.blur_lus:build_dp_fedavg_lus",
     "blur+lus": "fedjax_dp.algorithms.blur_lus:build_blur_lus",
     "ddgauss": "fedjax_dp.algorithms.ddgauss:build_ddgauss",
+    "ae-dpfl": "fedjax_dp.algorithms.ae_dpfl:build_ae_dpfl",
 }
 
 
@@ -126,6 +127,9 @@ ABOUT = {
     "centered_clipping": ("Karimireddy et al., ICML 2021", _NONE, "options:L2"),
     "ddgauss": ("Kairouz, Liu and Steinke, ICML 2021 (distributed discrete Gaussian, secure "
                 "aggregation)", _USER + " (replace-one, fixed-size cohorts)", "ddgauss:OPTIONS"),
+    "ae-dpfl": ("Zhu, Yu, Wang et al., voting-based DPFL (AE-DPFL: noisy argmax of the clients' "
+                "votes on a public unlabeled set)", _USER + " (the public set's clients excluded)",
+                "ae_dpfl:OPTIONS"),
 }
 
 
@@ -167,6 +171,7 @@ USES["nodp-fl"] = _LOCAL | {"clip"}  # clip: the default of low_cap and stat_bou
 USES.update({name: frozenset() for name in ("rsa", "dp-rsa-f", "dp-rsa-g", "sgd", "signsgd", "gm",
                                             "median", "trimmed_mean", "krum", "centered_clipping")})
 USES["ddgauss"] = _LOCAL | _NOISE
+USES["ae-dpfl"] = (_LOCAL - {"weighting"}) | {"noise_multiplier", "target_epsilon"}
 SPECIFIC = frozenset().union(*USES.values())
 
 
