@@ -67,11 +67,17 @@ def test_public_set_is_held_out_training_data_of_excluded_clients():
     ({"byzantine": 1}, "byzantine"),
     ({"aggregator": "coordinate_median"}, "aggregator"),
     ({"options": {"public_size": 4, "server_steps": 0}}, "option server_steps"),
+    ({"options": {"public_size": 4, "trim_beta": 0.2}}, "option"),  # no robust aggregator
 ])
 def test_refused_settings_name_the_field(changes, field):
   with pytest.raises(ConfigError) as e:
     _setup(_tagged_data(), **{"public_size": 4, **changes})
   assert e.value.field == field
+
+
+def test_listed_options_are_its_own_only():
+  from fedjax_dp.algorithms import option_table
+  assert [o.name for o in option_table("ae-dpfl")] == ["public_size", "server_steps", "server_batch"]
 
 
 def _random_data(num_clients=8, examples=6, seed=0):

@@ -133,9 +133,14 @@ ABOUT = {
 }
 
 
+# Algorithms that take no Byzantine clients and no other aggregator, so not the attack's and the
+# aggregators' options either (their builders read their own table only).
+NO_BYZANTINE = frozenset({"ae-dpfl"})
+
+
 def option_table(name: str) -> tuple:
   """Every ``--set`` option algorithm ``name`` takes (its own, then the attack's and the
-  aggregators', which every algorithm takes)."""
+  aggregators', which every algorithm but those of :data:`NO_BYZANTINE` takes)."""
   from fedjax_dp.algorithms import options
   from fedjax_dp.errors import check_choice
   check_choice("algorithm", name, sorted(ALGORITHMS))
@@ -148,7 +153,7 @@ def option_table(name: str) -> tuple:
       attr, key = attr[:-1].split("[")
     own = getattr(importlib.import_module(f"fedjax_dp.algorithms.{module}"), attr)
     own = own[key] if key else own
-  return tuple(own) + options.BYZANTINE + options.AGGREGATOR
+  return tuple(own) + (() if name in NO_BYZANTINE else options.BYZANTINE + options.AGGREGATOR)
 
 
 def get_builder(name: str) -> Callable:
