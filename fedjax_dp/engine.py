@@ -555,7 +555,12 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
     evaluate = make_evaluator(program.model, datas[0].test_x, datas[0].test_y, experiments=mode)
   check(client_chunk is None or client_chunk >= 1, "client_chunk", client_chunk, "must be >= 1")
   step = compiled_step(program, placement, mode, client_chunk, devices)
-  n_devices = client_mesh(devices).size
+  mesh = client_mesh(devices)
+  n_devices = mesh.size
+  # The state and hyper-parameters start where every round leaves them (replicated over the
+  # mesh), so round 2 reuses round 1's compilation.
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  state, hp = jax.device_put((state, hp), replicated)
 
   if placement == "device":
     arrays = tuple(jnp.asarray(getattr(datas[0], f)) if len(datas) == 1 else

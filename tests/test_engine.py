@@ -225,6 +225,17 @@ def test_changing_hyper_parameters_does_not_recompile(digits, algorithm):
   assert len(events) >= 1
 
 
+def test_rounds_after_the_first_compile_nothing(digits):
+  events, stop = _count_compiles()
+  seen = []
+  try:
+    simulate(_config(rounds=4, eval_every=1, seed=11), digits,
+             on_round=lambda rec: seen.append(len(events)))
+  finally:
+    stop()
+  assert seen[0] >= 1 and seen[1:] == [seen[0]] * 3, seen
+
+
 def test_a_round_whose_pieces_do_not_add_noise_claims_no_guarantee(digits):
   from fedjax_dp.aggregators import robust
   from fedjax_dp.privacy.mechanisms import user_level_mechanism
