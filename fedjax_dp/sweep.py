@@ -169,8 +169,9 @@ def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Seq
   value stops the whole batch before compiling; then ``before_running()`` is called). Groups:
   the same :class:`fedjax_dp.round.Round`, rounds, evaluation period, placement, client chunk,
   devices and data shapes
-  (:func:`fedjax_dp.engine.run_group`). ``on_group(indices, results)`` is called as each group
-  ends; ``log`` gets one line per group.
+  (:func:`fedjax_dp.engine.run_group`). ``on_group(indices, results, setups)`` is called as
+  each group ends (the :class:`fedjax_dp.algorithms.Setup` s it ran); ``log`` gets one line per
+  group.
   """
   from fedjax_dp.algorithms import build
   from fedjax_dp.engine import Experiment, run_group
@@ -201,7 +202,7 @@ def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Seq
       log(f"[group {g + 1}/{len(groups)}] {len(members)} experiments of {first.algorithm}: "
           f"{records[-1]['seconds']:.1f}s")
     if on_group is not None:
-      on_group(members, done)
+      on_group(members, done, [built[i] for i in members])
   return results, records
 
 

@@ -36,11 +36,18 @@ def test_mean_std_and_table():
   assert lines == ["| a | B b |", "|---|---|", "| 1 | x |", "| None |  |"]
 
 
-def _fake_run(job, data):
+def _fake_one(job, data):
   rounds = [{"round": r, "diagnostics": {"update_norm": {"q50": 0.1 * r}, "extra": r}}
             for r in (1, 2)]
   rounds[-1]["test_accuracy"] = data["acc"] + job.labels["seed"]
   return types.SimpleNamespace(history=rounds, summary={"final_accuracy": rounds[-1]["test_accuracy"]})
+
+
+def _fake_run(jobs, data, done):
+  """Runs the jobs in two groups, the second half first (records keep the jobs' order)."""
+  half = len(jobs) // 2
+  for indices in (range(half, len(jobs)), range(half)):
+    done(list(indices), [_fake_one(jobs[i], data) for i in indices])
 
 
 def test_run_jobs(tmp_path):
@@ -59,12 +66,14 @@ def test_run_jobs(tmp_path):
                      diagnostics=("update_norm",), on_record=lambda rs: partial.append(len(rs)),
                      log=lines.append, compilation_cache=False)
   assert loaded == ["a", "b"]  # one data set per key, loaded when the key changes
-  assert partial == list(range(1, 9))
-  assert [json.loads(line) for line in runs_path.read_text().splitlines()] == records
+  assert partial == [2, 4, 6, 8]  # after each group of two
+  written = [json.loads(line) for line in runs_path.read_text().splitlines()]
+  assert sorted(written, key=records.index) == records  # in the order the groups ended
+  assert [(r["method"], r["seed"]) for r in written[:2]] == [("y", 0), ("y", 1)]
   assert list(records[0]) == ["method", "seed", "accuracy", "seconds", "history"]
   assert records[0]["history"][0] == {"round": 1, "diagnostics": {"update_norm": {"q50": 0.1}}}
   assert records[1]["history"][1]["test_accuracy"] == 1.25
-  assert lines[0].startswith("[1/8] method=x seed=0: acc=0.2500 (")
+  assert lines[0].startswith("[1/8] method=y seed=0: acc=0.2500 (group of 2:")
   groups = group_by(records, ("method",))
   assert list(groups) == [("x",), ("y",)] and len(groups[("x",)]) == 4
   with pytest.raises(ConfigError):

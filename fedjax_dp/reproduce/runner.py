@@ -73,10 +73,13 @@ def enable_compilation_cache() -> None:
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
 
-def simulate_job(job: Job, data):
-  """Runs ``job`` with :func:`fedjax_dp.experiment.simulate`; returns its ``RunResult``."""
-  from fedjax_dp.experiment import simulate
-  return simulate(job.config, data, output_dir=job.output_dir)
+def simulate_jobs(jobs: Sequence[Job], data, done: Callable) -> None:
+  """Runs ``jobs`` on ``data`` as sweeps do (:func:`fedjax_dp.sweep.run_configs`: those that
+  share a compiled round run as one vmapped program) and calls ``done(indices, results,
+  setups)`` as each group of them ends."""
+  from fedjax_dp.sweep import run_configs
+  run_configs([j.config for j in jobs], [data] * len(jobs),
+              output_dirs=[j.output_dir for j in jobs], on_group=done)
 
 
 def history(result, diagnostics: Optional[Sequence[str]] = None) -> list:
@@ -93,26 +96,30 @@ def history(result, diagnostics: Optional[Sequence[str]] = None) -> list:
 
 
 def run_jobs(jobs: Sequence[Job], record: Callable[[Job, Any], dict], *, data=None,
-             load_data: Optional[Callable[[Any], Any]] = None, execute: Callable = simulate_job,
+             load_data: Optional[Callable[[Any], Any]] = None, execute: Callable = simulate_jobs,
              runs_path=None, append: bool = False, diagnostics: Optional[Sequence[str]] = None,
              on_record: Optional[Callable[[list], None]] = None, log=print,
              compilation_cache: bool = True) -> list:
-  """Runs ``jobs`` in order and returns their records.
+  """Runs ``jobs`` and returns their records, in the jobs' order.
+
+  Jobs that follow one another on one data set are run together by ``execute``
+  (by default as sweeps: those that share a compiled round run as one vmapped
+  program), and each record is written as its group ends.
 
   Args:
     jobs: the runs.
     record: ``(job, result) -> dict``, the fields a reproduction keeps of a run (its
       ``"accuracy"`` among them); the record is the job's labels, these fields, ``"seconds"``
-      and ``"history"`` (see :func:`history`).
+      (the wall time of the group it ran in) and ``"history"`` (see :func:`history`).
     data: the loaded data set every job runs on; or
     load_data: ``key -> data set``, called when a job's ``data`` key differs from the previous
       job's (one data set is held at a time).
-    execute: ``(job, data) -> result`` with ``history`` and ``summary`` (default:
-      :func:`simulate_job`).
+    execute: ``(jobs, data, done)`` runs jobs on one data set and calls ``done(indices,
+      results, setups)`` as some of them end (default: :func:`simulate_jobs`).
     runs_path: the ``runs.jsonl`` each record is appended to as its run ends (none: not written).
     append: keep the records already in ``runs_path`` (else it starts empty).
     diagnostics: the diagnostics kept in each round of the history (default: all).
-    on_record: called with the records so far after each run (to write partial results).
+    on_record: called with the records so far after each group (to write partial results).
     log: where the progress lines go.
     compilation_cache: turn on JAX's persistent compilation cache
       (:func:`enable_compilation_cache`).
@@ -125,26 +132,39 @@ def run_jobs(jobs: Sequence[Job], record: Callable[[Job, Any], dict], *, data=No
     pathlib.Path(runs_path).parent.mkdir(parents=True, exist_ok=True)
     if not append:
       pathlib.Path(runs_path).write_text("")
-  records, key, t0 = [], object(), time.perf_counter()
+  records, t0 = [None] * len(jobs), time.perf_counter()
+  segments = []  # consecutive jobs with one data key
   for i, job in enumerate(jobs):
-    if load_data is not None and job.data != key:
-      key, data = job.data, None  # the previous data set can go before the next one loads
-      data = load_data(key)
-    t = time.perf_counter()
-    result = execute(job, data)
-    rec = {**job.labels, **record(job, result)}
-    rec["seconds"] = time.perf_counter() - t
-    rec["history"] = history(result, diagnostics)
-    records.append(rec)
-    if runs_path is not None:
-      with open(runs_path, "a") as f:
-        f.write(json.dumps(rec, default=str) + "\n")
-    if on_record is not None:
-      on_record(records)
-    acc = rec.get("accuracy")
-    acc = f"{acc:.4f}" if isinstance(acc, (float, np.floating)) else acc
-    log(f"[{i + 1}/{len(jobs)}] {job.describe()}: acc={acc} ({rec['seconds']:.1f}s, "
-        f"total {time.perf_counter() - t0:.0f}s)")
+    if not segments or (load_data is not None and job.data != jobs[segments[-1][0]].data):
+      segments.append([])
+    segments[-1].append(i)
+  finished = []
+  for segment in segments:
+    if load_data is not None:
+      data = None  # the previous data set can go before the next one loads
+      data = load_data(jobs[segment[0]].data)
+    t = [time.perf_counter()]
+
+    def done(indices, results, setups=None, segment=segment, t=t):
+      seconds, t[0] = time.perf_counter() - t[0], time.perf_counter()
+      for k, result in zip(indices, results):
+        i = segment[k]
+        job = jobs[i]
+        rec = {**job.labels, **record(job, result), "seconds": seconds,
+               "history": history(result, diagnostics)}
+        records[i] = rec
+        finished.append(rec)
+        if runs_path is not None:
+          with open(runs_path, "a") as f:
+            f.write(json.dumps(rec, default=str) + "\n")
+        acc = rec.get("accuracy")
+        acc = f"{acc:.4f}" if isinstance(acc, (float, np.floating)) else acc
+        log(f"[{len(finished)}/{len(jobs)}] {job.describe()}: acc={acc} (group of {len(indices)}: "
+            f"{seconds:.1f}s, total {time.perf_counter() - t0:.0f}s)")
+      if on_record is not None:
+        on_record(list(finished))
+
+    execute([jobs[i] for i in segment], data, done)
   return records
 
 

@@ -47,7 +47,8 @@ import numpy as np
 from fedjax_dp.errors import check_choice
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import Curve, plot_curves
-from fedjax_dp.reproduce.runner import Job, group_by, num_seeds, run_jobs, seed_stats
+from fedjax_dp.reproduce.runner import (Job, group_by, num_seeds, run_jobs, seed_stats,
+                                        simulate_jobs)
 from fedjax_dp.reproduce.tables import markdown_table, mean_std
 
 METHODS = ("spfl", "spfl-sound", "adp-fl", "dp-fl", "nodp-fl")
@@ -110,25 +111,23 @@ def _train_error(model, params, data, n: int):
   return 1.0 - float(acc), float(loss)
 
 
-def _execute(job, data, train_eval: int):
-  """Runs ``job`` and adds its final model's train error and loss and its noise multiplier
-  to its summary (also to its ``summary.json``)."""
-  from fedjax_dp.algorithms import build
-  from fedjax_dp.engine import run
-  cfg = job.config
-  setup = build(cfg, data)
-  res = run(setup.program, data, setup.sampler, cfg.rounds, hparams=setup.hparams, seed=cfg.seed,
-            accounting=setup.accounting, eval_every=cfg.eval_every, output_dir=job.output_dir,
-            progress=False, config=cfg.to_dict(), placement=cfg.placement)
-  err, loss = _train_error(setup.program.model, setup.program.eval_params(res.state), data,
-                           train_eval)
-  # sigma: the DP methods' calibrated multiplier (nominal for published spfl); none for nodp-fl.
-  sigma = setup.hparams.get("sigma")
-  res.summary.update(train_error=err, train_loss=loss,
-                     noise_multiplier=None if sigma is None else float(sigma))
-  write_text_atomic(pathlib.Path(job.output_dir) / "summary.json",
-      json.dumps(res.summary, indent=2, default=str) + "\n")
-  return res
+def _execute(jobs, data, done, train_eval: int):
+  """Runs ``jobs`` as sweeps do (:func:`simulate_jobs`) and adds each final model's train error
+  and loss and its noise multiplier to its summary (also to its ``summary.json``)."""
+
+  def finish(indices, results, setups):
+    for job, res, setup in zip([jobs[i] for i in indices], results, setups):
+      err, loss = _train_error(setup.program.model, setup.program.eval_params(res.state), data,
+                               train_eval)
+      # sigma: the DP methods' calibrated multiplier (nominal for published spfl); none for nodp-fl.
+      sigma = setup.hparams.get("sigma")
+      res.summary.update(train_error=err, train_loss=loss,
+                         noise_multiplier=None if sigma is None else float(sigma))
+      write_text_atomic(pathlib.Path(job.output_dir) / "summary.json",
+          json.dumps(res.summary, indent=2, default=str) + "\n")
+    done(indices, results, setups)
+
+  simulate_jobs(jobs, data, finish)
 
 
 def _class_eps(summary):
