@@ -292,8 +292,10 @@ def run(program, data, sampler, rounds: int, *, hparams: Optional[dict] = None, 
     progress: show a progress bar.
     config: the run's configuration, copied into the summary.
     placement: "device" keeps every client's data on the accelerator and
-      gathers the cohort inside the compiled round; "host" gathers the cohort's
-      rows with NumPy each round (for populations that do not fit).
+      gathers the cohort inside the compiled round; "host" keeps the clients'
+      data on the host and gathers each cohort's rows there (``data.rows(ids)``),
+      the next round's while the current one runs (for populations that do not
+      fit on the device: device memory O(cohort)).
     on_round: optional callback with each round's record.
     release: "all" (default) keeps the raw diagnostics under ``diagnostics``
       in every record and in the summary; "private" leaves them out, so the
@@ -557,24 +559,43 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
   step = compiled_step(program, placement, mode, client_chunk, devices)
   mesh = client_mesh(devices)
   n_devices = mesh.size
+  # Host placement gathers the next cohort while a round runs; a checkpoint must see the
+  # sampler as it stands after the round it saves, so checkpointed runs do not prefetch.
+  prefetch = placement == "host" and checkpoint is None
   # The state and hyper-parameters start where every round leaves them (replicated over the
   # mesh), so round 2 reuses round 1's compilation.
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   state, hp = jax.device_put((state, hp), replicated)
 
   if placement == "device":
+    from fedjax_dp.data import FederatedData
+    for d in datas:
+      check(type(d).rows is FederatedData.rows, "placement", placement,
+            f"'device' needs the clients' arrays, but data set {d.name!r} generates its rows on "
+            "demand: use placement='host'")
     arrays = tuple(jnp.asarray(getattr(datas[0], f)) if len(datas) == 1 else
                    jnp.asarray(np.stack([getattr(d, f) for d in datas])) for f in ("x", "y", "counts"))
     del datas
 
-    def call(state, cohorts, round_keys):
-      return step(state, hp, arrays, stack([c.ids for c in cohorts]),
-                  stack([c.mask for c in cohorts]), stack(round_keys))
+    def inputs(cohorts):
+      return stack([c.ids for c in cohorts]), stack([c.mask for c in cohorts])
+
+    def call(state, inputs, round_keys):
+      return step(state, hp, arrays, *inputs, stack(round_keys))
   else:
-    def call(state, cohorts, round_keys):
-      batches = [CohortBatch(e.data.x[c.ids], e.data.y[c.ids], e.data.counts[c.ids], c.ids, c.mask)
+    def inputs(cohorts):  # gathered on the host, sent on its way to the devices
+      batches = [CohortBatch(*e.data.rows(c.ids), c.ids, c.mask)
                  for e, c in zip(experiments, cohorts)]
-      return step(state, hp, stack(batches), stack(round_keys))
+      return jax.device_put(stack(batches))
+
+    def call(state, inputs, round_keys):
+      return step(state, hp, inputs, stack(round_keys))
+
+  def prepare():
+    """The next round's cohorts and the step's inputs for them."""
+    cohorts = [e.sampler.sample() for e in experiments]
+    capacity = -(-max(len(c.ids) for c in cohorts) // n_devices) * n_devices
+    return cohorts, inputs([_pad_cohort(c, capacity) for c in cohorts])
 
   logs = [_Log(program, e, release) for e in experiments]
   start = 0
@@ -587,12 +608,13 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
   t_start = time.perf_counter()
   first_round_s = None
   try:
+    pending = None
     for r in range(start, rounds):
       t0 = time.perf_counter()
-      cohorts = [e.sampler.sample() for e in experiments]
-      capacity = -(-max(len(c.ids) for c in cohorts) // n_devices) * n_devices
-      padded = [_pad_cohort(c, capacity) for c in cohorts]
-      state, metrics = call(state, padded, [jax.random.fold_in(k_run, r) for _, k_run in keys])
+      cohorts, ready = pending if pending is not None else prepare()
+      state, metrics = call(state, ready, [jax.random.fold_in(k_run, r) for _, k_run in keys])
+      # The step runs asynchronously: the next cohort is drawn, gathered and sent meanwhile.
+      pending = prepare() if prefetch and r + 1 < rounds else None
       metrics = jax.device_get(metrics)
       seconds = time.perf_counter() - t0
       evaluation = None

@@ -90,6 +90,10 @@ class FederatedData:
     """Number of clients."""
     return int(self.x.shape[0])
 
+  def rows(self, ids: np.ndarray) -> tuple:
+    """``(x, y, counts)`` of the clients ``ids`` (a cohort's rows, gathered on the host)."""
+    return self.x[ids], self.y[ids], self.counts[ids]
+
   @property
   def max_examples(self) -> int:
     """Padded number of examples per client."""
