@@ -81,6 +81,8 @@ def _add_sweep(sub):
   p.add_argument("--output-dir", required=True, help="where results.json and each experiment's "
                  "experiments/NNN/{metrics.jsonl,summary.json} go")
   p.add_argument("--overwrite", action="store_true", help="replace an earlier sweep's files")
+  p.add_argument("--group-size", type=int, default=None, help="at most this many experiments "
+                 "per compiled program (default: no limit; a smaller group needs less memory)")
   p.add_argument("--no-progress", action="store_true", help="no progress bars")
   p.add_argument("--release", default="all", choices=("all", "private"),
                  help="as for run: private writes only what the guarantee covers")
@@ -366,6 +368,7 @@ def _cmd_sweep(args) -> int:
   plan(config, grid, args.seeds)  # refuses bad axes and values before the folder is touched
   out = pathlib.Path(args.output_dir)
   result = sweep(config, grid, args.seeds, output_dir=str(out), overwrite=args.overwrite,
+                 group_size=args.group_size,
                  progress=not args.no_progress, release=args.release,
                  log=lambda line: print(line, file=sys.stderr))
   for row in result.rows:

@@ -160,7 +160,7 @@ class SweepResult:
 
 def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Sequence] = None,
                 progress: bool = False, release: str = "all", log=None, on_group=None,
-                before_running=None) -> tuple:
+                before_running=None, group_size: Optional[int] = None) -> tuple:
   """Runs configurations, those that share a round as one program each; returns
   ``(results, groups)``: a :class:`fedjax_dp.engine.RunResult` per configuration, in order,
   and one record per group (``experiments``: their indices, ``seconds``).
@@ -171,7 +171,8 @@ def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Seq
   devices and data shapes
   (:func:`fedjax_dp.engine.run_group`). ``on_group(indices, results, setups)`` is called as
   each group ends (the :class:`fedjax_dp.algorithms.Setup` s it ran); ``log`` gets one line per
-  group.
+  group. ``group_size``: at most this many experiments per program (a larger group runs as
+  several, one after another; equal sizes share one compilation); default: no limit.
   """
   from fedjax_dp.algorithms import build
   from fedjax_dp.engine import Experiment, run_group
@@ -183,6 +184,10 @@ def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Seq
     key = (id(setup.program), c.rounds, c.eval_every, c.placement, c.client_chunk, c.devices,
            _shape_key(datas[i]))
     groups.setdefault(key, []).append(i)
+  check(group_size is None or group_size >= 1, "group_size", group_size, "must be >= 1")
+  if group_size is not None:
+    groups = {(key, k): members[k:k + group_size] for key, members in groups.items()
+              for k in range(0, len(members), group_size)}
   if before_running is not None:
     before_running()
   results, records = [None] * len(configs), []
@@ -208,8 +213,8 @@ def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Seq
 
 def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int = 1, *,
           output_dir: Optional[str] = None, overwrite: bool = False, progress: bool = False,
-          release: str = "all",
-          load=None, log=None) -> SweepResult:
+          release: str = "all", load=None, log=None,
+          group_size: Optional[int] = None) -> SweepResult:
   """Runs every grid point times seed; experiments that share a round run as one program.
 
   Args:
@@ -226,6 +231,7 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
     load: ``config -> FederatedData`` (default: :func:`fedjax_dp.experiment.load_data`);
       called once per distinct data set (data fields and seed).
     log: where one line per finished group goes (default: nowhere).
+    group_size: at most this many experiments per compiled program (:func:`run_configs`).
   """
   from fedjax_dp.algorithms import option_table, options, unused_fields
   from fedjax_dp.config import make_config
@@ -259,7 +265,8 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
       [p.config for p in points], [datasets[_data_key(p.config)] for p in points],
       output_dirs=[None if out is None else str(out / "experiments" / f"{i:03d}")
                    for i in range(len(points))],
-      progress=progress, release=release, log=log, before_running=clear_earlier)
+      progress=progress, release=release, log=log, before_running=clear_earlier,
+      group_size=group_size)
   group_of = {i: g for g, rec in enumerate(group_records) for i in rec["experiments"]}
   experiments = [{"values": p.values, "seed": p.seed, "group": group_of[i],
                   "output_dir": None if out is None else f"experiments/{i:03d}", "result": r}

@@ -1,0 +1,88 @@
+"""A sweep as one program against the same runs one after another, measured in one run.
+
+The grid is Cheng et al.'s small reproduction grid for one method (target
+epsilons x seeds on MNIST, 600 clients, the 784-50-50-10 MLP, Q = 15), or the
+same on scikit-learn's digits when no MNIST is found. Both sides build the
+same configurations on the same data sets (loaded before timing):
+
+* sequential: :func:`fedjax_dp.experiment.simulate` per experiment (runs that
+  differ only in numbers already share one compiled round);
+* sweep: :func:`fedjax_dp.sweep.sweep`, every experiment vmapped over a leading
+  axis in one program, and in programs of at most 4 experiments
+  (``group_size=4``).
+
+Prints one JSON object: seconds of each, the ratios, and the largest
+difference in final accuracy between an experiment and its single run.
+
+Example:
+  python benchmarks/sweep_speed.py --data-dir ../shared/data --rounds 40 --seeds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+from fedjax_dp.config import make_config
+from fedjax_dp.experiment import load_data, simulate
+from fedjax_dp.reproduce import cheng2022
+from fedjax_dp.sweep import _data_key, plan as sweep_points, sweep
+
+
+def base_config(data_dir, rounds: int, method: str):
+  small = dict(cheng2022.SCALES["small"]["config"])
+  mnist = data_dir and os.path.isdir(os.path.join(data_dir, "mnist"))
+  if not mnist:
+    small.update(cheng2022.SCALES["tiny"]["config"])
+  small.update(rounds=rounds, eval_every=rounds, algorithm=method, data_dir=data_dir,
+               target_epsilon=8.0, noise_multiplier=None)
+  return make_config(small)
+
+
+def measure(data_dir=None, rounds: int = 40, seeds: int = 3, epsilons=(2.0, 4.0, 6.0, 8.0),
+            method: str = "dp_fedavg", group_sizes=(None, 4)) -> dict:
+  config = base_config(data_dir, rounds, method)
+  grid = {"target_epsilon": list(epsilons)}
+  cache = {}
+
+  def load(cfg):
+    key = _data_key(cfg)
+    if key not in cache:
+      cache[key] = load_data(cfg)
+    return cache[key]
+
+  for s in range(seeds):  # data sets load before either side is timed
+    load(config.replace(seed=config.seed + s))
+  t0 = time.perf_counter()
+  alone = [simulate(p.config, load(p.config)) for p in sweep_points(config, grid, seeds)]
+  out = {"dataset": config.dataset, "method": method, "rounds": rounds,
+         "experiments": len(alone), "sequential_s": time.perf_counter() - t0}
+  for size in group_sizes:
+    t0 = time.perf_counter()
+    swept = sweep(config, grid, seeds, load=load, group_size=size)
+    name = "sweep" if size is None else f"sweep_group{size}"
+    out[f"{name}_s"] = time.perf_counter() - t0
+    out[f"sequential_over_{name}"] = out["sequential_s"] / out[f"{name}_s"]
+    out[f"{name}_programs"] = len(swept.groups)
+    out[f"{name}_max_accuracy_difference"] = max(
+        abs(e["result"].summary["final_accuracy"] - a.summary["final_accuracy"])
+        for e, a in zip(swept.experiments, alone))
+  return out
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--data-dir", default=os.environ.get("FEDJAX_DP_DATA"))
+  p.add_argument("--rounds", type=int, default=40)
+  p.add_argument("--seeds", type=int, default=3)
+  p.add_argument("--epsilons", default="2,4,6,8")
+  p.add_argument("--method", default="dp_fedavg")
+  args = p.parse_args()
+  print(json.dumps(measure(args.data_dir, args.rounds, args.seeds,
+                           tuple(float(e) for e in args.epsilons.split(",")), args.method)))
+
+
+if __name__ == "__main__":
+  main()
