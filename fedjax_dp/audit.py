@@ -515,15 +515,17 @@ def add_parser(sub):
   """Adds ``fedjax-dp audit`` to the argparse subparsers ``sub``."""
   p = sub.add_parser("audit", help="empirical privacy audit: a lower bound on epsilon from "
                      "releases on neighbouring inputs, against the ledger's claim")
-  p.add_argument("--mechanism", help=f"one of {sorted(AUDITS)}")
+  p.add_argument("--mechanism", help="the mechanism audited (default: none; needed unless "
+                 f"--list; one of: {', '.join(sorted(AUDITS))})")
   p.add_argument("--trials", type=int, help="releases per neighbouring input (default 20000; "
                  "10000 per scale without a guarantee); half select the test, half bound its errors")
-  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--seed", type=int, default=0, help="PRNG seed of the releases (default: 0)")
   p.add_argument("--confidence", type=float, default=0.95,
                  help="joint confidence of the two Clopper-Pearson bounds (default 0.95)")
   p.add_argument("--noise-factor", type=float, default=1.0,
                  help="multiply the noise the release runs with (the ledger keeps the nominal "
-                 "one); below 1 simulates a mis-calibrated mechanism, which the audit must catch")
+                 "one); below 1 simulates a mis-calibrated mechanism, which the audit must catch "
+                 "(default: 1.0)")
   p.add_argument("--scales", help="no-guarantee mechanisms: comma-separated canary scales "
                  "(default 1,10,100)")
   p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -9,7 +9,6 @@ saying what was kept.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import pathlib
 import sys
@@ -35,16 +34,17 @@ def _add_run(sub):
   p.add_argument("--output-dir", help="where metrics.jsonl and summary.json go (default "
                  f"{DEFAULT_RUN_DIR}; with --resume, that folder)")
   p.add_argument("--overwrite", action="store_true", help="replace an earlier run's files in --output-dir")
-  p.add_argument("--no-progress", action="store_true")
+  p.add_argument("--no-progress", action="store_true", help="no progress bar")
   p.add_argument("--checkpoint-every", type=int, metavar="K",
                  help="save the whole run every K rounds and after the last into "
-                 "OUTPUT_DIR/checkpoints/ (the last two kept), so that --resume can continue it")
+                 "OUTPUT_DIR/checkpoints/ (the last two kept), so that --resume can continue it "
+                 "(default: none, no checkpoints)")
   p.add_argument("--resume", metavar="DIR",
                  help="continue the run in DIR from its latest checkpoint, with the configuration "
                  "stored there (a setting given that differs from it is refused); rounds written after "
-                 "the checkpoint are recomputed")
+                 "the checkpoint are recomputed (default: none, a new run)")
   p.add_argument("--release", choices=("all", "private"),
-                 help="all (default): also write raw diagnostics (realized cohort sizes, client losses, "
+                 help="all (the default): also write raw diagnostics (realized cohort sizes, client losses, "
                  "pre-clip norms, timings) under 'diagnostics'; private: write only what the privacy "
                  "guarantee covers and what is public by design")
   p.add_argument("--tensorboard", action="store_true",
@@ -56,16 +56,16 @@ def _add_run(sub):
 
 def _add_config_flags(p):
   """``--config``, ``--set`` and one flag per :class:`RunConfig` field (run and sweep)."""
-  from fedjax_dp.config import RunConfig, field_types
-  p.add_argument("--config", help="JSON file with RunConfig fields")
+  from fedjax_dp.config import field_help, field_types
+  p.add_argument("--config", metavar="FILE.json", help="JSON object of RunConfig fields (and "
+                 "'options'); the flags below override it (default: none, the quickstart)")
   p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                 help="algorithm option (repeatable), e.g. --set lambda=0.4")
-  types = field_types()
-  for f in dataclasses.fields(RunConfig):
-    if f.name == "options":
-      continue
-    p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None,
-                   metavar=types[f.name].__name__.upper(), help=f.metadata.get("help"))
+                 help="an option of the algorithm (repeatable), e.g. --set lambda=0.4; fedjax-dp "
+                 "algorithms lists each algorithm's (default: none, the option's own default)")
+  for name, typ in field_types().items():
+    if name != "options":
+      p.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
+                     metavar=typ.__name__.upper(), help=field_help(name))
 
 
 def _add_sweep(sub):
@@ -75,38 +75,52 @@ def _add_sweep(sub):
   p.add_argument("--grid", required=True, metavar="'NAME=V1,V2 ...'",
                  help="the grid: axes separated by spaces, values by commas; a name is a run flag "
                  "(clip, target_epsilon, noise_multiplier, local_steps, ...) or a --set option "
-                 "(lambda, sparsity, ...), e.g. 'clip=0.1,0.3 lambda=0.1,0.4'")
+                 "(lambda, sparsity, ...), e.g. 'clip=0.1,0.3 lambda=0.1,0.4' (required)")
   p.add_argument("--seeds", type=int, default=1, help="seeds per grid point (default 1): the "
                  "configuration's seed, seed + 1, ...")
   p.add_argument("--output-dir", required=True, help="where results.json and each experiment's "
-                 "experiments/NNN/{metrics.jsonl,summary.json} go")
+                 "experiments/NNN/{metrics.jsonl,summary.json} go (required)")
   p.add_argument("--overwrite", action="store_true", help="replace an earlier sweep's files")
   p.add_argument("--group-size", type=int, default=None, help="at most this many experiments "
                  "per compiled program (default: no limit; a smaller group needs less memory)")
   p.add_argument("--no-progress", action="store_true", help="no progress bars")
   p.add_argument("--release", default="all", choices=("all", "private"),
-                 help="as for run: private writes only what the guarantee covers")
+                 help="as for run: private writes only what the guarantee covers (default: all)")
   p.add_argument("--checkpoint-every", type=int, metavar="K",
-                 help="refused: a sweep is not checkpointed (fedjax-dp run --checkpoint-every K is)")
+                 help="refused: a sweep is not checkpointed (fedjax-dp run --checkpoint-every K "
+                 "is) (default: none)")
   _add_config_flags(p)
 
 
 def _add_privacy(sub):
   p = sub.add_parser("privacy", help="epsilon of a sampled Gaussian mechanism, or the noise for a target epsilon "
                      "(one JSON object; an infinite epsilon is written as null with epsilon_nonfinite)")
-  p.add_argument("--mechanism", default="gaussian", help="gaussian (default) or sign-flip (DP-RSA)")
-  p.add_argument("--keep-prob", type=float, help="sign-flip: keep probability gamma in (0.5, 1)")
-  p.add_argument("--dimension", type=int, help="sign-flip: coordinates released per round (model size d)")
-  p.add_argument("--sampling", default="poisson", help="poisson or fixed")
-  p.add_argument("--sampling-prob", type=float)
-  p.add_argument("--num-clients", type=int)
-  p.add_argument("--cohort-size", type=int)
-  p.add_argument("--noise-multiplier", type=float)
-  p.add_argument("--target-epsilon", type=float)
-  p.add_argument("--rounds", type=int, required=True)
-  p.add_argument("--delta", type=float, required=True)
+  from fedjax_dp.privacy import ACCOUNTANTS
+  from fedjax_dp.sampling import SAMPLINGS
+  p.add_argument("--mechanism", default="gaussian", help="gaussian: the sampled Gaussian sum; "
+                 "sign-flip: DP-RSA's randomized signs (default: gaussian; one of: gaussian, "
+                 "sign-flip)")
+  p.add_argument("--keep-prob", type=float, help="sign-flip: keep probability gamma in (0.5, 1) "
+                 "(default: none; needed with sign-flip)")
+  p.add_argument("--dimension", type=int, help="sign-flip: coordinates released per round, the "
+                 "model size d (default: none; needed with sign-flip)")
+  p.add_argument("--sampling", default="poisson", help="how each round's clients are drawn "
+                 f"(default: poisson; one of: {', '.join(SAMPLINGS)})")
+  p.add_argument("--sampling-prob", type=float, help="poisson: each client's probability per "
+                 "round, in (0, 1] (default: none; needed with poisson)")
+  p.add_argument("--num-clients", type=int, help="fixed: the population size N (default: none; "
+                 "needed with fixed)")
+  p.add_argument("--cohort-size", type=int, help="fixed: clients per round (default: none; "
+                 "needed with fixed)")
+  p.add_argument("--noise-multiplier", type=float, help="noise std / clip: report its epsilon "
+                 "(default: none; give exactly one of this and --target-epsilon)")
+  p.add_argument("--target-epsilon", type=float, help="report the noise multiplier that reaches "
+                 "this epsilon (default: none; give exactly one of this and --noise-multiplier)")
+  p.add_argument("--rounds", type=int, required=True, help="number of rounds (required)")
+  p.add_argument("--delta", type=float, required=True, help="delta, in (0, 1) (required)")
   p.add_argument("--accountant", default="rdp",
-                 help="rdp (default) or pld (gaussian only: sign-flip is accounted with rdp)")
+                 help="dp_accounting's accountant; sign-flip is accounted with rdp only "
+                 f"(default: rdp; one of: {', '.join(ACCOUNTANTS)})")
 
 
 def _add_algorithms(sub):
@@ -141,15 +155,23 @@ def _cmd_algorithms(args) -> int:
 
 
 def _add_reproduce(sub):
-  from fedjax_dp.reproduce import REPRODUCTIONS
-  p = sub.add_parser("reproduce", help="reproduce a paper's experiments at a given scale")
-  p.add_argument("paper", help=f"one of {sorted(REPRODUCTIONS)}")
-  p.add_argument("--scale", default="small")
-  p.add_argument("--output-dir", required=True)
+  from fedjax_dp.reproduce import REPRODUCTIONS, scales
+  listing = "\n".join(f"  {paper} --scale {name}: {about}" for paper in sorted(REPRODUCTIONS)
+                       for name, about in scales(paper).items())
+  p = sub.add_parser("reproduce", help="reproduce a paper's experiments at a given scale",
+                     description="Reproduce a paper's experiments at a given scale.",
+                     epilog="papers and their scales:\n" + listing,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("paper", help=f"the paper (one of: {', '.join(sorted(REPRODUCTIONS))})")
+  p.add_argument("--scale", default="small", help="how large a run (default: small; each "
+                 "paper's scales are listed below)")
+  p.add_argument("--output-dir", required=True, help="where results.json, results.md and "
+                 "runs.jsonl go (required)")
   p.add_argument("--overwrite", action="store_true",
                  help="replace an earlier reproduction's results in --output-dir")
-  p.add_argument("--data-dir")
-  p.add_argument("--seeds", type=int)
+  p.add_argument("--data-dir", help="folder holding the data files (default: none, the "
+                 "FEDJAX_DP_DATA environment variable)")
+  p.add_argument("--seeds", type=int, help="seeds per setting (default: none, the scale's own)")
 
 
 def _parse_options(items) -> dict:
@@ -162,19 +184,6 @@ def _parse_options(items) -> dict:
     except json.JSONDecodeError:
       out[k] = v
   return out
-
-
-def _refuse_unused(config, given) -> None:
-  """A setting the user gave (flag or config file) that the algorithm does not read is an error.
-
-  Otherwise it would run as if it applied (``--clip`` for DP-RSA, ``--target-epsilon`` for
-  FedAvg). Unsetting one (``none``) is always allowed.
-  """
-  from fedjax_dp.algorithms import USES, unused_fields
-  for name in unused_fields(config):
-    check(name not in given or getattr(config, name) is None, name, getattr(config, name),
-          f"is not used by algorithm {config.algorithm!r}: leave it out (of its own settings it "
-          f"reads {sorted(USES[config.algorithm]) or 'none'})")
 
 
 def _settings(args) -> tuple:
@@ -195,6 +204,7 @@ def _settings(args) -> tuple:
 def _config_from_args(args):
   """The :class:`RunConfig` of ``--config``, the field flags and ``--set``; a setting given that
   the algorithm does not read is refused."""
+  from fedjax_dp.algorithms import refuse_unused
   from fedjax_dp.config import make_config
   base, overrides, options = _settings(args)
   # Setting one of noise_multiplier / target_epsilon unsets the other's default.
@@ -203,7 +213,7 @@ def _config_from_args(args):
       overrides[other] = None
   given = set(base) | {k for k, v in overrides.items() if v is not None}
   config = make_config(base, options=options, **overrides)
-  _refuse_unused(config, given)
+  refuse_unused(config, given)
   return config
 
 
@@ -394,18 +404,36 @@ def _cmd_reproduce(args) -> int:
                           data_dir=args.data_dir, seeds=args.seeds)
 
 
+def build_parser() -> argparse.ArgumentParser:
+  """The ``fedjax-dp`` parser: each subcommand's flags, each with its meaning and default."""
+  parser = _Parser(prog="fedjax-dp", formatter_class=argparse.RawDescriptionHelpFormatter,
+                   description="Simulate federated learning with differential privacy and "
+                   "Byzantine clients in JAX.",
+                   epilog="fedjax-dp SUBCOMMAND --help: that subcommand's flags; no arguments: "
+                   "the offline quickstart\n(DP-FedAvg on digits). Examples:\n"
+                   "  fedjax-dp run --rounds 20 --target-epsilon 4 --output-dir runs/x\n"
+                   "  fedjax-dp sweep --grid 'clip=0.1,0.3' --seeds 2 --output-dir runs/s\n"
+                   "  fedjax-dp privacy --sampling-prob 0.01 --noise-multiplier 1.1 --rounds 100 "
+                   "--delta 1e-5\n"
+                   "  fedjax-dp reproduce cheng2022 --scale tiny --output-dir runs/r\n"
+                   "exit status: 0 done; 2 invalid input (one line naming the field); 3 run "
+                   "diverged; 130 interrupted")
+  sub = parser.add_subparsers(dest="command", parser_class=_Parser, title="subcommands",
+                              metavar="SUBCOMMAND")
+  _add_run(sub)
+  _add_sweep(sub)
+  _add_privacy(sub)
+  _add_reproduce(sub)
+  _add_algorithms(sub)
+  audit.add_parser(sub)
+  plots.add_parser(sub)
+  return parser
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   try:
-    parser = _Parser(prog="fedjax-dp", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
-    _add_run(sub)
-    _add_sweep(sub)
-    _add_privacy(sub)
-    _add_reproduce(sub)
-    _add_algorithms(sub)
-    audit.add_parser(sub)
-    plots.add_parser(sub)
+    parser = build_parser()
     if not argv:
       argv = ["run"]
     args = parser.parse_args(argv)

@@ -8,6 +8,7 @@ the command line (``--field-name VALUE``); algorithm-specific settings go in
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import math
 import numbers
@@ -15,13 +16,8 @@ import pathlib
 import typing
 from typing import Any, Mapping, Optional
 
-from fedjax_dp.aggregators.base import DENOMINATORS
 from fedjax_dp.data.specs import SPECS, check_partition
-from fedjax_dp.engine import PLACEMENTS
 from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit, check_positive
-from fedjax_dp.privacy.ledger import ACCOUNTANTS
-from fedjax_dp.round import WEIGHTINGS
-from fedjax_dp.sampling import SAMPLINGS
 
 DEFAULT_MODELS = {spec.name: spec.default_model for spec in SPECS}
 
@@ -81,78 +77,122 @@ def check_type(field: str, value: Any, hint) -> None:
   check(ok, field, value, f"must be {TYPE_WORDS[typ]}{tail}")
 
 
+def _values(module: str, name: str, sort: bool = False):
+  """Reads the allowed values of a field from the code's own tuple ``module.name`` when asked
+  (so the help and the validation cannot drift from it; the import waits until then)."""
+  def read() -> tuple:
+    values = getattr(importlib.import_module(module), name)
+    return tuple(sorted(values) if sort else values)
+  return read
+
+
+def _field(default, help: str, values=None, **kw):
+  """A :class:`RunConfig` field with its one-line ``help`` and, for a choice, ``values``
+  (:func:`_values`): the CLI's flags and ``--help`` are generated from these."""
+  if default is dataclasses.MISSING:
+    return dataclasses.field(metadata={"help": help, "values": values}, **kw)
+  return dataclasses.field(default=default, metadata={"help": help, "values": values}, **kw)
+
+
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
   """One simulation. Defaults are the offline quickstart: DP-FedAvg on digits."""
 
-  algorithm: str = "dp_fedavg"
+  algorithm: str = _field("dp_fedavg", "the algorithm (fedjax-dp algorithms lists each with its "
+                          "paper, privacy unit and --set options)",
+                          _values("fedjax_dp.algorithms", "ALGORITHMS", sort=True))
   # Data.
-  dataset: str = "digits"
-  data_dir: Optional[str] = None
-  download: bool = False
-  partition: str = "iid"
-  num_clients: int = 700
-  dirichlet_alpha: float = 0.5
-  shards_per_client: int = 2
-  min_labels_per_client: int = 1
-  max_train: Optional[int] = None
-  max_test: Optional[int] = None
+  dataset: str = _field("digits", "the data set (digits ships with scikit-learn; the others are "
+                        "read from --data-dir)", _values("fedjax_dp.data.specs", "DATASETS"))
+  data_dir: Optional[str] = _field(None, "folder holding the data files (none: the "
+                                   "FEDJAX_DP_DATA environment variable)")
+  download: bool = _field(False, "fetch a missing data set with tensorflow-datasets (true/false)")
+  partition: str = _field("iid", "how the training set is split into clients (natural only for "
+                          "the TFF sets, which have client ids)",
+                          _values("fedjax_dp.data.partition", "PARTITIONERS"))
+  num_clients: int = _field(700, "number of clients (an int >= 1; natural partitions: at most "
+                            "the data set's)")
+  dirichlet_alpha: float = _field(0.5, "concentration of the dirichlet partition's label mix "
+                                  "(> 0; small: skewed)")
+  shards_per_client: int = _field(2, "label-sorted shards per client of the shards partition "
+                                  "(an int >= 1)")
+  min_labels_per_client: int = _field(1, "shards partition: distinct labels each client must "
+                                      "hold (in [1, 2 * shards_per_client])")
+  max_train: Optional[int] = _field(None, "use at most this many training examples (none: all)")
+  max_test: Optional[int] = _field(None, "use at most this many test examples (none: all)")
   # Model.
-  model: Optional[str] = None  # a name of fedjax_dp.models.MODELS, or (Python API) a Model
-  conv_impl: str = "im2col"
+  model: Optional[str] = _field(  # a name of fedjax_dp.models.MODELS, or (Python API) a Model
+      None, "the model (none: the data set's default, "
+      + ", ".join(f"{s.name}: {s.default_model}" for s in SPECS) + ")",
+      _values("fedjax_dp.models", "MODELS"))
+  conv_impl: str = _field("im2col", "how convolutions are computed (same results; speed and "
+                          "memory differ)", _values("fedjax_dp.models", "CONV_IMPLS"))
   # Rounds and sampling.
-  rounds: int = 50
-  sampling: str = "poisson"
-  sampling_prob: float = 0.1
-  cohort_size: Optional[int] = None
-  capacity: Optional[int] = None
-  placement: str = "device"
-  client_chunk: Optional[int] = dataclasses.field(default=None, metadata={
-      "help": "run the cohort in blocks of this many vmapped clients, one block after another "
-              "(default: all at once; an int >= 1); with the noised mean and no attack the "
-              "round's memory then stays flat in the cohort size"})
-  devices: Optional[int] = dataclasses.field(default=None, metadata={
-      "help": "split each round's clients over this many devices (default: every device JAX "
-              "sees, across processes; an int >= 1)"})
+  rounds: int = _field(50, "number of rounds (an int >= 1)")
+  sampling: str = _field("poisson", "how each round's clients are drawn: poisson (each with "
+                         "sampling_prob) or fixed (cohort_size without replacement)",
+                         _values("fedjax_dp.sampling", "SAMPLINGS"))
+  sampling_prob: float = _field(0.1, "poisson sampling: each client's probability per round, "
+                                "in (0, 1]")
+  cohort_size: Optional[int] = _field(None, "fixed sampling: clients per round (in [1, "
+                                      "num_clients]; needed with sampling fixed)")
+  capacity: Optional[int] = _field(None, "padded cohort slots of the compiled round (none: "
+                                   "a poisson draw exceeds it with probability < 1e-9; grown "
+                                   "when exceeded)")
+  placement: str = _field("device", "device: every client's data on the accelerator; host: the "
+                          "cohort gathered on the host each round (large populations)",
+                          _values("fedjax_dp.engine", "PLACEMENTS"))
+  client_chunk: Optional[int] = _field(
+      None, "run the cohort in blocks of this many vmapped clients, one block after another "
+      "(none: all at once; an int >= 1); with the noised mean and no attack the round's memory "
+      "then stays flat in the cohort size")
+  devices: Optional[int] = _field(None, "split each round's clients over this many devices "
+                                  "(none: every device JAX sees, across processes; an int >= 1)")
   # Client.
-  local_steps: int = 5
-  batch_size: int = 4
-  client_optimizer: str = "sgd"
-  client_lr: float = 0.1
-  weighting: str = "uniform"
+  local_steps: int = _field(5, "local steps per client per round (an int >= 1)")
+  batch_size: int = _field(4, "examples per local step (an int >= 1)")
+  client_optimizer: str = _field("sgd", "the clients' local optimizer",
+                                 _values("fedjax_dp.client", "OPTIMIZERS"))
+  client_lr: float = _field(0.1, "the clients' learning rate (> 0)")
+  weighting: str = _field("uniform", "how client updates are weighted in the mean: uniform or by "
+                          "their number of examples", _values("fedjax_dp.round", "WEIGHTINGS"))
   # Server.
-  server_optimizer: str = "sgd"
-  server_lr: float = 1.0
-  denominator: str = "expected"
+  server_optimizer: str = _field("sgd", "the server's optimizer on the aggregate (adam: FedAdam)",
+                                 _values("fedjax_dp.client", "OPTIMIZERS"))
+  server_lr: float = _field(1.0, "the server's learning rate (> 0)")
+  denominator: str = _field("expected", "what the noised sum is divided by: the expected (public) "
+                            "cohort size or the realized one (unnoised: refused with poisson "
+                            "sampling in private runs)",
+                            _values("fedjax_dp.aggregators.base", "DENOMINATORS"))
   # Privacy.
-  clip: float = 0.5
-  noise_multiplier: Optional[float] = None
-  target_epsilon: Optional[float] = 8.0
-  delta: float = 1e-5
-  accountant: str = "rdp"
+  clip: float = _field(0.5, "L2 bound on each client's update (> 0)")
+  noise_multiplier: Optional[float] = _field(
+      None, "noise std / clip (in [0, 1e6]; none: calibrated for target_epsilon; giving it "
+      "unsets target_epsilon)")
+  target_epsilon: Optional[float] = _field(8.0, "epsilon the noise is calibrated for over all "
+                                           "rounds (> 0; none: give noise_multiplier)")
+  delta: float = _field(1e-5, "delta of the (epsilon, delta) guarantee, in (0, 1)")
+  accountant: str = _field("rdp", "the privacy accountant (dp_accounting's RDP or PLD)",
+                           _values("fedjax_dp.privacy.ledger", "ACCOUNTANTS"))
   # Byzantine clients (the last `byzantine` ids) and the server's aggregator.
-  byzantine: int = dataclasses.field(default=0, metadata={
-      "help": "number of Byzantine clients, the last ids (default 0; an int in [0, num_clients))"})
-  attack: str = dataclasses.field(default="none", metadata={
-      "help": "what the Byzantine clients send (default none; one of none, gaussian, sign_flip, "
-              "sample_duplication, alie, ipm, nonfinite); strengths via --set"})
-  attacker_knowledge: str = dataclasses.field(default="released", metadata={
-      "help": "what an attack that reads the regular clients sees (default released: what they "
-              "release; omniscient: their raw state, which voids the DP guarantee)"})
-  aggregator: Optional[str] = dataclasses.field(default=None, metadata={
-      "help": "the server's aggregator (default: the algorithm's own; one of mean, sign_vote, "
-              "sign_sum, geometric_median, coordinate_median, trimmed_mean, krum, "
-              "centered_clipping); parameters via --set"})
+  byzantine: int = _field(0, "number of Byzantine clients, the last ids (an int in [0, "
+                          "num_clients))")
+  attack: str = _field("none", "what the Byzantine clients send; strengths via --set",
+                       _values("fedjax_dp.attacks", "ATTACKS"))
+  attacker_knowledge: str = _field(
+      "released", "what an attack that reads the regular clients sees (released: what they "
+      "release; omniscient: their raw state, which voids the DP guarantee)",
+      _values("fedjax_dp.attacks", "KNOWLEDGE"))
+  aggregator: Optional[str] = _field(None, "the server's aggregator (none: the algorithm's own); "
+                                     "parameters via --set",
+                                     _values("fedjax_dp.aggregators.robust", "NAMES"))
   # Run.
-  seed: int = 0
-  eval_every: int = 5
-  options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  seed: int = _field(0, "PRNG seed: same seed, same result (an int in [0, 2**32))")
+  eval_every: int = _field(5, "evaluate on the test set every this many rounds and after the last")
+  options: Mapping[str, Any] = _field(dataclasses.MISSING, "the algorithm's own settings, "
+                                      "name -> value (CLI: --set NAME=VALUE)", default_factory=dict)
 
   def __post_init__(self):
-    from fedjax_dp.algorithms import ALGORITHMS
-    from fedjax_dp.client import OPTIMIZERS
-    from fedjax_dp.data import DATASETS
-    from fedjax_dp.models import CONV_IMPLS, MODELS
     # Every field has its type and every numeric field is finite, checked before anything else.
     from fedjax_dp.models import Model
     hints = typing.get_type_hints(RunConfig)
@@ -162,12 +202,12 @@ class RunConfig:
         check_finite(f.name, value)
         check_type(f.name, value, hints[f.name])
     check(0 <= self.seed < 2 ** 32, "seed", self.seed, "must be an integer in [0, 2**32)")
-    check_choice("algorithm", self.algorithm, sorted(ALGORITHMS))
-    check_choice("dataset", self.dataset, DATASETS)
+    self._check_choice("algorithm")
+    self._check_choice("dataset")
     check_partition(self.dataset, self.partition)
-    if self.model is not None and not isinstance(self.model, Model):
-      check_choice("model", self.model, MODELS)
-    check_choice("conv_impl", self.conv_impl, CONV_IMPLS)
+    if not isinstance(self.model, Model):
+      self._check_choice("model")
+    self._check_choice("conv_impl")
     check(self.num_clients >= 1, "num_clients", self.num_clients, "must be >= 1")
     check_positive("dirichlet_alpha", self.dirichlet_alpha)
     check(self.shards_per_client >= 1, "shards_per_client", self.shards_per_client, "must be >= 1")
@@ -177,7 +217,7 @@ class RunConfig:
       v = getattr(self, f)
       check(v is None or v >= 1, f, v, "must be >= 1 or unset")
     check(self.rounds >= 1, "rounds", self.rounds, "must be >= 1")
-    check_choice("sampling", self.sampling, SAMPLINGS)
+    self._check_choice("sampling")
     if self.sampling == "poisson":
       p = self.sampling_prob
       check(p is not None and 0 < p <= 1, "sampling_prob", p, "must be in (0, 1]")
@@ -187,19 +227,19 @@ class RunConfig:
             f"must be in [1, num_clients={self.num_clients}] with sampling='fixed'")
     check(self.capacity is None or 1 <= self.capacity <= self.num_clients, "capacity",
           self.capacity, f"must be in [1, num_clients={self.num_clients}] or unset")
-    check_choice("placement", self.placement, PLACEMENTS)
+    self._check_choice("placement")
     check(self.client_chunk is None or self.client_chunk >= 1, "client_chunk", self.client_chunk,
           "must be an integer >= 1 (or none: the whole cohort at once)")
     check(self.devices is None or self.devices >= 1, "devices", self.devices,
           "must be an integer >= 1 (or none: every device)")
     check(self.local_steps >= 1, "local_steps", self.local_steps, "must be >= 1")
     check(self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1")
-    check_choice("client_optimizer", self.client_optimizer, OPTIMIZERS)
+    self._check_choice("client_optimizer")
     check_positive("client_lr", self.client_lr)
-    check_choice("weighting", self.weighting, WEIGHTINGS)
-    check_choice("server_optimizer", self.server_optimizer, OPTIMIZERS)
+    self._check_choice("weighting")
+    self._check_choice("server_optimizer")
     check_positive("server_lr", self.server_lr)
-    check_choice("denominator", self.denominator, DENOMINATORS)
+    self._check_choice("denominator")
     check_positive("clip", self.clip)
     nm, te = self.noise_multiplier, self.target_epsilon
     check_noise_multiplier(nm)
@@ -207,19 +247,23 @@ class RunConfig:
     check(nm is None or te is None, "noise_multiplier", nm,
           f"must be unset (None) when target_epsilon={te} is set: the ledger calibrates the noise")
     check_open_unit("delta", self.delta)
-    check_choice("accountant", self.accountant, ACCOUNTANTS)
+    self._check_choice("accountant")
     check(self.eval_every >= 1, "eval_every", self.eval_every, "must be >= 1")
-    from fedjax_dp.attacks import ATTACKS, KNOWLEDGE
-    from fedjax_dp.aggregators.robust import NAMES
     check(isinstance(self.byzantine, int) and 0 <= self.byzantine < self.num_clients, "byzantine",
           self.byzantine, f"must be an int in [0, num_clients={self.num_clients})")
     # "sign-flip" is accepted for "sign_flip"; the configuration holds the canonical name.
     object.__setattr__(self, "attack", self.attack.replace("-", "_"))
-    check_choice("attack", self.attack, ATTACKS)
-    check_choice("attacker_knowledge", self.attacker_knowledge, KNOWLEDGE)
-    if self.aggregator is not None:
-      check_choice("aggregator", self.aggregator, NAMES)
+    self._check_choice("attack")
+    self._check_choice("attacker_knowledge")
+    self._check_choice("aggregator")
     check(isinstance(self.options, Mapping), "options", self.options, "must be a mapping")
+
+  def _check_choice(self, name: str) -> None:
+    """Refuses a value of choice field ``name`` outside :func:`allowed_values` (unset passes for
+    an optional field)."""
+    value = getattr(self, name)
+    if value is not None:  # None in a field that is not optional is refused by its type check
+      check_choice(name, value, allowed_values(name))
 
   @property
   def model_name(self) -> str:
@@ -234,6 +278,27 @@ class RunConfig:
     d["options"] = dict(self.options)
     d["model"] = None if self.model is None else self.model_name
     return d
+
+
+def allowed_values(name: str) -> Optional[tuple]:
+  """The values :class:`RunConfig` field ``name`` takes, read from the code's own tuple (None:
+  the field is not a choice). The validation and the CLI's ``--help`` both read this."""
+  read = _FIELDS[name].metadata.get("values")
+  return None if read is None else read()
+
+
+def field_help(name: str) -> str:
+  """Field ``name``'s one-line help with its default and, for a choice, its allowed values."""
+  f = _FIELDS[name]
+  default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+  default = ("none" if default is None else default if isinstance(default, str)
+             else json.dumps(default))
+  values = allowed_values(name)
+  tail = "" if values is None else "; one of: " + ", ".join(values)
+  return f"{f.metadata['help']} (default: {default}{tail})"
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 
 
 def field_types() -> dict:

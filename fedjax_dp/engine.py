@@ -54,6 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp import outputs
+from fedjax_dp import provenance as run_provenance
 from fedjax_dp.checkpoint import params_sha256
 from fedjax_dp.errors import check, check_choice
 from fedjax_dp.jsonio import dumps
@@ -62,7 +63,7 @@ PLACEMENTS = ("device", "host")
 RELEASES = ("all", "private")
 ROW_COVERED = ("test_accuracy", "test_loss", "diverged")
 SUMMARY_COVERED = ("final_accuracy", "final_test_loss", "diverged")
-PUBLIC_BY_DESIGN = ("round", "rounds", "config", "noise_multiplier", "model", "data",
+PUBLIC_BY_DESIGN = ("round", "rounds", "config", "noise_multiplier", "model", "data", "provenance",
                     "epsilon and every field of the "
                     "privacy report (functions of the public settings and, for example-level runs, of "
                     "the public participation and example counts)")
@@ -467,6 +468,8 @@ class _Log:
     summary["config"] = e.config
     summary["params_sha256"] = params_sha256(state.params)
     summary.update(provenance(program.model, state, e.data))
+    summary["data"]["partition"] = run_provenance.partition(e.config)
+    summary["provenance"] = run_provenance.environment()
     summary["release"] = {
         "mode": self.release,
         "covered_by_guarantee": {"summary": list(SUMMARY_COVERED),

@@ -28,7 +28,8 @@ def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional
 
   Args:
     config: a :class:`RunConfig` (default: the quickstart); ``settings`` are
-      field overrides (``simulate(rounds=20, target_epsilon=4.0)``).
+      field overrides (``simulate(rounds=20, target_epsilon=4.0)``). A setting the
+      algorithm does not read (``clip`` for ``rsa``) is refused, as on the command line.
     data: a :class:`fedjax_dp.data.FederatedData` (default: loaded from the
       configuration).
     output_dir: where ``metrics.jsonl`` and ``summary.json`` go (none: in memory only).
@@ -37,9 +38,10 @@ def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional
     release: "all" or "private" (see :func:`fedjax_dp.engine.run`).
     tensorboard: also write TensorBoard event files to ``output_dir/tensorboard/``
       (:func:`fedjax_dp.engine.run`).
-    model: a flax ``nn.Module`` (mapping a batch ``[B, *example_shape]`` to
-      ``[B, num_classes]`` logits) or a :class:`fedjax_dp.models.Model`, used
-      instead of ``config.model`` by the configured algorithm.
+    model: a model name of :data:`fedjax_dp.models.MODELS` (as ``config.model``), a flax
+      ``nn.Module`` (mapping a batch ``[B, *example_shape]`` to ``[B, num_classes]``
+      logits) or a :class:`fedjax_dp.models.Model`, used instead of ``config.model`` by the
+      configured algorithm.
     round: a hand-built :class:`fedjax_dp.round.Round` (your own algorithm),
       run with ``hparams``; its privacy is derived from what its pieces
       declare (:func:`fedjax_dp.privacy.mechanisms.user_level_mechanism`), for
@@ -50,10 +52,13 @@ def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional
     resume: continue the run in ``output_dir`` from its latest checkpoint (same configuration;
       ``checkpoint_every`` then says how often to go on saving).
   """
-  from fedjax_dp.algorithms import build
+  from fedjax_dp.algorithms import build, refuse_unused
   from fedjax_dp.config import make_config
+  if isinstance(model, str):  # a name is a setting like any other (validated by RunConfig)
+    settings, model = {**settings, "model": model}, None
   config = make_config(**settings) if config is None else (config.replace(**settings) if settings
                                                            else config)
+  refuse_unused(config, settings)
   if data is None:
     data = load_data(config)
   if model is not None:
@@ -76,9 +81,10 @@ def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional
 
 def recorded_config(config: RunConfig) -> dict:
   """The configuration as the summary records it: the settings the algorithm ignores are left
-  out (listed under ``not_used``) rather than recorded as if they applied."""
+  out (listed under ``not_used``) rather than recorded as if they applied; ``model`` is the
+  model's name (the data set's default when the configuration names none)."""
   from fedjax_dp.algorithms import ALGORITHMS, unused_fields
-  d = config.to_dict()
+  d = dict(config.to_dict(), model=config.model_name)
   if config.algorithm in ALGORITHMS:
     unused = unused_fields(config)
     d = {k: v for k, v in d.items() if k not in unused}
@@ -87,14 +93,15 @@ def recorded_config(config: RunConfig) -> dict:
 
 
 def as_model(model, data):
-  """A :class:`fedjax_dp.models.Model` from a flax module (shapes from ``data``) or a Model."""
+  """A :class:`fedjax_dp.models.Model` from a flax module (shapes from ``data``) or a Model
+  (a model's name goes in the configuration, :func:`simulate`)."""
   import flax.linen as nn
   from fedjax_dp.errors import check
   from fedjax_dp.models import Model
   if isinstance(model, Model):
     return model
   check(isinstance(model, nn.Module), "model", type(model).__name__,
-        "must be a flax.linen.Module or a fedjax_dp.models.Model")
+        "must be a model name, a flax.linen.Module or a fedjax_dp.models.Model")
   return Model(type(model).__name__, model, tuple(data.example_shape), int(data.num_classes))
 
 

@@ -2,6 +2,7 @@
 
 import json
 import math
+import pathlib
 import subprocess
 import sys
 
@@ -327,15 +328,60 @@ def test_a_setting_the_algorithm_does_not_use_is_refused(args, field, capsys, tm
   assert not out.exists()
 
 
-def test_byzantine_flags_have_help_naming_every_allowed_value():
-  import dataclasses
-  from fedjax_dp.aggregators.robust import NAMES
-  from fedjax_dp.attacks import ATTACKS, KNOWLEDGE
-  fields = {f.name: f.metadata.get("help", "") for f in dataclasses.fields(RunConfig)}
-  for name, allowed in (("attack", ATTACKS), ("aggregator", NAMES),
-                        ("attacker_knowledge", KNOWLEDGE)):
-    assert all(a in fields[name] for a in allowed), name
-  assert "default 0" in fields["byzantine"]
+def test_the_python_api_refuses_a_setting_the_algorithm_does_not_use_like_the_cli():
+  import fedjax_dp
+  for algorithm, field, value in (("dp-rsa-f", "clip", 0.3), ("fedavg", "target_epsilon", 4.0),
+                                  ("median", "local_steps", 3)):
+    with pytest.raises(ConfigError) as e:
+      fedjax_dp.simulate(algorithm=algorithm, num_clients=20, rounds=1, **{field: value})
+    assert e.value.field == field and "is not used by algorithm" in str(e.value)
+  with pytest.raises(ConfigError) as e:  # overrides of a given configuration too
+    fedjax_dp.simulate(RunConfig(algorithm="fedavg", target_epsilon=None), clip=0.3)
+  assert e.value.field == "clip"
+
+
+def test_summary_records_the_model_name_partition_and_provenance(tmp_path, capsys):
+  import subprocess
+  import jax
+  import fedjax_dp
+  out = tmp_path / "run"
+  tiny = [a for a in TINY if a not in ("--model", "mlp")]  # the data set's default model
+  assert main(["run", *tiny, "--partition", "dirichlet", "--dirichlet-alpha", "0.3",
+               "--output-dir", str(out)]) == 0
+  text = (out / "summary.json").read_text()
+  summary = json.loads(text)
+  assert '"model": null' not in text and summary["config"]["model"] == "digits_cnn"
+  assert summary["data"]["partition"] == {"name": "dirichlet", "clients": 40, "dirichlet_alpha": 0.3}
+  per_client = summary["diagnostics"]["data"]["examples_per_client"]  # raw: diagnostics only
+  assert per_client["min"] <= per_client["median"] <= per_client["max"]
+  prov = summary["provenance"]
+  assert prov["fedjax_dp"] == fedjax_dp.__version__ and prov["packages"]["jax"] == jax.__version__
+  assert prov["packages"]["dp-accounting"] and prov["packages"]["flax"]
+  assert prov["devices"] == {"platform": jax.devices()[0].platform,
+                             "kind": jax.devices()[0].device_kind, "count": len(jax.devices())}
+  head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=pathlib.Path(fedjax_dp.__file__).parent,
+                        capture_output=True, text=True)
+  if head.returncode == 0:
+    assert prov["git"]["revision"] == head.stdout.strip() and isinstance(prov["git"]["dirty"], bool)
+  else:
+    assert prov["git"] is None
+  assert "provenance" in summary["release"]["public_by_design"]
+
+
+def test_provenance_without_git_is_none_not_an_error(monkeypatch):
+  from fedjax_dp import provenance
+  monkeypatch.setenv("PATH", "")  # no git executable
+  assert provenance.git_revision() is None
+  assert provenance.environment()["git"] is None
+
+
+def test_simulate_takes_a_model_name():
+  import fedjax_dp
+  r = fedjax_dp.simulate(model="mlp", num_clients=20, rounds=1, local_steps=1, max_test=50)
+  assert r.summary["model"]["name"] == "mlp" and r.summary["config"]["model"] == "mlp"
+  with pytest.raises(ConfigError) as e:
+    fedjax_dp.simulate(model="transformer", num_clients=20, rounds=1)
+  assert e.value.field == "model"
 
 
 def test_the_configuration_holds_the_canonical_attack_name():

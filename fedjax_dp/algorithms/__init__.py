@@ -185,5 +185,18 @@ def unused_fields(config) -> list:
   return sorted(SPECIFIC - USES[config.algorithm])
 
 
+def refuse_unused(config, given) -> None:
+  """Refuses a setting given (a flag, a config file's key, a keyword of
+  :func:`fedjax_dp.simulate`) that ``config.algorithm`` does not read: it would otherwise run as
+  if it applied (``clip`` for DP-RSA, ``target_epsilon`` for FedAvg). ``given``: the names of
+  the fields given; unsetting one (None) is always allowed.
+  """
+  from fedjax_dp.errors import check
+  for name in unused_fields(config):
+    check(name not in given or getattr(config, name) is None, name, getattr(config, name),
+          f"is not used by algorithm {config.algorithm!r}: leave it out (of its own settings it "
+          f"reads {sorted(USES[config.algorithm]) or 'none'})")
+
+
 def build(config, data) -> Setup:
   return get_builder(config.algorithm)(config, data)

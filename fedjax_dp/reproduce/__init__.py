@@ -17,6 +17,27 @@ REPRODUCTIONS: dict = {
 }
 
 
+def scales(paper: str) -> dict:
+  """Scale name -> one line saying what it runs (data sets, clients, rounds, seeds, presets),
+  read from the paper module's ``SCALES``."""
+  module = importlib.import_module(REPRODUCTIONS[paper].split(":")[0])
+  return {name: _describe(settings) for name, settings in module.SCALES.items()}
+
+
+def _describe(settings: dict) -> str:
+  """A scale's settings in a few words (a run configuration may sit under ``config``)."""
+  s = {**settings.get("config", {}), **settings}
+  parts = []
+  if "datasets" in s or "dataset" in s:
+    parts.append("+".join(s.get("datasets", (s.get("dataset"),))))
+  if "presets" in s:
+    parts.append("presets " + ", ".join(s["presets"]))
+  parts += [f"{s[k]} {word}" for k, word in (("max_train", "training examples"),
+                                             ("num_clients", "clients"), ("rounds", "rounds"),
+                                             ("seeds", "seeds")) if s.get(k) is not None]
+  return ", ".join(parts)
+
+
 def run_reproduction(paper: str, scale: str, output_dir: str, data_dir=None, seeds=None) -> int:
   check_choice("paper", paper, sorted(REPRODUCTIONS))
   module, fn = REPRODUCTIONS[paper].split(":")

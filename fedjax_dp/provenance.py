@@ -1,0 +1,77 @@
+"""What a run ran on: the library and its dependencies' versions, the devices and the source tree.
+
+:func:`environment` is the ``provenance`` block of ``summary.json``;
+:func:`partition` the public description of the data's split into clients
+(the settings that made it, not the per-client counts, which are raw
+diagnostics under user-level DP). Neither reads the clients' data.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import pathlib
+import platform
+import subprocess
+from typing import Optional
+
+# The distributions whose versions a run records (import name as pip knows it).
+PACKAGES = ("jax", "jaxlib", "flax", "optax", "dp-accounting", "numpy")
+# What partition's parameters each partition has (RunConfig fields).
+PARTITION_FIELDS = {"dirichlet": ("dirichlet_alpha",),
+                    "shards": ("shards_per_client", "min_labels_per_client")}
+
+
+def _version(package: str) -> Optional[str]:
+  try:
+    return importlib.metadata.version(package)
+  except importlib.metadata.PackageNotFoundError:
+    return None
+
+
+def _git(*args: str) -> Optional[str]:
+  """``git args`` run in the package's folder: its output, or None when git or a checkout is
+  missing (a run never fails for want of git)."""
+  here = pathlib.Path(__file__).resolve().parent
+  try:
+    done = subprocess.run(("git", *args), cwd=here, capture_output=True, text=True, timeout=10)
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return done.stdout if done.returncode == 0 else None
+
+
+def git_revision() -> Optional[dict]:
+  """``{"revision": HEAD's hash, "dirty": uncommitted changes in the tree}`` of the checkout the
+  package is imported from, or None when it is not a git checkout (an installed wheel)."""
+  head = _git("rev-parse", "HEAD")
+  if head is None:
+    return None
+  status = _git("status", "--porcelain")
+  return {"revision": head.strip(), "dirty": None if status is None else bool(status.strip())}
+
+
+def environment() -> dict:
+  """The ``provenance`` block: ``fedjax_dp`` (version), ``python``, ``packages`` (name ->
+  version, None when missing), ``devices`` (``platform``, ``kind``, ``count``) and ``git``
+  (:func:`git_revision`)."""
+  import jax
+  import fedjax_dp
+  devices = jax.devices()
+  return {
+      "fedjax_dp": fedjax_dp.__version__,
+      "python": platform.python_version(),
+      "packages": {p: _version(p) for p in PACKAGES},
+      "devices": {"platform": devices[0].platform, "kind": devices[0].device_kind,
+                  "count": len(devices)},
+      "git": git_revision(),
+  }
+
+
+def partition(config: Optional[dict]) -> Optional[dict]:
+  """The partition a recorded configuration asked for: ``name``, ``clients`` and its parameters
+  (dirichlet: ``dirichlet_alpha``; shards: ``shards_per_client``, ``min_labels_per_client``);
+  None without a configuration (a run built by hand)."""
+  if not config or "partition" not in config:
+    return None
+  name = config["partition"]
+  return {"name": name, "clients": config["num_clients"],
+          **{k: config[k] for k in PARTITION_FIELDS.get(name, ())}}
