@@ -127,6 +127,9 @@ class RunConfig:
       _values("fedjax_dp.models", "MODELS"))
   conv_impl: str = _field("im2col", "how convolutions are computed (same results; speed and "
                           "memory differ)", _values("fedjax_dp.models", "CONV_IMPLS"))
+  compute_dtype: str = _field("float32", "the dtype the model's forward and backward pass "
+                              "compute in (parameters and updates stay float32)",
+                              _values("fedjax_dp.models", "COMPUTE_DTYPES"))
   # Rounds and sampling.
   rounds: int = _field(50, "number of rounds (an int >= 1)")
   sampling: str = _field("poisson", "how each round's clients are drawn: poisson (each with "
@@ -208,6 +211,7 @@ class RunConfig:
     if not isinstance(self.model, Model):
       self._check_choice("model")
     self._check_choice("conv_impl")
+    self._check_choice("compute_dtype")
     check(self.num_clients >= 1, "num_clients", self.num_clients, "must be >= 1")
     check_positive("dirichlet_alpha", self.dirichlet_alpha)
     check(self.shards_per_client >= 1, "shards_per_client", self.shards_per_client, "must be >= 1")

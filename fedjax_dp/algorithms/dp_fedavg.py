@@ -38,16 +38,18 @@ from fedjax_dp.sampling import make_sampler
 
 def make_model(config, data):
   """The run's model: ``config.model`` itself when it is a :class:`fedjax_dp.models.Model`
-  (the Python API), else the named model for the data's shapes."""
+  (the Python API), else the named model for the data's shapes; either computes in
+  ``config.compute_dtype`` (part of the Model, hence of every builder's round cache key)."""
+  import dataclasses
   from fedjax_dp.models import Model, get_model
   if isinstance(config.model, Model):
     check(tuple(config.model.input_shape) == tuple(data.example_shape)
           and config.model.num_classes == data.num_classes, "model", config.model.name,
           f"must take inputs {tuple(data.example_shape)} and give {data.num_classes} classes "
           f"(it takes {tuple(config.model.input_shape)}, gives {config.model.num_classes})")
-    return config.model
+    return dataclasses.replace(config.model, compute_dtype=config.compute_dtype)
   return get_model(config.model_name, data.example_shape, data.num_classes,
-                   conv_impl=config.conv_impl)
+                   conv_impl=config.conv_impl, compute_dtype=config.compute_dtype)
 
 
 def resolve_noise_multiplier(config, data) -> float:

@@ -49,7 +49,7 @@ from fedjax_dp.models.losses import (IGNORE, accuracy, cross_entropy,
                                      per_example_cross_entropy)
 
 __all__ = [
-    "MODELS", "CONV_IMPLS", "Model", "get_model", "cross_entropy",
+    "MODELS", "CONV_IMPLS", "COMPUTE_DTYPES", "Model", "get_model", "cross_entropy",
     "per_example_cross_entropy", "accuracy", "masked_sums", "IGNORE",
     "num_params", "conv2d",
     "max_pool", "Conv",
@@ -71,6 +71,8 @@ _KWARGS = {
     "char_lstm_small": (),
 }
 _SEQUENCE_MODELS = {"char_lstm", "char_lstm_small"}
+# The dtype of the forward and backward pass; parameters stay float32 (Model.apply).
+COMPUTE_DTYPES = ("float32", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,11 +84,14 @@ class Model:
     module: the flax module; ``module.apply({"params": p}, x)``.
     input_shape: per-example input shape, e.g. ``(28, 28, 1)``.
     num_classes: number of output logits (a sequence model's vocabulary).
+    compute_dtype: ``"float32"`` or ``"bfloat16"``: the dtype :meth:`apply` computes in
+      (parameters, gradients and everything outside the model stay float32).
   """
   name: str
   module: nn.Module
   input_shape: tuple
   num_classes: int
+  compute_dtype: str = "float32"
 
   def init(self, key: jax.Array) -> Any:
     """Initial parameters (a pytree; float32) from a PRNG key (jitted)."""
@@ -94,8 +99,21 @@ class Model:
 
   def apply(self, params: Any, x: jax.Array) -> jax.Array:
     """Logits ``[B, num_classes]`` (a sequence model: ``[B, T, num_classes]``)
-    for inputs ``x`` of shape ``[B, *input_shape]``."""
-    return self.module.apply({"params": params}, x)
+    for inputs ``x`` of shape ``[B, *input_shape]``.
+
+    With ``compute_dtype="bfloat16"`` the float parameters and inputs are cast to bfloat16,
+    the module runs in bfloat16 and the logits come back as float32; the gradient of a loss
+    of them with respect to the float32 ``params`` is float32 (the cast's transpose).
+    """
+    if self.compute_dtype == "float32":
+      return self.module.apply({"params": params}, x)
+    dtype = jnp.dtype(self.compute_dtype)
+
+    def cast(a):
+      return a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a
+
+    logits = self.module.apply({"params": jax.tree_util.tree_map(cast, params)}, cast(x))
+    return logits.astype(jnp.float32)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -154,7 +172,7 @@ def _build(name, num_classes, conv_impl, kwargs):
 
 
 def get_model(name: str, input_shape, num_classes: int,
-              conv_impl: str = "im2col", **kwargs) -> Model:
+              conv_impl: str = "im2col", compute_dtype: str = "float32", **kwargs) -> Model:
   """Builds a model by name and checks that it accepts ``input_shape``.
 
   Args:
@@ -165,6 +183,7 @@ def get_model(name: str, input_shape, num_classes: int,
     conv_impl: ``"im2col"`` (default; fast under ``scan`` and ``vmap`` on
       CPU), ``"custom_vjp"`` or ``"lax"``; see
       :func:`fedjax_dp.models.conv.conv2d`. Ignored by dense models.
+    compute_dtype: one of :data:`COMPUTE_DTYPES` (:attr:`Model.compute_dtype`).
     **kwargs: model options (listed in the module docstring).
 
   Returns:
@@ -176,6 +195,7 @@ def get_model(name: str, input_shape, num_classes: int,
   """
   check_choice("model", name, MODELS)
   check_choice("conv_impl", conv_impl, CONV_IMPLS)
+  check_choice("compute_dtype", compute_dtype, COMPUTE_DTYPES)
   for key in kwargs:
     check_choice(f"{name} option", key, _KWARGS[name])
   if isinstance(input_shape, int):
@@ -191,7 +211,7 @@ def get_model(name: str, input_shape, num_classes: int,
       num_classes < 2):
     raise ConfigError("num_classes", num_classes, "must be an int >= 2")
   module = _build(name, int(num_classes), conv_impl, kwargs)
-  model = Model(name, module, input_shape, int(num_classes))
+  model = Model(name, module, input_shape, int(num_classes), compute_dtype)
   x = jax.ShapeDtypeStruct((1, *input_shape), jnp.float32)
   try:
     out = jax.eval_shape(module.init, jax.random.key(0), x)
