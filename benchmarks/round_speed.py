@@ -34,7 +34,13 @@ from fedjax_dp.data import FederatedData
 from fedjax_dp.objectives import supervised
 
 SHAPES = {"cnn2": ((28, 28, 1), 62), "mlp": ((28, 28, 1), 10), "digits_cnn": ((8, 8, 1), 10),
-          "rsa_mlp": ((28, 28, 1), 10), "spfl_cnn": ((28, 28, 1), 10), "rsa_cifar_cnn": ((32, 32, 3), 10)}
+          "rsa_mlp": ((28, 28, 1), 10), "spfl_cnn": ((28, 28, 1), 10), "rsa_cifar_cnn": ((32, 32, 3), 10),
+          "resnet18_gn": ((32, 32, 3), 10)}
+
+
+def shape_of(model) -> tuple:
+  """``(input_shape, num_classes)`` of a model name of :data:`SHAPES` or a built Model."""
+  return SHAPES[model] if isinstance(model, str) else (model.input_shape, model.num_classes)
 
 
 def _time(fn, repeats):
@@ -47,8 +53,8 @@ def _time(fn, repeats):
   return statistics.median(times)
 
 
-def synthetic_data(model: str, clients: int, examples: int, seed: int = 0) -> FederatedData:
-  shape, classes = SHAPES[model]
+def synthetic_data(model, clients: int, examples: int, seed: int = 0) -> FederatedData:
+  shape, classes = shape_of(model)
   rng = np.random.default_rng(seed)
   x = rng.random((clients, examples) + shape, dtype=np.float32)
   y = rng.integers(0, classes, (clients, examples)).astype(np.int32)
@@ -56,12 +62,16 @@ def synthetic_data(model: str, clients: int, examples: int, seed: int = 0) -> Fe
                        x[0, :8], y[0, :8], classes)
 
 
-def measure(model: str, clients: int, local_steps: int, batch: int, examples: int, repeats: int,
-            conv_impl: str, skip_loop: bool = False) -> dict:
+def measure(model, clients: int, local_steps: int, batch: int, examples: int, repeats: int,
+            conv_impl: str, skip_loop: bool = False, compute_dtype: str = "float32",
+            chunk=None, skip_centralized: bool = False) -> dict:
+  """One JSON-able record; ``model`` is a name of :data:`SHAPES` or a built Model, ``chunk``
+  the engine's clients per block (default: the whole cohort at once)."""
   data = synthetic_data(model, clients, examples)
   config = make_config(model=model, num_clients=clients, sampling="fixed", cohort_size=clients,
                        local_steps=local_steps, batch_size=batch, clip=1.0, noise_multiplier=1.0,
-                       target_epsilon=None, conv_impl=conv_impl, client_lr=0.01)
+                       target_epsilon=None, conv_impl=conv_impl, client_lr=0.01,
+                       compute_dtype=compute_dtype)
   setup = build_dp_fedavg(config, data)
   program = setup.program
   hp = {k: jnp.asarray(v) for k, v in setup.hparams.items()}
@@ -72,12 +82,13 @@ def measure(model: str, clients: int, local_steps: int, batch: int, examples: in
   key = jax.random.PRNGKey(1)
   batch_arrays = CohortBatch(x, y, c, ids, mask)
 
-  step = compiled_step(program, "host")
+  step = compiled_step(program, "host", chunk=chunk)
   engine_s = _time(lambda: jax.block_until_ready(step(state, hp, batch_arrays, key)), repeats)
 
-  result = {"model": model, "clients": clients, "local_steps": local_steps, "batch": batch,
-            "conv_impl": conv_impl, "backend": jax.default_backend(),
-            "device": str(jax.devices()[0]), "engine_s_per_round": engine_s}
+  result = {"model": program.model.name, "clients": clients, "local_steps": local_steps,
+            "batch": batch, "conv_impl": conv_impl, "compute_dtype": compute_dtype, "chunk": chunk,
+            "backend": jax.default_backend(), "device": str(jax.devices()[0]),
+            "engine_s_per_round": engine_s}
 
   if not skip_loop:
     client_update = jax.jit(program.client(hp))
@@ -98,6 +109,9 @@ def measure(model: str, clients: int, local_steps: int, batch: int, examples: in
 
     result["loop_s_per_round"] = _time(loop_round, repeats)
 
+  result["client_steps_per_s"] = clients * local_steps / engine_s
+  if skip_centralized:
+    return result
   objective = supervised(program.model.apply)
   opt = optax.sgd(0.01)
   xc = jnp.asarray(data.x.reshape((-1,) + data.x.shape[2:]))
@@ -120,7 +134,6 @@ def measure(model: str, clients: int, local_steps: int, batch: int, examples: in
   if "loop_s_per_round" in result:
     result["loop_over_engine"] = result["loop_s_per_round"] / engine_s
   result["engine_over_centralized"] = engine_s / result["centralized_s_per_round"]
-  result["client_steps_per_s"] = clients * local_steps / engine_s
   return result
 
 

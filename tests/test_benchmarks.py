@@ -1,7 +1,9 @@
 """The benchmark scripts run at a tiny size (their numbers are measured outside the tests)."""
 
 import importlib.util
+import json
 import pathlib
+import sys
 
 BENCH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -19,3 +21,18 @@ def test_round_speed_measures_engine_loop_and_centralized_at_a_tiny_size():
   for key in ("engine_s_per_round", "loop_s_per_round", "centralized_s_per_round"):
     assert r[key] > 0
   assert r["loop_over_engine"] > 0 and r["client_steps_per_s"] > 0
+
+
+def test_gpu_benchmark_runs_every_measurement_at_its_tiny_size(capsys):
+  sys.path.insert(0, str(BENCH))  # gpu.py imports round_speed as its sibling
+  try:
+    _load("gpu").main(["--tiny"])
+  finally:
+    sys.path.remove(str(BENCH))
+  records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+  rounds = [r for r in records if r["kind"] == "round"]
+  assert [(r["model"], r["compute_dtype"]) for r in rounds] == [
+      ("digits_cnn", "float32"), ("digits_cnn", "bfloat16"), ("mlp", "float32"), ("mlp", "bfloat16")]
+  assert all(r["client_steps_per_s"] > 0 for r in rounds)
+  (swept,) = [r for r in records if r["kind"] == "sweep"]
+  assert swept["experiments"] == 8 and swept["programs"] == 1 and swept["client_steps_per_s"] > 0

@@ -1,0 +1,104 @@
+"""Client steps per second on an accelerator: float32 against bfloat16, and a vmapped sweep.
+
+One prepared run, one JSON line per measurement (printed as each ends, so a run
+stopped early keeps what it finished):
+
+* ``round``: DP-FedAvg rounds of the engine (``round_speed.measure``, engine
+  only) for CNN-2-layers (``cnn2``, Q = 30, batch 64) and ResNet-18-GN
+  (``resnet18_gn``, 32x32x3, Q = 5, batch 32, in blocks of 50 clients) at 100
+  and 1,000 clients per round, each with ``--compute-dtype`` float32 and
+  bfloat16;
+* ``sweep``: 8 experiments (clip x noise multiplier) of ``cnn2`` at 100
+  clients per round as one vmapped program (:func:`fedjax_dp.sweep.sweep`),
+  timed after a one-round run that compiles it.
+
+Inputs are random (``round_speed.synthetic_data``); speed does not depend on
+pixel values. ``--tiny`` runs the same code paths with small models
+(``digits_cnn`` in place of ``cnn2``; an 8-unit MLP in place of ResNet-18-GN,
+whose 20 layers take over a minute to compile on a CPU at any width) and 2
+clients, in about a minute on a CPU.
+
+  python benchmarks/gpu.py > h200_gpu.jsonl        # one H200: about 8 minutes
+  python benchmarks/gpu.py --tiny                  # the smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from round_speed import measure, synthetic_data
+
+from fedjax_dp.config import make_config
+from fedjax_dp.models import get_model
+from fedjax_dp.sweep import sweep
+
+DTYPES = ("float32", "bfloat16")
+SWEEP_GRID = {"clip": [0.25, 0.5, 1.0, 2.0], "noise_multiplier": [0.5, 1.0]}  # 8 experiments
+
+
+def plan(tiny: bool) -> dict:
+  """The sizes: models with their (local steps, batch, examples per client, clients per block),
+  the cohort sizes, repeats and the sweep's rounds."""
+  if tiny:  # compiling is most of a CPU's time: small, shallow models and one cohort size
+    mlp = get_model("mlp", (8, 8, 1), 10, hidden=(8,))
+    return {"models": [(get_model("digits_cnn", (8, 8, 1), 10), 1, 2, 4, None),
+                       (mlp, 1, 2, 4, 1)], "clients": (2,), "repeats": 1,
+            "sweep": (mlp, 2, 1, 2, 4)}
+  return {"models": [("cnn2", 30, 64, 128, 500), ("resnet18_gn", 5, 32, 64, 50)],
+          "clients": (100, 1000), "repeats": 2, "sweep": ("cnn2", 100, 3, 30, 64)}
+
+
+def measure_sweep(model, clients: int, rounds: int, local_steps: int, batch: int) -> dict:
+  """Seconds of ``rounds`` rounds of the 8-experiment sweep, after a one-round run compiles it."""
+  config = make_config(model=model, num_clients=clients, sampling="fixed", cohort_size=clients,
+                       local_steps=local_steps, batch_size=batch, noise_multiplier=1.0,
+                       target_epsilon=None, client_lr=0.01, rounds=1, eval_every=1)
+
+  def load(c):
+    return synthetic_data(model, clients, 2 * batch, seed=c.seed)
+
+  t0 = time.perf_counter()
+  sweep(config, SWEEP_GRID, load=load)
+  first_s = time.perf_counter() - t0
+  done = sweep(config.replace(rounds=rounds, eval_every=rounds), SWEEP_GRID, load=load)
+  experiments = len(done.points)
+  return {"kind": "sweep", "model": getattr(model, "name", model), "experiments": experiments,
+          "programs": len(done.groups), "clients": clients, "local_steps": local_steps,
+          "batch": batch, "rounds": rounds, "compile_and_one_round_s": first_s,
+          "seconds": done.seconds,
+          "client_steps_per_s": experiments * rounds * clients * local_steps / done.seconds}
+
+
+def measure_round(spec, clients: int, dtype: str, repeats: int) -> dict:
+  model, q, batch, examples, chunk = spec
+  try:
+    r = measure(model, clients, q, batch, examples, repeats, "im2col", skip_loop=True,
+                compute_dtype=dtype, chunk=chunk, skip_centralized=True)
+  except Exception as e:  # record and go on: one size out of memory must not lose the rest
+    r = {"model": getattr(model, "name", model), "clients": clients, "compute_dtype": dtype,
+         "error": repr(e)[:500]}
+  return {"kind": "round", **r}
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--tiny", action="store_true", help="small models and cohorts (a CPU smoke test)")
+  args = p.parse_args(argv)
+  sizes = plan(args.tiny)
+  first, *rest = sizes["models"]
+  jobs = [lambda s=first, c=c, d=d: measure_round(s, c, d, sizes["repeats"])
+          for c in sizes["clients"] for d in DTYPES]
+  jobs.append(lambda: measure_sweep(*sizes["sweep"]))  # before the largest model
+  jobs += [lambda s=s, c=c, d=d: measure_round(s, c, d, sizes["repeats"])
+           for s in rest for c in sizes["clients"] for d in DTYPES]
+  for job in jobs:
+    t0 = time.perf_counter()
+    record = job()
+    record["wall_s"] = time.perf_counter() - t0
+    print(json.dumps(record), flush=True)
+
+if __name__ == "__main__":
+  sys.exit(main())
