@@ -1,8 +1,20 @@
-"""The README's Python examples run as written (at their stated, small sizes)."""
+"""The README's examples run: its Python examples as written (at their stated, small sizes), and
+every shell command of its ```bash blocks and every concrete `fedjax-dp ...` in its paragraphs
+through :func:`fedjax_dp.cli.main` at a tiny size.
 
+Commands run in README order in one working folder (as a reader would type them, so a plot finds
+the runs written above it), with ``--rounds 2``, at most 60 clients, 200 test examples (and 3,000
+training examples of a real data set) and fewer audit trials; ``../shared/data`` is replaced by the
+``shared_data_dir`` fixture (the block is skipped when it is absent). A command whose comment says
+"not run in tests" (an install, the test suite itself, a reproduction at its measured scale) is
+skipped with that comment as the reason; any other line must be a ``fedjax-dp`` command.
+"""
+
+import json
 import math
 import pathlib
 import re
+import shlex
 
 import pytest
 
@@ -47,3 +59,142 @@ def test_python_api_example_runs_with_a_flax_module():
   assert acc.shape == (2,) and 0 <= acc[-1] <= 1
   df = result.to_dataframe()
   assert list(df.index) == [1, 2] and "epsilon" in df.columns and "train_loss" in df.columns
+
+
+# Files the README's commands assume the reader has.
+READER_FILES = {"my.json": {"clip": 0.3, "target_epsilon": 4.0}}
+TINY = {"--rounds": 2, "--max-test": 200}
+MAX_CLIENTS = 60
+NOT_RUN = "not run in tests"
+
+
+def _split_comment(line: str) -> tuple:
+  """``command  # comment`` -> (command, comment)."""
+  m = re.search(r"(^|\s)#\s", line)
+  return (line, "") if m is None else (line[:m.start()].strip(), line[m.end():].strip())
+
+
+def _bash_blocks() -> list:
+  """Each ```bash block as (its line number, [(command, comment)]); continued lines joined."""
+  text = README.read_text()
+  blocks = []
+  for m in re.finditer(r"```bash\n(.*?)```", text, re.S):
+    commands, pending = [], ""
+    for line in m.group(1).splitlines():
+      if line.rstrip().endswith("\\"):
+        pending += line.rstrip()[:-1] + " "
+        continue
+      commands.append(_split_comment(pending + line))
+      pending = ""
+    blocks.append((text.count("\n", 0, m.start()) + 1, commands))
+  return blocks
+
+
+def _inline_commands() -> list:
+  """The `fedjax-dp ...` spans of the README's text outside code blocks, in order, once each."""
+  prose = re.sub(r"```.*?```", "", README.read_text(), flags=re.S)
+  return list(dict.fromkeys(re.findall(r"`(fedjax-dp [^`]*)`", prose)))
+
+
+def _is_synopsis(command: str) -> bool:
+  """A usage line with placeholders (DIR, PAPER, NAME, [optional], a|b, ...), not a command."""
+  return bool(re.search(r"\b[A-Z]{2,}\b|\[|\||\.\.\.", command))
+
+
+def _set(argv: list, flag: str, value) -> None:
+  if flag in argv:
+    argv[argv.index(flag) + 1] = str(value)
+  else:
+    argv += [flag, str(value)]
+
+
+def _tiny(argv: list, data_dir) -> list:
+  """The command at a tiny size, reading real data from ``data_dir``."""
+  argv = [str(data_dir) if a == "../shared/data" else a for a in argv]
+  if argv[0] in ("run", "sweep"):
+    for flag, value in TINY.items():
+      _set(argv, flag, value)
+    clients = min(int(argv[argv.index("--num-clients") + 1]) if "--num-clients" in argv else 700,
+                  MAX_CLIENTS)
+    _set(argv, "--num-clients", clients)
+    if "--cohort-size" in argv:
+      _set(argv, "--cohort-size", min(int(argv[argv.index("--cohort-size") + 1]), clients))
+    if "--data-dir" in argv and "natural" not in argv:  # natural partitions refuse --max-train
+      _set(argv, "--max-train", 3000)
+  if argv[0] == "audit" and "--mechanism" in argv:
+    _set(argv, "--trials", 4000)
+  return argv
+
+
+def _run(command: str, expected: int, data_dir, capsys) -> str:
+  """Runs one README command (``fedjax-dp ...``) at the tiny size; returns its stdout."""
+  from fedjax_dp.cli import main
+  words = shlex.split(command)
+  assert words[0] == "fedjax-dp", f"a shell command the tests cannot run, not marked {NOT_RUN!r}: {command}"
+  argv = _tiny(words[1:], data_dir)
+  capsys.readouterr()
+  try:
+    rc = main(argv)
+  except SystemExit as e:  # --help
+    rc = e.code
+  out, err = capsys.readouterr()
+  assert rc == expected, f"{command}\n-> fedjax-dp {shlex.join(argv)}: exit {rc}\n{err[-2000:]}"
+  if argv[0] == "run":
+    folder = argv[argv.index("--output-dir") + 1] if "--output-dir" in argv else "runs/quickstart"
+    s = json.loads(pathlib.Path(folder, "summary.json").read_text())
+    assert s["rounds"] == 2 and 0 <= s["final_accuracy"] <= 1
+  if argv[0] == "plot":
+    assert pathlib.Path(argv[argv.index("--out") + 1]).stat().st_size > 0
+  if argv[0] == "privacy":
+    assert json.loads(out)["formal_guarantee"] is True
+  return out
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+  """The folder the README's commands run in, one for all of them (later ones read earlier runs)."""
+  d = tmp_path_factory.mktemp("readme")
+  for name, content in READER_FILES.items():
+    (d / name).write_text(json.dumps(content))
+  return d
+
+
+BLOCKS = _bash_blocks()
+
+
+@pytest.mark.parametrize("line,commands", BLOCKS, ids=[f"line{n}" for n, _ in BLOCKS])
+def test_bash_block_runs_at_a_tiny_size(line, commands, workdir, monkeypatch, request, capsys):
+  monkeypatch.chdir(workdir)
+  skipped = [f"{c}: {why}" for c, why in commands if NOT_RUN in why]
+  to_run = [(c, why) for c, why in commands if NOT_RUN not in why]
+  if not to_run:
+    pytest.skip("; ".join(skipped))
+  data_dir = (request.getfixturevalue("shared_data_dir")
+              if any("../shared/data" in c for c, _ in to_run) else None)
+  for command, why in to_run:
+    _run(command, 1 if "must fail (exit 1)" in why else 0, data_dir, capsys)
+
+
+def test_inline_commands_run_or_are_in_a_bash_block(workdir, monkeypatch, capsys):
+  """A concrete `fedjax-dp ...` in the text is one of the bash blocks' commands (the same words in
+  order, e.g. `fedjax-dp reproduce zhu2022 --scale small`), tested or marked there, or runs here;
+  synopses with placeholders are not commands."""
+  block_commands = [shlex.split(c) for _, commands in BLOCKS for c, _ in commands]
+
+  def in_a_block(words):
+    def subsequence(seq):
+      it = iter(seq)
+      return all(w in it for w in words)
+    return any(subsequence(b) for b in block_commands)
+
+  monkeypatch.chdir(workdir)
+  ran = []
+  for i, command in enumerate(_inline_commands()):
+    words = shlex.split(command)
+    if _is_synopsis(command) or in_a_block(words):
+      continue
+    if words[1] == "run" and "--output-dir" not in words:  # not into an earlier run's folder
+      command += f" --output-dir runs/inline{i}"
+    _run(command, 0, None, capsys)
+    ran.append(command)
+  assert ran  # e.g. `fedjax-dp algorithms`, `fedjax-dp run --release private`
