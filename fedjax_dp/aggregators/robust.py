@@ -21,6 +21,15 @@ every aggregator by name already guarded.
 
 Aggregators that need a whole-vector geometry (geometric median, Krum,
 centered clipping) view each client's pytree as one flat vector.
+
+Memory: every aggregator here except the guarded ``mean`` needs all the
+cohort's rows at once, so a round holds ``[C, P]`` uploads (C clients, P
+parameters) whatever its ``--client-chunk``: the coordinate median and the
+trimmed mean also sort a ``[C, P]`` copy; Krum holds the ``[C, C]`` pairwise
+distances; the geometric median iterates Weiszfeld steps over the ``[C, P]``
+rows; centered clipping and the sign votes read each row once per iteration.
+Only the mean, linear in the rows (``Aggregator.prepare``/``finish``), is summed
+block by block without them.
 """
 
 from __future__ import annotations
