@@ -1,25 +1,31 @@
-"""Reproduction of Cheng et al., CVPR 2022 (BLUR + LUS): Table 1, Table 3 and Fig. 2.
+"""Reproduction of Cheng et al., CVPR 2022 (BLUR + LUS): Tables 1, 2 and 3 and Fig. 2.
 
 ``fedjax-dp reproduce cheng2022 --scale small --output-dir DIR`` runs, on real
-MNIST split among several hundred clients, DP-FedAvg, DP-FedAvg+BLUR,
-DP-FedAvg+LUS and BLUR+LUS at epsilon in {2, 4, 6, 8} (delta = 1e-5, the noise
-multiplier calibrated per epsilon by the ledger), non-private FedAvg, and the
-sparsity ablation of Table 3 (c in {0.1, ..., 0.9} at epsilon = 6), each over
-``seeds`` seeds. It writes
+MNIST split among several hundred clients, Table 1's columns: DP-FedAvg,
+AE-DPFL, DDGauss, DP-FedAvg+BLUR, DP-FedAvg+LUS and BLUR+LUS at epsilon in
+{2, 4, 6, 8} (delta = 1e-5, each method's noise multiplier calibrated by the
+ledger), non-private FedAvg, and the sparsity ablation of Table 3 (c in
+{0.1, ..., 0.9} at epsilon = 6), each over ``seeds`` seeds. ``--scale cifar``
+runs Table 2 (real CIFAR-10, Dirichlet alpha in {0.1, 1, 10, 100}, CNN-2-layers
+then ResNet-18, columns DP-FedAvg, AE-DPFL, DDGauss, BLUR+LUS and FedAvg; an
+accelerator scale), ``--scale cifar-small`` a two-core variant of it and
+``--scale tiny-cifar`` a test-sized one. DDGauss runs with fixed-size cohorts
+(replace-one), the other columns under Poisson sampling (add/remove): see
+:func:`method_config`. It writes
 
-* ``DIR/results.json``: ``rows`` (``table``, ``method``, ``epsilon`` (the
-  ledger's, at delta), ``target_epsilon``, ``noise_multiplier``, ``lambda``,
-  ``sparsity``, ``accuracy_mean``, ``accuracy_std`` (sample std over seeds),
-  ``seeds``, ...), the settings, and the paper's numbers;
+* ``DIR/results.json``: ``rows`` (``table``, ``model``, ``alpha``, ``method``,
+  ``epsilon`` (the ledger's, at delta), ``target_epsilon``, ``noise_multiplier``,
+  ``sampling``, ``lambda``, ``sparsity``, ``accuracy_mean``, ``accuracy_std``
+  (sample std over seeds), ``seeds``, ...), the settings, and the paper's numbers;
 * ``DIR/runs.jsonl``: every run's per-round history;
-* ``DIR/results.md``: Table 1 (ours beside the paper's) and Table 3;
+* ``DIR/results.md``: Table 1 or 2 (ours, then the paper's) and Table 3;
 * ``DIR/cheng2022_update_norms.png`` (Fig. 2: per-round distribution of
   pre-clip update norms, DP-FedAvg vs BLUR+LUS) and
   ``DIR/cheng2022_accuracy.png`` (test accuracy versus round).
 
-``--scale paper`` runs the paper's settings (EMNIST with TFF's HDF5 files in
-``--data-dir``, or CIFAR-10 Dirichlet presets): sized for an accelerator,
-never run on the project's CPUs.
+``--scale paper`` runs the paper's Table 1 settings (federated EMNIST with TFF's
+HDF5 files in ``--data-dir``): sized for an accelerator, never run on the
+project's CPUs.
 
 Deviations at the small scale (stated in the results): MNIST instead of
 federated EMNIST, a small MLP instead of CNN-2-layers/ResNet-18, fewer
@@ -44,22 +50,49 @@ from fedjax_dp.reproduce.runner import Job, group_by, num_seeds, run_jobs, seed_
 from fedjax_dp.reproduce.tables import markdown_table, mean_std
 
 METHODS = ("dp_fedavg", "dp_fedavg+blur", "dp_fedavg+lus", "blur+lus")
+# The paper's other baselines: AE-DPFL (voting on a public set) and DDGauss (the distributed
+# discrete Gaussian, fixed-size cohorts).
+BASELINES = ("ae-dpfl", "ddgauss")
+# The columns of each table: Table 1 (epsilon rows) and Table 2 (Dirichlet alpha rows, the
+# paper's four columns: DP-FedAvg, AE-DPFL, DDGauss, Ours = BLUR+LUS).
+COLUMNS = {"table1": ("dp_fedavg", "ae-dpfl", "ddgauss", "dp_fedavg+blur", "dp_fedavg+lus",
+                      "blur+lus"),
+           "table2": ("dp_fedavg", "ae-dpfl", "ddgauss", "blur+lus")}
 LABELS = {"dp_fedavg": "DP-FedAvg", "dp_fedavg+blur": "DP-FedAvg+BLUR",
-          "dp_fedavg+lus": "DP-FedAvg+LUS", "blur+lus": "BLUR+LUS", "fedavg": "FedAvg (non-private)"}
+          "dp_fedavg+lus": "DP-FedAvg+LUS", "blur+lus": "BLUR+LUS", "ae-dpfl": "AE-DPFL",
+          "ddgauss": "DDGauss", "fedavg": "FedAvg (non-private)"}
 EPSILONS = (2.0, 4.0, 6.0, 8.0)
 SPARSITIES = (0.1, 0.3, 0.5, 0.7, 0.9)
 ABLATION_EPSILON = 6.0
 DELTA = 1e-5
 
-# Cheng et al. 2022, Table 1 (federated EMNIST): epsilon -> (DP-FedAvg mean, std, Ours mean, std).
-# Read from the machine-translated text; all 16 pairs are legible (the AE-DPFL and
-# DDGauss columns are omitted here). The text's "4.83% at eps=2, 2.73% at eps=8"
-# for CNN-2-layers matches these numbers.
+# Cheng et al. 2022, Table 1 (federated EMNIST): model -> epsilon -> method -> (mean, std) in %.
+# Read from the machine-translated text; all 32 entries are legible. The text's "4.83% at
+# eps=2, 2.73% at eps=8" for CNN-2-layers matches these numbers.
+_T1 = ("dp_fedavg", "ae-dpfl", "ddgauss", "blur+lus")
 PAPER_TABLE1 = {
-    "cnn2": {2.0: (69.65, 0.74, 74.48, 0.52), 4.0: (72.32, 0.81, 75.85, 0.61),
-             6.0: (74.12, 0.75, 77.48, 0.54), 8.0: (75.36, 0.64, 78.09, 0.46)},
-    "resnet18_gn": {2.0: (73.52, 0.53, 78.58, 0.39), 4.0: (75.51, 0.60, 80.29, 0.47),
-                    6.0: (77.19, 0.55, 81.55, 0.46), 8.0: (78.06, 0.49, 82.12, 0.52)},
+    "cnn2": {2.0: dict(zip(_T1, ((69.65, 0.74), (71.16, 0.47), (69.35, 0.61), (74.48, 0.52)))),
+             4.0: dict(zip(_T1, ((72.32, 0.81), (74.63, 0.59), (72.16, 0.76), (75.85, 0.61)))),
+             6.0: dict(zip(_T1, ((74.12, 0.75), (76.25, 0.42), (74.34, 0.70), (77.48, 0.54)))),
+             8.0: dict(zip(_T1, ((75.36, 0.64), (77.41, 0.33), (75.20, 0.68), (78.09, 0.46))))},
+    "resnet18_gn": {
+        2.0: dict(zip(_T1, ((73.52, 0.53), (76.37, 0.41), (73.16, 0.58), (78.58, 0.39)))),
+        4.0: dict(zip(_T1, ((75.51, 0.60), (79.22, 0.46), (75.65, 0.64), (80.29, 0.47)))),
+        6.0: dict(zip(_T1, ((77.19, 0.55), (80.24, 0.37), (77.64, 0.61), (81.55, 0.46)))),
+        8.0: dict(zip(_T1, ((78.06, 0.49), (81.33, 0.46), (78.03, 0.52), (82.12, 0.52))))},
+}
+# Table 2 (CIFAR-10, Dirichlet alpha): model -> alpha -> method -> (mean, std) in %. All 32
+# entries legible; the paper does not state the epsilon of this table.
+PAPER_TABLE2 = {
+    "cnn2": {0.1: dict(zip(_T1, ((53.84, 1.04), (55.79, 0.86), (53.55, 1.12), (58.95, 0.95)))),
+             1.0: dict(zip(_T1, ((58.67, 0.85), (60.00, 0.57), (58.28, 0.96), (63.74, 0.70)))),
+             10.0: dict(zip(_T1, ((62.25, 0.71), (63.93, 0.45), (62.43, 0.77), (65.34, 0.52)))),
+             100.0: dict(zip(_T1, ((63.73, 0.64), (64.51, 0.32), (63.80, 0.69), (66.05, 0.45))))},
+    "resnet18_gn": {
+        0.1: dict(zip(_T1, ((59.73, 0.96), (63.11, 0.65), (59.37, 1.04), (64.50, 0.88)))),
+        1.0: dict(zip(_T1, ((63.49, 0.81), (65.80, 0.51), (63.84, 0.89), (67.27, 0.62)))),
+        10.0: dict(zip(_T1, ((65.64, 0.69), (67.62, 0.42), (65.85, 0.72), (68.96, 0.54)))),
+        100.0: dict(zip(_T1, ((66.58, 0.60), (68.39, 0.35), (66.74, 0.63), (69.42, 0.47))))},
 }
 # Table 3 (EMNIST, ResNet-18, epsilon = 6): sparsity c -> accuracy (%). Legible:
 # DP-FedAvg (c = 0), DP-FedAvg+LUS for every c, DP-FedAvg+BLUR (c = 0). The
@@ -69,11 +102,24 @@ PAPER_TABLE3 = {
     "blur+lus": {0.0: 78.28},
 }
 
+# AE-DPFL's public set: the library default m = 100 public examples at every scale (the last
+# clients' examples, held out of the population). Its count noise is z sqrt(m) = 10 z per
+# count against the ~p N votes of a round (12 to 30 here), so a larger m buys more server
+# training examples with noisier labels; the paper does not state its m.
+AE_DPFL_OPTIONS = {"public_size": 100}
+
 _SMALL = dict(
     dataset="mnist", partition="shards", shards_per_client=2, num_clients=600, model="rsa_mlp",
     rounds=40, sampling="poisson", sampling_prob=0.04, local_steps=15, batch_size=10,
     client_optimizer="sgd", client_lr=0.05, server_optimizer="sgd", server_lr=1.0,
     denominator="expected", clip=0.3, delta=DELTA, accountant="rdp", eval_every=5)
+# Table 2's settings (Sec. 6): T = 300, p = 0.06, batch 50, eta_l = 0.1, Q = 30, eta_g = 1,
+# S = 0.3, delta = 1e-5; 500 clients (Hsu et al. 2019's Dirichlet label split of the 50,000
+# training images, 100 examples per client on average).
+_CIFAR = dict(dataset="cifar10", partition="dirichlet", num_clients=500, rounds=300,
+              sampling="poisson", sampling_prob=0.06, local_steps=30, batch_size=50,
+              client_optimizer="sgd", client_lr=0.1, server_optimizer="sgd", server_lr=1.0,
+              clip=0.3, denominator="expected", delta=DELTA, accountant="rdp", eval_every=20)
 
 SCALES = {
     # For tests and the notebook: real scikit-learn digits, seconds.
@@ -81,25 +127,40 @@ SCALES = {
                              shards_per_client=2, rounds=4, sampling_prob=0.2, local_steps=4,
                              batch_size=8, eval_every=2),
                  epsilons=(2.0, 8.0), sparsities=(0.5,), ablation_epsilon=8.0, seeds=1),
-    # CPU scale: ~10-12 minutes on two idle cores.
+    # CPU scale: ~10-12 minutes on two idle cores for the four BLUR/LUS columns (measured
+    # before the AE-DPFL and DDGauss columns were added).
     "small": dict(config=_SMALL, epsilons=EPSILONS, sparsities=SPARSITIES,
                   ablation_epsilon=ABLATION_EPSILON, seeds=3, ablation_seeds=2),
+    # Table 2 on real CIFAR-10: CNN-2-layers then ResNet-18 (GroupNorm), the four alphas,
+    # every epsilon, 3 seeds: 408 runs of 300 rounds. Accelerator scale.
+    "cifar": dict(config=_CIFAR, table="table2", models=("cnn2", "resnet18_gn"),
+                  alphas=(0.1, 1.0, 10.0, 100.0), epsilons=EPSILONS, seeds=3),
+    # Table 2 on two cores: 100 clients of 100 examples (a class-balanced 10,000-image subset,
+    # 2,000 test images), CNN-2-layers, alpha = 1, epsilon = 8, T = 20 rounds, Q = 5,
+    # p = 0.1 (10 clients a round), one seed: 5 runs.
+    "cifar-small": dict(config=dict(_CIFAR, model="cnn2", num_clients=100, max_train=10_000,
+                                    max_test=2_000, rounds=20, sampling_prob=0.1,
+                                    local_steps=5, eval_every=5),
+                        table="table2", models=("cnn2",), alphas=(1.0,), epsilons=(8.0,),
+                        seeds=1),
+    # For tests: 10 clients of 40 real CIFAR-10 images, 2 rounds.
+    "tiny-cifar": dict(config=dict(_CIFAR, model="cnn2", num_clients=10, max_train=400,
+                                   max_test=200, rounds=2, sampling_prob=0.5, local_steps=2,
+                                   batch_size=10, eval_every=1),
+                       table="table2", models=("cnn2",), alphas=(1.0,), epsilons=(8.0,),
+                       seeds=1, ae_dpfl=dict(public_size=40)),
 }
 
-# The paper's settings (Sec. 6): Q = 30 local steps, eta_g = 1, delta = 1e-5,
-# lambda = 0.4, c = 0.7. Accelerator scale; not run on the project's CPUs.
+# The paper's Table 1 (Sec. 6): federated EMNIST, Q = 30 local steps, eta_g = 1, delta = 1e-5,
+# lambda = 0.4, c = 0.7. Accelerator scale; not run on the project's CPUs. (Table 2 is
+# --scale cifar.)
 _EMNIST = dict(dataset="emnist", model="cnn2", rounds=1000, sampling="poisson", sampling_prob=0.04,
                local_steps=30, batch_size=64, client_lr=0.03, server_lr=1.0, clip=0.03,
                denominator="expected", delta=DELTA, eval_every=50)
-_CIFAR = dict(dataset="cifar10", model="resnet18_gn", partition="dirichlet", num_clients=500,
-              rounds=300, sampling="poisson", sampling_prob=0.06, local_steps=30, batch_size=50,
-              client_lr=0.1, server_lr=1.0, clip=0.3, denominator="expected", delta=DELTA,
-              eval_every=20)
 PAPER_PRESETS = {
     # Federated EMNIST (3,400 writers): needs TFF's fed_emnist_{train,test}.h5 in --data-dir.
     "emnist_cnn2": dict(_EMNIST),
     "emnist_resnet18": dict(_EMNIST, model="resnet18_gn"),
-    **{f"cifar10_alpha{a:g}": dict(_CIFAR, dirichlet_alpha=a) for a in (0.1, 1.0, 10.0, 100.0)},
 }
 SCALES["paper"] = dict(presets=PAPER_PRESETS, epsilons=EPSILONS, sparsities=SPARSITIES,
                        ablation_epsilon=ABLATION_EPSILON, seeds=3)
@@ -111,62 +172,92 @@ def capacity_for(num_clients: int, prob: float) -> int:
   return int(min(num_clients, math.ceil(mean + 3.0 * math.sqrt(mean * (1 - prob)) + 1)))
 
 
-def plan(epsilons, sparsities, ablation_epsilon, seeds: int, ablation_seeds: int) -> list:
-  """Every run: ``(table, method, target_epsilon or None, sparsity or None, seed)``."""
+def plan(epsilons, sparsities, ablation_epsilon, seeds: int, ablation_seeds: int,
+         table: str = "table1", settings=((None, None),)) -> list:
+  """Every run: ``(table, model, alpha, method, target_epsilon or None, sparsity or None, seed)``
+  for each ``(model, alpha)`` of ``settings`` (``table`` names the columns, :data:`COLUMNS`;
+  the Table 3 sparsity ablation follows Table 1 only)."""
   jobs = []
-  for seed in range(seeds):
-    jobs.append(("table1", "fedavg", None, None, seed))
-    for eps in epsilons:
-      for m in METHODS:
-        jobs.append(("table1", m, eps, None, seed))
-    for c in sparsities if seed < ablation_seeds else ():
-      if c == 0.7 and ablation_epsilon in epsilons:
-        continue  # the default c: the Table 1 runs at this epsilon are reused
-      for m in ("dp_fedavg+lus", "blur+lus"):
-        jobs.append(("table3", m, ablation_epsilon, c, seed))
+  for model, alpha in settings:
+    for seed in range(seeds):
+      jobs.append((table, model, alpha, "fedavg", None, None, seed))
+      for eps in epsilons:
+        for m in COLUMNS[table]:
+          jobs.append((table, model, alpha, m, eps, None, seed))
+      for c in sparsities if table == "table1" and seed < ablation_seeds else ():
+        if c == 0.7 and ablation_epsilon in epsilons:
+          continue  # the default c: the Table 1 runs at this epsilon are reused
+        for m in ("dp_fedavg+lus", "blur+lus"):
+          jobs.append(("table3", model, alpha, m, ablation_epsilon, c, seed))
   return jobs
 
 
-def _job(base, data, table, method, eps, sparsity, seed, noise_by_eps) -> Job:
+def method_config(base: dict, method: str, eps, ae_options=None) -> dict:
+  """A method's run configuration at target epsilon ``eps`` (None: non-private FedAvg).
+
+  The BLUR/LUS family and AE-DPFL run under Poisson sampling at ``sampling_prob`` (user-level,
+  add/remove one client); DDGauss needs fixed-size cohorts, so it runs with cohorts of
+  ``M = round(p N)`` (replace-one). Each calibrates its own noise multiplier to ``eps`` through
+  the library's ledger (``target_epsilon``). AE-DPFL's server trains on its noisy labels at
+  the clients' learning rate (``server_lr = client_lr``; eta_g = 1 is FedAvg's server step).
+  """
+  n, p = base["num_clients"], base["sampling_prob"]
+  cfg = dict(base, algorithm=method, target_epsilon=eps, noise_multiplier=0.0 if eps is None
+             else None, capacity=capacity_for(n, p), options={})
+  if method == "ddgauss":
+    cfg.update(sampling="fixed", cohort_size=int(round(p * n)), capacity=None)
+  elif method == "ae-dpfl":
+    # capacity: the library's default for the population left after the public set
+    cfg.update(server_lr=base["client_lr"], options=dict(ae_options or AE_DPFL_OPTIONS),
+               capacity=None)
+  return cfg
+
+
+def _job(base, table, model, alpha, method, eps, sparsity, seed, ae_options=None) -> Job:
   from fedjax_dp.algorithms.blur_lus import DEFAULTS
   from fedjax_dp.config import make_config
-  options = {}
+  cfg = method_config(dict(base, **({} if model is None else {"model": model}),
+                           **({} if alpha is None else {"dirichlet_alpha": alpha})),
+                      method, eps, ae_options)
+  cfg["seed"] = seed
   if method in ("dp_fedavg+lus", "blur+lus") and sparsity is not None:
-    options["sparsity"] = sparsity
-  cfg = dict(base, algorithm=method, seed=seed, options=options, target_epsilon=None,
-             capacity=capacity_for(data.num_clients, base["sampling_prob"]))
-  # fedavg: unused by the non-private builder.
-  cfg["noise_multiplier"] = 0.0 if method == "fedavg" else noise_by_eps[eps]
-  labels = {"table": table, "method": method, "target_epsilon": eps, "seed": seed,
+    cfg["options"] = {"sparsity": sparsity}
+  labels = {"table": table, "model": cfg["model"], "alpha": alpha, "method": method,
+            "target_epsilon": eps, "seed": seed,
             "sparsity": (DEFAULTS["sparsity"] if sparsity is None else sparsity) if "lus" in method
             else None,
             "lambda": DEFAULTS["lambda"] if "blur" in method else None}
-  return Job(make_config(cfg), labels, name=f"{table} {method} eps={eps} c={sparsity} seed={seed}")
+  return Job(make_config(cfg), labels, data=alpha,
+             name=f"{table} {cfg['model']} alpha={alpha} {method} eps={eps} c={sparsity} seed={seed}")
 
 
 def _record(job: Job, result) -> dict:
   """The fields of a run's record after its labels."""
   s, private = result.summary, job.labels["method"] != "fedavg"
+  clipped = [h["diagnostics"]["fraction_clipped"] for h in result.history
+             if "fraction_clipped" in h["diagnostics"]]
   return {
       "epsilon": s.get("epsilon") if private else None, "delta": DELTA,
-      "noise_multiplier": job.config.noise_multiplier if private else None,
+      "noise_multiplier": s.get("noise_multiplier") if private else None,
+      "sampling": job.config.sampling, "cohort_size": job.config.cohort_size,
       "accuracy": s["final_accuracy"],
       # Raw diagnostics of the runs (pre-clip norms, fraction clipped): not covered by epsilon.
-      "fraction_clipped": (float(np.mean([h["diagnostics"].get("fraction_clipped", 0.0)
-                                          for h in result.history])) if private else None),
+      "fraction_clipped": float(np.mean(clipped)) if private and clipped else None,
       "update_norm_q50_last": result.history[-1]["diagnostics"]["update_norm"]["q50"],
   }
 
 
+ROW_KEYS = ("table", "model", "alpha", "method", "target_epsilon", "sparsity")
+
+
 def _summarize(runs: list) -> list:
   rows = []
-  for (table, method, teps, c), rs in group_by(runs, ("table", "method", "target_epsilon",
-                                                      "sparsity")).items():
+  for key, rs in group_by(runs, ROW_KEYS).items():
     rows.append({
-        "table": table, "method": method, "target_epsilon": teps,
+        **dict(zip(ROW_KEYS, key)),
         "epsilon": rs[0]["epsilon"], "delta": rs[0]["delta"],
-        "noise_multiplier": rs[0]["noise_multiplier"], "lambda": rs[0]["lambda"],
-        "sparsity": c,
+        "noise_multiplier": rs[0]["noise_multiplier"], "sampling": rs[0]["sampling"],
+        "cohort_size": rs[0]["cohort_size"], "lambda": rs[0]["lambda"],
         **seed_stats([r["accuracy"] for r in rs]),
         "fraction_clipped_mean": float(np.mean([r["fraction_clipped"] for r in rs]))
         if rs[0]["fraction_clipped"] is not None else None,
@@ -175,80 +266,99 @@ def _summarize(runs: list) -> list:
   return rows
 
 
-def write_markdown(rows: list, settings: dict, path: pathlib.Path) -> str:
-  """Table 1 (ours beside the paper's) and Table 3, as Markdown."""
-  by = {(r["table"], r["method"], r["target_epsilon"], r["sparsity"]): r for r in rows}
+def _paper_cells(p) -> dict:
+  return {m: mean_std(*p[m], scale=1) for m in _T1} if p else {}
 
-  def get(table, method, eps, c=None):
-    if method in ("dp_fedavg", "dp_fedavg+blur", "fedavg"):
+
+def write_markdown(rows: list, settings: dict, path: pathlib.Path) -> str:
+  """Table 1 or Table 2 (ours, then the paper's) and Table 3, as Markdown."""
+  by = {tuple(r[k] for k in ROW_KEYS): r for r in rows}
+  table, columns = settings["table"], COLUMNS[settings["table"]]
+
+  def get(table, model, alpha, method, eps, c=None):
+    if "lus" not in method:
       c = None
-    elif c is None and table == "table1":
+    elif c is None and table != "table3":
       c = settings["sparsity_default"]
-    return by.get((table, method, eps, c))
+    return by.get((table, model, alpha, method, eps, c))
 
   def acc(r):
     return mean_std(r["accuracy_mean"], r["accuracy_std"]) if r else "n/a"
 
-  def paper(p, name):
-    return {} if p is None else {f"{name}_dp": mean_std(p[0], p[1], scale=1),
-                                 f"{name}_ours": mean_std(p[2], p[3], scale=1)}
+  def z(r):
+    return f"{r['noise_multiplier']:.3f}" if r and r["noise_multiplier"] is not None else ""
 
-  table1 = []
-  for eps in settings["epsilons"]:
-    r0 = get("table1", "dp_fedavg", eps)
-    table1.append({
-        "eps": f"{eps:g} ({r0['epsilon']:.3f})" if r0 and r0["epsilon"] is not None else f"{eps:g}",
-        "z": f"{r0['noise_multiplier']:.3f}" if r0 else "",
-        **{m: acc(get("table1", m, eps)) for m in METHODS},
-        **paper(PAPER_TABLE1["cnn2"].get(eps), "cnn2"),
-        **paper(PAPER_TABLE1["resnet18_gn"].get(eps), "resnet")})
-  lines = [f"Setting: {settings['description']}", "",
-           "### Table 1: test accuracy (%) by privacy budget, mean ± std over "
-           f"{settings['seeds']} seeds (delta = {DELTA:g})", ""]
+  ours = []
+  for model, alpha in settings["runs"]:
+    for eps in settings["epsilons"]:
+      r0, rd = get(table, model, alpha, "dp_fedavg", eps), get(table, model, alpha, "ddgauss", eps)
+      ours.append({
+          "model": model, "alpha": f"{alpha:g}" if alpha is not None else "",
+          "eps": f"{eps:g} ({r0['epsilon']:.3f})" if r0 and r0["epsilon"] is not None else f"{eps:g}",
+          "z": z(r0), "z_dd": f"{z(rd)} ({rd['epsilon']:.3f})" if rd else "",
+          **{m: acc(get(table, model, alpha, m, eps)) for m in columns},
+          "fedavg": acc(get(table, model, alpha, "fedavg", None))})
+  lead = ["model"] + (["alpha"] if table == "table2" else [])
+  lines = [f"Setting: {settings['description']}", "", f"Privacy: {settings['privacy']}", "",
+           f"### {'Table 1' if table == 'table1' else 'Table 2'}: test accuracy (%), mean ± std "
+           f"over {settings['seeds']} seeds (delta = {DELTA:g})", ""]
   lines += markdown_table(
-      [("eps", "epsilon (ledger)"), "z", ("dp_fedavg", "DP-FedAvg"), ("dp_fedavg+blur", "+BLUR"),
-       ("dp_fedavg+lus", "+LUS"), ("blur+lus", "BLUR+LUS"),
-       ("cnn2_dp", "paper CNN-2: DP-FedAvg"), ("cnn2_ours", "paper CNN-2: Ours"),
-       ("resnet_dp", "paper ResNet-18: DP-FedAvg"), ("resnet_ours", "paper ResNet-18: Ours")],
-      table1)
-  fa = get("table1", "fedavg", None)
-  if fa:
-    lines += ["", f"Non-private FedAvg: {acc(fa)} %."]
-  ae = settings["ablation_epsilon"]
-  base = {"dp_fedavg+lus": get("table1", "dp_fedavg", ae), "blur+lus": get("table1", "dp_fedavg+blur", ae)}
-  table3 = []
-  for c in (0.0,) + tuple(settings["sparsities"]):
-    row = {"c": f"{c:g}" + (" (no LUS)" if c == 0 else "")}
-    for m in ("dp_fedavg+lus", "blur+lus"):
-      if c == 0.0:
-        r = base[m]
-      else:
-        r = by.get(("table3", m, ae, c)) or (get("table1", m, ae, c) if c == settings["sparsity_default"] else None)
-      row[m] = acc(r)
-      row[f"paper_{m}"] = (f"{PAPER_TABLE3[m][c]:.2f}" if c in PAPER_TABLE3[m] else
-                           "illegible" if m == "blur+lus" else "")
-    table3.append(row)
-  lines += ["", f"### Table 3: sparsity c of LUS at epsilon = {ae:g} (test accuracy %, mean ± std)", ""]
-  lines += markdown_table(
-      ["c", ("dp_fedavg+lus", "DP-FedAvg+LUS"), ("blur+lus", "BLUR+LUS"),
-       ("paper_dp_fedavg+lus", "paper DP-FedAvg+LUS (ResNet-18)"), ("paper_blur+lus", "paper BLUR+LUS")],
-      table3)
+      lead + [("eps", "epsilon (ledger, Poisson)"), ("z", "z (DP-FedAvg)"),
+              ("z_dd", "z (DDGauss, fixed M; ledger epsilon)")] +
+      [(m, LABELS[m]) for m in columns] + [("fedavg", "FedAvg (non-private)")], ours)
+  if table == "table1":
+    paper = [{"eps": f"{eps:g}", **{f"{k}_{m}": v for k in PAPER_TABLE1
+                                     for m, v in _paper_cells(PAPER_TABLE1[k][eps]).items()}}
+             for eps in sorted(PAPER_TABLE1["cnn2"])]
+    lines += ["", "The paper's Table 1 (federated EMNIST), for reference:", ""]
+    lines += markdown_table(["eps"] + [(f"{k}_{m}", f"{k}: {LABELS[m]}") for k in PAPER_TABLE1
+                                       for m in _T1], paper)
+  else:
+    paper = [{"model": k, "alpha": f"{a:g}", **_paper_cells(PAPER_TABLE2[k][a])}
+             for k in PAPER_TABLE2 for a in sorted(PAPER_TABLE2[k])]
+    lines += ["", "The paper's Table 2 (CIFAR-10, 500 clients assumed; its epsilon is not stated), "
+              "for reference:", ""]
+    lines += markdown_table(["model", "alpha"] + [(m, LABELS[m]) for m in _T1], paper)
+  if table == "table1" and settings["sparsities"]:
+    (model, alpha), ae = settings["runs"][0], settings["ablation_epsilon"]
+    base = {"dp_fedavg+lus": get("table1", model, alpha, "dp_fedavg", ae),
+            "blur+lus": get("table1", model, alpha, "dp_fedavg+blur", ae)}
+    table3 = []
+    for c in (0.0,) + tuple(settings["sparsities"]):
+      row = {"c": f"{c:g}" + (" (no LUS)" if c == 0 else "")}
+      for m in ("dp_fedavg+lus", "blur+lus"):
+        if c == 0.0:
+          r = base[m]
+        else:
+          r = (get("table3", model, alpha, m, ae, c) or
+               (get("table1", model, alpha, m, ae, c) if c == settings["sparsity_default"] else None))
+        row[m] = acc(r)
+        row[f"paper_{m}"] = (f"{PAPER_TABLE3[m][c]:.2f}" if c in PAPER_TABLE3[m] else
+                             "illegible" if m == "blur+lus" else "")
+      table3.append(row)
+    lines += ["", f"### Table 3: sparsity c of LUS at epsilon = {ae:g} (test accuracy %, mean ± std)",
+              ""]
+    lines += markdown_table(
+        ["c", ("dp_fedavg+lus", "DP-FedAvg+LUS"), ("blur+lus", "BLUR+LUS"),
+         ("paper_dp_fedavg+lus", "paper DP-FedAvg+LUS (ResNet-18)"),
+         ("paper_blur+lus", "paper BLUR+LUS")], table3)
   text = "\n".join(lines) + "\n"
   path.write_text(text)
   return text
 
 
 def plot(runs: list, settings: dict, out_dir: pathlib.Path) -> list:
-  """Fig. 2 (pre-clip update norms per round) and accuracy-versus-round curves."""
-  eps_fig = settings["figure_epsilon"]
+  """Fig. 2 (pre-clip update norms per round, the first model and alpha) and
+  accuracy-versus-round curves (one panel per model, alpha and curve epsilon)."""
+  eps_fig, table = settings["figure_epsilon"], settings["table"]
 
-  def table1(m, eps):
-    return [r for r in runs if r["table"] == "table1" and r["method"] == m and
-            (r["target_epsilon"] == eps or m == "fedavg")]
+  def select(model, alpha, m, eps):
+    return [r for r in runs if r["table"] == table and r["model"] == model and
+            r["alpha"] == alpha and r["method"] == m and (r["target_epsilon"] == eps or m == "fedavg")]
 
   norms = []
   for m in ("dp_fedavg", "blur+lus"):
-    rs = table1(m, eps_fig)
+    rs = select(*settings["runs"][0], m, eps_fig)
     if rs:
       h = rs[0]["history"]
       norms.append((f"{LABELS[m]} (eps={eps_fig:g}, seed {rs[0]['seed']})", [x["round"] for x in h],
@@ -256,60 +366,87 @@ def plot(runs: list, settings: dict, out_dir: pathlib.Path) -> list:
   paths = [plot_quantiles(norms, out_dir / "cheng2022_update_norms.png", clip=settings["clip"],
                           ylabel="||Delta|| before LUS and clip")]
   panels = []
-  for eps in settings["curve_epsilons"]:
-    curves = []
-    for m in METHODS + ("fedavg",):
-      rs = table1(m, eps)
-      if rs:
-        xs = [x["round"] for x in rs[0]["history"] if "test_accuracy" in x]
-        ys = np.mean([[x["test_accuracy"] for x in r["history"] if "test_accuracy" in x] for r in rs], 0)
-        curves.append(Curve(LABELS[m], xs, ys, style=":" if m == "fedavg" else "-"))
-    panels.append((f"epsilon = {eps:g} (mean of {settings['seeds']} seeds)", curves))
+  for model, alpha in settings["runs"]:
+    for eps in settings["curve_epsilons"]:
+      curves = []
+      for m in COLUMNS[table] + ("fedavg",):
+        rs = select(model, alpha, m, eps)
+        if rs:
+          xs = [x["round"] for x in rs[0]["history"] if "test_accuracy" in x]
+          ys = np.mean([[x["test_accuracy"] for x in r["history"] if "test_accuracy" in x]
+                        for r in rs], 0)
+          curves.append(Curve(LABELS[m], xs, ys, style=":" if m == "fedavg" else "-"))
+      where = "" if alpha is None else f"{model}, alpha = {alpha:g}, "
+      panels.append((f"{where}epsilon = {eps:g} (mean of {settings['seeds']} seeds)", curves))
   paths.append(plot_curves(panels, out_dir / "cheng2022_accuracy.png", xlabel="round"))
   return paths
 
 
+PRIVACY = (
+    "user-level (epsilon, delta)-DP, RDP accountant of dp_accounting, each method's noise "
+    "multiplier calibrated by the ledger to the target epsilon. DP-FedAvg, +BLUR, +LUS, "
+    "BLUR+LUS and AE-DPFL: add/remove one client under Poisson sampling at rate p (BLUR and "
+    "LUS have exactly DP-FedAvg's epsilon at the same noise; AE-DPFL's population excludes the "
+    "clients holding its public set). DDGauss: replace one client, fixed cohorts of M = round(p N) "
+    "(the only sampling its accounting covers), so its epsilon is under a different neighbouring "
+    "relation and needs a larger z than DP-FedAvg (replacing a client moves the sum by up to "
+    "2 S; 2.2 to 2.7 times at the tiny and cifar-small scales), and its column is not an "
+    "equal-epsilon comparison under add/remove. Pre-clip update norms in the metrics and "
+    "hyper-parameters chosen on test accuracy are not covered.")
+
+
 def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] = None,
               data=None, log=print) -> dict:
-  """Runs the CPU-scale reproduction (``scale`` "tiny" or "small") and writes its files."""
-  from fedjax_dp.data import load_federated
-  from fedjax_dp.privacy import calibrate_noise_multiplier
+  """Runs a CPU-or-accelerator scale of :data:`SCALES` (every one but "paper") and writes its
+  files; ``data`` (a loaded data set) serves the scales with one data set."""
   from fedjax_dp.algorithms.blur_lus import DEFAULTS
+  from fedjax_dp.config import make_config
+  from fedjax_dp.experiment import load_data
   spec = SCALES[scale]
-  base = dict(spec["config"])
+  base = dict(spec["config"], data_dir=data_dir)
+  table = spec.get("table", "table1")
+  runs_of = [(m, a) for m in spec.get("models", (base["model"],)) for a in spec.get("alphas", (None,))]
   n_seeds = num_seeds(seeds, spec["seeds"])
   out = pathlib.Path(output_dir)
   out.mkdir(parents=True, exist_ok=True)
   t0 = time.perf_counter()
-  if data is None:
-    data = load_federated(base["dataset"], base["num_clients"], partition=base["partition"],
-                          seed=0, data_dir=data_dir, shards_per_client=base["shards_per_client"])
-  epsilons, sparsities, ae = spec["epsilons"], spec["sparsities"], spec["ablation_epsilon"]
-  noise_by_eps = {eps: calibrate_noise_multiplier(eps, DELTA, base["rounds"], "poisson",
-                                                  base["sampling_prob"]) for eps in sorted(set(epsilons) | {ae})}
-  jobs = [_job(base, data, *j, noise_by_eps) for j in
-          plan(epsilons, sparsities, ae, n_seeds, min(n_seeds, spec.get("ablation_seeds", n_seeds)))]
-  runs = run_jobs(jobs, _record, data=data, runs_path=out / "runs.jsonl",
+  epsilons, sparsities = spec["epsilons"], spec.get("sparsities", ())
+  ae = spec.get("ablation_epsilon", epsilons[-1])
+  jobs = [_job(base, *j, ae_options=spec.get("ae_dpfl")) for j in
+          plan(epsilons, sparsities, ae, n_seeds, min(n_seeds, spec.get("ablation_seeds", n_seeds)),
+               table, runs_of)]
+
+  def load(alpha):  # the partition's seed is 0 for every run
+    return data if data is not None else load_data(make_config(
+        dict(base, **({} if alpha is None else {"dirichlet_alpha": alpha}))))
+
+  runs = run_jobs(jobs, _record, load_data=load, runs_path=out / "runs.jsonl",
                   diagnostics=("update_norm", "train_loss", "fraction_clipped"), log=log)
   rows = _summarize(runs)
   wall = time.perf_counter() - t0
+  n, p = base["num_clients"], base["sampling_prob"]
+  split = (f"dirichlet alpha in {{{', '.join(f'{a:g}' for a in spec['alphas'])}}}"
+           if table == "table2" else f"shards, {base['shards_per_client']} shards each")
+  subset = (f", {base['max_train']} training / {base['max_test']} test examples"
+            if base.get("max_train") else "")
   settings = {
-      "scale": scale, "seeds": n_seeds, "epsilons": list(epsilons), "sparsities": list(sparsities),
-      "ablation_epsilon": ae, "sparsity_default": DEFAULTS["sparsity"], "lambda": DEFAULTS["lambda"],
+      "scale": scale, "table": table, "seeds": n_seeds, "epsilons": list(epsilons),
+      "runs": runs_of, "sparsities": list(sparsities), "ablation_epsilon": ae,
+      "sparsity_default": DEFAULTS["sparsity"], "lambda": DEFAULTS["lambda"],
       "lus_batches": DEFAULTS["lus_batches"], "clip": base["clip"], "config": base,
-      "num_clients": data.num_clients, "figure_epsilon": ae if ae in epsilons else epsilons[-1],
-      "curve_epsilons": [epsilons[0], epsilons[-1]], "wall_seconds": wall,
-      "description": (f"{base['dataset']}, {data.num_clients} clients ({base['partition']}"
-                      f"{', %d shards each' % base['shards_per_client'] if base['partition'] == 'shards' else ''}), "
-                      f"model {base['model']}, T={base['rounds']} rounds, Poisson p={base['sampling_prob']:g} "
-                      f"(~{data.num_clients * base['sampling_prob']:.0f} clients/round), Q={base['local_steps']} "
-                      f"local SGD steps of batch {base['batch_size']} at lr {base['client_lr']:g}, S={base['clip']:g}, "
-                      f"eta_g={base['server_lr']:g}, lambda={DEFAULTS['lambda']}, c={DEFAULTS['sparsity']}, "
-                      f"lus_batches={DEFAULTS['lus_batches']}"),
-      "privacy": ("user-level (epsilon, delta)-DP, add/remove one client under Poisson sampling, "
-                  "RDP accountant of dp_accounting; BLUR and LUS have exactly DP-FedAvg's epsilon at the "
-                  "same noise (LUS's data-dependent mask comes before the clip). Pre-clip update norms "
-                  "in the metrics and the hyper-parameters chosen on test accuracy are not covered."),
+      "ae_dpfl": dict(spec.get("ae_dpfl") or AE_DPFL_OPTIONS), "num_clients": n,
+      "figure_epsilon": ae if ae in epsilons else epsilons[-1],
+      "curve_epsilons": sorted({epsilons[0], epsilons[-1]}), "wall_seconds": wall,
+      "description": (f"{base['dataset']}, {n} clients ({split}{subset}), "
+                      f"model {' then '.join(spec.get('models', (base['model'],)))}, "
+                      f"T={base['rounds']} rounds, Poisson p={p:g} (~{n * p:.0f} clients/round; "
+                      f"DDGauss: fixed cohorts of M={int(round(p * n))}), Q={base['local_steps']} "
+                      f"local SGD steps of batch {base['batch_size']} at lr {base['client_lr']:g}, "
+                      f"S={base['clip']:g}, eta_g={base['server_lr']:g}, lambda={DEFAULTS['lambda']}, "
+                      f"c={DEFAULTS['sparsity']}, lus_batches={DEFAULTS['lus_batches']}; AE-DPFL: "
+                      f"{', '.join(f'{k}={v}' for k, v in (spec.get('ae_dpfl') or AE_DPFL_OPTIONS).items())}"
+                      f", server lr {base['client_lr']:g}"),
+      "privacy": PRIVACY,
   }
   md = write_markdown(rows, settings, out / "results.md")
   plots = plot(runs, settings, out)
@@ -317,6 +454,7 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
       {"paper": "Cheng et al., Differentially Private Federated Learning with Local Regularization "
                 "and Sparsification, CVPR 2022", "settings": settings, "rows": rows,
        "paper_table1": {m: {str(k): v for k, v in t.items()} for m, t in PAPER_TABLE1.items()},
+       "paper_table2": {m: {str(k): v for k, v in t.items()} for m, t in PAPER_TABLE2.items()},
        "paper_table3": {m: {str(k): v for k, v in t.items()} for m, t in PAPER_TABLE3.items()},
        "plots": [p.name for p in plots]}, indent=2) + "\n")
   log(md)
@@ -327,35 +465,30 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
 
 def run_paper(output_dir: str, data_dir=None, seeds: Optional[int] = None, presets=None,
               log=print) -> int:
-  """The paper-scale presets (accelerator only): Table 1 (EMNIST) and Table 2 (CIFAR-10).
+  """The paper's Table 1 presets (federated EMNIST; accelerator only), every column of
+  :data:`COLUMNS` ``["table1"]`` at each epsilon, configured by :func:`method_config`.
 
   Writes ``results.json`` (``runs``: preset, method, target and ledger epsilon, seed, accuracy),
   ``runs.jsonl`` and each run's metrics under ``DIR/PRESET/``.
   """
   from fedjax_dp.config import make_config
-  from fedjax_dp.experiment import load_data
+  from fedjax_dp.data import load_federated_emnist
   out = pathlib.Path(output_dir)
   out.mkdir(parents=True, exist_ok=True)
   n_seeds = num_seeds(seeds, SCALES["paper"]["seeds"])
+  d = pathlib.Path(data_dir or ".")
+  train, test = d / "fed_emnist_train.h5", d / "fed_emnist_test.h5"
+  check(train.is_file() and test.is_file(), "data_dir", str(d),
+        "must hold TFF's fed_emnist_train.h5 and fed_emnist_test.h5 for the EMNIST presets")
   runs = []
   for i, name in enumerate(presets or PAPER_PRESETS):
     check_choice("preset", name, sorted(PAPER_PRESETS))
-    preset = dict(PAPER_PRESETS[name])
-    if preset["dataset"] == "emnist":
-      from fedjax_dp.data import load_federated_emnist
-      d = pathlib.Path(data_dir or ".")
-      train, test = d / "fed_emnist_train.h5", d / "fed_emnist_test.h5"
-      check(train.is_file() and test.is_file(), "data_dir", str(d),
-            "must hold TFF's fed_emnist_train.h5 and fed_emnist_test.h5 for the EMNIST presets")
-      data = load_federated_emnist(train, test)
-      preset["num_clients"] = data.num_clients
-    else:
-      data = load_data(make_config(dict(preset, data_dir=data_dir)))
-    jobs = [Job(make_config(dict(preset, data_dir=data_dir, algorithm=m, target_epsilon=eps,
-                                 seed=seed)),
+    data = load_federated_emnist(train, test)
+    preset = dict(PAPER_PRESETS[name], num_clients=data.num_clients, data_dir=data_dir)
+    jobs = [Job(make_config(dict(method_config(preset, m, eps), seed=seed)),
                 {"preset": name, "method": m, "target_epsilon": eps, "seed": seed},
                 output_dir=str(out / name / f"{m}_eps{eps:g}_seed{seed}"))
-            for eps in EPSILONS for m in METHODS for seed in range(n_seeds)]
+            for eps in EPSILONS for m in COLUMNS["table1"] for seed in range(n_seeds)]
     runs += run_jobs(jobs, lambda job, res: {"epsilon": res.summary.get("epsilon"),
                                              "accuracy": res.summary["final_accuracy"]},
                      data=data, runs_path=out / "runs.jsonl", append=i > 0, log=log)
