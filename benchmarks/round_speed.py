@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 import resource
 import statistics
+import subprocess
 import sys
 import time
 
@@ -51,6 +53,24 @@ def _time(fn, repeats):
     fn()
     times.append(time.perf_counter() - t0)
   return statistics.median(times)
+
+
+# benchmarks/peers/setup.sh builds it; torch_round.py there runs the loop baseline in PyTorch.
+PEERS = pathlib.Path(__file__).resolve().parent / "peers"
+
+
+def torch_round(model: str, clients: int, local_steps: int, batch: int, examples: int,
+                repeats: int) -> dict:
+  """``torch_round.py``'s record (``torch_s_per_round``, its version and threads), run with the
+  peers' Python; empty when that environment is absent or the model is not one it has."""
+  python = PEERS / ".venv" / "bin" / "python"
+  if not python.exists() or model not in ("cnn2", "mlp"):
+    return {}
+  out = subprocess.run([str(python), str(PEERS / "torch_round.py"), "--model", model,
+                        "--clients", str(clients), "--local-steps", str(local_steps),
+                        "--batch", str(batch), "--examples", str(examples),
+                        "--repeats", str(repeats)], check=True, capture_output=True, text=True)
+  return json.loads(out.stdout.splitlines()[-1])
 
 
 def synthetic_data(model, clients: int, examples: int, seed: int = 0) -> FederatedData:
@@ -147,10 +167,18 @@ def main(argv=None):
   p.add_argument("--repeats", type=int, default=3)
   p.add_argument("--conv-impl", default="im2col", choices=["im2col", "custom_vjp", "lax"])
   p.add_argument("--skip-loop", action="store_true", help="skip the Python-loop baseline (large cohorts)")
-  p.add_argument("--json", action="store_true", help="print one JSON object")
+  p.add_argument("--compute-dtype", default="float32", choices=["float32", "bfloat16"])
+  p.add_argument("--json", action="store_true",
+                 help="print one JSON object; with benchmarks/peers/.venv present it also runs "
+                      "the loop baseline in PyTorch right after (torch_s_per_round)")
   args = p.parse_args(argv)
   r = measure(args.model, args.clients, args.local_steps, args.batch, args.examples, args.repeats,
-              args.conv_impl, args.skip_loop)
+              args.conv_impl, args.skip_loop, args.compute_dtype)
+  if args.json:
+    r.update(torch_round(args.model, args.clients, args.local_steps, args.batch, args.examples,
+                         args.repeats))
+    if "torch_s_per_round" in r:
+      r["torch_over_engine"] = r["torch_s_per_round"] / r["engine_s_per_round"]
   if args.json:
     print(json.dumps(r))
   else:
