@@ -568,7 +568,9 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
   # The state and hyper-parameters start where every round leaves them (replicated over the
   # mesh), so round 2 reuses round 1's compilation.
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  state, hp = jax.device_put((state, hp), replicated)
+  state, hp = jax.tree_util.tree_map(  # every process holds the same values (NaN included)
+      lambda a: jax.make_array_from_callback(np.shape(a), replicated,
+                                             lambda index, a=np.asarray(a): a[index]), (state, hp))
 
   if placement == "device":
     from fedjax_dp.data import FederatedData
