@@ -1,5 +1,5 @@
-"""Figures of runs, sweeps and reproductions (``fedjax-dp plot``), written with matplotlib's Agg
-backend (chosen inside these functions only).
+"""Figures of runs, sweeps and reproductions (``fedjax-dp plot``), built with matplotlib's object
+API (no pyplot: no backend is chosen or switched, so a notebook keeps showing figures inline).
 
 * :func:`plot_runs`: test accuracy and epsilon against rounds, one line per run folder
   (``metrics.jsonl``);
@@ -10,7 +10,8 @@ backend (chosen inside these functions only).
   over seeds, one line per method, from ``results.json`` files of ``fedjax-dp sweep`` or of a
   reproduction; rows without an epsilon (non-private baselines) are dotted horizontal lines.
 
-Each writes its figure and returns the (closed) matplotlib ``Figure``. The reproductions draw
+Each writes its figure and returns the matplotlib ``Figure`` (shown inline when it is a
+notebook cell's value). The reproductions draw
 their figures with the building blocks :class:`Curve`, :func:`plot_curves` and
 :func:`plot_quantiles`.
 """
@@ -31,7 +32,8 @@ PRIVACY_AXES = ("target_epsilon", "noise_multiplier")
 # The reproductions' row fields that tell their settings apart (a line's label names those that
 # vary among a file's rows).
 REPRODUCTION_KEYS = ("method", "table", "dataset", "setting", "partition", "attack", "sparsity")
-_ROW_VALUES = ("accuracy_mean", "accuracy_std", "seeds", "epsilon")  # a sweep row's non-grid fields
+# A sweep row's non-grid fields (``grid`` repeats the grid values).
+_ROW_VALUES = ("accuracy_mean", "accuracy_std", "seeds", "epsilon", "grid")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,24 +55,22 @@ class Curve:
   style: str = "-"
 
 
-def _pyplot():
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  return plt
-
-
-def _panels(plt, n: int, size: tuple, sharey: bool):
+def _panels(n: int, size: tuple, sharey: bool):
+  """A figure of ``n`` panels side by side. Built with matplotlib's object API, not pyplot: no
+  backend is chosen or switched (a notebook keeps showing its figures inline), and nothing is
+  left open."""
+  from matplotlib.figure import Figure
   check(n >= 1, "panels", n, "a figure needs at least one panel")
-  fig, axes = plt.subplots(1, n, figsize=(size[0] * n, size[1]), sharey=sharey, squeeze=False)
+  fig = Figure(figsize=(size[0] * n, size[1]))
+  axes = fig.subplots(1, n, sharey=sharey, squeeze=False)
   return fig, axes[0]
 
 
-def _save(plt, fig, axes, ylabel, path, legend_columns: int = 1, legend_size: int = 8,
+def _save(fig, axes, ylabel, path, legend_columns: int = 1, legend_size: int = 8,
           legend_outside: bool = False):
   """Labels the axes (``ylabel``: the first one's, or a sequence of one per axis), adds the
-  first axis's legend (inside it, or to the right of the last axis), writes ``path``, closes
-  the figure and returns it."""
+  first axis's legend (inside it, or to the right of the last axis), writes ``path`` and
+  returns the figure."""
   for ax, label in zip(axes, [ylabel] if isinstance(ylabel, str) else ylabel):
     ax.set_ylabel(label)
   if legend_outside:  # laid out first: the figure grows to the legend (bbox_inches) instead
@@ -81,7 +81,6 @@ def _save(plt, fig, axes, ylabel, path, legend_columns: int = 1, legend_size: in
     axes[0].legend(fontsize=legend_size, ncol=legend_columns)
     fig.tight_layout()
   fig.savefig(path, dpi=90, bbox_inches="tight" if legend_outside else None)
-  plt.close(fig)
   return fig
 
 
@@ -90,8 +89,7 @@ def curves_figure(panels: Sequence[tuple], path, *, xlabel: str, ylabel="test ac
                   sharey: bool = True, legend_columns: int = 1, legend_size: int = 8):
   """One panel per ``(title, [Curve])`` of ``panels``, side by side; writes ``path`` and returns
   the figure. ``ylabel``: the first panel's label, or a sequence of one per panel."""
-  plt = _pyplot()
-  fig, axes = _panels(plt, len(panels), size, sharey)
+  fig, axes = _panels(len(panels), size, sharey)
   for ax, (title, curves) in zip(axes, panels):
     for c in curves:
       if c.err is None:
@@ -106,7 +104,7 @@ def curves_figure(panels: Sequence[tuple], path, *, xlabel: str, ylabel="test ac
     if ylim is not None:
       ax.set_ylim(*ylim)
     ax.grid(alpha=0.3)
-  return _save(plt, fig, axes, ylabel, path, legend_columns, legend_size)
+  return _save(fig, axes, ylabel, path, legend_columns, legend_size)
 
 
 def plot_curves(panels: Sequence[tuple], path, **kwargs):
@@ -120,8 +118,7 @@ def quantiles_figure(panels: Sequence[tuple], path, *, clip: Optional[float], yl
   """Per-round quantiles of the clients' update norms, one panel per ``(title, rounds,
   {"q10", "q50", "q90": values})`` of ``panels``, against the clip bound ``clip`` (none: no
   bound drawn); writes ``path`` and returns the figure."""
-  plt = _pyplot()
-  fig, axes = _panels(plt, len(panels), size, True)
+  fig, axes = _panels(len(panels), size, True)
   for ax, (title, rounds, q) in zip(axes, panels):
     ax.fill_between(rounds, q["q10"], q["q90"], alpha=0.3, label="10-90% of clients")
     ax.plot(rounds, q["q50"], label="median")
@@ -130,7 +127,7 @@ def quantiles_figure(panels: Sequence[tuple], path, *, clip: Optional[float], yl
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("round")
     ax.xaxis.get_major_locator().set_params(integer=True)
-  return _save(plt, fig, axes, ylabel, path)
+  return _save(fig, axes, ylabel, path)
 
 
 def plot_quantiles(panels: Sequence[tuple], path, **kwargs):
@@ -143,7 +140,6 @@ def _check_out(out) -> pathlib.Path:
   """``out`` as a path whose folder exists and whose suffix names an image format."""
   out = pathlib.Path(out)
   check(out.parent.is_dir(), "out", str(out), f"its folder {out.parent} must exist")
-  _pyplot()
   from matplotlib.backend_bases import FigureCanvasBase
   formats = sorted(FigureCanvasBase.get_supported_filetypes())
   check(out.suffix[1:].lower() in formats, "out", str(out),
@@ -274,18 +270,18 @@ def plot_frontier(paths: Sequence, out):
       baselines += [(f"{label} (no DP)", acc) for e, acc, _ in points if e is None]
   check(curves, "dir", [str(f) for f in files],
         "holds no row with a numeric epsilon: nothing to draw against epsilon")
-  plt = _pyplot()
-  fig, axes = _panels(plt, 1, (6.0, 4.2), True)
+  import matplotlib
+  fig, axes = _panels(1, (6.0, 4.2), True)
   ax = axes[0]
   for c in curves:
     ax.errorbar(c.x, c.y, yerr=c.err, marker="o", capsize=2, label=c.label)
-  colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+  colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
   for i, (label, acc) in enumerate(baselines, len(curves)):  # colors go on after the curves'
     ax.axhline(acc, ls=":", lw=1.2, color=colors[i % len(colors)], label=label)
   ax.set_xlabel("epsilon")
   ax.set_title("privacy-utility frontier", fontsize=9)
   ax.grid(alpha=0.3)
-  return _save(plt, fig, axes, "test accuracy", out, legend_size=7, legend_outside=True)
+  return _save(fig, axes, "test accuracy", out, legend_size=7, legend_outside=True)
 
 
 def detect_kind(dirs: Sequence) -> str:

@@ -136,7 +136,9 @@ class SweepResult:
 
   Attributes:
     rows: one per grid point: the grid values, ``accuracy_mean``, ``accuracy_std`` (sample std
-      over seeds), ``seeds`` and ``epsilon`` (the largest over its seeds; None without accounting).
+      over seeds), ``seeds`` and ``epsilon`` (the largest over its seeds; None without accounting),
+      and ``grid``, the grid values again (an axis named like one of these fields, e.g.
+      DP-RSA's ``epsilon`` option, is found only there).
     experiments: one per experiment, in plan order: its grid values, seed, group and
       :class:`fedjax_dp.engine.RunResult` (``result``).
     groups: one per compiled program: the experiments it ran and its seconds.
@@ -278,7 +280,8 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
     eps = [s.get("epsilon") for s in summaries]
     rows.append({**block[0]["values"], **seed_stats([s["final_accuracy"] for s in summaries]),
                  # The largest epsilon among the seeds (they differ only where it depends on data).
-                 "epsilon": None if any(e is None for e in eps) else max(eps)})
+                 "epsilon": None if any(e is None for e in eps) else max(eps),
+                 "grid": dict(block[0]["values"])})
   result = SweepResult(rows, experiments, group_records, time.perf_counter() - t0, points)
   if out is not None:
     out.mkdir(parents=True, exist_ok=True)

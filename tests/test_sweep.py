@@ -55,6 +55,7 @@ def test_each_experiment_equals_its_single_run_and_the_grid_is_one_program(tmp_p
   _compare_to_single_runs(result, load)
   # The rows: one per grid point, seed statistics of the final accuracies.
   assert [r["clip"] for r in result.rows] == [0.2, 1.0]
+  assert result.rows[1]["grid"] == {"clip": 1.0, "noise_multiplier": 0.5}
   for row, block in zip(result.rows, (result.experiments[:2], result.experiments[2:])):
     accs = [e["result"].summary["final_accuracy"] for e in block]
     assert row["accuracy_mean"] == pytest.approx(np.mean(accs))
