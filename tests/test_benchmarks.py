@@ -3,6 +3,8 @@
 import importlib.util
 import json
 import pathlib
+
+import pytest
 import sys
 
 BENCH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
@@ -23,6 +25,7 @@ def test_round_speed_measures_engine_loop_and_centralized_at_a_tiny_size():
   assert r["loop_over_engine"] > 0 and r["client_steps_per_s"] > 0
 
 
+@pytest.mark.slow  # about 40 s of compilation: `make test-slow`
 def test_gpu_benchmark_runs_every_measurement_at_its_tiny_size(capsys):
   sys.path.insert(0, str(BENCH))  # gpu.py imports round_speed as its sibling
   try:

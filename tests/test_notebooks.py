@@ -126,7 +126,13 @@ def test_every_notebook_is_checked():
   assert {p.stem for p in NOTEBOOKS} == set(CHECKS)
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+# Notebooks whose tiny size still compiles many programs (about 2 minutes on 2 cores): run with
+# `make test-slow`.
+SLOW = {"privacy_utility"}
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow) if p.stem in SLOW else p
+                                  for p in NOTEBOOKS], ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_executes_and_shows_its_results(path, monkeypatch, request, tmp_path):
   nb = _execute(path, monkeypatch, request, tmp_path)
   outputs = _outputs(nb)
