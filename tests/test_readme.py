@@ -140,7 +140,8 @@ def _run(command: str, expected: int, data_dir, capsys) -> str:
   out, err = capsys.readouterr()
   assert rc == expected, f"{command}\n-> fedjax-dp {shlex.join(argv)}: exit {rc}\n{err[-2000:]}"
   if argv[0] == "run":
-    folder = argv[argv.index("--output-dir") + 1] if "--output-dir" in argv else "runs/quickstart"
+    folder = (argv[argv.index("--output-dir") + 1] if "--output-dir" in argv else
+              argv[argv.index("--resume") + 1] if "--resume" in argv else "runs/quickstart")
     s = json.loads(pathlib.Path(folder, "summary.json").read_text())
     assert s["rounds"] == 2 and 0 <= s["final_accuracy"] <= 1
   if argv[0] == "plot":
@@ -152,7 +153,8 @@ def _run(command: str, expected: int, data_dir, capsys) -> str:
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-  """The folder the README's commands run in, one for all of them (later ones read earlier runs)."""
+  """The folder the README's commands run in. Each block is self-contained (a block reads only
+  what it writes): under ``pytest -n`` the blocks may run in different processes."""
   d = tmp_path_factory.mktemp("readme")
   for name, content in READER_FILES.items():
     (d / name).write_text(json.dumps(content))
