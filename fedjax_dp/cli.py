@@ -175,14 +175,12 @@ def _add_reproduce(sub):
 
 
 def _parse_options(items) -> dict:
+  from fedjax_dp.config import parse_option
   out = {}
   for item in items:
     check("=" in item, "--set", item, "must look like NAME=VALUE")
     k, v = item.split("=", 1)
-    try:
-      out[k] = json.loads(v)
-    except json.JSONDecodeError:
-      out[k] = v
+    out[k] = parse_option(v)
   return out
 
 

@@ -334,6 +334,18 @@ def parse_value(field: str, text: str, typ) -> Any:
     raise ConfigError(field, text, f"must be {TYPE_WORDS[typ]}") from None
 
 
+def parse_option(text):
+  """An algorithm option's value as given on the command line (``--set NAME=VALUE``, a sweep's
+  grid): a JSON value (number, boolean, null) when it parses as one, else the text itself;
+  values that are not text pass through."""
+  if not isinstance(text, str):
+    return text
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError:
+    return text
+
+
 def load_config_file(path: str) -> dict:
   p = pathlib.Path(path)
   check(p.is_file(), "config", path, "must be an existing JSON file")

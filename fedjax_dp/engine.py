@@ -546,10 +546,10 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
   mode = group_mode(experiments)
   stack = (lambda trees: trees[0]) if single else (
       lambda trees: jax.tree_util.tree_map(lambda *xs: np.stack(xs), *trees))
-  hp = stack([{k: jnp.asarray(v) for k, v in e.hparams.items()} for e in experiments])
+  hps = [{k: jnp.asarray(v) for k, v in e.hparams.items()} for e in experiments]
+  hp = stack(hps)
   keys = [run_keys(e.seed) for e in experiments]
-  states = [program.init(k_init, {k: jnp.asarray(v) for k, v in e.hparams.items()})
-            for (k_init, _), e in zip(keys, experiments)]
+  states = [program.init(k_init, h) for (k_init, _), h in zip(keys, hps)]
   state = jax.tree_util.tree_map(jnp.asarray, stack(states))
   del states
   datas = [e.data for e in experiments] if mode == "stacked" else [experiments[0].data]

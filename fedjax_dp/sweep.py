@@ -62,16 +62,6 @@ def parse_grid(text: str) -> dict:
   return grid
 
 
-def _option_value(text):
-  import json
-  if not isinstance(text, str):
-    return text
-  try:
-    return json.loads(text)
-  except json.JSONDecodeError:
-    return text
-
-
 @dataclasses.dataclass(frozen=True)
 class Point:
   """One experiment of a sweep: its grid values, its seed and its configuration."""
@@ -89,7 +79,7 @@ def plan(config, grid: Mapping[str, Sequence], seeds: int = 1) -> list:
   algorithm when built). Giving ``target_epsilon`` unsets ``noise_multiplier``
   and the other way round, as on the command line.
   """
-  from fedjax_dp.config import field_types, parse_value
+  from fedjax_dp.config import field_types, parse_option, parse_value
   types = field_types()
   check(isinstance(seeds, int) and not isinstance(seeds, bool) and seeds >= 1, "seeds", seeds,
         "must be an integer >= 1")
@@ -111,7 +101,7 @@ def plan(config, grid: Mapping[str, Sequence], seeds: int = 1) -> list:
         v = parse_value(name, v, types[name]) if isinstance(v, str) else v
         fields[name] = v
       else:
-        v = _option_value(v)
+        v = parse_option(v)
         options[name] = v
       values[name] = v
     for s in range(seeds):
