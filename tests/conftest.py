@@ -24,3 +24,24 @@ def shared_data_dir() -> pathlib.Path:
                 "(same names), cifar10/ (train.tar.gz, test.tar.gz) or tff-h5/ "
                 "(shakespeare_train.h5, shakespeare_test.h5) to run the tests on real data")
   return d
+
+
+@pytest.fixture
+def interrupt_at_round(monkeypatch):
+  """``interrupt_at_round(n)``: Ctrl-C (KeyboardInterrupt) while round ``n`` is being summarized
+  (``monkeypatch.undo()`` in the test removes it)."""
+  import fedjax_dp.engine
+  real = fedjax_dp.engine.summarize_round
+
+  def interrupt(n):
+    count = [0]
+
+    def summarize(*a, **k):
+      count[0] += 1
+      if count[0] == n:
+        raise KeyboardInterrupt
+      return real(*a, **k)
+
+    monkeypatch.setattr(fedjax_dp.engine, "summarize_round", summarize)
+
+  return interrupt

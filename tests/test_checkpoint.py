@@ -137,31 +137,18 @@ def test_kill_9_then_resume_equals_the_uninterrupted_run(reference, tmp_path, ca
   assert _steps(out) == [6, 8]
 
 
-def _interrupt_at_round(monkeypatch, n):
-  """Ctrl-C (KeyboardInterrupt) while round ``n`` is being summarized."""
-  import fedjax_dp.engine
-  real, count = fedjax_dp.engine.summarize_round, [0]
-
-  def summarize(*a, **k):
-    count[0] += 1
-    if count[0] == n:
-      raise KeyboardInterrupt
-    return real(*a, **k)
-
-  monkeypatch.setattr(fedjax_dp.engine, "summarize_round", summarize)
-
-
 def test_ctrl_c_says_how_to_resume_and_resuming_twice_is_the_same_run(reference, tmp_path,
-                                                                     monkeypatch, capsys):
+                                                                     monkeypatch, capsys,
+                                                                     interrupt_at_round):
   out = tmp_path / "run"
-  _interrupt_at_round(monkeypatch, 5)
+  interrupt_at_round(5)
   assert main(["run", *TINY, "--checkpoint-every", "2", "--output-dir", str(out)]) == 130
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "4 rounds kept" in err[0] and "round 4" in err[0], err
   assert err[0].endswith(f"fedjax-dp run --resume {out}")
   # Interrupted again, in the resumed run's third round (7): rows 1-6 kept, checkpoint of round 6.
   monkeypatch.undo()
-  _interrupt_at_round(monkeypatch, 3)
+  interrupt_at_round(3)
   assert main(["run", "--resume", str(out), "--no-progress"]) == 130
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "6 rounds kept" in err[0] and "round 6" in err[0], err

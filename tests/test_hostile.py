@@ -269,23 +269,9 @@ def test_reproduce_keeps_an_earlier_reproduction_unless_overwrite(capsys, tmp_pa
   assert not (out / "results.json").exists() and not (out / "runs.jsonl").exists()
 
 
-def _interrupt_at_round(monkeypatch, n):
-  """Ctrl-C (KeyboardInterrupt) while round ``n`` is being summarized."""
-  import fedjax_dp.engine
-  real, count = fedjax_dp.engine.summarize_round, [0]
-
-  def summarize(*a, **k):
-    count[0] += 1
-    if count[0] == n:
-      raise KeyboardInterrupt
-    return real(*a, **k)
-
-  monkeypatch.setattr(fedjax_dp.engine, "summarize_round", summarize)
-
-
-def test_ctrl_c_ends_with_one_line_and_keeps_the_rounds_written(capsys, tmp_path, monkeypatch):
+def test_ctrl_c_ends_with_one_line_and_keeps_the_rounds_written(capsys, tmp_path, interrupt_at_round):
   out = tmp_path / "o"
-  _interrupt_at_round(monkeypatch, 3)
+  interrupt_at_round(3)
   assert main(["run", *TINY, "--rounds", "5", "--output-dir", str(out)]) == 130
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "interrupted" in err[0] and "2 rounds" in err[0], err
@@ -294,18 +280,19 @@ def test_ctrl_c_ends_with_one_line_and_keeps_the_rounds_written(capsys, tmp_path
   assert not (out / "summary.json").exists()
 
 
-def test_overwrite_clears_the_old_run_before_its_first_round(capsys, tmp_path, monkeypatch):
+def test_overwrite_clears_the_old_run_before_its_first_round(capsys, tmp_path, monkeypatch,
+                                                              interrupt_at_round):
   out = tmp_path / "o"
   assert main(["run", *TINY, "--output-dir", str(out)]) == 0
   assert (out / "summary.json").exists()
   old_rows = (out / "metrics.jsonl").read_text()
   # Interrupted before its first round: the earlier run is as it was.
-  _interrupt_at_round(monkeypatch, 1)
+  interrupt_at_round(1)
   assert main(["run", *TINY, "--output-dir", str(out), "--overwrite"]) == 130
   assert (out / "metrics.jsonl").read_text() == old_rows and (out / "summary.json").exists()
   # Interrupted in its second round: one new row, and no summary of the old run beside it.
   monkeypatch.undo()
-  _interrupt_at_round(monkeypatch, 2)
+  interrupt_at_round(2)
   assert main(["run", *TINY, "--output-dir", str(out), "--overwrite"]) == 130
   assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
   assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl"]
