@@ -45,3 +45,22 @@ def interrupt_at_round(monkeypatch):
     monkeypatch.setattr(fedjax_dp.engine, "summarize_round", summarize)
 
   return interrupt
+
+
+@pytest.fixture
+def count_compiles():
+  """``count_compiles() -> (events, stop)``: a list that grows by one per XLA backend compilation
+  until ``stop()`` unregisters the listener."""
+  from jax import monitoring
+
+  def start():
+    events = []
+
+    def listener(event, duration, **kwargs):
+      if event == "/jax/core/compile/backend_compile_duration":
+        events.append(event)
+
+    monitoring.register_event_duration_secs_listener(listener)
+    return events, lambda: monitoring.unregister_event_duration_listener(listener)
+
+  return start

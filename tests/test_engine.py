@@ -190,24 +190,11 @@ def test_realized_denominator_with_poisson_sampling_is_refused_in_private_runs(d
   assert len(err) == 1 and "denominator" in err[0]
 
 
-def _count_compiles():
-  """A list that grows by one per backend compilation while the listener is registered."""
-  from jax import monitoring
-  events = []
-
-  def listener(event, duration, **kwargs):
-    if event == "/jax/core/compile/backend_compile_duration":
-      events.append(event)
-
-  monitoring.register_event_duration_secs_listener(listener)
-  return events, lambda: monitoring.unregister_event_duration_listener(listener)
-
-
 @pytest.mark.parametrize("algorithm", ["dp_fedavg", "blur+lus"])
-def test_changing_hyper_parameters_does_not_recompile(digits, algorithm):
+def test_changing_hyper_parameters_does_not_recompile(digits, algorithm, count_compiles):
   cfg = _config(algorithm=algorithm, rounds=2)
   simulate(cfg, digits)  # compiles the round and the evaluation once
-  events, stop = _count_compiles()
+  events, stop = count_compiles()
   try:
     changed = cfg.replace(clip=0.2, noise_multiplier=2.5, client_lr=0.03, server_lr=0.7, seed=4,
                           options={"lambda": 0.1, "sparsity": 0.3} if algorithm == "blur+lus" else {})
@@ -217,7 +204,7 @@ def test_changing_hyper_parameters_does_not_recompile(digits, algorithm):
   assert events == []
   assert r.summary["noise_multiplier"] == pytest.approx(2.5)
   # A change of structure (the number of local steps is a shape) does compile.
-  events, stop = _count_compiles()
+  events, stop = count_compiles()
   try:
     simulate(cfg.replace(local_steps=2), digits)
   finally:
@@ -225,8 +212,8 @@ def test_changing_hyper_parameters_does_not_recompile(digits, algorithm):
   assert len(events) >= 1
 
 
-def test_rounds_after_the_first_compile_nothing(digits):
-  events, stop = _count_compiles()
+def test_rounds_after_the_first_compile_nothing(digits, count_compiles):
+  events, stop = count_compiles()
   seen = []
   try:
     # A batch size no other test uses: nothing of this round is compiled yet.

@@ -452,39 +452,13 @@ def test_byzantine_clients_and_robust_aggregators_keep_the_example_level_guarant
     build(_config("spfl-sound", aggregator="trimmed_mean", options={"trim_beta": 0.7}), data)
 
 
-def _backend_compiles():
-  """``(events, stop)``: a list that grows by one per backend compilation, and ``stop()``.
-
-  ``stop`` unregisters the listener where JAX can, and in any case stops it counting.
-  """
-  events = []
-  active = [True]
-
-  def listener(event, duration, *args, **kwargs):
-    del duration, args, kwargs
-    if active[0] and event == "/jax/core/compile/backend_compile_duration":
-      events.append(event)
-
-  jax.monitoring.register_event_duration_secs_listener(listener)
-  unregister = (getattr(jax.monitoring, "unregister_event_duration_listener", None)
-                or getattr(jax._src.monitoring, "_unregister_event_duration_listener_by_callback",
-                           None))
-
-  def stop():
-    active[0] = False
-    if unregister is not None:
-      unregister(listener)
-
-  return events, stop
-
-
-def test_runs_differing_only_in_numbers_share_one_compilation():
+def test_runs_differing_only_in_numbers_share_one_compilation(count_compiles):
   # Same shapes and pieces (local_steps=3 is used by no other test, so the first run compiles).
   data = _data()
   cfg_a = _config("dp-fl", local_steps=3, clip=1.0, noise_multiplier=1.0, client_lr=0.1)
   cfg_b = _config("dp-fl", local_steps=3, clip=0.5, noise_multiplier=3.0, client_lr=0.05)
   assert build(cfg_a, data).program is build(cfg_b, data).program
-  events, stop = _backend_compiles()
+  events, stop = count_compiles()
   try:
     res_a = simulate(cfg_a, data)
     first = len(events)
