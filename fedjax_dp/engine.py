@@ -62,7 +62,8 @@ from fedjax_dp.jsonio import dumps
 PLACEMENTS = ("device", "host")
 RELEASES = ("all", "private")
 ROW_COVERED = ("test_accuracy", "test_loss", "diverged")
-SUMMARY_COVERED = ("final_accuracy", "final_test_loss", "diverged")
+# params_sha256: a hash of the released model (post-processing of it, like its test accuracy).
+SUMMARY_COVERED = ("final_accuracy", "final_test_loss", "diverged", "params_sha256")
 PUBLIC_BY_DESIGN = ("round", "rounds", "config", "noise_multiplier", "model", "data", "provenance",
                     "epsilon and every field of the "
                     "privacy report (functions of the public settings and, for example-level runs, of "

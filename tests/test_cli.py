@@ -89,6 +89,9 @@ def test_release_private_writes_only_covered_and_public_fields(tmp_path, capsys)
     assert "diagnostics" not in r
     assert set(r) <= covered | {"round", "epsilon"}
   assert "diagnostics" not in summary and summary["release"]["mode"] == "private"
+  # The model's hash is a function of the released model; provenance is public by design.
+  assert "params_sha256" in summary["release"]["covered_by_guarantee"]["summary"]
+  assert "provenance" in summary["release"]["public_by_design"]
   rows_text = (out / "metrics.jsonl").read_text()
   summary_text = json.dumps({k: v for k, v in summary.items() if k != "config"})
   for raw in ("cohort_size", "train_loss", "update_norm", "fraction_clipped", "seconds"):
