@@ -37,6 +37,15 @@ from fedjax_dp import outputs
 from fedjax_dp.errors import check
 
 SWEEP_FILES = ("results.json", "experiments")  # everything a sweep writes in its folder
+# What results.json's fields are, beside each experiment's own summary (which has its release block).
+SWEEP_RELEASE = {
+    "covered_by_guarantee": ["rows.accuracy_mean", "rows.accuracy_std (functions of the released "
+                             "models' test accuracies)"],
+    "public_by_design": ["rows' grid values and grid", "rows.seeds", "rows.epsilon",
+                         "experiments' values, seed, group and output_dir"],
+    "diagnostics": ["groups (experiments per compiled program and their seconds)", "seconds: raw "
+                    "timings, not covered by any guarantee"],
+}
 # The RunConfig fields that choose and split the data set (load_data's arguments).
 DATA_FIELDS = ("dataset", "num_clients", "partition", "seed", "data_dir", "dirichlet_alpha",
                "shards_per_client", "max_train", "max_test", "download", "min_labels_per_client")
@@ -147,7 +156,8 @@ class SweepResult:
     exps = [{k: v for k, v in e.items() if k != "result"}
             | {"summary": e["result"].summary, "metrics": e["result"].history}
             for e in self.experiments]
-    return {"rows": self.rows, "experiments": exps, "groups": self.groups, "seconds": self.seconds}
+    return {"rows": self.rows, "experiments": exps, "groups": self.groups, "seconds": self.seconds,
+            "release": SWEEP_RELEASE}
 
 
 def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Sequence] = None,

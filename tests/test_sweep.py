@@ -63,6 +63,8 @@ def test_each_experiment_equals_its_single_run_and_the_grid_is_one_program(tmp_p
     assert row["seeds"] == 2 and row["epsilon"] == pytest.approx(
         max(e["result"].summary["epsilon"] for e in block))
   written = json.loads((tmp_path / "results.json").read_text())
+  assert set(written) == {"rows", "experiments", "groups", "seconds", "release"}
+  assert any("groups" in d for d in written["release"]["diagnostics"])
   assert [r["clip"] for r in written["rows"]] == [0.2, 1.0]
   assert written["experiments"][3]["metrics"][-1]["round"] == 3
   assert (tmp_path / written["experiments"][3]["output_dir"] / "metrics.jsonl").exists()
