@@ -9,7 +9,7 @@ import pytest
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.plots import Curve, plot_curves, plot_quantiles
 from fedjax_dp.reproduce.runner import Job, group_by, num_seeds, run_jobs, seed_stats
-from fedjax_dp.reproduce.tables import markdown_table, mean_std
+from fedjax_dp.reproduce.tables import Claim, markdown_table, mean_std, verdict, verdict_table
 
 
 def test_seed_stats_sample_std():
@@ -48,6 +48,29 @@ def _fake_run(jobs, data, done):
   half = len(jobs) // 2
   for indices in (range(half, len(jobs)), range(half)):
     done(list(indices), [_fake_one(jobs[i], data) for i in indices])
+
+
+def test_verdict_rules():
+  assert verdict(3.0, None) == "not measured"
+  assert verdict(3.0, 2.0) == "reproduced"
+  assert verdict(3.0, 2.0, spread=2.5) == "partly"  # within the seed spread
+  assert verdict(3.0, 1.0) == "partly"  # the claimed sign, under half the claim
+  assert verdict(3.0, 0.0) == "not reproduced"
+  assert verdict(3.0, -0.5) == "not reproduced"
+  assert verdict(-2.0, -1.5) == "reproduced"  # a claimed loss
+  assert verdict(-2.0, 1.5) == "not reproduced"
+  with pytest.raises(ValueError, match="paper_gain"):
+    verdict(0.0, 1.0)
+
+
+def test_verdict_table():
+  lines = verdict_table([Claim("A beats B", 4.41, -8.99, reason="noise feedback"),
+                         Claim("C beats D", 2.0, 1.5, spread=0.25),
+                         Claim("E beats F", 1.0, None)])
+  assert lines[0].startswith("| claim | paper (points) | ours (points) | gap | verdict")
+  assert lines[2] == "| A beats B | +4.41 | -8.99 | -13.40 | not reproduced | noise feedback |"
+  assert lines[3] == "| C beats D | +2.00 | +1.50 ± 0.25 | -0.50 | reproduced |  |"
+  assert lines[4] == "| E beats F | +1.00 | n/a |  | not measured |  |"
 
 
 def test_run_jobs(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional, Sequence
 
 
@@ -31,3 +32,59 @@ def markdown_table(columns: Sequence, rows: Sequence[dict]) -> list:
 
   return ([line(h for _, h in pairs), "|" + "---|" * len(pairs)] +
           [line(str(r.get(k, "")) for k, _ in pairs) for r in rows])
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+  """One claim of a paper, as a signed difference in accuracy points, beside ours.
+
+  Attributes:
+    claim: the claim in words ("BLUR+LUS beats DP-FedAvg at epsilon 2").
+    paper_gain: the paper's difference in points; its sign is the claimed direction.
+    measured: our difference in the same units, or None when this scale does not measure it.
+    spread: the standard deviation of our difference over seeds, or None with one seed.
+    reason: the likely reason for a gap (measured, not guessed, where the analysis exists).
+  """
+  claim: str
+  paper_gain: float
+  measured: Optional[float]
+  spread: Optional[float] = None
+  reason: str = ""
+
+
+def verdict(paper_gain: float, measured: Optional[float], spread: Optional[float] = None) -> str:
+  """The verdict on one claimed difference.
+
+  ``"reproduced"``: our difference has the claimed sign, at least half the claimed size, and
+  (with seeds) is larger than its spread. ``"partly"``: the claimed sign, but smaller than half
+  the claim or within the spread. ``"not reproduced"``: zero or the opposite sign.
+  ``"not measured"``: no measurement at this scale.
+  """
+  if measured is None:
+    return "not measured"
+  if paper_gain == 0:
+    raise ValueError("paper_gain: a claim is a non-zero difference")
+  along = measured * (1.0 if paper_gain > 0 else -1.0)
+  if along <= 0:
+    return "not reproduced"
+  if along >= 0.5 * abs(paper_gain) and (spread is None or along > spread):
+    return "reproduced"
+  return "partly"
+
+
+def verdict_table(claims: Sequence[Claim]) -> list:
+  """A Markdown table with one line per claim: the paper's difference, ours (± spread over
+  seeds), the gap (ours minus the paper's), the verdict and the likely reason."""
+  def points(x):
+    return f"{x:+.2f}"
+
+  rows = []
+  for c in claims:
+    ours = "n/a" if c.measured is None else points(c.measured) + (
+        "" if c.spread is None else f" ± {c.spread:.2f}")
+    rows.append({"claim": c.claim, "paper": points(c.paper_gain), "ours": ours,
+                 "gap": "" if c.measured is None else points(c.measured - c.paper_gain),
+                 "verdict": verdict(c.paper_gain, c.measured, c.spread), "reason": c.reason})
+  return markdown_table([("claim", "claim"), ("paper", "paper (points)"),
+                         ("ours", "ours (points)"), ("gap", "gap"), ("verdict", "verdict"),
+                         ("reason", "likely reason")], rows)
