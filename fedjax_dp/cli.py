@@ -172,6 +172,9 @@ def _add_reproduce(sub):
   p.add_argument("--data-dir", help="folder holding the data files (default: none, the "
                  "FEDJAX_DP_DATA environment variable)")
   p.add_argument("--seeds", type=int, help="seeds per setting (default: none, the scale's own)")
+  p.add_argument("--render", action="store_true",
+                 help="run nothing: rewrite results.md and the figures in --output-dir from "
+                 "its results.json and runs.jsonl (an earlier reproduction of the same paper)")
 
 
 def _parse_options(items) -> dict:
@@ -395,6 +398,12 @@ def _cmd_reproduce(args) -> int:
   from fedjax_dp.reproduce.runner import RESULT_FILES
   from fedjax_dp.errors import check_choice
   check_choice("paper", args.paper, sorted(REPRODUCTIONS))
+  if args.render:
+    from fedjax_dp.reproduce import render_reproduction
+    results = pathlib.Path(args.output_dir) / "results.json"
+    check(results.is_file(), "--output-dir", args.output_dir,
+          "must hold an earlier reproduction's results.json to --render")
+    return render_reproduction(args.paper, args.output_dir)
   out = check_output_dir(args.output_dir, overwrite=args.overwrite, results=RESULT_FILES)
   if args.overwrite:
     remove(out, RESULT_FILES)

@@ -1,7 +1,10 @@
 """Paper reproductions, by name: ``fedjax-dp reproduce NAME --scale small --output-dir DIR``.
 
 Each entry is ``"module:function"``; the function takes
-``(scale, output_dir, data_dir, seeds)`` and returns an exit status.
+``(scale, output_dir, data_dir, seeds)`` and returns an exit status. Each module also has
+``render(output_dir)``: it rewrites ``results.md`` and the figures from an earlier run's
+``results.json`` and ``runs.jsonl`` without running anything (``fedjax-dp reproduce NAME
+--render --output-dir DIR``), so new tables and verdicts apply to saved results.
 """
 
 from __future__ import annotations
@@ -43,3 +46,11 @@ def run_reproduction(paper: str, scale: str, output_dir: str, data_dir=None, see
   module, fn = REPRODUCTIONS[paper].split(":")
   return getattr(importlib.import_module(module), fn)(
       scale=scale, output_dir=output_dir, data_dir=data_dir, seeds=seeds)
+
+
+def render_reproduction(paper: str, output_dir: str) -> int:
+  """Rewrites ``results.md`` and the figures of ``paper``'s reproduction in ``output_dir`` from
+  its ``results.json`` and ``runs.jsonl``."""
+  check_choice("paper", paper, sorted(REPRODUCTIONS))
+  module = importlib.import_module(REPRODUCTIONS[paper].split(":")[0])
+  return module.render(output_dir)
