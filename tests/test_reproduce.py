@@ -61,16 +61,22 @@ def test_verdict_rules():
   assert verdict(-2.0, 1.5) == "not reproduced"
   with pytest.raises(ValueError, match="paper_gain"):
     verdict(0.0, 1.0)
+  # a figure's direction only: any size of the claimed sign, above the spread
+  assert verdict(-1.0, -0.1, sign_only=True) == "reproduced"
+  assert verdict(-1.0, -0.1, spread=0.2, sign_only=True) == "partly"
+  assert verdict(1.0, -0.1, sign_only=True) == "not reproduced"
 
 
 def test_verdict_table():
   lines = verdict_table([Claim("A beats B", 4.41, -8.99, reason="noise feedback"),
                          Claim("C beats D", 2.0, 1.5, spread=0.25),
-                         Claim("E beats F", 1.0, None)])
+                         Claim("E beats F", 1.0, None),
+                         Claim("G falls", -1.0, -0.25, spread=0.5, sign_only=True)])
   assert lines[0].startswith("| claim | paper (points) | ours (points) | gap | verdict")
   assert lines[2] == "| A beats B | +4.41 | -8.99 | -13.40 | not reproduced | noise feedback |"
   assert lines[3] == "| C beats D | +2.00 | +1.50 ± 0.25 | -0.50 | reproduced |  |"
   assert lines[4] == "| E beats F | +1.00 | n/a |  | not measured |  |"
+  assert lines[5] == "| G falls | - (sign only) | -0.25 ± 0.50 |  | partly |  |"
 
 
 def test_run_jobs(tmp_path):

@@ -44,21 +44,25 @@ class Claim:
     measured: our difference in the same units, or None when this scale does not measure it.
     spread: the standard deviation of our difference over seeds, or None with one seed.
     reason: the likely reason for a gap (measured, not guessed, where the analysis exists).
+    sign_only: the paper gives the direction only (a figure whose values are not legible):
+      ``paper_gain``'s sign is the claim and its size is not used.
   """
   claim: str
   paper_gain: float
   measured: Optional[float]
   spread: Optional[float] = None
   reason: str = ""
+  sign_only: bool = False
 
 
-def verdict(paper_gain: float, measured: Optional[float], spread: Optional[float] = None) -> str:
+def verdict(paper_gain: float, measured: Optional[float], spread: Optional[float] = None,
+            sign_only: bool = False) -> str:
   """The verdict on one claimed difference.
 
-  ``"reproduced"``: our difference has the claimed sign, at least half the claimed size, and
-  (with seeds) is larger than its spread. ``"partly"``: the claimed sign, but smaller than half
-  the claim or within the spread. ``"not reproduced"``: zero or the opposite sign.
-  ``"not measured"``: no measurement at this scale.
+  ``"reproduced"``: our difference has the claimed sign, at least half the claimed size (not
+  asked when ``sign_only``), and (with seeds) is larger than its spread. ``"partly"``: the
+  claimed sign, but smaller than half the claim or within the spread. ``"not reproduced"``: zero
+  or the opposite sign. ``"not measured"``: no measurement at this scale.
   """
   if measured is None:
     return "not measured"
@@ -67,14 +71,15 @@ def verdict(paper_gain: float, measured: Optional[float], spread: Optional[float
   along = measured * (1.0 if paper_gain > 0 else -1.0)
   if along <= 0:
     return "not reproduced"
-  if along >= 0.5 * abs(paper_gain) and (spread is None or along > spread):
+  if (sign_only or along >= 0.5 * abs(paper_gain)) and (spread is None or along > spread):
     return "reproduced"
   return "partly"
 
 
 def verdict_table(claims: Sequence[Claim]) -> list:
   """A Markdown table with one line per claim: the paper's difference, ours (± spread over
-  seeds), the gap (ours minus the paper's), the verdict and the likely reason."""
+  seeds), the gap (ours minus the paper's), the verdict and the likely reason. A ``sign_only``
+  claim shows the paper's direction ("+ (sign only)") and no gap."""
   def points(x):
     return f"{x:+.2f}"
 
@@ -82,9 +87,13 @@ def verdict_table(claims: Sequence[Claim]) -> list:
   for c in claims:
     ours = "n/a" if c.measured is None else points(c.measured) + (
         "" if c.spread is None else f" ± {c.spread:.2f}")
-    rows.append({"claim": c.claim, "paper": points(c.paper_gain), "ours": ours,
-                 "gap": "" if c.measured is None else points(c.measured - c.paper_gain),
-                 "verdict": verdict(c.paper_gain, c.measured, c.spread), "reason": c.reason})
+    paper = ("+" if c.paper_gain > 0 else "-") + " (sign only)" if c.sign_only else points(
+        c.paper_gain)
+    rows.append({"claim": c.claim, "paper": paper, "ours": ours,
+                 "gap": "" if c.measured is None or c.sign_only else points(
+                     c.measured - c.paper_gain),
+                 "verdict": verdict(c.paper_gain, c.measured, c.spread, c.sign_only),
+                 "reason": c.reason})
   return markdown_table([("claim", "claim"), ("paper", "paper (points)"),
                          ("ours", "ours (points)"), ("gap", "gap"), ("verdict", "verdict"),
                          ("reason", "likely reason")], rows)
