@@ -47,7 +47,7 @@ from fedjax_dp.errors import check, check_choice
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import Curve, plot_curves, plot_quantiles
 from fedjax_dp.reproduce.runner import Job, group_by, num_seeds, run_jobs, seed_stats
-from fedjax_dp.reproduce.tables import markdown_table, mean_std
+from fedjax_dp.reproduce.tables import Claim, markdown_table, mean_std, verdict, verdict_table
 
 METHODS = ("dp_fedavg", "dp_fedavg+blur", "dp_fedavg+lus", "blur+lus")
 # The paper's other baselines: AE-DPFL (voting on a public set) and DDGauss (the distributed
@@ -270,17 +270,41 @@ def _paper_cells(p) -> dict:
   return {m: mean_std(*p[m], scale=1) for m in _T1} if p else {}
 
 
-def write_markdown(rows: list, settings: dict, path: pathlib.Path) -> str:
-  """Table 1 or Table 2 (ours, then the paper's) and Table 3, as Markdown."""
-  by = {tuple(r[k] for k in ROW_KEYS): r for r in rows}
-  table, columns = settings["table"], COLUMNS[settings["table"]]
+def _key(record) -> tuple:
+  return tuple(record[k] for k in ROW_KEYS)
 
-  def get(table, model, alpha, method, eps, c=None):
+
+# A run that one table reuses from another: Table 3 at the default c is Table 1's run.
+_REUSED = {"table3": ("table1",)}
+
+
+def _finder(keys, settings: dict):
+  """``find(table, model, alpha, method, eps, c=None)``: the key (:data:`ROW_KEYS`) among
+  ``keys`` of that run, or None. ``c`` None is LUS's default; a reused run (:data:`_REUSED`) is
+  found where it ran."""
+
+  def find(table, model, alpha, method, eps, c=None):
     if "lus" not in method:
       c = None
-    elif c is None and table != "table3":
+    elif c is None:
       c = settings["sparsity_default"]
-    return by.get((table, model, alpha, method, eps, c))
+    for t in (table,) + _REUSED.get(table, ()):
+      if (t, model, alpha, method, eps, c) in keys:
+        return t, model, alpha, method, eps, c
+    return None
+  return find
+
+
+def markdown(rows: list, runs: list, settings: dict) -> str:
+  """results.md: Table 1 or Table 2 (ours, then the paper's), Table 3 and the verdicts
+  (:func:`claims`)."""
+  by = {_key(r): r for r in rows}
+  find = _finder(by, settings)
+  table, columns = settings["table"], COLUMNS[settings["table"]]
+
+  def get(*args, **kwargs):
+    key = find(*args, **kwargs)
+    return by[key] if key else None
 
   def acc(r):
     return mean_std(r["accuracy_mean"], r["accuracy_std"]) if r else "n/a"
@@ -327,12 +351,7 @@ def write_markdown(rows: list, settings: dict, path: pathlib.Path) -> str:
     for c in (0.0,) + tuple(settings["sparsities"]):
       row = {"c": f"{c:g}" + (" (no LUS)" if c == 0 else "")}
       for m in ("dp_fedavg+lus", "blur+lus"):
-        if c == 0.0:
-          r = base[m]
-        else:
-          r = (get("table3", model, alpha, m, ae, c) or
-               (get("table1", model, alpha, m, ae, c) if c == settings["sparsity_default"] else None))
-        row[m] = acc(r)
+        row[m] = acc(base[m] if c == 0.0 else get("table3", model, alpha, m, ae, c))
         row[f"paper_{m}"] = (f"{PAPER_TABLE3[m][c]:.2f}" if c in PAPER_TABLE3[m] else
                              "illegible" if m == "blur+lus" else "")
       table3.append(row)
@@ -342,9 +361,136 @@ def write_markdown(rows: list, settings: dict, path: pathlib.Path) -> str:
         ["c", ("dp_fedavg+lus", "DP-FedAvg+LUS"), ("blur+lus", "BLUR+LUS"),
          ("paper_dp_fedavg+lus", "paper DP-FedAvg+LUS (ResNet-18)"),
          ("paper_blur+lus", "paper BLUR+LUS")], table3)
-  text = "\n".join(lines) + "\n"
-  path.write_text(text)
-  return text
+  notes = [_VERDICT_NOTE] + [_TABLE1_NOTE] * (table == "table1")
+  lines += ["", "### Verdicts", "", " ".join(notes), ""]
+  lines += verdict_table(claims(rows, runs, settings))
+  return "\n".join(lines) + "\n"
+
+
+_VERDICT_NOTE = (
+    "Each claim is a difference in final test accuracy, in points; \"Ours\" is BLUR+LUS. The "
+    "column \"ours (points)\" is the measured difference's mean over the seeds both sides ran, "
+    "paired by seed (run s of each side has seed s); ± is the sample standard deviation of the "
+    "per-seed difference (2 seeds or more). Verdict (`fedjax_dp.reproduce.tables.verdict`): "
+    "reproduced = the claimed sign, at least half the claimed size and above the spread; "
+    "partly = the claimed sign, but under half the claimed size or within the spread; not "
+    "reproduced = zero or the opposite sign.")
+_TABLE1_NOTE = (
+    "Table 1 claims compare our differences with the paper's federated EMNIST CNN-2-layers "
+    "differences, Table 3 claims with its EMNIST ResNet-18 ones: a different data set and "
+    "model.")
+def _paired(acc: dict, keys: list, fn) -> tuple:
+  """``(mean, std)`` in points of ``fn(accuracies of keys)`` over the seeds every key ran: std
+  with 2 seeds or more, else None; ``(None, None)`` when a key is missing; mean NaN when a
+  run's accuracy is not finite."""
+  if any(k is None for k in keys):
+    return None, None
+  seeds = sorted(set.intersection(*(set(acc[k]) for k in keys)))
+  if not seeds:
+    return None, None
+  d = 100.0 * np.array([fn([math.nan if acc[k][s] is None else acc[k][s] for k in keys])
+                        for s in seeds], float)
+  if not np.all(np.isfinite(d)):
+    return math.nan, None
+  return float(d.mean()), float(d.std(ddof=1)) if len(d) >= 2 else None
+
+
+def _difference(v):
+  return v[0] - v[1]
+
+
+def _change_of_difference(v):
+  return (v[0] - v[1]) - (v[2] - v[3])
+
+
+def _blur_reason(row, clip: float) -> str:
+  """The measured reason a BLUR run gains little: its pre-clip norms (before LUS) stay above S."""
+  if not row or "blur" not in row["method"] or (row.get("fraction_clipped_mean") or 0) < 0.5:
+    return ""
+  where = " before LUS" if "lus" in row["method"] else ""
+  return (f"BLUR leaves {row['fraction_clipped_mean']:.0%} of updates above S = {clip:g}{where} "
+          f"(last-round median {row['update_norm_median_last']:.2f}); see "
+          f"docs/cheng2022_norms.md")
+
+
+def claims(rows: list, runs: list, settings: dict) -> list:
+  """The paper's claims that this scale measures, each a :class:`Claim` beside our paired
+  difference: Ours (BLUR+LUS) minus each baseline at each epsilon (Table 1, against the paper's
+  CNN-2-layers) or at each model, alpha and epsilon (Table 2; its epsilon is not stated), the
+  gain larger at the smaller epsilon or alpha, and BLUR alone and LUS at each c (Table 3)."""
+  by = {_key(r): r for r in rows}
+  acc = {}
+  for r in runs:
+    acc.setdefault(_key(r), {})[r["seed"]] = r["accuracy"]
+  find, clip, out = _finder(acc, settings), settings["clip"], []
+
+  def claim(text, paper, keys, fn=_difference, why=None, sign_only=False, note=""):
+    measured, spread = _paired(acc, keys, fn)
+    if measured is not None and math.isnan(measured):
+      out.append(Claim(text, paper, None, reason="a run's accuracy is not finite (diverged)",
+                       sign_only=sign_only))
+      return
+    reason = ""
+    if verdict(paper, measured, spread, sign_only) not in ("reproduced", "not measured"):
+      reason = _blur_reason(by.get(why), clip) or "not analysed"
+    out.append(Claim(text, paper, measured, spread,
+                     "; ".join(x for x in (reason, note) if x), sign_only))
+
+  def versus(where, paper, table, model, alpha, eps):
+    ours, dp = (find(table, model, alpha, k, eps) for k in ("blur+lus", "dp_fedavg"))
+    for other in ("dp_fedavg", "ae-dpfl", "ddgauss"):
+      key, note = find(table, model, alpha, other, eps), ""
+      if other == "ddgauss" and key and dp:
+        note = (f"DDGauss's z {by[key]['noise_multiplier']:.2f} vs DP-FedAvg's "
+                f"{by[dp]['noise_multiplier']:.2f} (replace-one)")
+      claim(f"{where}Ours − {LABELS[other]}", paper["blur+lus"][0] - paper[other][0],
+            [ours, key], why=ours, note=note)
+
+  def gain(table, model, alpha, eps):
+    return [find(table, model, alpha, "blur+lus", eps), find(table, model, alpha, "dp_fedavg", eps)]
+
+  if settings["table"] == "table1":
+    (model, alpha), epsilons = settings["runs"][0], settings["epsilons"]
+    for eps in epsilons:
+      if eps in PAPER_TABLE1["cnn2"]:
+        versus(f"epsilon {eps:g}: ", PAPER_TABLE1["cnn2"][eps], "table1", model, alpha, eps)
+    lo, hi = min(epsilons), max(epsilons)
+    if lo < hi and {lo, hi} <= set(PAPER_TABLE1["cnn2"]):
+      p = {e: PAPER_TABLE1["cnn2"][e] for e in (lo, hi)}
+      claim(f"Ours − DP-FedAvg larger at epsilon {lo:g} than at {hi:g}",
+            (p[lo]["blur+lus"][0] - p[lo]["dp_fedavg"][0]) -
+            (p[hi]["blur+lus"][0] - p[hi]["dp_fedavg"][0]),
+            gain("table1", model, alpha, lo) + gain("table1", model, alpha, hi),
+            _change_of_difference)
+    if settings["sparsities"]:
+      ae, t3 = settings["ablation_epsilon"], PAPER_TABLE3
+      base, blur = (find("table1", model, alpha, m, ae) for m in ("dp_fedavg", "dp_fedavg+blur"))
+      claim(f"epsilon {ae:g}: DP-FedAvg+BLUR − DP-FedAvg (Table 3, c = 0)",
+            t3["blur+lus"][0.0] - t3["dp_fedavg+lus"][0.0], [blur, base], why=blur)
+      for c in settings["sparsities"]:
+        if c in t3["dp_fedavg+lus"]:
+          claim(f"epsilon {ae:g}: DP-FedAvg+LUS − DP-FedAvg at c = {c:g} (Table 3)",
+                t3["dp_fedavg+lus"][c] - t3["dp_fedavg+lus"][0.0],
+                [find("table3", model, alpha, "dp_fedavg+lus", ae, c), base])
+  else:
+    for model, alpha in settings["runs"]:
+      for eps in settings["epsilons"]:
+        if alpha in PAPER_TABLE2.get(model, {}):
+          versus(f"{model}, alpha {alpha:g}, epsilon {eps:g}: ", PAPER_TABLE2[model][alpha],
+                 "table2", model, alpha, eps)
+    for model in dict.fromkeys(m for m, _ in settings["runs"]):
+      alphas = [a for m, a in settings["runs"] if m == model and a in PAPER_TABLE2.get(model, {})]
+      if len(alphas) < 2:
+        continue
+      lo, hi = min(alphas), max(alphas)
+      p = {a: PAPER_TABLE2[model][a] for a in (lo, hi)}
+      for eps in settings["epsilons"]:
+        claim(f"{model}, epsilon {eps:g}: Ours − DP-FedAvg larger at alpha {lo:g} than at {hi:g}",
+              (p[lo]["blur+lus"][0] - p[lo]["dp_fedavg"][0]) -
+              (p[hi]["blur+lus"][0] - p[hi]["dp_fedavg"][0]),
+              gain("table2", model, lo, eps) + gain("table2", model, hi, eps),
+              _change_of_difference)
+  return out
 
 
 def plot(runs: list, settings: dict, out_dir: pathlib.Path) -> list:
@@ -380,6 +526,22 @@ def plot(runs: list, settings: dict, out_dir: pathlib.Path) -> list:
       panels.append((f"{where}epsilon = {eps:g} (mean of {settings['seeds']} seeds)", curves))
   paths.append(plot_curves(panels, out_dir / "cheng2022_accuracy.png", xlabel="round"))
   return paths
+
+
+def render(output_dir: str) -> int:
+  """Writes ``results.md`` and the figures of a reproduction in ``output_dir`` from its
+  ``results.json`` (settings, rows) and ``runs.jsonl`` (each run's seed, accuracy and history),
+  running nothing."""
+  out = pathlib.Path(output_dir)
+  results = json.loads((out / "results.json").read_text())
+  check("settings" in results, "output_dir", output_dir,
+        "holds a results.json without settings (the paper scale's run list): nothing to render")
+  settings = dict(results["settings"], runs=[tuple(r) for r in results["settings"]["runs"]])
+  runs = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()
+          if line.strip()]
+  write_text_atomic(out / "results.md", markdown(results["rows"], runs, settings))
+  plot(runs, settings, out)
+  return 0
 
 
 PRIVACY = (
@@ -448,18 +610,16 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
                       f", server lr {base['client_lr']:g}"),
       "privacy": PRIVACY,
   }
-  md = write_markdown(rows, settings, out / "results.md")
-  plots = plot(runs, settings, out)
   write_text_atomic(out / "results.json", json.dumps(
       {"paper": "Cheng et al., Differentially Private Federated Learning with Local Regularization "
                 "and Sparsification, CVPR 2022", "settings": settings, "rows": rows,
        "paper_table1": {m: {str(k): v for k, v in t.items()} for m, t in PAPER_TABLE1.items()},
        "paper_table2": {m: {str(k): v for k, v in t.items()} for m, t in PAPER_TABLE2.items()},
-       "paper_table3": {m: {str(k): v for k, v in t.items()} for m, t in PAPER_TABLE3.items()},
-       "plots": [p.name for p in plots]}, indent=2) + "\n")
-  log(md)
-  log(f"wrote {out / 'results.json'}, {out / 'results.md'}, {', '.join(str(p) for p in plots)} "
-      f"in {wall:.0f}s")
+       "paper_table3": {m: {str(k): v for k, v in t.items()} for m, t in PAPER_TABLE3.items()}},
+      indent=2) + "\n")
+  render(out)
+  log((out / "results.md").read_text())
+  log(f"wrote {out / 'results.json'}, {out / 'results.md'} and the figures in {out} in {wall:.0f}s")
   return {"rows": rows, "settings": settings, "runs": runs}
 
 
