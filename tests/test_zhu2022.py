@@ -1,0 +1,115 @@
+"""The DP-RSA reproduction (fedjax_dp.reproduce.zhu2022): the non-iid split, the verdicts on the
+paper's Fig. 1 claims and render (results.md and the figures from saved results)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from fedjax_dp.reproduce import zhu2022
+
+CURVE_ROUNDS = (10, 20)
+
+
+def test_half_spread_groups_puts_each_digits_other_half_on_its_group():
+  labels = np.repeat(np.arange(10), 60)
+  parts = zhu2022.half_spread_groups(labels, 30, 3, np.random.default_rng(0))
+  assert sorted(np.concatenate(parts).tolist()) == list(range(600))
+  for c in range(10):
+    counts = [int(np.sum(labels[p] == c)) for p in parts]
+    group = {3 * c, 3 * c + 1, 3 * c + 2}
+    assert all(n == 1 for k, n in enumerate(counts) if k not in group)  # 30 of 60 spread
+    assert all(n == 1 + 10 for k, n in enumerate(counts) if k in group)
+  assert [int(np.sum(labels[parts[k]] == 9)) for k in (27, 28, 29)] == [11, 11, 11]  # Byzantine
+
+
+def _record(partition, attack, method, eps, seed, acc):
+  return {"partition": partition, "attack": attack, "method": method, "epsilon": eps,
+          "seed": seed, "accuracy": acc, "epsilon_composed": None if eps is None else 1e5,
+          "delta": None if eps is None else 1e-5, "formal_guarantee": eps is not None or None,
+          "guarantee_note": None, "seconds": 1.0,
+          "history": [{"round": r, "test_accuracy": acc * r / CURVE_ROUNDS[-1], "diagnostics": {}}
+                      for r in CURVE_ROUNDS]}
+
+
+ACCURACIES = {"sgd": 0.10, "signsgd": 0.90, "gm": 0.80, "rsa": 0.80, ("dp-rsa-f", 0.2): 0.70,
+              ("dp-rsa-g", 0.2): 0.74, ("dp-rsa-f", 1.38): 0.79, ("dp-rsa-g", 1.38): 0.78}
+
+
+def _records(seeds=1, settings=(("iid", "gaussian"),)):
+  out = []
+  for partition, attack in settings:
+    for key, acc in ACCURACIES.items():
+      method, eps = key if isinstance(key, tuple) else (key, None)
+      out += [_record(partition, attack, method, eps, s, acc + 0.01 * s) for s in range(seeds)]
+  return out
+
+
+def test_claims_are_signed_differences_of_the_rows():
+  rows, _ = zhu2022._results(_records(), 1)
+  cs = {c.claim: c for c in zhu2022.claims(rows)}
+  assert len(cs) == 6  # one setting's claims
+  sgd = next(c for t, c in cs.items() if t.startswith("SGD fails"))
+  assert sgd.paper_gain == -50.0 and sgd.measured == pytest.approx(-70.0) and sgd.spread is None
+  f_vs_sign = next(c for t, c in cs.items() if "DP-RSA(F) eps 1.38 - SignSGD" in t)
+  assert f_vs_sign.paper_gain == 5.0 and f_vs_sign.measured == pytest.approx(-11.0)
+  g_vs_f = next(c for t, c in cs.items() if "DP-RSA(G) - DP-RSA(F)" in t)
+  assert g_vs_f.measured == pytest.approx(4.0)
+  # Without GM's row its claims are not measured; the others still are.
+  rows = [r for r in rows if r["method"] != "gm"]
+  measured = {c.claim: c.measured for c in zhu2022.claims(rows)}
+  assert [t for t, m in measured.items() if m is None] == [t for t in cs if " - GM " in t]
+
+
+def test_claims_spread_over_seeds_and_non_iid_sizes():
+  recs = _records(seeds=2, settings=(("noniid", "sample-duplication"),))
+  recs[2]["accuracy"] = 0.95  # signsgd seed 0: the per-seed differences now differ
+  rows, _ = zhu2022._results(recs, 2)
+  c = next(c for c in zhu2022.claims(rows) if "DP-RSA(F) eps 1.38 - SignSGD" in c.claim)
+  assert c.paper_gain == 50.0  # "nearly fails" non-iid
+  assert c.measured == pytest.approx(100 * (0.795 - 0.93))
+  assert c.spread == pytest.approx(np.std([100 * (0.79 - 0.95), 100 * (0.80 - 0.91)], ddof=1))
+
+
+def _saved_run(out, records):
+  rows, curves = zhu2022._results(records, 1)
+  zhu2022._write(out, "tiny", zhu2022.SCALES["tiny"], rows, curves, 0.0)
+  (out / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_render_writes_table_verdicts_and_figures_from_saved_results(tmp_path):
+  _saved_run(tmp_path, _records(settings=zhu2022.SETTINGS))
+  assert zhu2022.render(tmp_path) == 0
+  md = (tmp_path / "results.md").read_text()
+  assert "| iid | gaussian | signsgd |  | 90.00 ± 0.00 |" in md
+  assert ("| SGD fails, Gaussian attack (Fig. 1a): SGD - RSA (nominal -50: no defense) | -50.00 | "
+          "-70.00 | -20.00 | reproduced |") in md
+  assert "nearly fail) | +50.00 | -11.00 | -61.00 | not reproduced |" in md
+  assert "* noniid, sample-duplication: dp-rsa-f eps=1.38: -1.00, dp-rsa-g eps=0.2: -6.00" in md
+  for partition, attack in zhu2022.SETTINGS:
+    assert (tmp_path / f"zhu2022_{partition}_{attack}.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_tiny_run_then_render_rewrites_the_same_outputs(shared_data_dir, tmp_path, monkeypatch):
+  """Runs the tiny scale on one setting, deletes results.md and the figure, rewrites them with
+  ``fedjax-dp reproduce zhu2022 --render`` (nothing may run) and compares."""
+  from fedjax_dp.cli import main
+  if not (shared_data_dir / "mnist").is_dir():
+    pytest.skip(f"MNIST not found under {shared_data_dir}")
+  setting = (("iid", "gaussian"),)
+  assert zhu2022.reproduce("tiny", str(tmp_path), data_dir=str(shared_data_dir),
+                           settings=setting, progress=False) == 0
+  md = (tmp_path / "results.md").read_text()
+  figure = tmp_path / "zhu2022_iid_gaussian.png"
+  assert figure.stat().st_size > 1000 and "| SGD fails, Gaussian attack" in md
+  (tmp_path / "results.md").unlink()
+  figure.unlink()
+
+  def no_running(*args, **kwargs):
+    raise AssertionError("render ran something")
+
+  monkeypatch.setattr(zhu2022, "run_jobs", no_running)
+  assert main(["reproduce", "zhu2022", "--render", "--output-dir", str(tmp_path)]) == 0
+  assert (tmp_path / "results.md").read_text() == md
+  assert figure.stat().st_size > 1000
