@@ -12,8 +12,8 @@ API (no pyplot: no backend is chosen or switched, so a notebook keeps showing fi
 
 Each writes its figure and returns the matplotlib ``Figure`` (shown inline when it is a
 notebook cell's value). The reproductions draw
-their figures with the building blocks :class:`Curve`, :func:`plot_curves` and
-:func:`plot_quantiles`.
+their figures with the building blocks :class:`Curve`, :func:`plot_curves`,
+:func:`plot_quantiles` and :func:`plot_histograms`.
 """
 
 from __future__ import annotations
@@ -133,6 +133,31 @@ def quantiles_figure(panels: Sequence[tuple], path, *, clip: Optional[float], yl
 def plot_quantiles(panels: Sequence[tuple], path, **kwargs):
   """:func:`quantiles_figure`; returns ``path``."""
   quantiles_figure(panels, path, **kwargs)
+  return path
+
+
+def histograms_figure(panels: Sequence[tuple], path, *, clip: Optional[float], xlabel: str,
+                      bins: int = 40, size: tuple = (4.5, 3.4)):
+  """Step histograms (densities), one panel per ``(title, [(label, values)])`` of ``panels``
+  (one bin grid per panel), against the clip bound ``clip`` (none: no bound drawn); writes
+  ``path`` and returns the figure."""
+  import numpy as np
+  fig, axes = _panels(len(panels), size, False)
+  for ax, (title, series) in zip(axes, panels):
+    edges = np.histogram_bin_edges(np.concatenate([np.asarray(v, float) for _, v in series]), bins)
+    for label, values in series:
+      ax.hist(values, bins=edges, histtype="step", density=True, lw=1.3, label=label)
+    if clip is not None:
+      ax.axvline(clip, color="k", ls="--", lw=1, label=f"clip S={clip:g}")
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel(xlabel)
+    ax.legend(fontsize=7)
+  return _save(fig, axes, "density", path, legend_size=7)
+
+
+def plot_histograms(panels: Sequence[tuple], path, **kwargs):
+  """:func:`histograms_figure`; returns ``path``."""
+  histograms_figure(panels, path, **kwargs)
   return path
 
 
