@@ -15,6 +15,7 @@ from fedjax_dp.errors import check_choice
 
 REPRODUCTIONS: dict = {
     "cheng2022": "fedjax_dp.reproduce.cheng2022:run",
+    "cheng2022-norms": "fedjax_dp.reproduce.blur_norms:run",
     "spfl2024": "fedjax_dp.reproduce.spfl2024:run",
     "zhu2022": "fedjax_dp.reproduce.zhu2022:run",
 }
