@@ -1,5 +1,5 @@
-"""Cheng et al. 2022 reproduction: the AE-DPFL and DDGauss columns, the CIFAR-10 scales, the
-verdicts and --render."""
+"""Cheng et al. 2022 reproduction: the AE-DPFL and DDGauss columns, the CIFAR-10 scales, Figs. 3
+and 4, the verdicts and --render."""
 
 import json
 import math
@@ -43,6 +43,11 @@ def test_tiny_cifar_all_columns(shared_data_dir, tmp_path):
                             log=lambda *a: None)
   rows = out["rows"]
   assert {r["method"] for r in rows} == set(cheng2022.COLUMNS["table2"]) | {"fedavg"}
+  # Figs. 3 and 4 at two values each; Q = 2 and p = 0.5 are Table 2's runs
+  figs = {(r["table"], r["method"], r["local_steps"], r["sampling_prob"]) for r in rows
+          if r["table"] != "table2"}
+  assert figs == {(f, m, q, p) for m in cheng2022.FIGURE_METHODS
+                  for f, q, p in (("fig3", 1, 0.5), ("fig4", 2, 0.3))}
   for r in rows:
     assert 0.0 <= r["accuracy_mean"] <= 1.0
     if r["method"] != "fedavg":
@@ -50,23 +55,55 @@ def test_tiny_cifar_all_columns(shared_data_dir, tmp_path):
   dd = next(r for r in rows if r["method"] == "ddgauss")
   assert (dd["sampling"], dd["cohort_size"]) == ("fixed", 5)
   md = (tmp_path / "results.md").read_text()
-  for label in ("DP-FedAvg", "AE-DPFL", "DDGauss", "BLUR+LUS", "Table 2",
-                "cnn2, alpha 1, epsilon 8: Ours − DDGauss"):
+  for label in ("DP-FedAvg", "AE-DPFL", "DDGauss", "BLUR+LUS", "Table 2", "### Fig. 3",
+                "### Fig. 4", "| Fig. 3, Q = 1: Ours − DP-FedAvg | + (sign only) |",
+                "| Fig. 4: Ours varies less over p", "cnn2, alpha 1, epsilon 8: Ours − DDGauss"):
     assert label in md
   assert json.loads((tmp_path / "results.json").read_text())["settings"]["table"] == "table2"
-  for name in ("cheng2022_update_norms.png", "cheng2022_accuracy.png"):
+  for name in ("cheng2022_update_norms.png", "cheng2022_accuracy.png", "cheng2022_fig3.png",
+               "cheng2022_fig4.png"):
     assert (tmp_path / name).is_file()
 
 
-# Table 2's columns at one alpha and epsilon, two seeds; AE-DPFL's second seed diverged.
+def test_figure_plan():
+  spec = cheng2022.SCALES["cifar"]
+  runs_of = [(m, a) for m in spec["models"] for a in spec["alphas"]]
+  jobs = cheng2022.figure_plan(spec["figures"], spec["config"], 3, runs_of, spec["epsilons"])
+  assert len(jobs) == 72  # 4 Q and 4 p, x 3 methods x 3 seeds
+  # Q = 30 and p = 0.06 are Table 2's runs
+  assert sorted({j[7]["local_steps"] for j in jobs if j[0] == "fig3"}) == [10, 20, 40, 50]
+  assert sorted({j[7]["sampling_prob"] for j in jobs if j[0] == "fig4"}) == [0.02, 0.04, 0.08, 0.1]
+  assert {(j[1], j[2]) for j in jobs} == {("cnn2", 1.0)}
+  assert {j[4] for j in jobs if j[3] != "fedavg"} == {6.0}
+  assert {j[3] for j in jobs} == set(cheng2022.FIGURE_METHODS)
+  # ... only when Table 2 runs the figures' alpha
+  assert len(cheng2022.figure_plan(spec["figures"], spec["config"], 1, [("cnn2", 0.1)],
+                                   spec["epsilons"])) == 30
+  q = cheng2022._job(spec["config"], *next(j for j in jobs if j[0] == "fig3"))
+  assert q.config.local_steps == 10 and q.labels["local_steps"] == 10
+  assert q.labels["sampling_prob"] == 0.06
+  p = cheng2022._job(spec["config"], *next(j for j in jobs if j[0] == "fig4"))
+  assert p.config.sampling_prob == 0.02 and p.config.capacity == cheng2022.capacity_for(500, 0.02)
+  assert p.labels["local_steps"] == 30
+  assert "figures" not in cheng2022.SCALES["cifar-small"]
+
+
+# Table 2 at Q = 30, p = 0.06 plus Fig. 3 at Q = 40 and Fig. 4 at p = 0.02, two seeds: DP-FedAvg
+# loses 10 and 8 points at Q = 40 and 20 at p = 0.02; Ours (BLUR+LUS) keeps its accuracy.
 _ACC = {("table2", "dp_fedavg"): (0.60, 0.62), ("table2", "blur+lus"): (0.65, 0.66),
         ("table2", "ae-dpfl"): (0.61, math.nan), ("table2", "ddgauss"): (0.55, 0.57),
-        ("table2", "fedavg"): (0.70, 0.71)}
+        ("table2", "fedavg"): (0.70, 0.71),
+        ("fig3", "dp_fedavg"): (0.50, 0.54), ("fig3", "blur+lus"): (0.65, 0.66),
+        ("fig3", "fedavg"): (0.72, 0.72),
+        ("fig4", "dp_fedavg"): (0.40, 0.42), ("fig4", "blur+lus"): (0.60, 0.62),
+        ("fig4", "fedavg"): (0.69, 0.70)}
 _SETTINGS = dict(
     scale="fake", table="table2", seeds=2, epsilons=[6.0], runs=[["cnn2", 1.0]], sparsities=[],
     ablation_epsilon=6.0, sparsity_default=0.7, clip=0.3, figure_epsilon=6.0,
     curve_epsilons=[6.0], description="fake", privacy="fake",
-    config=dict(dataset="cifar10"))
+    config=dict(dataset="cifar10", local_steps=30, sampling_prob=0.06),
+    figures=dict(model="cnn2", alpha=1.0, epsilon=6.0, local_steps=[30, 40],
+                 sampling_prob=[0.02, 0.06]))
 
 
 def _fake_runs():
@@ -79,7 +116,8 @@ def _fake_runs():
           "table": table, "model": "cnn2", "alpha": 1.0, "method": method,
           "target_epsilon": None if method == "fedavg" else 6.0, "seed": seed,
           "sparsity": 0.7 if "lus" in method else None, "lambda": 0.4 if "blur" in method else None,
-          "epsilon": 6.0, "delta": 1e-5,
+          "local_steps": 40 if table == "fig3" else 30,
+          "sampling_prob": 0.02 if table == "fig4" else 0.06, "epsilon": 6.0, "delta": 1e-5,
           "noise_multiplier": {"ddgauss": 2.0}.get(method, 1.0), "sampling": "poisson",
           "cohort_size": None, "accuracy": acc,
           "fraction_clipped": 1.0 if method != "fedavg" else None, "update_norm_q50_last": 0.5,
@@ -99,6 +137,15 @@ def test_claims_paired_by_seed():
   assert "z 2.00 vs DP-FedAvg's 1.00" in dd.reason
   ae = out["cnn2, alpha 1, epsilon 6: Ours − AE-DPFL"]
   assert ae.measured is None and "diverged" in ae.reason
+  drop = out["Fig. 3: DP-FedAvg loses accuracy from Q = 30 to Q = 40"]
+  assert drop.sign_only and drop.paper_gain < 0
+  assert drop.measured == pytest.approx(-9.0) and drop.spread == pytest.approx(math.sqrt(2))
+  assert out["Fig. 3: Ours loses less than DP-FedAvg from Q = 30 to Q = 40"].measured == \
+      pytest.approx(9.0)
+  assert out["Fig. 3, Q = 30: Ours − DP-FedAvg"].measured == pytest.approx(4.5)  # Table 2's run
+  assert out["Fig. 4, p = 0.02: Ours − DP-FedAvg"].measured == pytest.approx(20.0)
+  rng = next(c for k, c in out.items() if k.startswith("Fig. 4: Ours varies less"))
+  assert rng.measured == pytest.approx(15.5)  # DP-FedAvg's range 20, 20; Ours' 5, 4
   # a claim against the paper's size: within half of it is "partly", with a measured reason
   worse = [dict(r, accuracy=r["accuracy"] - 0.04) if r["method"] == "blur+lus" and
            r["table"] == "table2" else r for r in runs]
@@ -107,18 +154,20 @@ def test_claims_paired_by_seed():
   assert gain.measured == pytest.approx(0.5) and "BLUR leaves 100% of updates" in gain.reason
 
 
-def test_render_from_files(tmp_path):
+def test_render_figures_from_files(tmp_path):
   runs = _fake_runs()
   rows = cheng2022._summarize(runs)
   (tmp_path / "results.json").write_text(json.dumps({"settings": _SETTINGS, "rows": rows}))
   (tmp_path / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
   assert cheng2022.render(str(tmp_path)) == 0
   md = (tmp_path / "results.md").read_text()
-  assert "| cnn2 | 1 | 6 (6.000) | 1.000 | 2.000 (6.000) | 61.00 ± 1.41 | nan ± nan | " \
-         "56.00 ± 1.41 | 65.50 ± 0.71 | 70.50 ± 0.71 |" in md
-  assert "| cnn2, alpha 1, epsilon 6: Ours − DP-FedAvg | +5.07 | +4.50 ± 0.71 | -0.57 | " \
-         "reproduced |  |" in md
-  for name in ("cheng2022_accuracy.png", "cheng2022_update_norms.png"):
+  fig3 = md[md.index("### Fig. 3"):md.index("### Fig. 4")]
+  assert "| 40 | 1.000 | 72.00 ± 0.00 | 52.00 ± 2.83 | 65.50 ± 0.71 |" in fig3
+  assert "| 30 | 1.000 | 70.50 ± 0.71 | 61.00 ± 1.41 | 65.50 ± 0.71 |" in fig3  # Table 2's
+  assert "| Fig. 3: DP-FedAvg loses accuracy from Q = 30 to Q = 40 | - (sign only) | " \
+         "-9.00 ± 1.41 |  | reproduced |" in md
+  for name in ("cheng2022_fig3.png", "cheng2022_fig4.png", "cheng2022_accuracy.png",
+               "cheng2022_update_norms.png"):
     assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
   (tmp_path / "results.json").write_text(json.dumps({"runs": []}))  # the paper scale's
   with pytest.raises(ConfigError, match="nothing to render"):
@@ -135,3 +184,15 @@ def test_render_rewrites_a_run(tmp_path):
     (tmp_path / n).unlink()
   assert main(["reproduce", "cheng2022", "--render", "--output-dir", str(tmp_path)]) == 0
   assert {n: (tmp_path / n).read_bytes() for n in names} == before
+  # the files of a run before Figs. 3 and 4: no figures, no Q or p in the records
+  res = json.loads((tmp_path / "results.json").read_text())
+  assert res["settings"].pop("figures") is None
+  drop = ("local_steps", "sampling_prob")
+  res["rows"] = [{k: v for k, v in r.items() if k not in drop} for r in res["rows"]]
+  (tmp_path / "results.json").write_text(json.dumps(res))
+  runs = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+  (tmp_path / "runs.jsonl").write_text("".join(
+      json.dumps({k: v for k, v in r.items() if k not in drop}) + "\n" for r in runs))
+  (tmp_path / "results.md").unlink()
+  assert cheng2022.render(str(tmp_path)) == 0
+  assert (tmp_path / "results.md").read_bytes() == before["results.md"]

@@ -121,6 +121,17 @@ _CIFAR = dict(dataset="cifar10", partition="dirichlet", num_clients=500, rounds=
               client_optimizer="sgd", client_lr=0.1, server_optimizer="sgd", server_lr=1.0,
               clip=0.3, denominator="expected", delta=DELTA, accountant="rdp", eval_every=20)
 
+# Figs. 3 and 4 (CIFAR-10): test accuracy of FedAvg, DP-FedAvg and Ours (BLUR+LUS) against the
+# local steps Q (Fig. 3) and the client sampling probability p (Fig. 4), everything else at
+# Table 2's settings. The paper does not state the figures' model, alpha or epsilon. We use
+# CNN-2-layers, alpha = 1 (Table 2's middle heterogeneity, where the paper's gain of Ours over
+# DP-FedAvg, 5.07 points, is near its largest, so a change with Q or p has room to show) and
+# epsilon = 6 (the budget of the paper's other ablations, Fig. 1 and Table 3).
+FIGURE_METHODS = ("fedavg", "dp_fedavg", "blur+lus")
+FIGURE_AXES = {"fig3": "local_steps", "fig4": "sampling_prob"}
+_FIGURES = dict(model="cnn2", alpha=1.0, epsilon=6.0, local_steps=(10, 20, 30, 40, 50),
+                sampling_prob=(0.02, 0.04, 0.06, 0.08, 0.1))
+
 SCALES = {
     # For tests and the notebook: real scikit-learn digits, seconds.
     "tiny": dict(config=dict(_SMALL, dataset="digits", model="rsa_mlp", num_clients=60,
@@ -132,9 +143,10 @@ SCALES = {
     "small": dict(config=_SMALL, epsilons=EPSILONS, sparsities=SPARSITIES,
                   ablation_epsilon=ABLATION_EPSILON, seeds=3, ablation_seeds=2),
     # Table 2 on real CIFAR-10: CNN-2-layers then ResNet-18 (GroupNorm), the four alphas,
-    # every epsilon, 3 seeds: 408 runs of 300 rounds. Accelerator scale.
+    # every epsilon, 3 seeds: 408 runs of 300 rounds; then Figs. 3 and 4: 72 runs (their Q = 30
+    # and p = 0.06 are Table 2's runs). Accelerator scale.
     "cifar": dict(config=_CIFAR, table="table2", models=("cnn2", "resnet18_gn"),
-                  alphas=(0.1, 1.0, 10.0, 100.0), epsilons=EPSILONS, seeds=3),
+                  alphas=(0.1, 1.0, 10.0, 100.0), epsilons=EPSILONS, seeds=3, figures=_FIGURES),
     # Table 2 on two cores: 100 clients of 100 examples (a class-balanced 10,000-image subset,
     # 2,000 test images), CNN-2-layers, alpha = 1, epsilon = 8, T = 20 rounds, Q = 5,
     # p = 0.1 (10 clients a round), one seed: 5 runs.
@@ -143,12 +155,15 @@ SCALES = {
                                     local_steps=5, eval_every=5),
                         table="table2", models=("cnn2",), alphas=(1.0,), epsilons=(8.0,),
                         seeds=1),
-    # For tests: 10 clients of 40 real CIFAR-10 images, 2 rounds.
+    # For tests: 10 clients of 40 real CIFAR-10 images, 2 rounds; Figs. 3 and 4 at two values
+    # each (Q = 2 and p = 0.5 are Table 2's runs): 11 runs.
     "tiny-cifar": dict(config=dict(_CIFAR, model="cnn2", num_clients=10, max_train=400,
                                    max_test=200, rounds=2, sampling_prob=0.5, local_steps=2,
                                    batch_size=10, eval_every=1),
                        table="table2", models=("cnn2",), alphas=(1.0,), epsilons=(8.0,),
-                       seeds=1, ae_dpfl=dict(public_size=40)),
+                       seeds=1, ae_dpfl=dict(public_size=40),
+                       figures=dict(_FIGURES, epsilon=8.0, local_steps=(1, 2),
+                                    sampling_prob=(0.3, 0.5))),
 }
 
 # The paper's Table 1 (Sec. 6): federated EMNIST, Q = 30 local steps, eta_g = 1, delta = 1e-5,
@@ -192,6 +207,34 @@ def plan(epsilons, sparsities, ablation_epsilon, seeds: int, ablation_seeds: int
   return jobs
 
 
+def figure_plan(figures: dict, base: dict, seeds: int, table_runs, epsilons) -> list:
+  """The runs of Figs. 3 and 4: ``(figure, model, alpha, method, target_epsilon or None, None,
+  seed, {field: value})`` for each value of ``figures["local_steps"]`` (Fig. 3) and
+  ``figures["sampling_prob"]`` (Fig. 4) and each of :data:`FIGURE_METHODS`. A point at Table 2's
+  own Q or p is Table 2's run when that table runs the figures' model, alpha and epsilon.
+
+  How they run (:func:`fedjax_dp.sweep.run_configs`): seeds and noise multipliers are numbers,
+  so the seeds of a method at one Q share one compiled program; Q is a loop count, so each Q is
+  a program of its own. p is not part of the compiled round (the expected cohort size is a
+  number and every cohort is padded to the group's largest capacity), so a method's runs at
+  every p, seeds included, are one program, each experiment padded to the capacity at the
+  largest p (72 clients at p = 0.1 of 500). At the ``cifar`` scale (Q = 30 and p = 0.06 are
+  Table 2's runs) that makes 3 programs of 12 runs for Fig. 4 and 3 x 4 programs of 3 runs for
+  Fig. 3.
+  """
+  reused = (figures["model"], figures["alpha"]) in table_runs and figures["epsilon"] in epsilons
+  jobs = []
+  for fig, field in FIGURE_AXES.items():
+    for value in figures[field]:
+      if reused and value == base[field]:
+        continue
+      for seed in range(seeds):
+        for m in FIGURE_METHODS:
+          jobs.append((fig, figures["model"], figures["alpha"], m,
+                       None if m == "fedavg" else figures["epsilon"], None, seed, {field: value}))
+  return jobs
+
+
 def method_config(base: dict, method: str, eps, ae_options=None) -> dict:
   """A method's run configuration at target epsilon ``eps`` (None: non-private FedAvg).
 
@@ -213,11 +256,14 @@ def method_config(base: dict, method: str, eps, ae_options=None) -> dict:
   return cfg
 
 
-def _job(base, table, model, alpha, method, eps, sparsity, seed, ae_options=None) -> Job:
+def _job(base, table, model, alpha, method, eps, sparsity, seed, overrides=None,
+         ae_options=None) -> Job:
+  """A run of :func:`plan` or :func:`figure_plan` (``overrides``: a figure's Q or p)."""
   from fedjax_dp.algorithms.blur_lus import DEFAULTS
   from fedjax_dp.config import make_config
   cfg = method_config(dict(base, **({} if model is None else {"model": model}),
-                           **({} if alpha is None else {"dirichlet_alpha": alpha})),
+                           **({} if alpha is None else {"dirichlet_alpha": alpha}),
+                           **(overrides or {})),
                       method, eps, ae_options)
   cfg["seed"] = seed
   if method in ("dp_fedavg+lus", "blur+lus") and sparsity is not None:
@@ -226,9 +272,11 @@ def _job(base, table, model, alpha, method, eps, sparsity, seed, ae_options=None
             "target_epsilon": eps, "seed": seed,
             "sparsity": (DEFAULTS["sparsity"] if sparsity is None else sparsity) if "lus" in method
             else None,
-            "lambda": DEFAULTS["lambda"] if "blur" in method else None}
+            "lambda": DEFAULTS["lambda"] if "blur" in method else None,
+            "local_steps": cfg["local_steps"], "sampling_prob": cfg["sampling_prob"]}
   return Job(make_config(cfg), labels, data=alpha,
-             name=f"{table} {cfg['model']} alpha={alpha} {method} eps={eps} c={sparsity} seed={seed}")
+             name=f"{table} {cfg['model']} alpha={alpha} {method} eps={eps} c={sparsity} "
+                  f"Q={cfg['local_steps']} p={cfg['sampling_prob']:g} seed={seed}")
 
 
 def _record(job: Job, result) -> dict:
@@ -247,7 +295,10 @@ def _record(job: Job, result) -> dict:
   }
 
 
-ROW_KEYS = ("table", "model", "alpha", "method", "target_epsilon", "sparsity")
+# What tells the rows apart. Records of reproductions run before Figs. 3 and 4 were added lack
+# local_steps and sampling_prob: they are the scale's (:func:`_with_defaults`).
+ROW_KEYS = ("table", "model", "alpha", "method", "target_epsilon", "sparsity", "local_steps",
+            "sampling_prob")
 
 
 def _summarize(runs: list) -> list:
@@ -274,30 +325,34 @@ def _key(record) -> tuple:
   return tuple(record[k] for k in ROW_KEYS)
 
 
-# A run that one table reuses from another: Table 3 at the default c is Table 1's run.
-_REUSED = {"table3": ("table1",)}
+# A run that one table reuses from another: Table 3 at the default c is Table 1's run, a
+# figure's point at Table 2's own Q or p is Table 2's run.
+_REUSED = {"table3": ("table1",), "fig3": ("table2",), "fig4": ("table2",)}
 
 
 def _finder(keys, settings: dict):
-  """``find(table, model, alpha, method, eps, c=None)``: the key (:data:`ROW_KEYS`) among
-  ``keys`` of that run, or None. ``c`` None is LUS's default; a reused run (:data:`_REUSED`) is
-  found where it ran."""
+  """``find(table, model, alpha, method, eps, c=None, local_steps=None, sampling_prob=None)``:
+  the key (:data:`ROW_KEYS`) among ``keys`` of that run, or None. ``c`` None is LUS's default;
+  Q and p default to the scale's; a reused run (:data:`_REUSED`) is found where it ran."""
+  cfg = settings["config"]
 
-  def find(table, model, alpha, method, eps, c=None):
+  def find(table, model, alpha, method, eps, c=None, local_steps=None, sampling_prob=None):
     if "lus" not in method:
       c = None
     elif c is None:
       c = settings["sparsity_default"]
+    q = cfg["local_steps"] if local_steps is None else local_steps
+    p = cfg["sampling_prob"] if sampling_prob is None else sampling_prob
     for t in (table,) + _REUSED.get(table, ()):
-      if (t, model, alpha, method, eps, c) in keys:
-        return t, model, alpha, method, eps, c
+      if (t, model, alpha, method, eps, c, q, p) in keys:
+        return t, model, alpha, method, eps, c, q, p
     return None
   return find
 
 
 def markdown(rows: list, runs: list, settings: dict) -> str:
-  """results.md: Table 1 or Table 2 (ours, then the paper's), Table 3 and the verdicts
-  (:func:`claims`)."""
+  """results.md: Table 1 or Table 2 (ours, then the paper's), Table 3, Figs. 3 and 4 as tables
+  and the verdicts (:func:`claims`)."""
   by = {_key(r): r for r in rows}
   find = _finder(by, settings)
   table, columns = settings["table"], COLUMNS[settings["table"]]
@@ -361,12 +416,24 @@ def markdown(rows: list, runs: list, settings: dict) -> str:
         ["c", ("dp_fedavg+lus", "DP-FedAvg+LUS"), ("blur+lus", "BLUR+LUS"),
          ("paper_dp_fedavg+lus", "paper DP-FedAvg+LUS (ResNet-18)"),
          ("paper_blur+lus", "paper BLUR+LUS")], table3)
-  notes = [_VERDICT_NOTE] + [_TABLE1_NOTE] * (table == "table1")
+  figures = settings.get("figures")
+  for fig, field in FIGURE_AXES.items() if figures else ():
+    m, a, e = figures["model"], figures["alpha"], figures["epsilon"]
+    points = [{"v": f"{v:g}", "z": z(get(fig, m, a, "dp_fedavg", e, **{field: v})),
+               **{k: acc(get(fig, m, a, k, None if k == "fedavg" else e, **{field: v}))
+                  for k in FIGURE_METHODS}} for v in figures[field]]
+    lines += ["", f"### Fig. {fig[-1]}: {_AXIS_NAMES[field]} ({settings['config']['dataset']}, "
+              f"{m}, alpha = {a:g}, epsilon = {e:g}; test accuracy %, mean ± std over "
+              f"{settings['seeds']} seeds; the paper's values are not legible)", ""]
+    lines += markdown_table([("v", _AXIS_NAMES[field].split()[-1]), ("z", "z (DP-FedAvg, Ours)")]
+                            + [(k, LABELS[k]) for k in FIGURE_METHODS], points)
+  notes = [_VERDICT_NOTE] + [_TABLE1_NOTE] * (table == "table1") + [_FIGURE_NOTE] * bool(figures)
   lines += ["", "### Verdicts", "", " ".join(notes), ""]
   lines += verdict_table(claims(rows, runs, settings))
   return "\n".join(lines) + "\n"
 
 
+_AXIS_NAMES = {"local_steps": "local steps Q", "sampling_prob": "client sampling probability p"}
 _VERDICT_NOTE = (
     "Each claim is a difference in final test accuracy, in points; \"Ours\" is BLUR+LUS. The "
     "column \"ours (points)\" is the measured difference's mean over the seeds both sides ran, "
@@ -379,6 +446,11 @@ _TABLE1_NOTE = (
     "Table 1 claims compare our differences with the paper's federated EMNIST CNN-2-layers "
     "differences, Table 3 claims with its EMNIST ResNet-18 ones: a different data set and "
     "model.")
+_FIGURE_NOTE = (
+    "The figures' values are not legible in the paper's text, so their claims give a direction "
+    "only (sign only: the claimed sign above the spread is reproduced).")
+
+
 def _paired(acc: dict, keys: list, fn) -> tuple:
   """``(mean, std)`` in points of ``fn(accuracies of keys)`` over the seeds every key ran: std
   with 2 seeds or more, else None; ``(None, None)`` when a key is missing; mean NaN when a
@@ -417,7 +489,9 @@ def claims(rows: list, runs: list, settings: dict) -> list:
   """The paper's claims that this scale measures, each a :class:`Claim` beside our paired
   difference: Ours (BLUR+LUS) minus each baseline at each epsilon (Table 1, against the paper's
   CNN-2-layers) or at each model, alpha and epsilon (Table 2; its epsilon is not stated), the
-  gain larger at the smaller epsilon or alpha, and BLUR alone and LUS at each c (Table 3)."""
+  gain larger at the smaller epsilon or alpha, BLUR alone and LUS at each c (Table 3), and the
+  figures' directions (Ours above DP-FedAvg at every Q and p, DP-FedAvg losing from Q = 30 to
+  Q = 40 where Ours holds, Ours varying less over p)."""
   by = {_key(r): r for r in rows}
   acc = {}
   for r in runs:
@@ -490,12 +564,44 @@ def claims(rows: list, runs: list, settings: dict) -> list:
               (p[hi]["blur+lus"][0] - p[hi]["dp_fedavg"][0]),
               gain("table2", model, lo, eps) + gain("table2", model, hi, eps),
               _change_of_difference)
+  figures = settings.get("figures")
+  if figures:
+    m, a, e = figures["model"], figures["alpha"], figures["epsilon"]
+
+    def at(fig, method, **axis):
+      return find(fig, m, a, method, e, **axis)
+
+    qs, ps = figures["local_steps"], figures["sampling_prob"]
+    for q in qs:
+      claim(f"Fig. 3, Q = {q}: Ours − DP-FedAvg", 1.0,
+            [at("fig3", "blur+lus", local_steps=q), at("fig3", "dp_fedavg", local_steps=q)],
+            why=at("fig3", "blur+lus", local_steps=q), sign_only=True)
+    hi = 40 if 40 in qs else max(qs)
+    if any(q < hi for q in qs):
+      lo = max(q for q in qs if q < hi)
+      ours, dp = ([at("fig3", k, local_steps=q) for q in (hi, lo)]
+                  for k in ("blur+lus", "dp_fedavg"))
+      claim(f"Fig. 3: DP-FedAvg loses accuracy from Q = {lo} to Q = {hi}", -1.0, dp,
+            sign_only=True)
+      claim(f"Fig. 3: Ours loses less than DP-FedAvg from Q = {lo} to Q = {hi}", 1.0, ours + dp,
+            _change_of_difference, why=ours[0], sign_only=True)
+    for p in ps:
+      claim(f"Fig. 4, p = {p:g}: Ours − DP-FedAvg", 1.0,
+            [at("fig4", "blur+lus", sampling_prob=p), at("fig4", "dp_fedavg", sampling_prob=p)],
+            why=at("fig4", "blur+lus", sampling_prob=p), sign_only=True)
+    if len(ps) >= 2:
+      n = len(ps)
+      claim("Fig. 4: Ours varies less over p than DP-FedAvg (range over p, DP-FedAvg's minus "
+            "Ours')", 1.0,
+            [at("fig4", k, sampling_prob=p) for k in ("blur+lus", "dp_fedavg") for p in ps],
+            lambda v: np.ptp(v[n:]) - np.ptp(v[:n]), sign_only=True)
   return out
 
 
-def plot(runs: list, settings: dict, out_dir: pathlib.Path) -> list:
-  """Fig. 2 (pre-clip update norms per round, the first model and alpha) and
-  accuracy-versus-round curves (one panel per model, alpha and curve epsilon)."""
+def plot(rows: list, runs: list, settings: dict, out_dir: pathlib.Path) -> list:
+  """Fig. 2 (pre-clip update norms per round, the first model and alpha), accuracy-versus-round
+  curves (one panel per model, alpha and curve epsilon) and, with figures, Figs. 3 and 4
+  (accuracy against Q and p, error bars: std over seeds)."""
   eps_fig, table = settings["figure_epsilon"], settings["table"]
 
   def select(model, alpha, m, eps):
@@ -525,22 +631,48 @@ def plot(runs: list, settings: dict, out_dir: pathlib.Path) -> list:
       where = "" if alpha is None else f"{model}, alpha = {alpha:g}, "
       panels.append((f"{where}epsilon = {eps:g} (mean of {settings['seeds']} seeds)", curves))
   paths.append(plot_curves(panels, out_dir / "cheng2022_accuracy.png", xlabel="round"))
+  figures = settings.get("figures")
+  by = {_key(r): r for r in rows}
+  find = _finder(by, settings)
+  for fig, field in FIGURE_AXES.items() if figures else ():
+    m, a, e = figures["model"], figures["alpha"], figures["epsilon"]
+    curves = []
+    for k in FIGURE_METHODS:
+      found = [(v, by[key]) for v in figures[field]
+               for key in [find(fig, m, a, k, None if k == "fedavg" else e, **{field: v})] if key]
+      if found:
+        curves.append(Curve(LABELS[k], [v for v, _ in found],
+                            [r["accuracy_mean"] for _, r in found],
+                            err=[r["accuracy_std"] for _, r in found],
+                            style=":" if k == "fedavg" else "-"))
+    title = f"Fig. {fig[-1]}: {m}, alpha {a:g}, eps {e:g}, {settings['seeds']} seeds"
+    paths.append(plot_curves([(title, curves)], out_dir / f"cheng2022_{fig}.png",
+                             xlabel=_AXIS_NAMES[field]))
   return paths
+
+
+def _with_defaults(record: dict, settings: dict) -> dict:
+  """A row or run record with the scale's Q and p where it has none (written before Figs. 3 and
+  4 were added)."""
+  return {"local_steps": settings["config"]["local_steps"],
+          "sampling_prob": settings["config"]["sampling_prob"], **record}
 
 
 def render(output_dir: str) -> int:
   """Writes ``results.md`` and the figures of a reproduction in ``output_dir`` from its
   ``results.json`` (settings, rows) and ``runs.jsonl`` (each run's seed, accuracy and history),
-  running nothing."""
+  running nothing. Reads the files of earlier versions of this module too (no ``figures`` in
+  the settings, no Q or p in the records: the scale's)."""
   out = pathlib.Path(output_dir)
   results = json.loads((out / "results.json").read_text())
   check("settings" in results, "output_dir", output_dir,
         "holds a results.json without settings (the paper scale's run list): nothing to render")
   settings = dict(results["settings"], runs=[tuple(r) for r in results["settings"]["runs"]])
-  runs = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()
-          if line.strip()]
-  write_text_atomic(out / "results.md", markdown(results["rows"], runs, settings))
-  plot(runs, settings, out)
+  rows = [_with_defaults(r, settings) for r in results["rows"]]
+  runs = [_with_defaults(json.loads(line), settings)
+          for line in (out / "runs.jsonl").read_text().splitlines() if line.strip()]
+  write_text_atomic(out / "results.md", markdown(rows, runs, settings))
+  plot(rows, runs, settings, out)
   return 0
 
 
@@ -574,9 +706,11 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
   t0 = time.perf_counter()
   epsilons, sparsities = spec["epsilons"], spec.get("sparsities", ())
   ae = spec.get("ablation_epsilon", epsilons[-1])
+  figures = spec.get("figures")
   jobs = [_job(base, *j, ae_options=spec.get("ae_dpfl")) for j in
           plan(epsilons, sparsities, ae, n_seeds, min(n_seeds, spec.get("ablation_seeds", n_seeds)),
-               table, runs_of)]
+               table, runs_of) +
+          (figure_plan(figures, base, n_seeds, runs_of, epsilons) if figures else [])]
 
   def load(alpha):  # the partition's seed is 0 for every run
     return data if data is not None else load_data(make_config(
@@ -599,6 +733,7 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
       "ae_dpfl": dict(spec.get("ae_dpfl") or AE_DPFL_OPTIONS), "num_clients": n,
       "figure_epsilon": ae if ae in epsilons else epsilons[-1],
       "curve_epsilons": sorted({epsilons[0], epsilons[-1]}), "wall_seconds": wall,
+      "figures": figures,
       "description": (f"{base['dataset']}, {n} clients ({split}{subset}), "
                       f"model {' then '.join(spec.get('models', (base['model'],)))}, "
                       f"T={base['rounds']} rounds, Poisson p={p:g} (~{n * p:.0f} clients/round; "
