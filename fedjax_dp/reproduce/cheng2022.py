@@ -1,4 +1,4 @@
-"""Reproduction of Cheng et al., CVPR 2022 (BLUR + LUS): Tables 1, 2 and 3 and Fig. 2.
+"""Reproduction of Cheng et al., CVPR 2022 (BLUR + LUS): Tables 1, 2 and 3 and Figs. 2, 3 and 4.
 
 ``fedjax-dp reproduce cheng2022 --scale small --output-dir DIR`` runs, on real
 MNIST split among several hundred clients, Table 1's columns: DP-FedAvg,
@@ -7,21 +7,30 @@ AE-DPFL, DDGauss, DP-FedAvg+BLUR, DP-FedAvg+LUS and BLUR+LUS at epsilon in
 ledger), non-private FedAvg, and the sparsity ablation of Table 3 (c in
 {0.1, ..., 0.9} at epsilon = 6), each over ``seeds`` seeds. ``--scale cifar``
 runs Table 2 (real CIFAR-10, Dirichlet alpha in {0.1, 1, 10, 100}, CNN-2-layers
-then ResNet-18, columns DP-FedAvg, AE-DPFL, DDGauss, BLUR+LUS and FedAvg; an
-accelerator scale), ``--scale cifar-small`` a two-core variant of it and
-``--scale tiny-cifar`` a test-sized one. DDGauss runs with fixed-size cohorts
+then ResNet-18, columns DP-FedAvg, AE-DPFL, DDGauss, BLUR+LUS and FedAvg) and Figs. 3
+and 4 (FedAvg, DP-FedAvg and BLUR+LUS against the local steps Q and the sampling
+probability p; :func:`figure_plan`), an accelerator scale; ``--scale cifar-small`` a
+two-core variant of Table 2 and ``--scale tiny-cifar`` a test-sized one of Table 2 and
+the figures. DDGauss runs with fixed-size cohorts
 (replace-one), the other columns under Poisson sampling (add/remove): see
 :func:`method_config`. It writes
 
 * ``DIR/results.json``: ``rows`` (``table``, ``model``, ``alpha``, ``method``,
   ``epsilon`` (the ledger's, at delta), ``target_epsilon``, ``noise_multiplier``,
-  ``sampling``, ``lambda``, ``sparsity``, ``accuracy_mean``, ``accuracy_std``
-  (sample std over seeds), ``seeds``, ...), the settings, and the paper's numbers;
-* ``DIR/runs.jsonl``: every run's per-round history;
-* ``DIR/results.md``: Table 1 or 2 (ours, then the paper's) and Table 3;
+  ``sampling``, ``lambda``, ``sparsity``, ``local_steps``, ``sampling_prob``,
+  ``accuracy_mean``, ``accuracy_std`` (sample std over seeds), ``seeds``, ...), the
+  ``settings`` (the scale and all :func:`render` needs), and the paper's numbers;
+* ``DIR/runs.jsonl``: every run's labels, seed, accuracy and per-round history;
+* ``DIR/results.md``: Table 1 or 2 (ours, then the paper's), Table 3, Figs. 3 and 4
+  as tables, and the verdicts (:func:`claims`);
 * ``DIR/cheng2022_update_norms.png`` (Fig. 2: per-round distribution of
-  pre-clip update norms, DP-FedAvg vs BLUR+LUS) and
-  ``DIR/cheng2022_accuracy.png`` (test accuracy versus round).
+  pre-clip update norms, DP-FedAvg vs BLUR+LUS),
+  ``DIR/cheng2022_accuracy.png`` (test accuracy versus round) and
+  ``DIR/cheng2022_fig3.png``, ``DIR/cheng2022_fig4.png``.
+
+``results.md`` and the figures are written by :func:`render` from ``results.json``
+and ``runs.jsonl``; ``fedjax-dp reproduce cheng2022 --render --output-dir DIR``
+rewrites them for an earlier run without running anything.
 
 ``--scale paper`` runs the paper's Table 1 settings (federated EMNIST with TFF's
 HDF5 files in ``--data-dir``): sized for an accelerator, never run on the
