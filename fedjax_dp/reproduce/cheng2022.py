@@ -507,27 +507,29 @@ def claims(rows: list, runs: list, settings: dict) -> list:
     acc.setdefault(_key(r), {})[r["seed"]] = r["accuracy"]
   find, clip, out = _finder(acc, settings), settings["clip"], []
 
-  def claim(text, paper, keys, fn=_difference, why=None, sign_only=False, note=""):
+  def claim(text, paper, keys, fn=_difference, why=None, sign_only=False, above=""):
+    """``above``: the measured reason when ours exceeds the paper's difference."""
     measured, spread = _paired(acc, keys, fn)
     if measured is not None and math.isnan(measured):
       out.append(Claim(text, paper, None, reason="a run's accuracy is not finite (diverged)",
                        sign_only=sign_only))
       return
-    reason = ""
+    reasons = []
     if verdict(paper, measured, spread, sign_only) not in ("reproduced", "not measured"):
-      reason = _blur_reason(by.get(why), clip) or "not analysed"
-    out.append(Claim(text, paper, measured, spread,
-                     "; ".join(x for x in (reason, note) if x), sign_only))
+      reasons.append(_blur_reason(by.get(why), clip) or "not analysed")
+    if above and measured is not None and measured > paper:
+      reasons.append(above)
+    out.append(Claim(text, paper, measured, spread, "; ".join(reasons), sign_only))
 
   def versus(where, paper, table, model, alpha, eps):
     ours, dp = (find(table, model, alpha, k, eps) for k in ("blur+lus", "dp_fedavg"))
     for other in ("dp_fedavg", "ae-dpfl", "ddgauss"):
-      key, note = find(table, model, alpha, other, eps), ""
+      key, above = find(table, model, alpha, other, eps), ""
       if other == "ddgauss" and key and dp:
-        note = (f"DDGauss's z {by[key]['noise_multiplier']:.2f} vs DP-FedAvg's "
-                f"{by[dp]['noise_multiplier']:.2f} (replace-one)")
+        above = (f"DDGauss's z {by[key]['noise_multiplier']:.2f} vs DP-FedAvg's "
+                 f"{by[dp]['noise_multiplier']:.2f} (replace-one)")
       claim(f"{where}Ours − {LABELS[other]}", paper["blur+lus"][0] - paper[other][0],
-            [ours, key], why=ours, note=note)
+            [ours, key], why=ours, above=above)
 
   def gain(table, model, alpha, eps):
     return [find(table, model, alpha, "blur+lus", eps), find(table, model, alpha, "dp_fedavg", eps)]
