@@ -20,7 +20,7 @@ measurements below include):
 1. **Steady state** (:func:`steady_norm`). For a constant gradient ``g`` the step outside the
    ball, ``u -> (1 - b) u - eta g``, contracts to the fixed point ``u* = -g / lambda``, of norm
    ``||g|| / lambda``. If ``||g|| > lambda S`` the update leaves the ball and converges to
-   ``||g|| / lambda > S`` (from below: it never comes back); BLUR keeps a steady update in (or
+   ``||g|| / lambda > S`` monotonically (it never comes back); BLUR keeps a steady update in (or
    within one step of) the ball only when ``||g|| <= lambda S``.
 2. **Exact constant-gradient norm** (:func:`constant_gradient_norm`). The first
    ``m = floor(S / (eta G)) + 1`` steps start inside the ball (undiscounted), so
