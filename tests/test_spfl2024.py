@@ -1,0 +1,76 @@
+"""Wu and Li 2024 (SP-FL) reproduction: the claims' differences with their seed spread, and
+render, which rewrites results.md and the figures from a saved run."""
+
+import json
+
+import pytest
+
+from fedjax_dp.reproduce import spfl2024
+
+
+def _row(method, dataset, setting, value, acc, err):
+  return {"method": method, "dataset": dataset, "setting": setting, "value": value,
+          "accuracy_mean": acc, "accuracy_std": 0.0, "seeds": 2, "train_error_mean": err,
+          "base_value": {"epsilon": 4.0 if value is None else value}}
+
+
+def _record(method, dataset, setting, value, seed, acc, err):
+  return {"method": method, "dataset": dataset, "setting": setting, "value": value,
+          "seed": seed, "accuracy": acc, "train_error": err}
+
+
+def test_difference_pairs_seeds_and_selects_each_claims_settings():
+  # spfl minus dp-fl: base +10 and +20 points (seeds 0, 1), epsilon=1: -10 and 0.
+  acc = {("spfl", None): (0.5, 0.6), ("dp-fl", None): (0.4, 0.4),
+         ("spfl", 1.0): (0.1, 0.2), ("dp-fl", 1.0): (0.2, 0.2)}
+  records = [_record(m, "mnist", "base" if v is None else "epsilon", v, s, a[s], 1 - a[s])
+             for (m, v), a in acc.items() for s in (0, 1)]
+  rows = [_row(m, "mnist", "base" if v is None else "epsilon", v, sum(a) / 2, 1 - sum(a) / 2)
+          for (m, v), a in acc.items()]
+  # a Fashion-MNIST base row without the baseline is not matched
+  rows.append(_row("spfl", "fashion_mnist", "base", None, 0.9, 0.1))
+  mean, spread, n = spfl2024.difference(rows, records, "spfl", "dp-fl", None)
+  # per seed: mean(+10, -10) = 0 and mean(+20, 0) = +10
+  assert (mean, spread, n) == pytest.approx((5.0, 7.0710678, 2))
+  assert spfl2024.difference(rows, records, "spfl", "dp-fl", "base") == pytest.approx(
+      (15.0, 7.0710678, 1))
+  # Fig. 3's points are its sweep and the base point; Fig. 4 is not swept here
+  assert spfl2024.difference(rows, records, "spfl", "dp-fl", "epsilon")[2] == 2
+  assert spfl2024.difference(rows, records, "spfl", "dp-fl", "clients_per_round") == (None, None, 0)
+  # training error (Table 2): lower is the claimed direction
+  assert spfl2024.difference(rows, records, "spfl", "dp-fl", "base", "train_error")[0] == \
+      pytest.approx(-15.0)
+  # one seed: no spread
+  assert spfl2024.difference(rows, [r for r in records if r["seed"] == 0], "spfl", "dp-fl",
+                             None)[1] is None
+  verdicts = {c.claim: c for c in spfl2024.claims(rows, records, "tiny")}
+  assert set(verdicts) == {c[0] for c in spfl2024.CLAIMS}
+  t2 = verdicts["Table 2: SP-FL's training error below DP-FL's (base runs)"]
+  assert t2.sign_only and t2.paper_gain < 0 and t2.measured == pytest.approx(-15.0)
+  assert verdicts["SP-FL over ADP-FL, mean of all settings (abstract)"].measured is None
+
+
+@pytest.mark.slow
+def test_render_rewrites_the_runs_results_md_and_figures(shared_data_dir, tmp_path, capsys):
+  if not (shared_data_dir / "mnist").is_dir():
+    pytest.skip(f"MNIST not found under {shared_data_dir}")
+  out = tmp_path / "r"
+  assert spfl2024.run("tiny", str(out), data_dir=str(shared_data_dir)) == 0
+  md = (out / "results.md").read_text()
+  result = json.loads((out / "results.json").read_text())
+  assert {r["setting"] for r in result["rows"]} == {"base", "epsilon"}
+  assert "| claim | paper (points) | ours (points) |" in md
+  assert "SP-FL over DP-FL, mean of all settings (abstract) | +4.41 |" in md
+  fig3 = (out / "spfl2024_fig3.png").read_bytes()
+  assert not (out / "spfl2024_fig4.png").exists()  # tiny sweeps epsilon only
+  for name in ("results.md", "spfl2024_fig3.png"):
+    (out / name).unlink()
+  capsys.readouterr()
+  assert spfl2024.render(str(out)) == 0
+  assert (out / "results.md").read_text() == md
+  assert (out / "spfl2024_fig3.png").read_bytes() == fig3
+  assert md in capsys.readouterr().out
+  # without runs.jsonl the rows' means give the same differences (one seed here), no spread
+  (out / "runs.jsonl").unlink()
+  assert spfl2024.render(str(out)) == 0
+  assert (out / "results.md").read_text() == md
