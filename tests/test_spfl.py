@@ -336,6 +336,18 @@ def test_per_class_ledgers_equal_direct_dp_accounting(sampling, capacity):
   assert rep["neighbouring_relation"].startswith("replace_one")
 
 
+def test_an_empty_class_has_no_epsilon_and_does_not_break_the_run_report():
+  # high_fraction=0 leaves the high class empty: nothing to account, no min() over no clients.
+  mech = ExampleDPSGDMechanism(1.1, 10, 3, "fixed")
+  acc = ExampleLevelAccounting([PrivacyClass("high", (), mech), PrivacyClass("low", (0, 1), mech)],
+                               np.array([100, 100]), 1e-5, "rdp")
+  acc.on_round(Cohort(np.array([0], np.int32), np.ones(1, np.float32)))
+  rep = acc.report()
+  assert rep["classes"]["high"]["clients"] == 0 and rep["classes"]["high"]["epsilon_max"] is None
+  assert rep["formal_guarantee"] is True
+  assert rep["epsilon"] == pytest.approx(acc.client_epsilon(0), rel=1e-12) and rep["epsilon"] > 0
+
+
 def test_example_counts_are_public_so_poisson_is_accounted_under_replace_one():
   # The count sets the rate L/n and the weights, so the relation that keeps it
   # fixed is replace-one. Its epsilon is well above the add/remove value the

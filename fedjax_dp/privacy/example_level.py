@@ -228,7 +228,7 @@ class ExampleLevelAccounting:
       self.class_of[ids] = i
     self.ledgers = {}
     for i, c in enumerate(self.classes):
-      if c.formal_guarantee:
+      if c.formal_guarantee and len(c.client_ids):  # an empty class has no one to account
         smallest = int(self.counts[np.asarray(c.client_ids, np.int64)].min())
         check_supported(c.mechanism.step_event(smallest), accountant, RELATION,
                         alternative=FIXED_BATCHES)
@@ -288,7 +288,10 @@ class ExampleLevelAccounting:
       rec = {"formal_guarantee": c.formal_guarantee, "clients": int(len(ids)),
              "clients_participated": int(np.sum(self.participation[ids] > 0)),
              "max_rounds_participated": int(self.participation[ids].max()) if len(ids) else 0}
-      if c.formal_guarantee:
+      if c.formal_guarantee and not len(ids):
+        rec.update(epsilon_max=None, epsilon_median=None,
+                   note="no clients in this class: nothing to account")
+      elif c.formal_guarantee:
         eps = np.array([self.client_epsilon(i) for i in ids], np.float64)
         rec.update(epsilon_max=float(eps.max()), epsilon_median=float(np.median(eps)),
                    noise_multiplier=c.mechanism.noise_multiplier,
