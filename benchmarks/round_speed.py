@@ -168,12 +168,14 @@ def main(argv=None):
   p.add_argument("--conv-impl", default="im2col", choices=["im2col", "custom_vjp", "lax"])
   p.add_argument("--skip-loop", action="store_true", help="skip the Python-loop baseline (large cohorts)")
   p.add_argument("--compute-dtype", default="float32", choices=["float32", "bfloat16"])
+  p.add_argument("--client-chunk", type=int, default=None,
+                 help="the engine's clients per block (default: the whole cohort in one vmap)")
   p.add_argument("--json", action="store_true",
                  help="print one JSON object; with benchmarks/peers/.venv present it also runs "
                       "the loop baseline in PyTorch right after (torch_s_per_round)")
   args = p.parse_args(argv)
   r = measure(args.model, args.clients, args.local_steps, args.batch, args.examples, args.repeats,
-              args.conv_impl, args.skip_loop, args.compute_dtype)
+              args.conv_impl, args.skip_loop, args.compute_dtype, chunk=args.client_chunk)
   if args.json:
     r.update(torch_round(args.model, args.clients, args.local_steps, args.batch, args.examples,
                          args.repeats))
