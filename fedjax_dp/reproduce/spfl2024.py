@@ -69,7 +69,8 @@ SCALES = {
                  local_steps=2, batch_size=4, lr=0.1, clip=2.0, example_sampling="fixed",
                  epsilon=4.0, epsilons=(1.0, 4.0), cohorts=(4,), steps=(2,), seeds=1,
                  sweep_datasets=("mnist",), train_eval=500),
-    # 2 CPU cores: 1,141 s measured on a shared machine under load (less when idle).
+    # 2 CPU cores, measured: 358 s idle (1 seed); 2,557 s with --seeds 3 on the shared machine
+    # under a load average of 7-13.
     "small": dict(datasets=DATASETS, max_train=None, max_test=2000, rounds=20, cohort=5,
                   local_steps=2, batch_size=16, lr=0.1, clip=2.0, example_sampling="fixed",
                   epsilon=4.0, epsilons=(1.0, 4.0, 16.0), cohorts=(2, 5, 10), steps=(1, 2, 4),
@@ -211,34 +212,33 @@ CLAIMS = (
      "train_error", -1.0, True),
 )
 
-# Why ours is what it is, per scale: measured on the MNIST base runs (seed 0; the analysis and its
-# runs are in docs/spfl2024.md). Claim -> reason.
-_FEEDBACK = ("spfl's noise sigma C follows the per-example norms, which that noise raises: C_h = "
-             "8.8 in round 1 (the raw mean initial norm), then 0.2 x norms of 15-28, so 3-5.7, and "
-             "the low class's 0.2 x batch norm grows alike; noise 1.4-4.4x dp-fl's fixed sigma x 2 "
-             "where, at L = 16 and 5 clients, every update is mostly noise")
-_ADP_COLLAPSE = ("adp-fl collapses: its bound chases the median per-example norm at its largest "
-                 "rate (2 -> 12.8 in 20 rounds) while its own noise sigma C inflates that median "
-                 "(9.9 -> 73.7), loss 2.2 -> 6.5")
+# Why ours is what it is, per scale: measured in the small runs' metrics.jsonl (raw diagnostics;
+# the analysis is in docs/spfl2024.md). Claim -> reason.
+_FEEDBACK = ("spfl's bound follows norms that its own noise raises: C_h = 8.8 in round 1 (the raw "
+             "mean initial norm), then 0.2 x norms, 3-5.7 (seed 0) vs dp-fl's 2, so 1.6-4.4x "
+             "dp-fl's noise where, at L = 16 and 5 clients, each update is mostly noise")
+_ADP_COLLAPSE = ("adp-fl collapses: its bound chases a median norm that its own noise inflates "
+                 "(bound 2 -> 12.8-14.6, norms 9-10 -> 62-83, loss 6.4-7.9 at round 20)")
 REASONS = {"small": {
     "SP-FL over ADP-FL, mean of all settings (abstract)": _ADP_COLLAPSE,
     "SP-FL over DP-FL, mean of all settings (abstract)": _FEEDBACK,
     "spfl-sound (ours, formal DP) over ADP-FL, the abstract's claim": _ADP_COLLAPSE,
     "spfl-sound (ours, formal DP) over DP-FL, the abstract's claim":
-        "same sigma, smaller signal: the high bound is at most beta_h B = 1.6 with noise z_grad > "
-        "sigma (part of the budget goes to the statistic), and the low class scales gradients "
-        "under norm 10 by 0.2 under dp-fl's noise sigma x 2",
+        "its bounds sit at or below dp-fl's 2 (high 1.2-1.6: beta_h x a noisy mean norm clamped "
+        "at B = 8; low gradients under norm 10 scaled by 0.2 under dp-fl's noise): smaller steps",
     "Fig. 3: SP-FL above ADP-FL over epsilon (mean of its points)": _ADP_COLLAPSE,
     "Fig. 3: SP-FL above DP-FL over epsilon (mean of its points)":
-        "ahead at epsilon 16 (smaller sigma), at chance at epsilon 1 (larger sigma): " + _FEEDBACK,
+        "level at epsilon 16 (sigma 0.92); at epsilon 1 (sigma 3.38) the bound runs away, 8.8 "
+        "-> 830-1500 in round 4, diverging in round 5, all seeds: the feedback's gain grows "
+        "with sigma",
     "Fig. 4: SP-FL above ADP-FL over clients per round": _ADP_COLLAPSE,
     "Fig. 4: SP-FL above DP-FL over clients per round":
-        "the average of more clients has less noise: spfl is level with dp-fl at 10 clients, at "
-        "chance with 2; " + _FEEDBACK,
+        "level at 10 clients (less noise in the average); with 2 the bound runs away (diverging "
+        "in rounds 13-16, all seeds)",
     "Fig. 5: SP-FL above ADP-FL over local iterations": _ADP_COLLAPSE,
     "Fig. 5: SP-FL above DP-FL over local iterations":
-        "more noisy steps per round before the bound is reset: spfl ahead at Q = 1, at chance "
-        "at Q = 4; " + _FEEDBACK,
+        "ahead at Q = 1 within the spread; at Q = 4 more noisy steps per bound (round-1 norms "
+        "24-45 vs 13-21 at Q = 2) and the bound runs away (diverging in rounds 4-7, all seeds)",
     "Table 2: SP-FL's training error below ADP-FL's (base runs)": _ADP_COLLAPSE,
     "Table 2: SP-FL's training error below DP-FL's (base runs)": _FEEDBACK,
 }}
@@ -361,7 +361,8 @@ def render(output_dir) -> int:
   out = pathlib.Path(output_dir)
   result = json.loads((out / "results.json").read_text())
   rows = result["rows"]
-  plots = [_plot(rows, setting, xlabel, out / name, logx) for setting, xlabel, name, logx in FIGURES]
+  plots = [_plot(rows, setting, xlabel, out / name, logx)
+           for setting, xlabel, name, logx in FIGURES]
   verdicts = claims(rows, _records(rows, out / "runs.jsonl"), result["scale"])
   seeds = max((r["seeds"] for r in rows), default=0)
   md = _markdown(rows, verdicts, f"SP-FL reproduction, scale {result['scale']}, {seeds} seed(s), "
