@@ -269,6 +269,8 @@ def _cmd_run(args) -> int:
     out = check_output_dir(DEFAULT_RUN_DIR if args.output_dir is None else args.output_dir,
                            overwrite=args.overwrite)
   from fedjax_dp.experiment import load_data, simulate
+  from fedjax_dp.round import check_devices
+  check_devices(config.devices)
   rounds = []
   t0 = time.perf_counter()
   try:

@@ -6,6 +6,7 @@ from typing import Optional
 
 from fedjax_dp.config import RunConfig
 from fedjax_dp.engine import RunResult, run
+from fedjax_dp.round import check_devices
 
 
 def load_data(config: RunConfig):
@@ -59,6 +60,7 @@ def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional
   config = make_config(**settings) if config is None else (config.replace(**settings) if settings
                                                            else config)
   refuse_unused(config, settings)
+  check_devices(config.devices)
   if data is None:
     data = load_data(config)
   if model is not None:

@@ -394,16 +394,23 @@ def step(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.A
   return new_state, metrics
 
 
-def client_mesh(devices: Optional[int] = None) -> jax.sharding.Mesh:
-  """A one-axis mesh ``("clients",)`` over the first ``devices`` devices (default: all of them,
-  across every process of a multi-process run)."""
+def check_devices(devices: Optional[int]) -> int:
+  """The number of devices a run splits its clients over: ``devices``, or every device JAX sees
+  (across every process) when None; more than JAX sees is refused (run and sweep call it
+  before any data set loads)."""
   from fedjax_dp.errors import check
   available = jax.devices()
   n = len(available) if devices is None else devices
   check(1 <= n <= len(available), "devices", devices,
         f"must be in [1, {len(available)}] (the devices JAX sees: {available[0].platform} x "
         f"{len(available)})")
-  return jax.sharding.Mesh(np.asarray(available[:n]), ("clients",))
+  return n
+
+
+def client_mesh(devices: Optional[int] = None) -> jax.sharding.Mesh:
+  """A one-axis mesh ``("clients",)`` over the first ``devices`` devices (default: all of them,
+  across every process of a multi-process run)."""
+  return jax.sharding.Mesh(np.asarray(jax.devices()[:check_devices(devices)]), ("clients",))
 
 
 def shard_clients(tree, mesh: jax.sharding.Mesh, axis: int):

@@ -240,14 +240,16 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
   from fedjax_dp.experiment import load_data
   from fedjax_dp.jsonio import dumps
   from fedjax_dp.reproduce.runner import seed_stats
+  from fedjax_dp.round import check_devices
   config = make_config() if config is None else config
   points = plan(config, grid or {}, seeds)
   unused = set(unused_fields(points[0].config)) if points else set()
   for name in grid or {}:
     check(name not in unused, name, (grid or {})[name],
           f"is not used by algorithm {config.algorithm!r}: it cannot be a grid axis")
-  for p in points:  # options are checked before any data set loads
+  for p in points:  # options and device counts are checked before any data set loads
     options.read(p.config, option_table(p.config.algorithm))
+    check_devices(p.config.devices)
   out = None if output_dir is None else outputs.check_output_dir(output_dir, overwrite=overwrite,
                                                                   results=SWEEP_FILES)
   load = load or load_data

@@ -114,6 +114,21 @@ def test_fixed_sampling_with_pld_is_refused_before_compiling(capsys, tmp_path, m
   assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("command", ["run", "sweep"])
+def test_more_devices_than_jax_sees_is_refused_before_any_data_loads(command, capsys, tmp_path,
+                                                                      monkeypatch):
+  import fedjax_dp.experiment
+
+  def no_loading(*a, **k):
+    raise AssertionError("loaded data for a refused configuration")
+
+  monkeypatch.setattr(fedjax_dp.experiment, "load_data", no_loading)
+  grid = ["--grid", "client_lr=0.1,0.2"] if command == "sweep" else []
+  assert main([command, *TINY, *grid, "--devices", "99", "--output-dir", str(tmp_path / "o")]) == 2
+  _one_error_line(capsys, "devices")
+  assert not (tmp_path / "o").exists()
+
+
 # ------------------------------------------------------------------ data files
 
 
