@@ -508,18 +508,22 @@ def claims(rows: list, runs: list, settings: dict) -> list:
   find, clip, out = _finder(acc, settings), settings["clip"], []
 
   def claim(text, paper, keys, fn=_difference, why=None, sign_only=False, above=""):
-    """``above``: the measured reason when ours exceeds the paper's difference."""
+    """A reason is given for a claim not reproduced (``why``: the BLUR run whose norms may
+    explain it) and for one whose difference exceeds the paper's by more than half of it and
+    more than the spread (``above``: the measured reason for that, else "not analysed")."""
     measured, spread = _paired(acc, keys, fn)
     if measured is not None and math.isnan(measured):
       out.append(Claim(text, paper, None, reason="a run's accuracy is not finite (diverged)",
                        sign_only=sign_only))
       return
-    reasons = []
-    if verdict(paper, measured, spread, sign_only) not in ("reproduced", "not measured"):
-      reasons.append(_blur_reason(by.get(why), clip) or "not analysed")
-    if above and measured is not None and measured > paper:
-      reasons.append(above)
-    out.append(Claim(text, paper, measured, spread, "; ".join(reasons), sign_only))
+    reason, v = "", verdict(paper, measured, spread, sign_only)
+    if v in ("partly", "not reproduced"):
+      reason = _blur_reason(by.get(why), clip) or "not analysed"
+    elif v == "reproduced" and not sign_only:
+      excess = (measured - paper) * (1.0 if paper > 0 else -1.0)
+      if excess > 0.5 * abs(paper) and excess > (spread or 0.0):
+        reason = above or "not analysed"
+    out.append(Claim(text, paper, measured, spread, reason, sign_only))
 
   def versus(where, paper, table, model, alpha, eps):
     ours, dp = (find(table, model, alpha, k, eps) for k in ("blur+lus", "dp_fedavg"))
