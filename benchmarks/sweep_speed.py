@@ -12,7 +12,9 @@ same configurations on the same data sets (loaded before timing):
   (``group_size=4``).
 
 Prints one JSON object: seconds of each, the ratios, and the largest
-difference in final accuracy between an experiment and its single run.
+difference in final accuracy between an experiment and its single run. With
+``--client-chunks none,1`` both sides are measured again with blocks of one
+client (``client_chunk``), which keeps a block's models in the CPU's cache.
 
 Example:
   python benchmarks/sweep_speed.py --data-dir ../shared/data --rounds 40 --seeds 3
@@ -42,8 +44,10 @@ def base_config(data_dir, rounds: int, method: str):
 
 
 def measure(data_dir=None, rounds: int = 40, seeds: int = 3, epsilons=(2.0, 4.0, 6.0, 8.0),
-            method: str = "dp_fedavg", group_sizes=(None, 4)) -> dict:
-  config = base_config(data_dir, rounds, method)
+            method: str = "dp_fedavg", group_sizes=(None, 4), chunks=(None,)) -> dict:
+  """Both sides at every client block size of ``chunks`` (None: the whole cohort in one vmap);
+  the ratios are against the runs one after another at the default (the first of ``chunks``)."""
+  base = base_config(data_dir, rounds, method)
   grid = {"target_epsilon": list(epsilons)}
   cache = {}
 
@@ -54,21 +58,27 @@ def measure(data_dir=None, rounds: int = 40, seeds: int = 3, epsilons=(2.0, 4.0,
     return cache[key]
 
   for s in range(seeds):  # data sets load before either side is timed
-    load(config.replace(seed=config.seed + s))
-  t0 = time.perf_counter()
-  alone = [simulate(p.config, load(p.config)) for p in sweep_points(config, grid, seeds)]
-  out = {"dataset": config.dataset, "method": method, "rounds": rounds,
-         "experiments": len(alone), "sequential_s": time.perf_counter() - t0}
-  for size in group_sizes:
+    load(base.replace(seed=base.seed + s))
+  out = {"dataset": base.dataset, "method": method, "rounds": rounds}
+  baseline = None
+  for chunk in chunks:
+    config = base.replace(client_chunk=chunk)
+    tag = "" if chunk is None else f"_chunk{chunk}"
     t0 = time.perf_counter()
-    swept = sweep(config, grid, seeds, load=load, group_size=size)
-    name = "sweep" if size is None else f"sweep_group{size}"
-    out[f"{name}_s"] = time.perf_counter() - t0
-    out[f"sequential_over_{name}"] = out["sequential_s"] / out[f"{name}_s"]
-    out[f"{name}_programs"] = len(swept.groups)
-    out[f"{name}_max_accuracy_difference"] = max(
-        abs(e["result"].summary["final_accuracy"] - a.summary["final_accuracy"])
-        for e, a in zip(swept.experiments, alone))
+    alone = [simulate(p.config, load(p.config)) for p in sweep_points(config, grid, seeds)]
+    out["experiments"] = len(alone)
+    out[f"sequential{tag}_s"] = time.perf_counter() - t0
+    baseline = baseline or out[f"sequential{tag}_s"]
+    for size in group_sizes:
+      t0 = time.perf_counter()
+      swept = sweep(config, grid, seeds, load=load, group_size=size)
+      name = ("sweep" if size is None else f"sweep_group{size}") + tag
+      out[f"{name}_s"] = time.perf_counter() - t0
+      out[f"sequential_over_{name}"] = baseline / out[f"{name}_s"]
+      out[f"{name}_programs"] = len(swept.groups)
+      out[f"{name}_max_accuracy_difference"] = max(
+          abs(e["result"].summary["final_accuracy"] - a.summary["final_accuracy"])
+          for e, a in zip(swept.experiments, alone))
   return out
 
 
@@ -79,9 +89,14 @@ def main():
   p.add_argument("--seeds", type=int, default=3)
   p.add_argument("--epsilons", default="2,4,6,8")
   p.add_argument("--method", default="dp_fedavg")
+  p.add_argument("--client-chunks", default="none",
+                 help="client block sizes to measure both sides at, comma-separated; 'none' is "
+                 "the whole cohort in one vmap, the baseline of the ratios (default: none)")
   args = p.parse_args()
+  chunks = tuple(None if c == "none" else int(c) for c in args.client_chunks.split(","))
   print(json.dumps(measure(args.data_dir, args.rounds, args.seeds,
-                           tuple(float(e) for e in args.epsilons.split(",")), args.method)))
+                           tuple(float(e) for e in args.epsilons.split(",")), args.method,
+                           chunks=chunks)))
 
 
 if __name__ == "__main__":
