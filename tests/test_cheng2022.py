@@ -158,6 +158,17 @@ def test_claims_paired_by_seed():
   dd = {c.claim: c for c in cheng2022.claims(cheng2022._summarize(better), better, dict(
       _SETTINGS, runs=[("cnn2", 1.0)]))}["cnn2, alpha 1, epsilon 6: Ours − DDGauss"]
   assert dd.measured == pytest.approx(4.5) and dd.reason == ""  # z explains a larger gap only
+  # AE-DPFL far below Ours: the measured reason applies to label shards only
+  low_ae = [dict(r, accuracy=0.2) if r["method"] == "ae-dpfl" else r for r in runs]
+
+  def ae_reason(partition):
+    settings = dict(_SETTINGS, runs=[("cnn2", 1.0)],
+                    config=dict(_SETTINGS["config"], partition=partition))
+    return {c.claim: c for c in cheng2022.claims(cheng2022._summarize(low_ae), low_ae, settings)}[
+        "cnn2, alpha 1, epsilon 6: Ours − AE-DPFL"].reason
+
+  assert ae_reason("shards") == cheng2022.AE_DPFL_SHARDS_REASON
+  assert ae_reason("dirichlet") == "not analysed"
 
 
 def test_render_figures_from_files(tmp_path):
