@@ -402,9 +402,6 @@ def _cmd_reproduce(args) -> int:
   check_choice("paper", args.paper, sorted(REPRODUCTIONS))
   if args.render:
     from fedjax_dp.reproduce import render_reproduction
-    results = pathlib.Path(args.output_dir) / "results.json"
-    check(results.is_file(), "--output-dir", args.output_dir,
-          "must hold an earlier reproduction's results.json to --render")
     return render_reproduction(args.paper, args.output_dir)
   out = check_output_dir(args.output_dir, overwrite=args.overwrite, results=RESULT_FILES)
   if args.overwrite:

@@ -114,6 +114,20 @@ def test_fixed_sampling_with_pld_is_refused_before_compiling(capsys, tmp_path, m
   assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("paper", ["cheng2022", "cheng2022-norms", "spfl2024", "zhu2022"])
+def test_render_without_an_earlier_reproduction_is_refused(paper, capsys, tmp_path):
+  assert main(["reproduce", paper, "--render", "--output-dir", str(tmp_path / "none")]) == 2
+  _one_error_line(capsys, "--output-dir")
+  assert not (tmp_path / "none").exists()
+  other = tmp_path / "other"  # files of some other reproduction: refused, nothing written
+  other.mkdir()
+  (other / "results.json").write_text('{"paper": "another", "rows": [{"method": "x"}]}')
+  (other / "runs.jsonl").write_text('{"method": "x", "seed": 0}\n')
+  assert main(["reproduce", paper, "--render", "--output-dir", str(other)]) == 2
+  _one_error_line(capsys, "--output-dir")
+  assert sorted(p.name for p in other.iterdir()) == ["results.json", "runs.jsonl"]
+
+
 @pytest.mark.parametrize("command", ["run", "sweep"])
 def test_more_devices_than_jax_sees_is_refused_before_any_data_loads(command, capsys, tmp_path,
                                                                       monkeypatch):

@@ -10,8 +10,9 @@ Each entry is ``"module:function"``; the function takes
 from __future__ import annotations
 
 import importlib
+import pathlib
 
-from fedjax_dp.errors import check_choice
+from fedjax_dp.errors import ConfigError, check, check_choice
 
 REPRODUCTIONS: dict = {
     "cheng2022": "fedjax_dp.reproduce.cheng2022:run",
@@ -51,7 +52,19 @@ def run_reproduction(paper: str, scale: str, output_dir: str, data_dir=None, see
 
 def render_reproduction(paper: str, output_dir: str) -> int:
   """Rewrites ``results.md`` and the figures of ``paper``'s reproduction in ``output_dir`` from
-  its ``results.json`` and ``runs.jsonl``."""
+  its ``results.json`` and ``runs.jsonl``; files of another paper's reproduction are refused by
+  field (``--output-dir``), before anything is written."""
   check_choice("paper", paper, sorted(REPRODUCTIONS))
+  out = pathlib.Path(output_dir)
+  for name in ("results.json", "runs.jsonl"):
+    check((out / name).is_file(), "--output-dir", output_dir,
+          f"must hold the {name} of an earlier `fedjax-dp reproduce {paper}` to --render")
   module = importlib.import_module(REPRODUCTIONS[paper].split(":")[0])
-  return module.render(output_dir)
+  try:
+    return module.render(output_dir)
+  except ConfigError:
+    raise
+  except (KeyError, TypeError, ValueError, AttributeError) as e:  # another paper's files
+    raise ConfigError("--output-dir", output_dir,
+                      f"does not hold files of `fedjax-dp reproduce {paper}` that --render can "
+                      f"read ({type(e).__name__}: {e})") from None

@@ -690,7 +690,7 @@ def render(output_dir: str) -> int:
   the settings, no Q or p in the records: the scale's)."""
   out = pathlib.Path(output_dir)
   results = json.loads((out / "results.json").read_text())
-  check("settings" in results, "output_dir", output_dir,
+  check("settings" in results, "--output-dir", output_dir,
         "holds a results.json without settings (the paper scale's run list): nothing to render")
   settings = dict(results["settings"], runs=[tuple(r) for r in results["settings"]["runs"]])
   rows = [_with_defaults(r, settings) for r in results["rows"]]
