@@ -168,6 +168,8 @@ def main(argv=None):
   p.add_argument("--conv-impl", default="im2col", choices=["im2col", "custom_vjp", "lax"])
   p.add_argument("--skip-loop", action="store_true", help="skip the Python-loop baseline (large cohorts)")
   p.add_argument("--compute-dtype", default="float32", choices=["float32", "bfloat16"])
+  p.add_argument("--skip-centralized", action="store_true",
+                 help="skip the centralized-batch column (large cnn2 cohorts on a CPU)")
   p.add_argument("--client-chunk", type=int, default=None,
                  help="the engine's clients per block (default: the whole cohort in one vmap)")
   p.add_argument("--json", action="store_true",
@@ -175,7 +177,8 @@ def main(argv=None):
                       "the loop baseline in PyTorch right after (torch_s_per_round)")
   args = p.parse_args(argv)
   r = measure(args.model, args.clients, args.local_steps, args.batch, args.examples, args.repeats,
-              args.conv_impl, args.skip_loop, args.compute_dtype, chunk=args.client_chunk)
+              args.conv_impl, args.skip_loop, args.compute_dtype, chunk=args.client_chunk,
+              skip_centralized=args.skip_centralized)
   if args.json:
     r.update(torch_round(args.model, args.clients, args.local_steps, args.batch, args.examples,
                          args.repeats))
