@@ -8,6 +8,13 @@ import pytest
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
+def pytest_configure(config):
+  """A relative ``$FEDJAX_DP_DATA`` is made absolute once, from the directory pytest started in:
+  notebooks and README commands run in other working directories."""
+  if os.environ.get("FEDJAX_DP_DATA"):
+    os.environ["FEDJAX_DP_DATA"] = str(pathlib.Path(os.environ["FEDJAX_DP_DATA"]).resolve())
+
+
 @pytest.fixture(scope="session")
 def shared_data_dir() -> pathlib.Path:
   """The offline copies of real data sets (``$FEDJAX_DP_DATA``).
