@@ -9,7 +9,8 @@ import pytest
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.plots import Curve, plot_curves, plot_quantiles
 from fedjax_dp.reproduce.runner import Job, group_by, num_seeds, run_jobs, seed_stats
-from fedjax_dp.reproduce.tables import Claim, markdown_table, mean_std, verdict, verdict_table
+from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference, verdict,
+                                       verdict_table)
 
 
 def test_seed_stats_sample_std():
@@ -65,6 +66,11 @@ def test_verdict_rules():
   assert verdict(-1.0, -0.1, sign_only=True) == "reproduced"
   assert verdict(-1.0, -0.1, spread=0.2, sign_only=True) == "partly"
   assert verdict(1.0, -0.1, sign_only=True) == "not reproduced"
+
+
+def test_seed_difference_is_the_mean_and_sample_std_of_paired_differences():
+  assert seed_difference([1.0, 3.0]) == (2.0, pytest.approx(math.sqrt(2)))
+  assert seed_difference([-4.5]) == (-4.5, None)  # one seed: no spread
 
 
 def test_verdict_table():

@@ -56,7 +56,8 @@ from fedjax_dp.errors import check, check_choice
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import Curve, plot_curves, plot_quantiles
 from fedjax_dp.reproduce.runner import Job, group_by, num_seeds, run_jobs, seed_stats
-from fedjax_dp.reproduce.tables import Claim, markdown_table, mean_std, verdict, verdict_table
+from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference, verdict,
+                                       verdict_table)
 
 METHODS = ("dp_fedavg", "dp_fedavg+blur", "dp_fedavg+lus", "blur+lus")
 # The paper's other baselines: AE-DPFL (voting on a public set) and DDGauss (the distributed
@@ -473,7 +474,7 @@ def _paired(acc: dict, keys: list, fn) -> tuple:
                         for s in seeds], float)
   if not np.all(np.isfinite(d)):
     return math.nan, None
-  return float(d.mean()), float(d.std(ddof=1)) if len(d) >= 2 else None
+  return seed_difference(d)
 
 
 def _difference(v):

@@ -52,7 +52,8 @@ from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import Curve, plot_curves
 from fedjax_dp.reproduce.runner import (Job, group_by, num_seeds, run_jobs, seed_stats,
                                         simulate_jobs)
-from fedjax_dp.reproduce.tables import Claim, markdown_table, mean_std, verdict_table
+from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference,
+                                       verdict_table)
 
 METHODS = ("spfl", "spfl-sound", "adp-fl", "dp-fl", "nodp-fl")
 PAPER_GAINS = {"adp-fl": 2.25, "dp-fl": 4.41}  # accuracy points, SP-FL over the baseline (abstract)
@@ -272,8 +273,7 @@ def difference(rows, records, ours, base, setting, field="accuracy"):
   seeds = sorted({r["seed"] for r in records})
   per_seed = [float(np.mean([100 * (by[(ours,) + k + (s,)] - by[(base,) + k + (s,)])
                              for k in keys])) for s in seeds]
-  spread = float(np.std(per_seed, ddof=1)) if len(per_seed) > 1 else None
-  return float(np.mean(per_seed)), spread, len(keys)
+  return (*seed_difference(per_seed), len(keys))
 
 
 def _records(rows, runs_path):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Sequence
 
+import numpy as np
+
 
 def mean_std(mean: Optional[float], std: Optional[float] = None, scale: float = 100.0,
              digits: int = 2) -> str:
@@ -53,6 +55,14 @@ class Claim:
   spread: Optional[float] = None
   reason: str = ""
   sign_only: bool = False
+
+
+def seed_difference(diffs: Sequence[float]) -> tuple:
+  """``(measured, spread)`` of a :class:`Claim` from its difference measured once per seed (runs
+  paired by seed), in points: their mean, and their sample standard deviation (``ddof=1``),
+  None with one seed."""
+  d = np.asarray(diffs, float)
+  return float(d.mean()), (float(d.std(ddof=1)) if d.size > 1 else None)
 
 
 def verdict(paper_gain: float, measured: Optional[float], spread: Optional[float] = None,

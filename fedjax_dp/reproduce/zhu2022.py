@@ -41,7 +41,8 @@ from fedjax_dp.errors import check_choice
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import Curve, plot_curves
 from fedjax_dp.reproduce.runner import Job, group_by, num_seeds, run_jobs, seed_stats
-from fedjax_dp.reproduce.tables import Claim, markdown_table, mean_std, verdict_table
+from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference,
+                                       verdict_table)
 
 METHODS = ("sgd", "signsgd", "gm", "rsa", "dp-rsa-f", "dp-rsa-g")
 EPSILONS = (0.2, 0.4, 1.38)
@@ -229,9 +230,8 @@ def claims(rows) -> list:
       a, b = by_key.get((partition, attack) + first), by_key.get((partition, attack) + second)
       measured = spread = None
       if a is not None and b is not None:
-        measured = 100.0 * (a["accuracy_mean"] - b["accuracy_mean"])
-        diffs = 100.0 * (np.array(a["accuracies"]) - np.array(b["accuracies"]))
-        spread = float(diffs.std(ddof=1)) if len(diffs) > 1 else None
+        measured, spread = seed_difference(
+            100.0 * (np.array(a["accuracies"]) - np.array(b["accuracies"])))
       out.append(Claim(text, paper_gain, measured, spread, REASONS[(reason, attack)]))
   return out
 
