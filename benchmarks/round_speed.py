@@ -184,7 +184,6 @@ def main(argv=None):
                          args.repeats))
     if "torch_s_per_round" in r:
       r["torch_over_engine"] = r["torch_s_per_round"] / r["engine_s_per_round"]
-  if args.json:
     print(json.dumps(r))
   else:
     for k, v in r.items():
