@@ -268,14 +268,11 @@ def _cmd_run(args) -> int:
     config, release, done = _config_from_args(args), args.release or "all", 0
     out = check_output_dir(DEFAULT_RUN_DIR if args.output_dir is None else args.output_dir,
                            overwrite=args.overwrite)
-  from fedjax_dp.experiment import load_data, simulate
-  from fedjax_dp.round import check_devices
-  check_devices(config.devices)
+  from fedjax_dp.experiment import simulate
   rounds = []
   t0 = time.perf_counter()
-  try:
-    data = load_data(config)
-    result = simulate(config, data, output_dir=str(out), progress=not args.no_progress,
+  try:  # simulate checks the device count, then loads the data set
+    result = simulate(config, output_dir=str(out), progress=not args.no_progress,
                       release=release, on_round=rounds.append,
                       tensorboard=args.tensorboard, checkpoint_every=args.checkpoint_every,
                       resume=args.resume is not None)
