@@ -384,7 +384,9 @@ def _cmd_sweep(args) -> int:
   for row in result.rows:
     values = " ".join(f"{k}={row[k]}" for k in grid)
     eps = row["epsilon"]
-    print(f"{values}: accuracy={row['accuracy_mean']:.4f} ± {row['accuracy_std']:.4f} "
+    std = row["accuracy_std"]
+    spread = "" if std is None else f" ± {std:.4f}"
+    print(f"{values}: accuracy={row['accuracy_mean']:.4f}{spread} "
           f"({row['seeds']} seeds)  epsilon={'none' if eps is None else format(eps, '.3f')}")
   print(f"{len(result.experiments)} experiments in {len(result.groups)} compiled programs, "
         f"{result.seconds:.1f}s; wrote {out / 'results.json'}")

@@ -44,7 +44,8 @@ class Curve:
     label: its legend entry.
     x: the rounds, or the swept setting's values.
     y: the values (mean over seeds).
-    err: error bars (std over seeds) drawn with markers; none: a plain line.
+    err: error bars (std over seeds; an entry None, one seed: no bar) drawn with markers;
+      none: a plain line.
     style: the matplotlib line style.
   """
 
@@ -84,6 +85,11 @@ def _save(fig, axes, ylabel, path, legend_columns: int = 1, legend_size: int = 8
   return fig
 
 
+def _bars(err: Sequence) -> list:
+  """Error bar lengths for matplotlib: an undefined spread (None: one seed) draws no bar."""
+  return [math.nan if e is None else e for e in err]
+
+
 def curves_figure(panels: Sequence[tuple], path, *, xlabel: str, ylabel="test accuracy",
                   logx: bool = False, ylim: Optional[tuple] = None, size: tuple = (4.2, 3.4),
                   sharey: bool = True, legend_columns: int = 1, legend_size: int = 8):
@@ -95,7 +101,7 @@ def curves_figure(panels: Sequence[tuple], path, *, xlabel: str, ylabel="test ac
       if c.err is None:
         ax.plot(c.x, c.y, c.style, label=c.label, lw=1.3)
       else:
-        ax.errorbar(c.x, c.y, yerr=c.err, marker="o", capsize=2, label=c.label,
+        ax.errorbar(c.x, c.y, yerr=_bars(c.err), marker="o", capsize=2, label=c.label,
                     linestyle=c.style)
     ax.set_title(title, fontsize=9)
     ax.set_xlabel(xlabel)
@@ -289,7 +295,7 @@ def plot_frontier(paths: Sequence, out):
   for prefix, f in zip(_labels([f.parent for f in files]), files):
     for label, points in _frontier_lines(f).items():
       label = f"{prefix}: {label}" if len(files) > 1 else label
-      private = sorted(p for p in points if p[0] is not None)
+      private = sorted((p for p in points if p[0] is not None), key=lambda p: p[0])
       if private:
         curves.append(Curve(label, *zip(*private)))
       baselines += [(f"{label} (no DP)", acc) for e, acc, _ in points if e is None]
@@ -299,7 +305,7 @@ def plot_frontier(paths: Sequence, out):
   fig, axes = _panels(1, (6.0, 4.2), True)
   ax = axes[0]
   for c in curves:
-    ax.errorbar(c.x, c.y, yerr=c.err, marker="o", capsize=2, label=c.label)
+    ax.errorbar(c.x, c.y, yerr=_bars(c.err), marker="o", capsize=2, label=c.label)
   colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
   for i, (label, acc) in enumerate(baselines, len(curves)):  # colors go on after the curves'
     ax.axhline(acc, ls=":", lw=1.2, color=colors[i % len(colors)], label=label)

@@ -135,7 +135,7 @@ class SweepResult:
 
   Attributes:
     rows: one per grid point: the grid values, ``accuracy_mean``, ``accuracy_std`` (sample std
-      over seeds), ``seeds`` and ``epsilon`` (the largest over its seeds; None without accounting),
+      over seeds; None with one seed), ``seeds`` and ``epsilon`` (the largest over its seeds; None without accounting),
       and ``grid``, the grid values again (an axis named like one of these fields, e.g.
       DP-RSA's ``epsilon`` option, is found only there).
     experiments: one per experiment, in plan order: its grid values, seed, group and

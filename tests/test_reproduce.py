@@ -17,7 +17,7 @@ def test_seed_stats_sample_std():
   s = seed_stats([0.5, 0.7, 0.9])
   assert s == {"accuracy_mean": pytest.approx(0.7), "accuracy_std": pytest.approx(0.2),
                "seeds": 3}
-  assert seed_stats([0.25], name="loss") == {"loss_mean": 0.25, "loss_std": 0.0, "seeds": 1}
+  assert seed_stats([0.25], name="loss") == {"loss_mean": 0.25, "loss_std": None, "seeds": 1}  # undefined, not 0
   nan = seed_stats([0.5, None])  # a diverged seed is not dropped
   assert math.isnan(nan["accuracy_mean"]) and math.isnan(nan["accuracy_std"])
   assert nan["seeds"] == 2

@@ -466,7 +466,7 @@ def render(output_dir: str, log=print) -> int:
        ("ratio", "median / median(lambda=0)"), ("bounds", "Eq. 5 min ratio: const g / growing"),
        ("pred", f"Eq. 5, constant g = G_eff = {_g(rows[0]['g_eff'] if rows else None)}")],
       [{"lambda": f"{r['lambda']:g}" + (" (DP-FedAvg)" if r["lambda"] == 0 else ""),
-        "acc": mean_std(r["accuracy_mean"], r["accuracy_std"] if r["seeds"] > 1 else None),
+        "acc": mean_std(r["accuracy_mean"], r["accuracy_std"]),
         "clients": r["clients"],
         "q": f"{r['norm_q10']:.3f} / {r['norm_q50']:.3f} / {r['norm_q90']:.3f}",
         "over": f"{r['fraction_over_S']:.2f}", "ratio": f"{r['median_ratio']:.3f}",

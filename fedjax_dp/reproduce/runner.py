@@ -178,9 +178,10 @@ def group_by(records: Sequence[dict], keys: Sequence[str]) -> dict:
 
 def seed_stats(values: Sequence[Optional[float]], name: str = "accuracy") -> dict:
   """``{NAME_mean, NAME_std, seeds}`` of one value per seed: the mean, the sample standard
-  deviation (``ddof=1``; 0 for one seed) and the number of seeds. A missing value (None) counts
+  deviation (``ddof=1``; None for one seed, where it is undefined: a spread of 0 would claim
+  a precision one seed cannot show) and the number of seeds. A missing value (None) counts
   as NaN and a NaN (a diverged seed) makes both NaN: it is never dropped."""
   a = np.array([math.nan if v is None else v for v in values], dtype=float)
   check(len(a) >= 1, "values", len(a), "need one value per seed, at least one")
-  std = float(a.std(ddof=1)) if len(a) > 1 else (0.0 if np.isfinite(a[0]) else math.nan)
+  std = float(a.std(ddof=1)) if len(a) > 1 else (None if np.isfinite(a[0]) else math.nan)
   return {f"{name}_mean": float(a.mean()), f"{name}_std": std, "seeds": len(a)}

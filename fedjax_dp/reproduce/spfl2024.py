@@ -317,7 +317,8 @@ def _plot(rows, setting, xlabel, path, logx=False):
     curves = []
     for m in METHODS:
       pts = sorted({(r["base_value"][setting], r["accuracy_mean"], r["accuracy_std"])
-                    for r in sel if r["dataset"] == ds and r["method"] == m})
+                    for r in sel if r["dataset"] == ds and r["method"] == m},
+                   key=lambda p: p[0])
       if pts:
         xs, ys, es = zip(*pts)
         curves.append(Curve(m + ("" if m != "spfl" else " (no DP guarantee)"), xs, ys, err=es,
