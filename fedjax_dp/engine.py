@@ -173,11 +173,12 @@ def make_evaluator(model, test_x: np.ndarray, test_y: np.ndarray, batch_size: in
   return lambda params: fn(params, xs, ys, ms)
 
 
-def _quantiles(values: np.ndarray) -> dict:
-  if values.size == 0:
-    return {}
-  q = np.quantile(values, [0.1, 0.5, 0.9])
-  return {"mean": float(values.mean()), "q10": float(q[0]), "q50": float(q[1]), "q90": float(q[2])}
+def quantiles(values) -> dict:
+  """``{"q10", "q50", "q90"}``: the 10th, 50th and 90th percentiles of ``values`` (NaN when
+  there are none); the one summary of a round's client norms in summaries, reports and plots."""
+  values = np.asarray(values, float)
+  q = np.quantile(values, [0.1, 0.5, 0.9]) if values.size else [math.nan] * 3
+  return {"q10": float(q[0]), "q50": float(q[1]), "q90": float(q[2])}
 
 
 def client_norms(metrics: dict) -> np.ndarray:
@@ -198,7 +199,7 @@ def summarize_round(metrics: dict, clip: Optional[float], released_metrics=()) -
   losses = np.asarray(metrics["client_loss"])[mask]
   diag["train_loss"] = float(losses.mean()) if losses.size else None
   norms = client_norms(metrics)
-  diag["update_norm"] = _quantiles(norms)
+  diag["update_norm"] = {"mean": float(norms.mean()), **quantiles(norms)} if norms.size else {}
   if clip is not None and norms.size:
     diag["fraction_clipped"] = float(np.mean(norms > clip))
   released = {}

@@ -239,13 +239,13 @@ def read_norms(folder) -> dict:
 def plot_norms(folder, out):
   """The clients' pre-clip update norms per round (median and the 10-90% band) against the clip
   bound, from ``folder/norms.npz``; writes ``out`` and returns the figure."""
-  import numpy as np
+  from fedjax_dp.engine import quantiles
   out = _check_out(out)
   z = read_norms(folder)
   q = {k: [] for k in ("q10", "q50", "q90")}
   for n in z["norms"]:
-    for k, v in zip(q, np.quantile(n, [0.1, 0.5, 0.9]) if n.size else [math.nan] * 3):
-      q[k].append(float(v))
+    for k, v in quantiles(n).items():
+      q[k].append(v)
   title = f"{_labels([pathlib.Path(folder)])[0]}: {len(z['round'])} rounds"
   return quantiles_figure([(title, z["round"], q)], out, clip=z["clip"], ylabel="update norm")
 

@@ -263,8 +263,8 @@ def gradient_norm_fn(model, batch_size: int, batches: int):
 
 
 def _quantiles(values, prefix: str) -> dict:
-  q = np.quantile(np.asarray(values, float), [0.1, 0.5, 0.9])
-  return {f"{prefix}_q{p}": float(v) for p, v in zip((10, 50, 90), q)}
+  from fedjax_dp.engine import quantiles
+  return {f"{prefix}_{k}": v for k, v in quantiles(values).items()}
 
 
 def run(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] = None, log=print) -> int:
