@@ -70,6 +70,13 @@ PUBLIC_BY_DESIGN = ("round", "rounds", "config", "noise_multiplier", "model", "d
                     "the public participation and example counts)")
 
 
+def _any_guarantee(report: dict) -> bool:
+  """Whether a privacy report (summary fields) gives a formal guarantee to any client: the
+  whole run's, or one privacy class's (example-level runs)."""
+  return bool(report.get("formal_guarantee")) or any(
+      c.get("formal_guarantee") for c in (report.get("classes") or {}).values())
+
+
 def is_released(name: str, released_metrics) -> bool:
   """Whether a program metric is in ``released_metrics`` (names; a trailing ``*`` is a prefix)."""
   return any(name == r or (r.endswith("*") and name.startswith(r[:-1])) for r in released_metrics)
@@ -472,15 +479,21 @@ class _Log:
     summary.update(provenance(program.model, state, e.data))
     summary["data"]["partition"] = run_provenance.partition(e.config)
     summary["provenance"] = run_provenance.environment()
+    covered = {"summary": list(SUMMARY_COVERED),
+               "metrics_rows": list(ROW_COVERED) + list(self.released_metrics)}
+    if not _any_guarantee(summary):
+      covered = {"summary": [], "metrics_rows": [],
+                 "note": "no formal guarantee holds for any client of this run: nothing is covered"}
     summary["release"] = {
         "mode": self.release,
-        "covered_by_guarantee": {"summary": list(SUMMARY_COVERED),
-                                 "metrics_rows": list(ROW_COVERED) + list(self.released_metrics)},
+        "covered_by_guarantee": covered,
         "public_by_design": list(PUBLIC_BY_DESIGN),
         "diagnostics": ("raw, unnoised statistics (realized cohort sizes, client losses, pre-clip "
                         "norms, timings, the sampler's capacity): not covered by the guarantee"
                         + (", and left out of this run's outputs" if self.release == "private" else
-                           ", grouped under 'diagnostics'")),
+                           ", grouped under 'diagnostics'")
+                        + ("; norms.npz holds every sampled client's pre-clip update norm of "
+                           "every round, raw" if self.norms is not None else "")),
     }
     if self.release == "all":
       counts = np.asarray(e.data.counts)

@@ -390,3 +390,12 @@ def test_simulate_takes_a_model_name():
 def test_the_configuration_holds_the_canonical_attack_name():
   assert RunConfig(attack="sign-flip").attack == "sign_flip"
   assert RunConfig(attack="sample-duplication").to_dict()["attack"] == "sample_duplication"
+
+
+def test_release_block_names_the_raw_norms_file(tmp_path):
+  out = tmp_path / "run"
+  assert main(["run", *TINY, "--output-dir", str(out)]) == 0
+  summary = json.loads((out / "summary.json").read_text())
+  assert (out / "norms.npz").exists()
+  assert "norms.npz holds every sampled client's pre-clip update norm" in (
+      summary["release"]["diagnostics"])

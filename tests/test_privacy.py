@@ -93,3 +93,13 @@ def test_ledger_validation():
     PrivacyLedger(1e-5, "moments")
   assert PrivacyLedger(1e-5).epsilon() == 0.0
   assert math.isinf(_direct(dp_accounting.NonPrivateDpEvent(), 1, 1e-5, rdp.RdpAccountant))
+
+
+def test_guarantee_notes_say_the_population_size_is_public():
+  # Every summary releases N, so add/remove must be the zero-out form (the slot stays).
+  poisson = GaussianSumMechanism(clip=0.3, noise_multiplier=1.1, sampling="poisson",
+                                 sampling_prob=0.04)
+  fixed = GaussianSumMechanism(clip=1.0, noise_multiplier=2.0, sampling="fixed",
+                               num_clients=1000, cohort_size=50)
+  assert "population size N public (zero-out" in poisson.guarantee_note
+  assert "replace one client (population size public)" in fixed.guarantee_note

@@ -249,7 +249,9 @@ def test_spfl_initial_threshold_is_read_at_the_runs_initial_model(monkeypatch):
   objective = objectives.supervised(build(cfg, data).program.model.apply)
   got = mean_initial_norm(objective, seen["params"], data.x[:, :32], data.y[:, :32],
                           data.counts, 32)
-  assert res.history[0]["clip_high"] == pytest.approx(float(got), rel=1e-5)
+  # A raw statistic of the clients' data, so a diagnostic, not a released metric.
+  assert "clip_high" not in res.history[0]
+  assert res.history[0]["diagnostics"]["clip_high"] == pytest.approx(float(got), rel=1e-5)
 
 
 def test_adp_quantile_tracks_a_known_quantile():
@@ -514,3 +516,16 @@ def test_each_class_record_is_the_one_the_dp_sgd_client_declares():
   assert published.program.client.mechanism is None
   assert all(c.mechanism is None for c in published.accounting.classes)
   assert build(_config("nodp-fl"), data).program.client.mechanism is None
+
+
+def test_published_spfl_releases_nothing_as_covered_and_sound_spfl_its_thresholds(tmp_path):
+  # Published SP-FL has no guarantee for any client: its release block covers nothing. The
+  # sound variant's thresholds come from noisy statistics, so they are released and covered.
+  data = _data()
+  for alg, covered_clip in (("spfl", False), ("spfl-sound", True)):
+    res = simulate(_config(alg, rounds=1), data, output_dir=str(tmp_path / alg))
+    covered = res.summary["release"]["covered_by_guarantee"]
+    assert ("clip_*" in covered["metrics_rows"]) is covered_clip
+    assert ("clip_high" in res.history[0]) is covered_clip
+    if not covered_clip:
+      assert covered["summary"] == [] and covered["metrics_rows"] == []

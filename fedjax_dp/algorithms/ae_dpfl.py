@@ -55,7 +55,7 @@ from fedjax_dp.algorithms import Setup, cached_round, common_hparams, read_optio
 from fedjax_dp.algorithms.options import Option
 from fedjax_dp.client import local_sgd, make_optimizer
 from fedjax_dp.errors import check
-from fedjax_dp.privacy.mechanisms import GaussianSumMechanism
+from fedjax_dp.privacy.mechanisms import RELATION_WORDS, GaussianSumMechanism
 from fedjax_dp.round import ClientOut, Piece, Round
 from fedjax_dp.transforms import global_norm
 
@@ -79,8 +79,8 @@ class VoteSumMechanism(GaussianSumMechanism):
   def guarantee_note(self) -> str:
     if self.noise_multiplier == 0:
       return "noise_multiplier=0: the exact vote counts are released, no guarantee"
-    rel = ("add/remove one client" if self.relation == "add_remove"
-           else "replace one client (population size public; sensitivity taken as 2 sqrt(m))")
+    rel = RELATION_WORDS[self.relation] + (
+        "; sensitivity taken as 2 sqrt(m)" if self.relation == "replace_one" else "")
     return (f"user-level DP; neighbouring relation: {rel}; one-hot votes on m = "
             f"{round(self.clip ** 2)} public examples: the counts' L2 sensitivity is sqrt(m) = "
             f"{self.clip:.4g}, noise std {self.noise_stddev:.4g} per count; the public set's "

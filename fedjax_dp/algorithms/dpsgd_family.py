@@ -181,5 +181,6 @@ def dpsgd_round(model, num_clients: int, pieces: DPSGDPieces, *, local_train: Ca
       client_hparams=client_hparams, server_rule=server_rule,
       metrics=dpsgd_metrics(tuple(pieces.class_names)),
       # The aggregate of the clients' DP-SGD deltas, and the thresholds, which the sound
-      # variants set from noisy statistics only (see fedjax_dp.engine).
-      released_metrics=("aggregate_norm", "clip_*"))
+      # variants set from noisy statistics only (see fedjax_dp.engine); published SP-FL sets them
+      # from raw norms, so there they are diagnostics.
+      released_metrics=("aggregate_norm",) + (() if pieces.data_dependent_noise else ("clip_*",)))

@@ -19,6 +19,15 @@ from fedjax_dp.privacy.ledger import ACCOUNTANTS, check_supported, make_accounta
 from fedjax_dp.sampling import SAMPLINGS
 
 RELATIONS = {"poisson": "add_remove", "fixed": "replace_one"}
+# The user-level relations in words. Every run releases its population size N (summary.json's
+# "data", the mean's public denominator q N), so add/remove is stated in its zero-out form: the
+# client's slot stays and contributes nothing (Kairouz et al., ICML 2021). A zeroed client adds 0
+# to a sum, as an absent one does, so the Poisson-subsampled add/remove accounting covers it.
+RELATION_WORDS = {
+    "add_remove": "add/remove one client's data with the population size N public (zero-out: "
+                  "the client's slot stays and contributes nothing)",
+    "replace_one": "replace one client (population size public)",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +52,8 @@ class GaussianSumMechanism:
   clipped updates, once per round.
 
   Privacy: user-level DP. With Poisson sampling (probability ``sampling_prob``
-  per client per round) the relation is add/remove one client's whole data set:
+  per client per round) the relation is add/remove one client's whole data set,
+  with the population size public (the zero-out form, :data:`RELATION_WORDS`):
   the sum's L2 sensitivity is ``clip`` and one round is
   ``PoissonSampledDpEvent(p, GaussianDpEvent(z))``. With fixed-size sampling
   without replacement (``cohort_size`` of ``num_clients``) the population size
@@ -92,9 +102,8 @@ class GaussianSumMechanism:
   def guarantee_note(self) -> str:
     if self.noise_multiplier == 0:
       return "noise_multiplier=0: clipping only, no differential privacy guarantee"
-    rel = ("add/remove one client" if self.relation == "add_remove"
-           else "replace one client (population size public)")
-    return f"user-level DP; neighbouring relation: {rel}; L2 sensitivity of the sum bounded by clip"
+    return (f"user-level DP; neighbouring relation: {RELATION_WORDS[self.relation]}; L2 "
+            "sensitivity of the sum bounded by clip")
 
   def round_event(self) -> dp_accounting.DpEvent:
     if self.noise_multiplier == 0:
