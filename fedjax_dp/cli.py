@@ -386,8 +386,11 @@ def _cmd_sweep(args) -> int:
     eps = row["epsilon"]
     std = row["accuracy_std"]
     spread = "" if std is None else f" ± {std:.4f}"
+    both = row["epsilon_seeds_composed"]
+    seeds = "" if both is None or row["seeds"] == 1 else f" (all seeds <= {both:.3f})"
     print(f"{values}: accuracy={row['accuracy_mean']:.4f}{spread} "
-          f"({row['seeds']} seeds)  epsilon={'none' if eps is None else format(eps, '.3f')}")
+          f"({row['seeds']} seeds)  epsilon={'none' if eps is None else format(eps, '.3f')}"
+          f"{seeds}")
   print(f"{len(result.experiments)} experiments in {len(result.groups)} compiled programs, "
         f"{result.seconds:.1f}s; wrote {out / 'results.json'}")
   return 0

@@ -33,7 +33,8 @@ PRIVACY_AXES = ("target_epsilon", "noise_multiplier")
 # vary among a file's rows).
 REPRODUCTION_KEYS = ("method", "table", "dataset", "setting", "partition", "attack", "sparsity")
 # A sweep row's non-grid fields (``grid`` repeats the grid values).
-_ROW_VALUES = ("accuracy_mean", "accuracy_std", "seeds", "epsilon", "grid")
+_ROW_VALUES = ("accuracy_mean", "accuracy_std", "seeds", "epsilon", "epsilon_seeds_composed",
+               "delta_seeds_composed", "grid")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -39,9 +39,14 @@ from fedjax_dp.errors import check
 SWEEP_FILES = ("results.json", "experiments")  # everything a sweep writes in its folder
 # What results.json's fields are, beside each experiment's own summary (which has its release block).
 SWEEP_RELEASE = {
-    "covered_by_guarantee": ["rows.accuracy_mean", "rows.accuracy_std (functions of the released "
-                             "models' test accuracies)"],
-    "public_by_design": ["rows' grid values and grid", "rows.seeds", "rows.epsilon",
+    "covered_by_guarantee": [
+        "rows.accuracy_mean and rows.accuracy_std: functions of the test accuracies of the "
+        "models of all the row's seeds, trained on the same data, so covered by those runs' "
+        "composed guarantee (rows.epsilon_seeds_composed at rows.delta_seeds_composed), not by "
+        "one run's rows.epsilon; each experiment's own results are covered by its summary's"],
+    "public_by_design": ["rows' grid values and grid", "rows.seeds",
+                         "rows.epsilon (each run's own, the largest over the seeds)",
+                         "rows.epsilon_seeds_composed, rows.delta_seeds_composed",
                          "experiments' values, seed, group and output_dir"],
     "diagnostics": ["groups (experiments per compiled program and their seconds)", "seconds: raw "
                     "timings, not covered by any guarantee"],
@@ -49,6 +54,19 @@ SWEEP_RELEASE = {
 # The RunConfig fields that choose and split the data set (load_data's arguments).
 DATA_FIELDS = ("dataset", "num_clients", "partition", "seed", "data_dir", "dirichlet_alpha",
                "shards_per_client", "max_train", "max_test", "download", "min_labels_per_client")
+
+
+def seeds_composed(epsilon: Optional[float], delta: Optional[float], seeds: int) -> dict:
+  """``{epsilon_seeds_composed, delta_seeds_composed}``: what covers a statistic of ``seeds``
+  runs on the same data set (a row's mean and std over seeds), each ``(epsilon, delta)``-DP.
+
+  Basic composition (Dwork and Roth 2014, Thm. 3.16): ``(k epsilon, k delta)``, an upper bound
+  that holds whatever each run's mechanism; composing the runs' RDP curves would be tighter.
+  Both None for a row without a guarantee.
+  """
+  if epsilon is None or delta is None:
+    return {"epsilon_seeds_composed": None, "delta_seeds_composed": None}
+  return {"epsilon_seeds_composed": seeds * epsilon, "delta_seeds_composed": seeds * delta}
 
 
 def parse_grid(text: str) -> dict:
@@ -135,7 +153,9 @@ class SweepResult:
 
   Attributes:
     rows: one per grid point: the grid values, ``accuracy_mean``, ``accuracy_std`` (sample std
-      over seeds; None with one seed), ``seeds`` and ``epsilon`` (the largest over its seeds; None without accounting),
+      over seeds; None with one seed), ``seeds``, ``epsilon`` (each run's own, the largest over
+      its seeds; None without accounting), ``epsilon_seeds_composed`` and
+      ``delta_seeds_composed`` (what covers the mean and std over seeds: :func:`seeds_composed`),
       and ``grid``, the grid values again (an axis named like one of these fields, e.g.
       DP-RSA's ``epsilon`` option, is found only there).
     experiments: one per experiment, in plan order: its grid values, seed, group and
@@ -280,9 +300,10 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
     block = experiments[c:c + seeds]
     summaries = [e["result"].summary for e in block]
     eps = [s.get("epsilon") for s in summaries]
+    eps = None if any(e is None for e in eps) else max(eps)
     rows.append({**block[0]["values"], **seed_stats([s["final_accuracy"] for s in summaries]),
                  # The largest epsilon among the seeds (they differ only where it depends on data).
-                 "epsilon": None if any(e is None for e in eps) else max(eps),
+                 "epsilon": eps, **seeds_composed(eps, summaries[0].get("delta"), len(block)),
                  "grid": dict(block[0]["values"])})
   result = SweepResult(rows, experiments, group_records, time.perf_counter() - t0, points)
   if out is not None:

@@ -62,6 +62,9 @@ def test_each_experiment_equals_its_single_run_and_the_grid_is_one_program(tmp_p
     assert row["accuracy_std"] == pytest.approx(np.std(accs, ddof=1))
     assert row["seeds"] == 2 and row["epsilon"] == pytest.approx(
         max(e["result"].summary["epsilon"] for e in block))
+    # The mean over two runs on the same data is covered by both runs' composed guarantee.
+    assert row["epsilon_seeds_composed"] == pytest.approx(2 * row["epsilon"])
+    assert row["delta_seeds_composed"] == pytest.approx(2 * block[0]["result"].summary["delta"])
   written = json.loads((tmp_path / "results.json").read_text())
   assert set(written) == {"rows", "experiments", "groups", "seconds", "release"}
   assert any("groups" in d for d in written["release"]["diagnostics"])
