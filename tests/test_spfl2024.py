@@ -61,6 +61,11 @@ def test_render_rewrites_the_runs_results_md_and_figures(shared_data_dir, tmp_pa
   assert {r["setting"] for r in result["rows"]} == {"base", "epsilon"}
   assert "| claim | paper (points) | ours (points) |" in md
   assert "SP-FL over DP-FL, mean of all settings (abstract) | +4.41 |" in md
+  # The train error is a raw statistic of the clients' data: labelled so wherever it appears.
+  assert "train error (raw)" in md
+  assert "train_error_mean, train_loss_mean (Table 2's train error)" in result["release"]["diagnostics"]
+  run_dir = next(d for d in (out / "runs").rglob("summary.json"))
+  assert "train_error" in json.loads(run_dir.read_text())["diagnostics"]
   fig3 = (out / "spfl2024_fig3.png").read_bytes()
   assert not (out / "spfl2024_fig4.png").exists()  # tiny sweeps epsilon only
   for name in ("results.md", "spfl2024_fig3.png"):

@@ -55,7 +55,7 @@ import numpy as np
 from fedjax_dp.errors import check, check_choice
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import Curve, plot_curves, plot_quantiles
-from fedjax_dp.reproduce.runner import Job, group_by, num_seeds, run_jobs, seed_stats
+from fedjax_dp.reproduce.runner import Job, group_by, num_seeds, release, run_jobs, seed_stats
 from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference, verdict,
                                        verdict_table)
 
@@ -711,8 +711,12 @@ PRIVACY = (
     "(the only sampling its accounting covers), so its epsilon is under a different neighbouring "
     "relation and needs a larger z than DP-FedAvg (replacing a client moves the sum by up to "
     "2 S; 2.2 to 2.7 times at the tiny and cifar-small scales), and its column is not an "
-    "equal-epsilon comparison under add/remove. Pre-clip update norms in the metrics and "
-    "hyper-parameters chosen on test accuracy are not covered.")
+    "equal-epsilon comparison under add/remove. Pre-clip update norms in the metrics (and the "
+    "rows' fraction_clipped_mean and update_norm_median_last, quoted in the verdicts' reasons) "
+    "and hyper-parameters chosen on test accuracy are not covered.")
+# The rows' raw statistics (runner.release).
+RAW = {"fraction_clipped_mean, update_norm_median_last":
+       "the fraction of pre-clip client updates above S and their last-round median norm"}
 
 
 def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] = None,
@@ -776,7 +780,8 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
                 "and Sparsification, CVPR 2022", "settings": settings, "rows": rows,
        "paper_table1": {m: {str(k): v for k, v in t.items()} for m, t in PAPER_TABLE1.items()},
        "paper_table2": {m: {str(k): v for k, v in t.items()} for m, t in PAPER_TABLE2.items()},
-       "paper_table3": {m: {str(k): v for k, v in t.items()} for m, t in PAPER_TABLE3.items()}},
+       "paper_table3": {m: {str(k): v for k, v in t.items()} for m, t in PAPER_TABLE3.items()},
+       "release": release(RAW)},
       indent=2) + "\n")
   render(out)
   log((out / "results.md").read_text())

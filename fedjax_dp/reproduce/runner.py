@@ -20,7 +20,7 @@ import os
 import pathlib
 import tempfile
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -174,6 +174,22 @@ def group_by(records: Sequence[dict], keys: Sequence[str]) -> dict:
   for r in records:
     groups.setdefault(tuple(r[k] for k in keys), []).append(r)
   return groups
+
+
+def release(diagnostics: Mapping[str, str]) -> dict:
+  """A reproduction's ``results.json`` ``release`` block: what its private runs' guarantees
+  cover, what is public by design and, from ``diagnostics`` (field -> what it is), the raw
+  statistics that no guarantee covers."""
+  return {
+      "covered_by_guarantee": [
+          "each run's test accuracies: post-processing of its released model; a row's mean and "
+          "std over seeds read every seed's model, so they are covered by the seeds' composed "
+          "guarantee (basic composition: k epsilon, k delta for k seeds), not by one run's"],
+      "public_by_design": ["the settings, the paper's numbers, each run's epsilon and noise "
+                           "multiplier (functions of the public settings)"],
+      # Raw, unnoised statistics: not covered by any guarantee.
+      "diagnostics": {"timings (seconds, wall_seconds)": "raw, as every run's", **diagnostics},
+  }
 
 
 def seed_stats(values: Sequence[Optional[float]], name: str = "accuracy") -> dict:
