@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import shutil
@@ -29,6 +30,11 @@ NORMS = "norms.npz"
 TENSORBOARD = "tensorboard"  # a folder of TensorBoard event files
 CHECKPOINTS = "checkpoints"  # a folder of orbax checkpoints (fedjax_dp.checkpoint)
 RUN_FILES = (METRICS, SUMMARY, NORMS, TENSORBOARD, CHECKPOINTS)  # everything a run writes
+# The files that mark each command's folder. A folder holds one kind: a sweep or a reproduction
+# is never written beside a run (or each other), even with --overwrite, which replaces only a
+# command's own files.
+KIND_MARKERS = {"a run": (METRICS, SUMMARY), "a sweep": ("experiments",),
+                "a reproduction": ("runs.jsonl", "results.md")}
 
 
 def _nearest_existing(path: pathlib.Path) -> pathlib.Path:
@@ -67,8 +73,13 @@ def holds_result(path: pathlib.Path) -> bool:
 
 
 def check_output_dir(path, *, overwrite: bool, results: Sequence[str] = RUN_FILES) -> pathlib.Path:
-  """:func:`check_writable`, and, unless ``overwrite``, no earlier result among ``results``."""
+  """:func:`check_writable`; no other command's results (:data:`KIND_MARKERS`) and, unless
+  ``overwrite``, no earlier result among ``results`` (the command's own files)."""
   out = check_writable(path)
+  for kind, markers in KIND_MARKERS.items():
+    for name in markers:
+      check(name in results or not holds_result(out / name), "output_dir", str(out),
+            f"holds {name} of {kind}: another command's results; choose another directory")
   if not overwrite:
     for name in results:
       check(not holds_result(out / name), "output_dir", str(out),
@@ -85,6 +96,35 @@ def remove(folder, names: Sequence[str]) -> None:
       shutil.rmtree(path)
     else:
       path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def replacing(folder, names: Sequence[str]):
+  """For a command that replaces its files ``names`` in ``folder`` (``--overwrite``).
+
+  The earlier files are moved aside. If the block raises before any new result of ``names``
+  exists (bad input, missing data), they come back and a folder the block created is removed
+  again: a refused command loses nothing. Otherwise the earlier files are deleted.
+  """
+  folder = pathlib.Path(folder)
+  created = not folder.exists()
+  earlier = [n for n in names if os.path.lexists(folder / n)]
+  aside = pathlib.Path(tempfile.mkdtemp(prefix=".earlier-", dir=folder)) if earlier else None
+  for n in earlier:
+    os.replace(folder / n, aside / n)
+  try:
+    yield
+  except BaseException:
+    if not any(holds_result(folder / n) for n in names):
+      remove(folder, names)  # empty leftovers, e.g. a runs.jsonl opened before the data failed
+      for n in earlier:
+        os.replace(aside / n, folder / n)
+      if created and folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
+    raise
+  finally:
+    if aside is not None:
+      shutil.rmtree(aside, ignore_errors=True)
 
 
 def write_atomic(path, write: Callable[[pathlib.Path], None]) -> None:

@@ -172,6 +172,7 @@ def _check_out(out) -> pathlib.Path:
   """``out`` as a path whose folder exists and whose suffix names an image format."""
   out = pathlib.Path(out)
   check(out.parent.is_dir(), "out", str(out), f"its folder {out.parent} must exist")
+  check(not out.is_dir(), "out", str(out), "is a folder: name the image file to write")
   from matplotlib.backend_bases import FigureCanvasBase
   formats = sorted(FigureCanvasBase.get_supported_filetypes())
   check(out.suffix[1:].lower() in formats, "out", str(out),
@@ -229,12 +230,19 @@ def plot_runs(dirs: Sequence, out):
 def read_norms(folder) -> dict:
   """A run folder's ``norms.npz``: ``round``, ``norms`` (a list of one array per round) and
   ``clip`` (None without a clip bound)."""
+  import zipfile
   import numpy as np
-  with np.load(_file_in(folder, "norms.npz")) as z:
-    offsets, flat = z["offsets"], z["norms"]
-    clip = float(z["clip"])
-    return {"round": z["round"], "norms": [flat[a:b] for a, b in zip(offsets[:-1], offsets[1:])],
-            "clip": None if math.isnan(clip) else clip}
+  path = _file_in(folder, "norms.npz")
+  try:
+    with np.load(path, allow_pickle=False) as z:
+      offsets, flat = z["offsets"], z["norms"]
+      clip = float(z["clip"])
+      rounds = z["round"]
+  except (ValueError, KeyError, OSError, EOFError, zipfile.BadZipFile) as e:
+    raise ConfigError("dir", str(folder), f"its norms.npz is not one a run writes "
+                      f"(round, offsets, norms, clip): {type(e).__name__}") from None
+  return {"round": rounds, "norms": [flat[a:b] for a, b in zip(offsets[:-1], offsets[1:])],
+          "clip": None if math.isnan(clip) else clip}
 
 
 def plot_norms(folder, out):

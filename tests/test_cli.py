@@ -399,3 +399,47 @@ def test_release_block_names_the_raw_norms_file(tmp_path):
   assert (out / "norms.npz").exists()
   assert "norms.npz holds every sampled client's pre-clip update norm" in (
       summary["release"]["diagnostics"])
+
+
+def _tree(folder):
+  return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+          if p.is_file()}
+
+
+def test_a_refused_reproduce_overwrite_keeps_the_earlier_results(tmp_path, capsys):
+  out = tmp_path / "rep"
+  out.mkdir()
+  for name, text in (("results.json", "{}"), ("results.md", "earlier"), ("runs.jsonl", "{}\n")):
+    (out / name).write_text(text)
+  before = _tree(out)
+  empty = tmp_path / "no_data"
+  empty.mkdir()
+  for extra in (["--scale", "nope"], ["--seeds", "0"], ["--seeds", "-2"],
+                ["--scale", "small", "--data-dir", str(empty)]):  # the last: MNIST is missing
+    assert main(["reproduce", "cheng2022", "--overwrite", "--output-dir", str(out), *extra]) == 2
+    assert _tree(out) == before, extra
+  # A folder the refused command would have created is not left behind.
+  new = tmp_path / "new"
+  assert main(["reproduce", "cheng2022", "--scale", "small", "--data-dir", str(empty),
+               "--output-dir", str(new)]) == 2
+  assert not new.exists()
+  err = capsys.readouterr().err
+  assert "invalid scale='nope'" in err and "invalid seeds=0" in err
+
+
+def test_commands_do_not_write_into_each_others_folders(tmp_path, capsys):
+  run_dir = tmp_path / "run"
+  assert main(["run", *TINY, "--output-dir", str(run_dir)]) == 0
+  before = _tree(run_dir)
+  for argv in (["sweep", *TINY, "--grid", "clip=0.1", "--output-dir", str(run_dir)],
+               ["sweep", *TINY, "--grid", "clip=0.1", "--overwrite", "--output-dir", str(run_dir)],
+               ["reproduce", "cheng2022", "--scale", "tiny", "--overwrite", "--output-dir",
+                str(run_dir)]):
+    assert main(argv) == 2
+    assert _tree(run_dir) == before
+  assert "holds metrics.jsonl of a run" in capsys.readouterr().err
+  sweep_dir = tmp_path / "sweep"
+  (sweep_dir / "experiments").mkdir(parents=True)
+  (sweep_dir / "experiments" / "x").write_text("1")
+  assert main(["run", *TINY, "--overwrite", "--output-dir", str(sweep_dir)]) == 2
+  assert "holds experiments of a sweep" in capsys.readouterr().err

@@ -232,3 +232,16 @@ def test_tensorboard_needs_an_output_dir():
   from fedjax_dp.experiment import simulate
   with pytest.raises(ConfigError, match="tensorboard=True: needs an output_dir"):
     simulate(make_config(num_clients=60, model="mlp", rounds=1), tensorboard=True)
+
+
+def test_plot_refuses_a_folder_as_out_and_a_corrupt_norms_file(tmp_path, capsys):
+  from fedjax_dp.cli import main
+  run = tmp_path / "run"
+  run.mkdir()
+  (run / "metrics.jsonl").write_text('{"round": 1, "test_accuracy": 0.5}\n')
+  (run / "norms.npz").write_text("not an npz")
+  (tmp_path / "a.png").mkdir()
+  assert main(["plot", "--kind", "norms", "--out", str(tmp_path / "a.png"), str(run)]) == 2
+  assert "is a folder" in capsys.readouterr().err
+  assert main(["plot", "--kind", "norms", "--out", str(tmp_path / "b.png"), str(run)]) == 2
+  assert "its norms.npz is not one a run writes" in capsys.readouterr().err

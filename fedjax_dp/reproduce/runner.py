@@ -55,7 +55,7 @@ class Job:
 
 def num_seeds(seeds, default: int) -> int:
   """``seeds`` (``--seeds``), or the scale's ``default`` when not given; at least 1."""
-  n = int(seeds or default)
+  n = int(default if seeds is None else seeds)
   check(n >= 1, "seeds", seeds, "must be >= 1")
   return n
 
