@@ -82,6 +82,8 @@ def read_meta(output_dir) -> dict:
   """The ``host`` item of the latest checkpoint in ``output_dir`` (its ``config``, ``release``,
   ``checkpoint_every``, ``round``, ...); :class:`ConfigError` when there is none."""
   import orbax.checkpoint as ocp
+  check(pathlib.Path(output_dir).is_dir(), "resume", str(output_dir),
+        "is not an existing folder: name the folder of the run to continue")
   step = latest_round(output_dir)
   check(step is not None, "resume", str(output_dir),
         f"holds no complete checkpoint in {outputs.CHECKPOINTS}/: nothing to resume (a run saves "

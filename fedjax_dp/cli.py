@@ -249,7 +249,11 @@ def _resumed(args) -> tuple:
       same = False
     check(same, name, value, f"conflicts with the resumed run's {name}={stored[name]!r} ({where}): "
           "leave it out to continue that run")
+  from fedjax_dp.algorithms import option_table
+  known = sorted(o.name for o in option_table(config.algorithm))
   for name, value in options.items():
+    check(name in known, name, value, f"is not an option of the resumed run's algorithm "
+          f"{config.algorithm!r} (its options: {', '.join(known)})")
     check(normal(value) == stored["options"].get(name), name, value, "conflicts with the resumed "
           f"run's option {name}={stored['options'].get(name)!r} ({where}): leave it out")
   check(args.release in (None, meta["release"]), "release", args.release,
@@ -264,6 +268,10 @@ def _cmd_run(args) -> int:
   if args.resume is not None:
     config, release, done = _resumed(args)
     out = check_writable(args.resume)
+    if done >= config.rounds and (out / SUMMARY).is_file():  # finished: nothing to redo or rewrite
+      s = json.loads((out / SUMMARY).read_text())
+      print(f"{out} holds a finished run: nothing to resume, its files are as they were")
+      return _report(s, config, (s.get("diagnostics") or {}).get("seconds_total"), out)
   else:
     config, release, done = _config_from_args(args), args.release or "all", 0
     out = check_output_dir(DEFAULT_RUN_DIR if args.output_dir is None else args.output_dir,
@@ -290,8 +298,12 @@ def _cmd_run(args) -> int:
       what = f"before the first round: {out} is as it was"
     print(f"fedjax-dp: interrupted {what}", file=sys.stderr)
     return EXIT_INTERRUPTED
-  seconds = time.perf_counter() - t0
-  s = result.summary
+  return _report(result.summary, config, time.perf_counter() - t0, out)
+
+
+def _report(s: dict, config, seconds: Optional[float], out: pathlib.Path) -> int:
+  """Prints a run's final line from its summary ``s``; the exit status."""
+  from fedjax_dp.outputs import METRICS, SUMMARY
   eps = s.get("epsilon")
   eps_text = (f"epsilon={eps:.3f} at delta={s['delta']:g}" if eps is not None
               else f"no formal DP guarantee ({s.get('guarantee_note')})")
@@ -299,8 +311,8 @@ def _cmd_run(args) -> int:
   diverged = "diverged (non-finite test loss)  " if s["diverged"] else ""
   _warn_noise(s.get("noise_multiplier"), f"calibrated for target_epsilon={config.target_epsilon:g}"
               if config.target_epsilon is not None else "as given")
-  print(f"final test accuracy={acc:.4f}  {diverged}{eps_text}  rounds={s['rounds']}  "
-        f"seconds={seconds:.1f}")
+  took = "" if seconds is None else f"  seconds={seconds:.1f}"
+  print(f"final test accuracy={acc:.4f}  {diverged}{eps_text}  rounds={s['rounds']}{took}")
   print(f"wrote {out / METRICS} and {out / SUMMARY}")
   return EXIT_DIVERGED if s["diverged"] else 0
 

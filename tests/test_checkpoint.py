@@ -158,17 +158,17 @@ def test_ctrl_c_says_how_to_resume_and_resuming_twice_is_the_same_run(reference,
   assert _summary(out)["params_sha256"] == _summary(reference)["params_sha256"]
 
 
-def test_resuming_a_finished_run_recomputes_nothing(checkpointed, reference, capsys):
-  rows = (checkpointed / "metrics.jsonl").read_text()
+def test_resuming_a_finished_run_recomputes_and_rewrites_nothing(checkpointed, reference, capsys):
+  before = {p: p.read_bytes() for p in checkpointed.rglob("*") if p.is_file()}
   # Settings equal to the stored ones may be given.
   assert main(["run", "--resume", str(checkpointed), "--rounds", "8", "--model", "mlp",
                "--release", "all", "--no-progress"]) == 0
-  assert "rounds=8" in capsys.readouterr().out
-  assert (checkpointed / "metrics.jsonl").read_text() == rows
+  out = capsys.readouterr().out
+  assert "holds a finished run: nothing to resume" in out and "rounds=8" in out
+  assert {p: p.read_bytes() for p in checkpointed.rglob("*") if p.is_file()} == before
   s = _summary(checkpointed)
   assert s["params_sha256"] == _summary(reference)["params_sha256"]
   assert s["final_accuracy"] == _summary(reference)["final_accuracy"]
-  assert s["diagnostics"]["resumed_from_round"] == 8
 
 
 @pytest.mark.parametrize("args,field", [
@@ -195,6 +195,10 @@ def test_resume_refusals(checkpointed, reference, tmp_path, capsys):
   assert "invalid seed=1: conflicts with the resumed run's seed=0" in capsys.readouterr().err
   assert main(["run", "--resume", str(reference)]) == 2  # no checkpoint there
   assert "holds no complete checkpoint" in capsys.readouterr().err
+  assert main(["run", "--resume", str(tmp_path / "nowhere")]) == 2
+  assert "invalid resume=" in capsys.readouterr().err
+  assert main(["run", "--resume", str(checkpointed), "--set", "foo=1"]) == 2
+  assert "invalid foo=1: is not an option of the resumed run's algorithm" in capsys.readouterr().err
   assert main(["sweep", "--grid", "clip=0.1,0.2", "--checkpoint-every", "2",
                "--output-dir", str(tmp_path / "sweep")]) == 2
   assert "invalid checkpoint_every=2: a sweep is not checkpointed" in capsys.readouterr().err
