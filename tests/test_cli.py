@@ -447,7 +447,8 @@ def test_commands_do_not_write_into_each_others_folders(tmp_path, capsys):
 
 def test_multi_krum_larger_than_the_cohort_is_refused(tmp_path, capsys):
   # krum_m rows out of a cohort of 3 would silently be the plain mean.
-  assert main(["run", *TINY, "--algorithm", "krum", "--sampling", "fixed", "--cohort-size", "3",
+  assert main(["run", "--num-clients", "40", "--rounds", "1", "--model", "mlp", "--no-progress",
+               "--algorithm", "krum", "--sampling", "fixed", "--cohort-size", "3",
                "--set", "krum_m=5", "--output-dir", str(tmp_path / "o")]) == 2
   assert "invalid option krum_m=5: must be <= cohort_size=3" in capsys.readouterr().err
   assert not (tmp_path / "o").exists()
