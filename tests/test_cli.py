@@ -452,3 +452,20 @@ def test_multi_krum_larger_than_the_cohort_is_refused(tmp_path, capsys):
                "--set", "krum_m=5", "--output-dir", str(tmp_path / "o")]) == 2
   assert "invalid option krum_m=5: must be <= cohort_size=3" in capsys.readouterr().err
   assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--set", "trim_beta=0.2"], "invalid option trim_beta=0.2: is read by the trimmed_mean "
+                                 "aggregator only, and this run's aggregator is"),
+    (["--set", "attack_sigma=5"], "invalid option attack_sigma=5: is read by the gaussian attack "
+                                  "only, and this run's attack is none"),
+    (["--attacker-knowledge", "omniscient"], "invalid attacker_knowledge='omniscient': is not "
+                                             "used: there is no attack"),
+    (["--cohort-size", "5"], "invalid cohort_size=5: is not used: sampling is poisson"),
+    (["--sampling", "fixed", "--cohort-size", "3", "--sampling-prob", "0.5"],
+     "invalid sampling_prob=0.5: is not used: sampling is fixed"),
+])
+def test_settings_the_run_would_ignore_are_refused(extra, message, tmp_path, capsys):
+  assert main(["run", *TINY, *extra, "--output-dir", str(tmp_path / "o")]) == 2
+  assert message in capsys.readouterr().err
+  assert not (tmp_path / "o").exists()

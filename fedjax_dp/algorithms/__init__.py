@@ -96,7 +96,14 @@ def read_options(config, table, byzantine: bool = False) -> dict:
   """
   from fedjax_dp.algorithms import options
   table = tuple(table) + ((options.BYZANTINE + options.AGGREGATOR) if byzantine else ())
-  return options.read(config, table)
+  opts = options.read(config, table)
+  if byzantine:
+    from fedjax_dp.algorithms.robust_sgd import AGGREGATORS
+    in_use = {"attack": config.attack,
+              "aggregator": config.aggregator or AGGREGATORS.get(config.algorithm,
+                                                                 "the algorithm's own")}
+    options.refuse_inapplicable(config.options or {}, in_use)
+  return opts
 
 
 _USER = "user-level: one client's whole data set"
@@ -196,6 +203,15 @@ def refuse_unused(config, given) -> None:
     check(name not in given or getattr(config, name) is None, name, getattr(config, name),
           f"is not used by algorithm {config.algorithm!r}: leave it out (of its own settings it "
           f"reads {sorted(USES[config.algorithm]) or 'none'})")
+  # Fields that the run's other settings leave unread.
+  for name, why in (("cohort_size", "sampling is poisson (clients join with sampling_prob)"
+                     if config.sampling == "poisson" else None),
+                    ("sampling_prob", "sampling is fixed (cohort_size clients a round)"
+                     if config.sampling == "fixed" else None),
+                    ("attacker_knowledge", "there is no attack (attack none)"
+                     if config.attack == "none" else None)):
+    check(why is None or name not in given or getattr(config, name) is None, name,
+          getattr(config, name), f"is not used: {why}; leave it out")
 
 
 def build(config, data) -> Setup:

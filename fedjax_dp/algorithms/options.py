@@ -131,4 +131,23 @@ AGGREGATOR = (
     Option("cc_iters", 1, "centered_clipping: iterations per round", kind="int", low=1),
 )
 STATIC_AGGREGATOR = ("gm_max_iter", "krum_m", "cc_iters")
+# Which attack or aggregator reads each of those options.
+OWNERS = {"attack_sigma": ("attack", "gaussian"), "attack_scale": ("attack", "sign_flip"),
+          "alie_z": ("attack", "alie"), "ipm_epsilon": ("attack", "ipm"),
+          "nonfinite_value": ("attack", "nonfinite"), "trim_beta": ("aggregator", "trimmed_mean"),
+          "gm_tol": ("aggregator", "geometric_median"),
+          "gm_max_iter": ("aggregator", "geometric_median"), "krum_m": ("aggregator", "krum"),
+          "cc_tau": ("aggregator", "centered_clipping"),
+          "cc_iters": ("aggregator", "centered_clipping")}
+
+
+def refuse_inapplicable(given: dict, in_use: dict) -> None:
+  """Refuses an attack's or aggregator's option (:data:`OWNERS`) given while another one runs
+  (``in_use``: ``{"attack": name, "aggregator": name}``): it would be silently ignored."""
+  for name, value in given.items():
+    if name in OWNERS:
+      kind, owner = OWNERS[name]
+      check(in_use[kind] == owner, f"option {name}", value,
+            f"is read by the {owner} {kind} only, and this run's {kind} is {in_use[kind]}: "
+            "leave it out")
 L2 = (Option("l2", 0.004, "u of the master's f_0(x) = (u/2)||x||^2", low=0),)
