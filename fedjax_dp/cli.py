@@ -183,6 +183,8 @@ def _parse_options(items) -> dict:
   for item in items:
     check("=" in item, "--set", item, "must look like NAME=VALUE")
     k, v = item.split("=", 1)
+    check(k not in out, "--set", item, f"sets {k} a second time (first {k}={out.get(k)!r}): "
+          "give each option once")
     out[k] = parse_option(v)
   return out
 

@@ -347,11 +347,21 @@ def parse_option(text):
     return text
 
 
+def _unique_keys(pairs) -> dict:
+  """A JSON object whose keys are each given once (JSON lets the last of two win silently)."""
+  out = {}
+  for k, v in pairs:
+    if k in out:
+      raise ConfigError("config", k, "is a key given twice in one object of the config file")
+    out[k] = v
+  return out
+
+
 def load_config_file(path: str) -> dict:
   p = pathlib.Path(path)
   check(p.is_file(), "config", path, "must be an existing JSON file")
   try:
-    d = json.loads(p.read_text(encoding="utf-8"))
+    d = json.loads(p.read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
   except UnicodeDecodeError as e:
     raise ConfigError("config", path, f"must be UTF-8 text (byte {e.start} is not)") from None
   except json.JSONDecodeError as e:

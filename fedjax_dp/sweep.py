@@ -84,6 +84,8 @@ def parse_grid(text: str) -> dict:
     check(name not in grid, "grid", name, "names an axis twice")
     vals = [v for v in values.split(",")]
     check(all(v.strip() for v in vals), "grid", item, "every value must be non-empty")
+    check(len({v.strip() for v in vals}) == len(vals), "grid", item,
+          "names a value twice (the same experiments would run twice)")
     grid[name] = vals
   check(grid, "grid", text, "must name at least one axis, e.g. 'clip=0.1,0.3'")
   return grid

@@ -469,3 +469,17 @@ def test_settings_the_run_would_ignore_are_refused(extra, message, tmp_path, cap
   assert main(["run", *TINY, *extra, "--output-dir", str(tmp_path / "o")]) == 2
   assert message in capsys.readouterr().err
   assert not (tmp_path / "o").exists()
+
+
+def test_a_setting_given_twice_is_refused(tmp_path, capsys):
+  out = str(tmp_path / "o")
+  assert main(["run", *TINY, "--algorithm", "blur+lus", "--set", "lambda=0.1", "--set",
+               "lambda=0.2", "--output-dir", out]) == 2
+  assert "sets lambda a second time" in capsys.readouterr().err
+  cfg = tmp_path / "c.json"
+  cfg.write_text('{"rounds": 1, "rounds": 3}')
+  assert main(["run", "--config", str(cfg), "--output-dir", out]) == 2
+  assert "invalid config='rounds': is a key given twice" in capsys.readouterr().err
+  assert main(["sweep", *TINY, "--grid", "clip=0.1,0.1", "--output-dir", out]) == 2
+  assert "names a value twice" in capsys.readouterr().err
+  assert not (tmp_path / "o").exists()
