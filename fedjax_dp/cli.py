@@ -204,12 +204,18 @@ def _settings(args) -> tuple:
   return base, overrides, options
 
 
-def _config_from_args(args):
+def _config_from_args(args, grid: Optional[dict] = None):
   """The :class:`RunConfig` of ``--config``, the field flags and ``--set``; a setting given that
-  the algorithm does not read is refused."""
+  the algorithm does not read is refused. ``grid`` (a sweep's): a field that only its axis gives
+  takes the axis's first value (each experiment sets its own), so the base run is checked as the
+  experiments will be."""
   from fedjax_dp.algorithms import refuse_unused
-  from fedjax_dp.config import make_config
+  from fedjax_dp.config import field_types, make_config, parse_value
   base, overrides, options = _settings(args)
+  types = field_types()
+  for name, values in (grid or {}).items():
+    if name in types and name not in base and name not in overrides:
+      overrides[name] = parse_value(name, values[0], types[name])
   # Setting one of noise_multiplier / target_epsilon unsets the other's default.
   for given, other in (("target_epsilon", "noise_multiplier"), ("noise_multiplier", "target_epsilon")):
     if (given in overrides or given in base) and other not in overrides and other not in base:
@@ -387,8 +393,8 @@ def _cmd_sweep(args) -> int:
   check(args.checkpoint_every is None, "checkpoint_every", args.checkpoint_every,
         "a sweep is not checkpointed (its experiments run as one vmapped program): run an "
         "experiment alone with fedjax-dp run --checkpoint-every K")
-  config = _config_from_args(args)
   grid = parse_grid(args.grid)
+  config = _config_from_args(args, grid)
   plan(config, grid, args.seeds)  # refuses bad axes and values before the folder is touched
   out = pathlib.Path(args.output_dir)
   result = sweep(config, grid, args.seeds, output_dir=str(out), overwrite=args.overwrite,

@@ -483,3 +483,13 @@ def test_a_setting_given_twice_is_refused(tmp_path, capsys):
   assert main(["sweep", *TINY, "--grid", "clip=0.1,0.1", "--output-dir", out]) == 2
   assert "names a value twice" in capsys.readouterr().err
   assert not (tmp_path / "o").exists()
+
+
+def test_a_sweep_axis_may_give_a_field_the_base_run_needs(tmp_path, capsys):
+  # cohort_size is needed with fixed sampling; the grid gives it (the base run used to be refused
+  # with "invalid cohort_size=None").
+  out = tmp_path / "s"
+  assert main(["sweep", *TINY, "--sampling", "fixed", "--grid", "cohort_size=3,5",
+               "--rounds", "1", "--output-dir", str(out)]) == 0
+  rows = json.loads((out / "results.json").read_text())["rows"]
+  assert [r["cohort_size"] for r in rows] == [3, 5]
