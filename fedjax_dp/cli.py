@@ -351,6 +351,16 @@ def _privacy_report(args) -> dict:
   check_noise_multiplier(args.noise_multiplier)
   check_choice("mechanism", args.mechanism, ("gaussian", "sign-flip"))
   check_choice("accountant", args.accountant, ACCOUNTANTS)
+  # A flag the chosen mechanism and sampling do not read is refused, not ignored.
+  reads = ({"keep_prob", "dimension"} if args.mechanism == "sign-flip" else
+           {"noise_multiplier", "target_epsilon", "sampling"}
+           | ({"sampling_prob"} if args.sampling == "poisson" else {"num_clients", "cohort_size"}))
+  for name in ("keep_prob", "dimension", "sampling_prob", "num_clients", "cohort_size",
+               "noise_multiplier", "target_epsilon"):
+    check(name in reads or getattr(args, name) is None, name, getattr(args, name),
+          f"is not used with --mechanism {args.mechanism}"
+          + ("" if args.mechanism == "sign-flip" else f" --sampling {args.sampling}")
+          + ": leave it out")
   if args.mechanism == "sign-flip":
     from fedjax_dp.privacy.sign import SignFlipMechanism, _check_rdp, composed_epsilon
     _check_rdp(args.accountant)

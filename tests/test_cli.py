@@ -493,3 +493,15 @@ def test_a_sweep_axis_may_give_a_field_the_base_run_needs(tmp_path, capsys):
                "--rounds", "1", "--output-dir", str(out)]) == 0
   rows = json.loads((out / "results.json").read_text())["rows"]
   assert [r["cohort_size"] for r in rows] == [3, 5]
+
+
+@pytest.mark.parametrize("extra,field", [
+    (["--sampling", "fixed", "--num-clients", "10", "--cohort-size", "5", "--sampling-prob",
+      "0.5", "--noise-multiplier", "1"], "sampling_prob"),
+    (["--sampling-prob", "0.1", "--keep-prob", "0.7", "--noise-multiplier", "1"], "keep_prob"),
+    (["--mechanism", "sign-flip", "--keep-prob", "0.7", "--dimension", "10",
+      "--noise-multiplier", "3"], "noise_multiplier"),
+])
+def test_privacy_refuses_flags_its_mechanism_does_not_read(extra, field, capsys):
+  assert main([*PRIVACY, *extra]) == 2
+  assert f"invalid {field}=" in capsys.readouterr().err
