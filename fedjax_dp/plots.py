@@ -195,17 +195,29 @@ def _labels(paths: Sequence[pathlib.Path]) -> list:
 
 
 def read_metrics(folder) -> list:
-  """A run folder's ``metrics.jsonl`` as a list of records (``ConfigError`` if missing, empty
-  or not JSON lines)."""
+  """A run folder's ``metrics.jsonl`` as a list of records (``ConfigError`` if missing, empty,
+  not JSON lines, or a line without an integer ``round`` or with a non-numeric
+  ``test_accuracy`` or ``epsilon``)."""
   path = _file_in(folder, "metrics.jsonl")
   rows = []
   for i, line in enumerate(path.read_text().splitlines(), 1):
     try:
-      rows.append(json.loads(line))
+      row = json.loads(line)
     except json.JSONDecodeError:
       raise ConfigError("dir", str(folder), f"line {i} of metrics.jsonl is not JSON") from None
+    check(isinstance(row, dict) and _is_number(row.get("round")) and
+          all(row.get(k) is None or _is_number(row[k]) for k in ("test_accuracy", "epsilon")),
+          "dir", str(folder), f"line {i} of metrics.jsonl is not a round's record (a numeric "
+          "round, and test_accuracy and epsilon numbers or null)")
+    rows.append(row)
   check(rows, "dir", str(folder), "its metrics.jsonl holds no rounds")
+  check(any(r.get("test_accuracy") is not None for r in rows), "dir", str(folder),
+        "its metrics.jsonl holds no evaluated round (no test_accuracy): nothing to draw")
   return rows
+
+
+def _is_number(v) -> bool:
+  return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def plot_runs(dirs: Sequence, out):

@@ -245,3 +245,17 @@ def test_plot_refuses_a_folder_as_out_and_a_corrupt_norms_file(tmp_path, capsys)
   assert "is a folder" in capsys.readouterr().err
   assert main(["plot", "--kind", "norms", "--out", str(tmp_path / "b.png"), str(run)]) == 2
   assert "its norms.npz is not one a run writes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("line,message", [
+    ('{"round": "x", "test_accuracy": "a", "epsilon": "b"}', "line 1 of metrics.jsonl is not a round"),
+    ('{"round": 1}', "holds no evaluated round"),
+])
+def test_plot_refuses_metrics_it_cannot_draw(line, message, tmp_path, capsys):
+  from fedjax_dp.cli import main
+  run = tmp_path / "run"
+  run.mkdir()
+  (run / "metrics.jsonl").write_text(line + "\n")
+  assert main(["plot", "--kind", "runs", "--out", str(tmp_path / "p.png"), str(run)]) == 2
+  assert message in capsys.readouterr().err
+  assert not (tmp_path / "p.png").exists()
