@@ -126,6 +126,12 @@ def test_render_without_an_earlier_reproduction_is_refused(paper, capsys, tmp_pa
   assert main(["reproduce", paper, "--render", "--output-dir", str(other)]) == 2
   _one_error_line(capsys, "--output-dir")
   assert sorted(p.name for p in other.iterdir()) == ["results.json", "runs.jsonl"]
+  # A folder another reproduction wrote (its results.json names it) is named in the refusal.
+  named = "zhu2022" if paper != "zhu2022" else "cheng2022"
+  (other / "results.json").write_text(f'{{"reproduction": "{named}", "rows": []}}')
+  assert main(["reproduce", paper, "--render", "--output-dir", str(other)]) == 2
+  err = capsys.readouterr().err
+  assert f"holds the results of `fedjax-dp reproduce {named}`, not {paper}" in err
 
 
 @pytest.mark.parametrize("command", ["run", "sweep"])

@@ -10,6 +10,7 @@ Each entry is ``"module:function"``; the function takes
 from __future__ import annotations
 
 import importlib
+import json
 import pathlib
 
 from fedjax_dp.errors import ConfigError, check, check_choice
@@ -59,6 +60,13 @@ def render_reproduction(paper: str, output_dir: str) -> int:
   for name in ("results.json", "runs.jsonl"):
     check((out / name).is_file(), "--output-dir", output_dir,
           f"must hold the {name} of an earlier `fedjax-dp reproduce {paper}` to --render")
+  try:  # the reproduction that wrote the folder, when its results.json names it
+    other = json.loads((out / "results.json").read_text()).get("reproduction", paper)
+  except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
+    other = paper  # refused below, by the module's own reader
+  check(other == paper, "--output-dir", output_dir,
+        f"holds the results of `fedjax-dp reproduce {other}`, not {paper}: rewrite them with "
+        f"`fedjax-dp reproduce {other} --render --output-dir {output_dir}`")
   module = importlib.import_module(REPRODUCTIONS[paper].split(":")[0])
   try:
     return module.render(output_dir)

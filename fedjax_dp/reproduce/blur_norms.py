@@ -318,7 +318,7 @@ def run(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] = None,
   }
   results = {"paper": "Cheng et al., Differentially Private Federated Learning with Local "
                       "Regularization and Sparsification, CVPR 2022 (Eq. 5, Lemma 2, Fig. 2)",
-             "settings": settings, "raw_diagnostics": RAW,
+             "settings": settings, "raw_diagnostics": RAW, "reproduction": "cheng2022-norms",
              "runs": [{k: r[k] for k in ("lambda", "seed", "accuracy", "epsilon",
                                          "noise_multiplier", "norms", "grad_minibatch",
                                          "grad_full", "seconds")} for r in runs]}

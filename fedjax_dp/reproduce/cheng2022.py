@@ -781,7 +781,7 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
        "paper_table1": {m: {str(k): v for k, v in t.items()} for m, t in PAPER_TABLE1.items()},
        "paper_table2": {m: {str(k): v for k, v in t.items()} for m, t in PAPER_TABLE2.items()},
        "paper_table3": {m: {str(k): v for k, v in t.items()} for m, t in PAPER_TABLE3.items()},
-       "release": release(RAW)},
+       "release": release(RAW), "reproduction": "cheng2022"},
       indent=2) + "\n")
   render(out)
   log((out / "results.md").read_text())

@@ -436,7 +436,7 @@ def run(scale: str = "small", output_dir: str = "runs/spfl2024", data_dir=None, 
             "spfl_options": SPFL_OPTIONS, "privacy_unit":
             "one example of one client (example-level DP, local to each client)",
             "rows": rows, "gains": _gains(rows, runs), "paper_claims": PAPER_GAINS,
-            "release": release(RAW),
+            "release": release(RAW), "reproduction": "spfl2024",
             "wall_seconds": time.perf_counter() - t0}
   write_text_atomic(out / "results.json", json.dumps(result, indent=2, default=str) + "\n")
   return render(out)

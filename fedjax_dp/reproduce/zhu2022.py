@@ -345,7 +345,7 @@ def _write(out, scale_name, sc, rows, curves, t_start):
                    "DP-RSA(G) clips each coordinate of x_0 - x_k to [-sign_clip, sign_clip] (formal "
                    "guarantee) and calibrates sigma to epsilon",
                    "Byzantine workers are the last b ids; their messages are not perturbed"],
-         "release": release({})}
+         "release": release({}), "reproduction": "zhu2022"}
   write_text_atomic(out / "results.json", json.dumps(doc, indent=1, default=str) + "\n")
 
 
