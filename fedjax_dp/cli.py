@@ -428,7 +428,7 @@ def _cmd_sweep(args) -> int:
 
 def _cmd_reproduce(args) -> int:
   from fedjax_dp.outputs import check_output_dir, replacing
-  from fedjax_dp.reproduce import REPRODUCTIONS, run_reproduction, scales
+  from fedjax_dp.reproduce import REPRODUCTIONS, run_reproduction
   from fedjax_dp.reproduce.runner import RESULT_FILES
   from fedjax_dp.errors import check_choice
   check_choice("paper", args.paper, sorted(REPRODUCTIONS))
@@ -436,9 +436,8 @@ def _cmd_reproduce(args) -> int:
     from fedjax_dp.reproduce import render_reproduction
     return render_reproduction(args.paper, args.output_dir)
   out = check_output_dir(args.output_dir, overwrite=args.overwrite, results=RESULT_FILES)
-  check_choice("scale", args.scale, sorted(scales(args.paper)))
-  check(args.seeds is None or args.seeds >= 1, "seeds", args.seeds, "must be >= 1")
-  # Earlier results come back if the run fails before writing any (e.g. its data are missing).
+  # Earlier results come back if the run fails before writing any (a bad scale or seeds, which
+  # the reproduction checks first, or missing data).
   with replacing(out, RESULT_FILES):
     return run_reproduction(args.paper, scale=args.scale, output_dir=args.output_dir,
                             data_dir=args.data_dir, seeds=args.seeds)

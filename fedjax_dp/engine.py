@@ -479,11 +479,11 @@ class _Log:
     summary.update(provenance(program.model, state, e.data))
     summary["data"]["partition"] = run_provenance.partition(e.config)
     summary["provenance"] = run_provenance.environment()
-    covered = {"summary": list(SUMMARY_COVERED),
-               "metrics_rows": list(ROW_COVERED) + list(self.released_metrics)}
-    if not _any_guarantee(summary):
-      covered = {"summary": [], "metrics_rows": [],
-                 "note": "no formal guarantee holds for any client of this run: nothing is covered"}
+    covered = ({"summary": list(SUMMARY_COVERED),
+                "metrics_rows": list(ROW_COVERED) + list(self.released_metrics)}
+               if _any_guarantee(summary) else
+               {"summary": [], "metrics_rows": [],
+                "note": "no formal guarantee holds for any client of this run: nothing is covered"})
     summary["release"] = {
         "mode": self.release,
         "covered_by_guarantee": covered,

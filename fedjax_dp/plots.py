@@ -297,7 +297,7 @@ def _frontier_lines(path: pathlib.Path) -> dict:
     named = [str(r[k]) if k == plain else f"{k}={r[k]}" for k in keys if r.get(k) is not None]
     label = ", ".join(base + named) or "run"
     e = r["epsilon"]
-    if e is None or isinstance(e, (int, float)) and not isinstance(e, bool):
+    if e is None or _is_number(e):
       lines.setdefault(label, []).append((e, r["accuracy_mean"], r["accuracy_std"]))
   return lines
 

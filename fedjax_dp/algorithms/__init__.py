@@ -95,9 +95,15 @@ def read_options(config, table, byzantine: bool = False) -> dict:
   out-of-range value fails before compilation instead of being ignored.
   """
   from fedjax_dp.algorithms import options
+  from fedjax_dp.errors import check
   table = tuple(table) + ((options.BYZANTINE + options.AGGREGATOR) if byzantine else ())
   opts = options.read(config, table)
   if byzantine:
+    if "krum_m" in (config.options or {}) and config.sampling == "fixed":
+      # More rows than a cohort would make multi-Krum a plain mean.
+      check(opts["krum_m"] <= config.cohort_size, "option krum_m", opts["krum_m"],
+            f"must be <= cohort_size={config.cohort_size} (multi-Krum averages the krum_m "
+            "best-scored rows of a cohort)")
     from fedjax_dp.algorithms.robust_sgd import AGGREGATORS
     in_use = {"attack": config.attack,
               "aggregator": config.aggregator or AGGREGATORS.get(config.algorithm,

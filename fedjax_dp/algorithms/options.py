@@ -94,12 +94,7 @@ def read(config, table: Sequence[Option]) -> dict:
   for k in opts:
     check(k in by_name, "option", k,
           f"must be one of {sorted(by_name)} for algorithm {config.algorithm!r}")
-  out = {name: (o.parse(opts[name]) if name in opts else o.default) for name, o in by_name.items()}
-  if "krum_m" in opts and config.sampling == "fixed":  # more rows than a cohort: a plain mean
-    check(out["krum_m"] <= config.cohort_size, "option krum_m", out["krum_m"],
-          f"must be <= cohort_size={config.cohort_size} (multi-Krum averages the krum_m "
-          "best-scored rows of a cohort)")
-  return out
+  return {name: (o.parse(opts[name]) if name in opts else o.default) for name, o in by_name.items()}
 
 
 def describe(table: Sequence[Option]) -> list:
