@@ -79,3 +79,20 @@ def test_render_rewrites_the_runs_results_md_and_figures(shared_data_dir, tmp_pa
   (out / "runs.jsonl").unlink()
   assert spfl2024.render(str(out)) == 0
   assert (out / "results.md").read_text() == md
+
+
+def test_results_record_the_seeds_that_ran_not_the_scales_default(tmp_path, monkeypatch):
+  """``--seeds 2`` at a scale whose default is one seed: results.json's settings say 2."""
+
+  def fake_run_jobs(jobs, record, *, runs_path, **kwargs):
+    recs = [{**j.labels, "accuracy": 0.5, "formal_guarantee": False, "epsilon": None,
+             "no_guarantee_reasons": None, "noise_multiplier": 1.0, "train_error": 0.5,
+             "train_loss": 1.0, "seconds": 1.0} for j in jobs]
+    runs_path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return recs
+
+  monkeypatch.setattr(spfl2024, "run_jobs", fake_run_jobs)
+  assert spfl2024.SCALES["tiny"]["seeds"] == 1
+  assert spfl2024.run("tiny", str(tmp_path), seeds=2) == 0
+  doc = json.loads((tmp_path / "results.json").read_text())
+  assert doc["settings"]["seeds"] == 2 and {r["seeds"] for r in doc["rows"]} == {2}

@@ -113,3 +113,20 @@ def test_tiny_run_then_render_rewrites_the_same_outputs(shared_data_dir, tmp_pat
   assert main(["reproduce", "zhu2022", "--render", "--output-dir", str(tmp_path)]) == 0
   assert (tmp_path / "results.md").read_text() == md
   assert figure.stat().st_size > 1000
+
+
+def test_results_record_the_seeds_that_ran_not_the_scales_default(tmp_path, monkeypatch):
+  """``--seeds 2`` at a scale whose default is one seed: results.json's settings say 2."""
+
+  def fake_run_jobs(jobs, record, *, runs_path, on_record, **kwargs):
+    recs = [_record(j.labels["partition"], j.labels["attack"], j.labels["method"],
+                    j.labels["epsilon"], j.labels["seed"], 0.5) for j in jobs]
+    runs_path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return recs
+
+  monkeypatch.setattr(zhu2022, "run_jobs", fake_run_jobs)
+  assert zhu2022.SCALES["tiny"]["seeds"] == 1
+  assert zhu2022.reproduce("tiny", str(tmp_path), seeds=2, settings=(("iid", "gaussian"),),
+                           progress=False) == 0
+  doc = json.loads((tmp_path / "results.json").read_text())
+  assert doc["settings"]["seeds"] == 2 and {r["seeds"] for r in doc["rows"]} == {2}

@@ -386,8 +386,8 @@ def run(scale: str = "small", output_dir: str = "runs/spfl2024", data_dir=None, 
   check_choice("scale", scale, sorted(SCALES))
   for m in methods:
     check_choice("method", m, METHODS)
-  p = dict(SCALES[scale])
-  n_seeds = num_seeds(seeds, p["seeds"])
+  n_seeds = num_seeds(seeds, SCALES[scale]["seeds"])
+  p = dict(SCALES[scale], seeds=n_seeds)  # results.json's settings: the seeds this run used
   if data_dir is None and not os.environ.get("FEDJAX_DP_DATA"):
     shared = pathlib.Path(__file__).resolve().parents[2].parent / "shared" / "data"
     data_dir = str(shared) if shared.is_dir() else None

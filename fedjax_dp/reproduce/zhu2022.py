@@ -285,8 +285,8 @@ def reproduce(scale: str = "small", output_dir: str = "runs/zhu2022", data_dir=N
   """Runs the experiments of ``scale``, writes results.json (as runs end) and runs.jsonl, then
   results.md and the plots through :func:`render` (returns 0)."""
   check_choice("scale", scale, sorted(SCALES))
-  sc = SCALES[scale]
-  n_seeds = num_seeds(seeds, sc["seeds"])
+  n_seeds = num_seeds(seeds, SCALES[scale]["seeds"])
+  sc = dict(SCALES[scale], seeds=n_seeds)  # results.json's settings: the seeds this run used
   for m in methods:
     check_choice("method", m, METHODS)
   out = pathlib.Path(output_dir)
