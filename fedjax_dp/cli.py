@@ -417,7 +417,9 @@ def _cmd_sweep(args) -> int:
     std = row["accuracy_std"]
     spread = "" if std is None else f" ± {std:.4f}"
     both = row["epsilon_seeds_composed"]
-    seeds = "" if both is None or row["seeds"] == 1 else f" (all seeds <= {both:.3f})"
+    seeds = ("" if both is None or row["seeds"] == 1 else
+             f" (all seeds: {both:.3f} at delta {row['delta_seeds_composed']:.3g}, "
+             f"{row['seeds_composition']})")
     print(f"{values}: accuracy={row['accuracy_mean']:.4f}{spread} "
           f"({row['seeds']} seeds)  epsilon={'none' if eps is None else format(eps, '.3f')}"
           f"{seeds}")

@@ -46,7 +46,9 @@ SWEEP_RELEASE = {
         "one run's rows.epsilon; each experiment's own results are covered by its summary's"],
     "public_by_design": ["rows' grid values and grid", "rows.seeds",
                          "rows.epsilon (each run's own, the largest over the seeds)",
-                         "rows.epsilon_seeds_composed, rows.delta_seeds_composed",
+                         "rows.epsilon_seeds_composed, rows.delta_seeds_composed, "
+                         "rows.seeds_composition (how they were composed: the runs' accountant, "
+                         "or basic composition)",
                          "experiments' values, seed, group and output_dir"],
     "diagnostics": ["groups (experiments per compiled program and their seconds)", "seconds: raw "
                     "timings, not covered by any guarantee"],
@@ -56,17 +58,29 @@ DATA_FIELDS = ("dataset", "num_clients", "partition", "seed", "data_dir", "diric
                "shards_per_client", "max_train", "max_test", "download", "min_labels_per_client")
 
 
-def seeds_composed(epsilon: Optional[float], delta: Optional[float], seeds: int) -> dict:
-  """``{epsilon_seeds_composed, delta_seeds_composed}``: what covers a statistic of ``seeds``
-  runs on the same data set (a row's mean and std over seeds), each ``(epsilon, delta)``-DP.
+def seeds_composed(epsilon: Optional[float], delta: Optional[float], seeds: int,
+                   ledgers: Optional[Sequence] = None) -> dict:
+  """``{epsilon_seeds_composed, delta_seeds_composed, seeds_composition}``: what covers a
+  statistic of ``seeds`` runs on the same data set (a row's mean and std over seeds), each
+  ``(epsilon, delta)``-DP.
 
-  Basic composition (Dwork and Roth 2014, Thm. 3.16): ``(k epsilon, k delta)``, an upper bound
-  that holds whatever each run's mechanism; composing the runs' RDP curves would be tighter.
-  Both None for a row without a guarantee.
+  With every run's :class:`fedjax_dp.privacy.ledger.PrivacyLedger` (``ledgers``), all their
+  rounds are composed by the runs' own accountant (:meth:`PrivacyLedger.joint`) and epsilon is
+  read at the runs' ``delta`` (``seeds_composition``: "rdp" or "pld"). Otherwise (a run whose
+  epsilon is not one ledger's, e.g. SP-FL's largest over clients) basic composition (Dwork and
+  Roth 2014, Thm. 3.16): ``(k epsilon, k delta)``, an upper bound that holds whatever each run's
+  mechanism ("basic"). All None for a row without a guarantee.
   """
   if epsilon is None or delta is None:
-    return {"epsilon_seeds_composed": None, "delta_seeds_composed": None}
-  return {"epsilon_seeds_composed": seeds * epsilon, "delta_seeds_composed": seeds * delta}
+    return {"epsilon_seeds_composed": None, "delta_seeds_composed": None,
+            "seeds_composition": None}
+  if ledgers is not None and len(ledgers) == seeds and all(l is not None for l in ledgers):
+    from fedjax_dp.privacy.ledger import PrivacyLedger
+    joint = PrivacyLedger.joint(ledgers)
+    return {"epsilon_seeds_composed": joint.epsilon(delta), "delta_seeds_composed": delta,
+            "seeds_composition": joint.accountant}
+  return {"epsilon_seeds_composed": seeds * epsilon, "delta_seeds_composed": seeds * delta,
+          "seeds_composition": "basic"}
 
 
 def parse_grid(text: str) -> dict:
@@ -156,8 +170,9 @@ class SweepResult:
   Attributes:
     rows: one per grid point: the grid values, ``accuracy_mean``, ``accuracy_std`` (sample std
       over seeds; None with one seed), ``seeds``, ``epsilon`` (each run's own, the largest over
-      its seeds; None without accounting), ``epsilon_seeds_composed`` and
-      ``delta_seeds_composed`` (what covers the mean and std over seeds: :func:`seeds_composed`),
+      its seeds; None without accounting), ``epsilon_seeds_composed``,
+      ``delta_seeds_composed`` and ``seeds_composition`` (what covers the mean and std over
+      seeds, and how it was composed: :func:`seeds_composed`),
       and ``grid``, the grid values again (an axis named like one of these fields, e.g.
       DP-RSA's ``epsilon`` option, is found only there).
     experiments: one per experiment, in plan order: its grid values, seed, group and
@@ -287,12 +302,19 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
       shutil.rmtree(out / "experiments", ignore_errors=True)
       outputs.remove(out, ("results.json",))
 
+  ledgers = [None] * len(points)  # each run's PrivacyLedger, where its epsilon is one ledger's
+
+  def keep_ledgers(members, done, setups):
+    del done
+    for i, setup in zip(members, setups):
+      ledgers[i] = getattr(setup.accounting, "ledger", None)
+
   results, group_records = run_configs(
       [p.config for p in points], [datasets[_data_key(p.config)] for p in points],
       output_dirs=[None if out is None else str(out / "experiments" / f"{i:03d}")
                    for i in range(len(points))],
       progress=progress, release=release, log=log, before_running=clear_earlier,
-      group_size=group_size)
+      group_size=group_size, on_group=keep_ledgers)
   group_of = {i: g for g, rec in enumerate(group_records) for i in rec["experiments"]}
   experiments = [{"values": p.values, "seed": p.seed, "group": group_of[i],
                   "output_dir": None if out is None else f"experiments/{i:03d}", "result": r}
@@ -305,7 +327,8 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
     eps = None if any(e is None for e in eps) else max(eps)
     rows.append({**block[0]["values"], **seed_stats([s["final_accuracy"] for s in summaries]),
                  # The largest epsilon among the seeds (they differ only where it depends on data).
-                 "epsilon": eps, **seeds_composed(eps, summaries[0].get("delta"), len(block)),
+                 "epsilon": eps, **seeds_composed(eps, summaries[0].get("delta"), len(block),
+                                                  ledgers[c:c + seeds]),
                  "grid": dict(block[0]["values"])})
   result = SweepResult(rows, experiments, group_records, time.perf_counter() - t0, points)
   if out is not None:

@@ -28,6 +28,29 @@ def test_poisson_ledger_equals_direct(accountant, cls):
   assert ledger.epsilon() == pytest.approx(_direct(event, 50, 1e-5, cls), rel=1e-9)
 
 
+@pytest.mark.parametrize("accountant,cls", [("rdp", rdp.RdpAccountant), ("pld", pld.PLDAccountant)])
+def test_joint_ledger_of_several_runs_composes_all_their_rounds(accountant, cls):
+  """Seeds released together (a sweep row's mean): every round of every run in one ledger."""
+  event = dp_accounting.PoissonSampledDpEvent(0.04, dp_accounting.GaussianDpEvent(1.1))
+  other = dp_accounting.PoissonSampledDpEvent(0.04, dp_accounting.GaussianDpEvent(2.0))
+  runs = [PrivacyLedger(1e-5, accountant) for _ in range(3)]
+  for ledger in runs:
+    ledger.compose(event, 20)
+  runs[2].compose(other, 5)
+  joint = PrivacyLedger.joint(runs)
+  assert joint.rounds == 65 and runs[0].rounds == 20  # the runs' own ledgers are untouched
+  direct = cls()
+  direct.compose(event, 60)
+  direct.compose(other, 5)
+  assert joint.epsilon() == pytest.approx(direct.get_epsilon(1e-5), rel=1e-6)
+  # tighter than basic composition (3 epsilon at 3 delta) even at one run's delta
+  assert runs[0].epsilon() < joint.epsilon() < 3 * runs[2].epsilon()
+  with pytest.raises(ConfigError, match="delta, accountant and relation"):
+    PrivacyLedger.joint([runs[0], PrivacyLedger(1e-6, accountant)])
+  with pytest.raises(ConfigError, match="ledgers"):
+    PrivacyLedger.joint([])
+
+
 def test_fixed_size_uses_replace_one_with_doubled_sensitivity():
   mech = GaussianSumMechanism(clip=1.0, noise_multiplier=2.0, sampling="fixed", num_clients=1000, cohort_size=50)
   assert mech.relation == "replace_one"

@@ -2,6 +2,8 @@
 
 import json
 
+import dp_accounting
+from dp_accounting import rdp
 import jax
 import numpy as np
 import pytest
@@ -9,7 +11,7 @@ import pytest
 from fedjax_dp.config import make_config
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.experiment import simulate
-from fedjax_dp.sweep import parse_grid, plan, sweep
+from fedjax_dp.sweep import parse_grid, plan, seeds_composed, sweep
 
 
 def _base(**kw):
@@ -62,9 +64,14 @@ def test_each_experiment_equals_its_single_run_and_the_grid_is_one_program(tmp_p
     assert row["accuracy_std"] == pytest.approx(np.std(accs, ddof=1))
     assert row["seeds"] == 2 and row["epsilon"] == pytest.approx(
         max(e["result"].summary["epsilon"] for e in block))
-    # The mean over two runs on the same data is covered by both runs' composed guarantee.
-    assert row["epsilon_seeds_composed"] == pytest.approx(2 * row["epsilon"])
-    assert row["delta_seeds_composed"] == pytest.approx(2 * block[0]["result"].summary["delta"])
+    # The mean over two runs on the same data is covered by both runs' composed guarantee:
+    # all 2 x 3 rounds through the runs' RDP accountant, at the runs' delta.
+    delta = block[0]["result"].summary["delta"]
+    direct = rdp.RdpAccountant()
+    direct.compose(dp_accounting.PoissonSampledDpEvent(0.2, dp_accounting.GaussianDpEvent(0.5)), 6)
+    assert row["seeds_composition"] == "rdp" and row["delta_seeds_composed"] == delta
+    assert row["epsilon_seeds_composed"] == pytest.approx(direct.get_epsilon(delta), rel=1e-6)
+    assert row["epsilon"] < row["epsilon_seeds_composed"] < 2 * row["epsilon"]
   written = json.loads((tmp_path / "results.json").read_text())
   assert set(written) == {"rows", "experiments", "groups", "seconds", "release"}
   assert any("groups" in d for d in written["release"]["diagnostics"])
@@ -133,3 +140,12 @@ def test_sweep_command_writes_rows_and_protects_earlier_results(tmp_path, capsys
                str(tmp_path / "r")]) == 2
   err = capsys.readouterr().err
   assert err.count("\n") == 1 and "clip" in err and not (tmp_path / "r").exists()
+
+
+def test_seeds_without_one_ledger_each_compose_by_basic_composition():
+  """A run whose epsilon is not one ledger's (SP-FL's largest over clients): (k eps, k delta)."""
+  assert seeds_composed(1.5, 1e-5, 3) == {"epsilon_seeds_composed": 4.5,
+                                          "delta_seeds_composed": pytest.approx(3e-5),
+                                          "seeds_composition": "basic"}
+  assert seeds_composed(1.5, 1e-5, 2, [None, None])["seeds_composition"] == "basic"
+  assert seeds_composed(None, 1e-5, 3)["epsilon_seeds_composed"] is None

@@ -10,7 +10,7 @@ import contextlib
 import functools
 import logging
 import math
-from typing import Optional
+from typing import Optional, Sequence
 
 import attr
 import numpy as np
@@ -186,6 +186,27 @@ class PrivacyLedger:
       check(text in by_repr, "resume", text, "the checkpoint's privacy ledger composed an event "
             f"this run does not ({sorted(by_repr)}): it was written by another configuration")
     self._runs = [[by_repr[text], int(count)] for text, count in runs]
+
+  @classmethod
+  def joint(cls, ledgers: Sequence["PrivacyLedger"]) -> "PrivacyLedger":
+    """The ledger of several runs released together (e.g. the seeds of a sweep's row): every
+    round of every run composed in one ledger, at their common delta, accountant and relation.
+
+    Valid for runs on the same data set with independent randomness: the tuple of their
+    outputs is the adaptive composition of all their rounds (RDP curves add; PLDs compose).
+    """
+    check(len(ledgers) >= 1, "ledgers", len(ledgers), "need at least one ledger to join")
+    first = ledgers[0]
+    for other in ledgers[1:]:
+      got = (other.delta, other.accountant, other.relation)
+      check(got == (first.delta, first.accountant, first.relation), "ledgers", got,
+            f"must all have delta, accountant and relation "
+            f"{(first.delta, first.accountant, first.relation)} to be joined")
+    joint = cls(first.delta, first.accountant, first.relation)
+    for ledger in ledgers:
+      for event, count in ledger._runs:  # pylint: disable=protected-access
+        joint.compose(event, count)
+    return joint
 
   def event(self) -> dp_accounting.DpEvent:
     """The composed event of every round so far."""
