@@ -67,8 +67,8 @@ def test_tiny_cifar_all_columns(shared_data_dir, tmp_path):
 
 @pytest.mark.slow
 def test_cifar_small_runs_whole_from_the_cli(shared_data_dir, tmp_path):
-  """`--scale cifar-small` end to end (1,786 CPU-seconds measured: about 15-30 minutes on two idle
-  cores; `make test-slow`): every column's run, a finite ledger epsilon of 8, and non-private
+  """`--scale cifar-small` end to end (16.4 minutes measured on two quiet cores;
+  `make test-slow`): every column's run, a finite ledger epsilon of 8, and non-private
   FedAvg above twice chance after 20 rounds (30.2 % measured)."""
   if not (shared_data_dir / "cifar10" / "train.tar.gz").is_file():
     pytest.skip(f"CIFAR-10 tarballs not found under {shared_data_dir / 'cifar10'}")
