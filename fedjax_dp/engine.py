@@ -184,7 +184,16 @@ def quantiles(values) -> dict:
   """``{"q10", "q50", "q90"}``: the 10th, 50th and 90th percentiles of ``values`` (NaN when
   there are none); the one summary of a round's client norms in summaries, reports and plots."""
   values = np.asarray(values, float)
-  q = np.quantile(values, [0.1, 0.5, 0.9]) if values.size else [math.nan] * 3
+  probs = [0.1, 0.5, 0.9]
+  if not values.size:
+    q = [math.nan] * 3
+  elif np.isfinite(values).all():
+    q = np.quantile(values, probs)
+  else:  # a diverged client: NumPy's interpolation between two equal infinities is inf - inf
+    with np.errstate(invalid="ignore"):
+      q = np.quantile(values, probs)
+    lo, hi = (np.quantile(values, probs, method=m) for m in ("lower", "higher"))
+    q = np.where(lo == hi, lo, q)
   return {"q10": float(q[0]), "q50": float(q[1]), "q90": float(q[2])}
 
 

@@ -291,3 +291,17 @@ def test_the_round_vmaps_over_an_experiment_axis(digits, algorithm):
       np.testing.assert_allclose(a, b[i], rtol=1e-5, atol=1e-6)
   assert not np.allclose(jax.tree_util.tree_leaves(single[0].params)[0],
                          jax.tree_util.tree_leaves(single[1].params)[0])
+
+
+def test_norm_quantiles_of_diverged_clients_are_infinite_not_nan(recwarn):
+  """A round whose clients diverged: the quantiles say inf where the order statistics are inf,
+  with no NumPy warning; finite norms keep NumPy's interpolation."""
+  from fedjax_dp.engine import quantiles
+  finite = [0.5, 1.0, 2.0, 4.0]
+  assert quantiles(finite) == {k: float(v) for k, v in
+                               zip(("q10", "q50", "q90"), np.quantile(finite, [0.1, 0.5, 0.9]))}
+  q = quantiles([1.0, 2.0, np.inf, np.inf, np.inf])
+  assert q["q10"] == pytest.approx(1.4) and q["q50"] == np.inf and q["q90"] == np.inf
+  assert quantiles([np.inf] * 3) == {"q10": np.inf, "q50": np.inf, "q90": np.inf}
+  assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+  assert all(np.isnan(v) for v in quantiles([]).values())
