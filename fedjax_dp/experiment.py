@@ -82,13 +82,15 @@ def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional
 
 
 def recorded_config(config: RunConfig) -> dict:
-  """The configuration as the summary records it: the settings the algorithm ignores are left
-  out (listed under ``not_used``) rather than recorded as if they applied; ``model`` is the
-  model's name (the data set's default when the configuration names none)."""
-  from fedjax_dp.algorithms import ALGORITHMS, unused_fields
+  """The configuration as the summary records it: the settings the algorithm or the run's other
+  settings leave unread (``cohort_size`` under Poisson sampling, ...) are left out (listed under
+  ``not_used``) rather than recorded as if they applied, so the rest is a valid ``--config``
+  file; ``model`` is the model's name (the data set's default when the configuration names
+  none)."""
+  from fedjax_dp.algorithms import ALGORITHMS, unread_by_settings, unused_fields
   d = dict(config.to_dict(), model=config.model_name)
   if config.algorithm in ALGORITHMS:
-    unused = unused_fields(config)
+    unused = unused_fields(config) + sorted(unread_by_settings(config))
     d = {k: v for k, v in d.items() if k not in unused}
     d["not_used"] = unused
   return d

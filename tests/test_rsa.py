@@ -321,3 +321,21 @@ def test_the_sign_mechanism_is_the_one_the_perturbation_piece_declares(digits):
   assert (g.sigma, g.clip) == (pytest.approx(0.01), pytest.approx(0.002))
   assert rsa_client(lambda *a: None, perturbation("rsa")).mechanism is None
   assert rsa_client(lambda *a: None, lambda hp: to_sign()).mechanism is None
+
+
+@pytest.mark.parametrize("settings", [dict(sampling="fixed", cohort_size=5),
+                                      dict(sampling="poisson", sampling_prob=0.2),
+                                      dict(attack="sign-flip", byzantine=2, aggregator="coordinate_median")])
+def test_a_summarys_configuration_is_a_valid_config_file(settings):
+  """What summary.json records (less ``not_used``) is accepted back as a ``--config`` file: the
+  settings that the others leave unread (attacker_knowledge without an attack, cohort_size under
+  Poisson sampling, ...) are listed as not used instead of recorded."""
+  from fedjax_dp.algorithms import refuse_unused
+  from fedjax_dp.config import make_config
+  from fedjax_dp.experiment import recorded_config
+  config = make_config(num_clients=20, **settings)
+  recorded = {k: v for k, v in recorded_config(config).items() if k != "not_used"}
+  refuse_unused(make_config(**recorded), given=set(recorded))
+  unread = {"fixed": "sampling_prob", "poisson": "cohort_size"}[config.sampling]
+  assert unread in recorded_config(config)["not_used"] and unread not in recorded
+  assert ("attacker_knowledge" in recorded) == (config.attack != "none")

@@ -209,15 +209,20 @@ def refuse_unused(config, given) -> None:
     check(name not in given or getattr(config, name) is None, name, getattr(config, name),
           f"is not used by algorithm {config.algorithm!r}: leave it out (of its own settings it "
           f"reads {sorted(USES[config.algorithm]) or 'none'})")
-  # Fields that the run's other settings leave unread.
-  for name, why in (("cohort_size", "sampling is poisson (clients join with sampling_prob)"
-                     if config.sampling == "poisson" else None),
-                    ("sampling_prob", "sampling is fixed (cohort_size clients a round)"
-                     if config.sampling == "fixed" else None),
-                    ("attacker_knowledge", "there is no attack (attack none)"
-                     if config.attack == "none" else None)):
-    check(why is None or name not in given or getattr(config, name) is None, name,
+  for name, why in unread_by_settings(config).items():
+    check(name not in given or getattr(config, name) is None, name,
           getattr(config, name), f"is not used: {why}; leave it out")
+
+
+def unread_by_settings(config) -> dict:
+  """The fields that the run's other settings leave unread, each with the reason."""
+  reasons = (("cohort_size", "sampling is poisson (clients join with sampling_prob)"
+              if config.sampling == "poisson" else None),
+             ("sampling_prob", "sampling is fixed (cohort_size clients a round)"
+              if config.sampling == "fixed" else None),
+             ("attacker_knowledge", "there is no attack (attack none)"
+              if config.attack == "none" else None))
+  return {name: why for name, why in reasons if why is not None}
 
 
 def build(config, data) -> Setup:
