@@ -70,8 +70,7 @@ SCALES = {
                  local_steps=2, batch_size=4, lr=0.1, clip=2.0, example_sampling="fixed",
                  epsilon=4.0, epsilons=(1.0, 4.0), cohorts=(4,), steps=(2,), seeds=1,
                  sweep_datasets=("mnist",), train_eval=500),
-    # 2 CPU cores, measured: 358 s idle (1 seed); 2,557 s with --seeds 3 on the shared machine
-    # under a load average of 7-13.
+    # 2 CPU cores, measured: 358 s idle (1 seed); 668 s idle with --seeds 3.
     "small": dict(datasets=DATASETS, max_train=None, max_test=2000, rounds=20, cohort=5,
                   local_steps=2, batch_size=16, lr=0.1, clip=2.0, example_sampling="fixed",
                   epsilon=4.0, epsilons=(1.0, 4.0, 16.0), cohorts=(2, 5, 10), steps=(1, 2, 4),
