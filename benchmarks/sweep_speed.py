@@ -16,6 +16,11 @@ difference in final accuracy between an experiment and its single run. With
 ``--client-chunks none,1`` both sides are measured again with blocks of one
 client (``client_chunk``), which keeps a block's models in the CPU's cache.
 
+With ``--cli`` the same grid is also run the way a shell user would without
+sweeps, one ``fedjax-dp run`` process per experiment (each starts Python and
+JAX, loads its data set and compiles its round), against one ``fedjax-dp
+sweep`` process: ``cli_loop_s``, ``cli_sweep_s`` and their ratio.
+
 Example:
   python benchmarks/sweep_speed.py --data-dir ../shared/data --rounds 40 --seeds 3
 """
@@ -25,10 +30,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
+import subprocess
+import sys
+import tempfile
 import time
 
 from fedjax_dp.config import make_config
-from fedjax_dp.experiment import load_data, simulate
+from fedjax_dp.experiment import load_data, recorded_config, simulate
 from fedjax_dp.reproduce import cheng2022
 from fedjax_dp.sweep import _data_key, plan as sweep_points, sweep
 
@@ -82,6 +91,39 @@ def measure(data_dir=None, rounds: int = 40, seeds: int = 3, epsilons=(2.0, 4.0,
   return out
 
 
+def measure_cli(data_dir=None, rounds: int = 40, seeds: int = 3, epsilons=(2.0, 4.0, 6.0, 8.0),
+                method: str = "dp_fedavg") -> dict:
+  """One ``fedjax-dp run`` process per experiment against one ``fedjax-dp sweep`` process, both
+  from the same configuration file; each experiment's final accuracy is compared."""
+  base = base_config(data_dir, rounds, method)
+  grid = {"target_epsilon": list(epsilons)}
+  cli = [sys.executable, "-m", "fedjax_dp.cli"]
+  quiet = dict(check=True, stdout=subprocess.DEVNULL)
+  with tempfile.TemporaryDirectory() as tmp:
+    tmp = pathlib.Path(tmp)
+    settings = {k: v for k, v in recorded_config(base).items() if k != "not_used"}
+    (tmp / "base.json").write_text(json.dumps(settings))
+    t0 = time.perf_counter()
+    loop = []
+    for i, p in enumerate(sweep_points(base, grid, seeds)):
+      overrides = ["--target-epsilon", str(p.values["target_epsilon"]), "--seed", str(p.seed)]
+      subprocess.run(cli + ["run", "--config", str(tmp / "base.json"), *overrides,
+                            "--output-dir", str(tmp / f"run{i}"), "--no-progress"], **quiet)
+      loop.append(json.loads((tmp / f"run{i}" / "summary.json").read_text())["final_accuracy"])
+    loop_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    subprocess.run(cli + ["sweep", "--config", str(tmp / "base.json"), "--grid",
+                          "target_epsilon=" + ",".join(str(e) for e in epsilons),
+                          "--seeds", str(seeds), "--output-dir", str(tmp / "sweep"),
+                          "--no-progress"], **quiet)
+    sweep_s = time.perf_counter() - t0
+    swept = [e["summary"]["final_accuracy"] for e in
+             json.loads((tmp / "sweep" / "results.json").read_text())["experiments"]]
+  return {"cli_experiments": len(loop), "cli_loop_s": loop_s, "cli_sweep_s": sweep_s,
+          "cli_loop_over_cli_sweep": loop_s / sweep_s,
+          "cli_max_accuracy_difference": max(abs(a - b) for a, b in zip(loop, swept))}
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--data-dir", default=os.environ.get("FEDJAX_DP_DATA"))
@@ -92,11 +134,16 @@ def main():
   p.add_argument("--client-chunks", default="none",
                  help="client block sizes to measure both sides at, comma-separated; 'none' is "
                  "the whole cohort in one vmap, the baseline of the ratios (default: none)")
+  p.add_argument("--cli", action="store_true",
+                 help="also time one fedjax-dp run process per experiment against one fedjax-dp "
+                 "sweep process (default: off)")
   args = p.parse_args()
   chunks = tuple(None if c == "none" else int(c) for c in args.client_chunks.split(","))
-  print(json.dumps(measure(args.data_dir, args.rounds, args.seeds,
-                           tuple(float(e) for e in args.epsilons.split(",")), args.method,
-                           chunks=chunks)))
+  epsilons = tuple(float(e) for e in args.epsilons.split(","))
+  out = measure(args.data_dir, args.rounds, args.seeds, epsilons, args.method, chunks=chunks)
+  if args.cli:
+    out.update(measure_cli(args.data_dir, args.rounds, args.seeds, epsilons, args.method))
+  print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -39,3 +39,10 @@ def test_gpu_benchmark_runs_every_measurement_at_its_tiny_size(capsys):
   assert all(r["client_steps_per_s"] > 0 for r in rounds)
   (swept,) = [r for r in records if r["kind"] == "sweep"]
   assert swept["experiments"] == 8 and swept["programs"] == 1 and swept["client_steps_per_s"] > 0
+
+
+@pytest.mark.slow  # three CLI processes, each compiling: about a minute, `make test-slow`
+def test_sweep_speed_times_a_loop_of_run_processes_against_one_sweep_process():
+  r = _load("sweep_speed").measure_cli(None, rounds=2, seeds=1, epsilons=(4.0, 8.0))
+  assert r["cli_experiments"] == 2 and r["cli_loop_s"] > 0 and r["cli_sweep_s"] > 0
+  assert r["cli_max_accuracy_difference"] < 1e-3  # each experiment equals its run
