@@ -74,7 +74,7 @@ def seeds_composed(epsilon: Optional[float], delta: Optional[float], seeds: int,
   if epsilon is None or delta is None:
     return {"epsilon_seeds_composed": None, "delta_seeds_composed": None,
             "seeds_composition": None}
-  if ledgers is not None and len(ledgers) == seeds and all(l is not None for l in ledgers):
+  if ledgers is not None and all(l is not None for l in ledgers):
     from fedjax_dp.privacy.ledger import PrivacyLedger
     joint = PrivacyLedger.joint(ledgers)
     return {"epsilon_seeds_composed": joint.epsilon(delta), "delta_seeds_composed": delta,
