@@ -262,13 +262,18 @@ def _unblocks(tree, length: int):
 
 
 def run_clients(rnd: Round, hp: dict, params, batch: CohortBatch, rows, chp, keys, *,
-                data=None, chunk: Optional[int] = None, accumulate=None):
+                data=None, chunk: Optional[int] = None, accumulate=None,
+                axis_name: Optional[str] = None):
   """The cohort's client updates: one ``vmap``, or, with ``chunk``, blocks of ``chunk`` clients.
 
   ``data``: the population's ``(x, y, counts)``; each block gathers its own
   clients' rows from it (so the cohort's data is never held at once), else
   ``batch`` holds them. Blocks run one after another (``lax.scan``) and a block
-  of padded slots only is skipped. ``accumulate``: ``(prepare, weighting)``
+  of padded slots only is skipped. Inside a sweep's ``vmap`` over experiments
+  (``axis_name``, the name of that axis) a block is skipped when it holds padded
+  slots only in every experiment: the skip stays a branch instead of becoming a
+  select of both (the other experiments' real clients in that block are computed
+  for all, and masked where padded). ``accumulate``: ``(prepare, weighting)``
   of a linear aggregator (:class:`fedjax_dp.aggregators.Aggregator`): each
   block adds its masked, prepared uploads to a running weighted sum, and the
   uploads themselves are not kept. Returns ``(out, total, weight)``; ``out``
@@ -302,7 +307,10 @@ def run_clients(rnd: Round, hp: dict, params, batch: CohortBatch, rows, chp, key
     return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
   def body(carry, blk):
-    out, total, weight = jax.lax.cond(jnp.any(blk[1] > 0), block, zeros, *blk)
+    live = jnp.any(blk[1] > 0)
+    if axis_name is not None:
+      live = jax.lax.pmax(live.astype(jnp.int32), axis_name) > 0
+    out, total, weight = jax.lax.cond(live, block, zeros, *blk)
     if accumulate is not None:
       carry = (jax.tree_util.tree_map(jnp.add, carry[0], total), carry[1] + weight)
     return carry, out
@@ -324,14 +332,14 @@ def round_keys(key: jax.Array) -> tuple:
           jax.random.fold_in(k_agg, SALT_SERVER))
 
 
-def _messages(rnd, state, hp, batch, key, data, chunk, accumulate):
+def _messages(rnd, state, hp, batch, key, data, chunk, accumulate, axis_name=None):
   """``(out, sent, byzantine mask, (total, weight))`` of a round (:func:`messages`)."""
   k_clients, _, k_attack, _ = round_keys(key)
   keys = client_keys(k_clients, batch.ids)
   rows = gather_rows(state.rows, batch.ids)
   chp = () if rnd.client_hparams is None else rnd.client_hparams(state.server, hp, batch.ids)
   out, total, weight = run_clients(rnd, hp, state.params, batch, rows, chp, keys, data=data,
-                                   chunk=chunk, accumulate=accumulate)
+                                   chunk=chunk, accumulate=accumulate, axis_name=axis_name)
   byz = attacks_lib.byzantine_mask(batch.ids, rnd.num_clients, hp["byzantine"])
   sent = None
   if accumulate is None:
@@ -349,10 +357,10 @@ def messages(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: j
 
 
 def step(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.Array, *,
-         data=None, chunk: Optional[int] = None):
+         data=None, chunk: Optional[int] = None, axis_name: Optional[str] = None):
   """One federated round (pure; see the module docstring). Returns ``(state, metrics)``.
 
-  ``data``, ``chunk``: see :func:`run_clients` (``batch.x``, ``batch.y`` and
+  ``data``, ``chunk``, ``axis_name``: see :func:`run_clients` (``batch.x``, ``batch.y`` and
   ``batch.counts`` are unused with ``data``). With ``chunk``, a round whose
   aggregate is linear in the uploads (the noised mean) and that has no attack
   and no per-client state sums the uploads block by block, so its memory does
@@ -364,7 +372,8 @@ def step(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.A
   if (chunk is not None and aggregator.finish is not None and rnd.attack == "none"
       and rnd.attack_step is attack_uploads and rnd.init_row is None):
     accumulate = (aggregator.prepare, rnd.weighting)
-  out, sent, byz, summed = _messages(rnd, state, hp, batch, key, data, chunk, accumulate)
+  out, sent, byz, summed = _messages(rnd, state, hp, batch, key, data, chunk, accumulate,
+                                     axis_name)
   k_agg = round_keys(key)[1]
   if accumulate is None:
     counts = batch.counts if data is None else data[2][batch.ids]
@@ -392,6 +401,10 @@ def step(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.A
     metrics.update(rnd.metrics(state, params, out, sent, batch.mask, hp))
   new_state = RoundState(params, opt_state, agg_state, new_rows, server, state.round + 1)
   return new_state, metrics
+
+
+# The name of a sweep's vmapped experiment axis (:func:`compiled_step`).
+EXPERIMENTS_AXIS = "experiments"
 
 
 def check_devices(devices: Optional[int]) -> int:
@@ -448,16 +461,18 @@ def compiled_step(rnd: Round, placement: str = "device", experiments: Optional[s
   """
   mesh = client_mesh(devices)
   axis = 0 if experiments is None else 1
+  name = None if experiments is None else EXPERIMENTS_AXIS
   if placement == "device":
     def fn(state, hp, arrays, ids, mask, key):
       return step(rnd, state, hp, CohortBatch(None, None, None, ids, mask), key, data=arrays,
-                  chunk=chunk)
+                  chunk=chunk, axis_name=name)
   else:
     def fn(state, hp, batch, key):
-      return step(rnd, state, hp, batch, key, chunk=chunk)
+      return step(rnd, state, hp, batch, key, chunk=chunk, axis_name=name)
   if experiments is not None:
     data = None if experiments == "shared" and placement == "device" else 0
-    fn = jax.vmap(fn, in_axes=(0, 0, data, 0, 0, 0) if placement == "device" else 0)
+    fn = jax.vmap(fn, in_axes=(0, 0, data, 0, 0, 0) if placement == "device" else 0,
+                  axis_name=name)
   inner = fn
   if placement == "device":
     def fn(state, hp, arrays, ids, mask, key):

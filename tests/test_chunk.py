@@ -64,3 +64,40 @@ def test_round_memory_is_flat_in_the_cohort_with_a_chunk():
   assert max(chunked) <= 1.1 * min(chunked), chunked
   whole = [_temp_bytes(setup.program, setup.hparams, c, population, None) for c in (50, 500)]
   assert whole[1] > 5 * whole[0], whole  # without blocks it grows with the cohort
+
+
+def _conds(jaxpr) -> int:
+  """``cond`` equations in a jaxpr and every jaxpr nested in its equations' parameters."""
+  count = 0
+  for eqn in jaxpr.eqns:
+    count += eqn.primitive.name == "cond"
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (tuple, list)) else (value,):
+        sub = getattr(sub, "jaxpr", sub)
+        if hasattr(sub, "eqns"):
+          count += _conds(sub)
+  return count
+
+
+def test_a_sweep_still_skips_blocks_padded_in_every_experiment():
+  """Under a sweep's vmap a per-experiment skip would become a select that computes every
+  block; the skip is taken over all experiments instead, so it stays a branch."""
+  population, capacity, experiments = 60, 14, 3
+  data = FederatedData("synthetic", np.zeros((population, 8, 28, 28, 1), np.float32),
+                       np.zeros((population, 8), np.int32), np.full(population, 8, np.int32),
+                       np.zeros((4, 28, 28, 1), np.float32), np.zeros(4, np.int32), 10)
+  config = make_config(dataset="mnist", num_clients=population, model="mlp", local_steps=2,
+                       batch_size=4, clip=0.5, noise_multiplier=1.0, target_epsilon=None)
+  setup = build(config, data)
+  hp = {k: jnp.asarray(v) for k, v in setup.hparams.items()}
+  state = jax.eval_shape(lambda: setup.program.init(jax.random.PRNGKey(0), hp))
+  arrays = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype)
+                 for a in (data.x, data.y, data.counts))
+  one = (state, hp, arrays, jnp.zeros(capacity, jnp.int32), jnp.ones(capacity, jnp.float32),
+         jax.random.PRNGKey(0))
+  stack = lambda t: jax.tree_util.tree_map(
+      lambda a: jax.ShapeDtypeStruct((experiments,) + a.shape, a.dtype), t)
+  many = (stack(state), stack(hp), arrays) + tuple(stack(a) for a in one[3:])
+  conds = {mode: _conds(jax.make_jaxpr(compiled_step(setup.program, "device", mode, 4))(*args).jaxpr)
+           for mode, args in ((None, one), ("shared", many))}
+  assert conds[None] >= 1 and conds["shared"] == conds[None], conds

@@ -149,3 +149,19 @@ def test_seeds_without_one_ledger_each_compose_by_basic_composition():
                                           "seeds_composition": "basic"}
   assert seeds_composed(1.5, 1e-5, 2, [None, None])["seeds_composition"] == "basic"
   assert seeds_composed(None, 1e-5, 3)["epsilon_seeds_composed"] is None
+
+
+def test_experiments_in_blocks_of_clients_equal_their_single_runs():
+  # Two seeds draw different cohorts: a block padded in one experiment holds real clients in the
+  # other, so it runs for both and the padded experiment's slots must stay inert.
+  from fedjax_dp.experiment import load_data
+  loaded = {}
+
+  def load(cfg):
+    loaded.setdefault(cfg.seed, load_data(cfg))
+    return loaded[cfg.seed]
+
+  result = sweep(_base(client_chunk=3, rounds=2), {"clip": ["0.5"]}, seeds=2, load=load)
+  masks = [np.asarray(e["result"].metrics["cohort_size"]) for e in result.experiments]
+  assert len(result.groups) == 1 and not np.array_equal(*masks), masks
+  _compare_to_single_runs(result, load)
