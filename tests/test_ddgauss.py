@@ -180,6 +180,12 @@ def test_subsampling_bound_is_wang_et_al_as_dp_accounting_computes_it_for_gaussi
     np.testing.assert_allclose(ours[big], ref[big], rtol=1e-9)
     if q <= 0.1:
       assert np.any(ours < plain * 0.5)  # amplification is used
+  # A tiny noise multiplier (eps(2) = 1250, e^eps(2) past a float) stays finite, calibration's
+  # first guesses go there (`fedjax-dp run --algorithm ddgauss --sampling fixed` raised
+  # OverflowError).
+  tiny = pdd.subsampled_rdp(orders, 0.05, lambda a: np.asarray(a, float) / (2 * 0.02 ** 2))
+  assert np.all(np.isfinite(tiny)) and np.all(tiny <= orders / (2 * 0.02 ** 2) + 1e-9)
+  assert tiny[orders == 2][0] > 1000
 
 
 def test_fine_scale_approaches_dp_fedavgs_fixed_cohort_epsilon():

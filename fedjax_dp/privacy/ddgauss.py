@@ -128,7 +128,8 @@ def subsampled_rdp(orders, q: float, rdp: Callable) -> np.ndarray:
     j = np.arange(3, alpha + 1)
     log_comb = special.gammaln(alpha + 1) - special.gammaln(j + 1) - special.gammaln(alpha - j + 1)
     terms = [0.0, 2 * math.log(q) + math.log(math.comb(alpha, 2))
-             + min(math.log(4) + math.log(math.expm1(e2)) if e2 > 0 else -math.inf,
+             # log(e^e2 - 1) as e2 + log(1 - e^-e2): no overflow at a large eps(2).
+             + min(math.log(4) + e2 + math.log(-math.expm1(-e2)) if e2 > 0 else -math.inf,
                    math.log(2) + e2)]
     terms += list(math.log(2) + j * math.log(q) + log_comb + (j - 1) * base[j - 1])
     cgf[alpha] = float(special.logsumexp(terms))
