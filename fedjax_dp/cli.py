@@ -45,8 +45,10 @@ def _add_run(sub):
                  "the checkpoint are recomputed (default: none, a new run)")
   p.add_argument("--release", choices=("all", "private"),
                  help="all (the default): also write raw diagnostics (realized cohort sizes, client losses, "
-                 "pre-clip norms, timings) under 'diagnostics'; private: write only what the privacy "
-                 "guarantee covers and what is public by design")
+                 "pre-clip norms, timings) under 'diagnostics', with the mechanism's draws fixed by "
+                 "--seed (recorded: secret, it reproduces the noise); private: write only what the "
+                 "privacy guarantee covers and what is public by design, the mechanism's draws from "
+                 "the operating system's entropy (not reproducible; no checkpoints)")
   p.add_argument("--tensorboard", action="store_true",
                  help="also write TensorBoard event files to OUTPUT_DIR/tensorboard/ (needs "
                  "tensorboardX: pip install 'fedjax_dp[tensorboard]'); with --release private only "
@@ -85,7 +87,8 @@ def _add_sweep(sub):
                  "per compiled program (default: no limit; a smaller group needs less memory)")
   p.add_argument("--no-progress", action="store_true", help="no progress bars")
   p.add_argument("--release", default="all", choices=("all", "private"),
-                 help="as for run: private writes only what the guarantee covers (default: all)")
+                 help="as for run: private writes only what the guarantee covers and draws the "
+                 "mechanism's randomness from the operating system's entropy (default: all)")
   p.add_argument("--checkpoint-every", type=int, metavar="K",
                  help="refused: a sweep is not checkpointed (fedjax-dp run --checkpoint-every K "
                  "is) (default: none)")
@@ -273,6 +276,8 @@ def _cmd_run(args) -> int:
   from fedjax_dp.outputs import METRICS, SUMMARY, check_output_dir, check_writable
   check(args.checkpoint_every is None or args.checkpoint_every >= 1, "checkpoint_every",
         args.checkpoint_every, "must be an integer >= 1")
+  from fedjax_dp.engine import check_checkpoint_release
+  check_checkpoint_release(args.release or "all", args.checkpoint_every is not None)
   if args.resume is not None:
     config, release, done = _resumed(args)
     out = check_writable(args.resume)

@@ -29,7 +29,11 @@ guarantee covers from raw statistics it does not:
   metric, the timings, and the sampler's capacity (which grows with a large
   draw). None of these is noised.
 
-``release="private"`` writes (and returns) only the first two groups.
+``release="private"`` writes (and returns) only the first two groups, and
+draws the mechanism's randomness from the operating system's entropy: with
+``release="all"`` the recorded seed fixes every draw (the noise included), so
+it is secret, not public (:data:`RANDOMNESS`, the release block's
+``randomness``).
 
 Files in ``output_dir``: ``metrics.jsonl`` (one record per round),
 ``summary.json``, with ``release="all"`` ``norms.npz`` (every real client's
@@ -46,6 +50,7 @@ import dataclasses
 import functools
 import math
 import pathlib
+import secrets
 import time
 from typing import Any, Callable, Optional
 
@@ -64,10 +69,24 @@ RELEASES = ("all", "private")
 ROW_COVERED = ("test_accuracy", "test_loss", "diverged")
 # params_sha256: a hash of the released model (post-processing of it, like its test accuracy).
 SUMMARY_COVERED = ("final_accuracy", "final_test_loss", "diverged", "params_sha256")
-PUBLIC_BY_DESIGN = ("round", "rounds", "config", "noise_multiplier", "model", "data", "provenance",
+PUBLIC_BY_DESIGN = ("round", "rounds", "config (its seed: see 'randomness')", "noise_multiplier",
+                    "model", "data", "provenance",
                     "epsilon and every field of the "
                     "privacy report (functions of the public settings and, for example-level runs, of "
                     "the public participation and example counts)")
+# What the release block says of the seed (``randomness``), by release mode.
+RANDOMNESS = {
+    "all": "secret, not public: config.seed fixes every draw of the mechanism (the cohorts, the "
+           "noise, the sign flips, the clients' batches), so whoever holds it can recompute the "
+           "noise and subtract it; the guarantee holds against an adversary who does not. It is "
+           "recorded so that the simulation can be re-run; release 'private' draws these from the "
+           "operating system's entropy instead and records nothing of them",
+    "private": "the mechanism's draws (the cohorts, the noise, the sign flips, the clients' "
+               "batches) came from 128 bits of the operating system's entropy, recorded nowhere, "
+               "so this run cannot be re-run to the same outputs; config.seed fixed only what is "
+               "public by design: the data partition, the initial model, and shared public "
+               "randomness (DDGauss's rotation, SP-FL's privacy classes)",
+}
 
 
 def _any_guarantee(report: dict) -> bool:
@@ -244,10 +263,25 @@ def provenance(model, state, data) -> dict:
   }
 
 
-def run_keys(seed: int):
+def run_keys(seed: int, secret: Optional[int] = None):
   """``(k_init, k_run)``: the initial state is ``program.init(k_init, hparams)``, round ``r``'s
-  key ``fold_in(k_run, r)`` (a builder that must see the initial model uses ``k_init`` too)."""
-  return tuple(jax.random.split(jax.random.PRNGKey(seed)))
+  key ``fold_in(k_run, r)`` (a builder that must see the initial model uses ``k_init`` too).
+  ``secret``: a 128-bit integer folded into ``k_run`` only (a private release's entropy), so the
+  rounds' draws do not follow from ``seed`` while the initial model still does."""
+  k_init, k_run = jax.random.split(jax.random.PRNGKey(seed))
+  if secret is not None:
+    for word in range(4):
+      k_run = jax.random.fold_in(k_run, (secret >> (32 * word)) & 0xFFFFFFFF)
+  return k_init, k_run
+
+
+def check_checkpoint_release(release: str, checkpointing: bool) -> None:
+  """Refuses checkpoints of a private release: they would hold its secret draws (the sampler's
+  state, the round key) and every client's raw state."""
+  check(not (checkpointing and release == "private"), "checkpoint_every", "set",
+        "is refused with release='private': a checkpoint would hold the run's secret randomness "
+        "(the sampler's state and round key) and every client's raw state; run with "
+        "release='all' to checkpoint")
 
 
 def clip_bound(program, hparams) -> Optional[float]:
@@ -319,7 +353,9 @@ def run(program, data, sampler, rounds: int, *, hparams: Optional[dict] = None, 
     release: "all" (default) keeps the raw diagnostics under ``diagnostics``
       in every record and in the summary; "private" leaves them out, so the
       outputs hold only what the guarantee covers and what is public by
-      design (module docstring).
+      design (module docstring), and draws the mechanism's randomness (the
+      rounds' keys, the cohorts) from secret entropy instead of ``seed``
+      (:data:`RANDOMNESS`); checkpoints are refused with it.
     client_chunk: run the cohort in blocks of this many vmapped clients
       (:func:`fedjax_dp.round.run_clients`); None: all at once.
     devices: split the cohort's clients over this many devices (default: all).
@@ -497,6 +533,7 @@ class _Log:
         "mode": self.release,
         "covered_by_guarantee": covered,
         "public_by_design": list(PUBLIC_BY_DESIGN),
+        "randomness": RANDOMNESS[self.release],
         "diagnostics": ("raw, unnoised statistics (realized cohort sizes, client losses, pre-clip "
                         "norms, timings, the sampler's capacity): not covered by the guarantee"
                         + (", and left out of this run's outputs" if self.release == "private" else
@@ -565,6 +602,7 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
   check(checkpoint is None or len(experiments) == 1, "checkpoint_every",
         getattr(checkpoint, "every", None), "checkpoints one run only, not a group of "
         "experiments (a sweep): run each experiment alone")
+  check_checkpoint_release(release, checkpoint is not None)
   from fedjax_dp.round import CohortBatch, client_mesh, compiled_step
   single = len(experiments) == 1
   mode = group_mode(experiments)
@@ -572,7 +610,12 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
       lambda trees: jax.tree_util.tree_map(lambda *xs: np.stack(xs), *trees))
   hps = [{k: jnp.asarray(v) for k, v in e.hparams.items()} for e in experiments]
   hp = stack(hps)
-  keys = [run_keys(e.seed) for e in experiments]
+  # A private release draws its rounds' keys and its cohorts from secret entropy (RANDOMNESS).
+  secrets_ = [secrets.randbits(128) if release == "private" else None for _ in experiments]
+  for e, secret in zip(experiments, secrets_):
+    if secret is not None:
+      e.sampler.reseed(secret)
+  keys = [run_keys(e.seed, secret) for e, secret in zip(experiments, secrets_)]
   states = [program.init(k_init, h) for (k_init, _), h in zip(keys, hps)]
   state = jax.tree_util.tree_map(jnp.asarray, stack(states))
   del states

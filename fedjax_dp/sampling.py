@@ -53,6 +53,10 @@ class _Sampler:
     return {"bit_generator": self._rng.bit_generator.state, "capacity": self.capacity,
             "capacity_grew": self.capacity_grew}
 
+  def reseed(self, entropy: int) -> None:
+    """Draws from here on from a generator seeded by ``entropy`` (a private release's secret)."""
+    self._rng = np.random.default_rng(entropy)
+
   def load_state(self, state: dict) -> None:
     self._rng.bit_generator.state = state["bit_generator"]
     self.capacity = int(state["capacity"])

@@ -49,7 +49,9 @@ SWEEP_RELEASE = {
                          "rows.epsilon_seeds_composed, rows.delta_seeds_composed, "
                          "rows.seeds_composition (how they were composed: the runs' accountant, "
                          "or basic composition)",
-                         "experiments' values, seed, group and output_dir"],
+                         "experiments' values, group and output_dir",
+                         "experiments' seed: secret under release 'all' (it fixes the noise; "
+                         "each summary's release.randomness)"],
     "diagnostics": ["groups (experiments per compiled program and their seconds)", "seconds: raw "
                     "timings, not covered by any guarantee"],
 }

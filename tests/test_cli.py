@@ -30,6 +30,7 @@ TINY = ["--num-clients", "40", "--rounds", "2", "--local-steps", "2", "--model",
     (["run", "--rounds", "ten"], "rounds"),
     (["run", "--dataset", "mnist", "--data-dir", "/nonexistent/dir"], "data_dir"),
     (["run", "--algorithm", "fedsgd"], "algorithm"),
+    (["run", "--release", "private", "--checkpoint-every", "1"], "checkpoint_every"),
     (["privacy", "--sampling-prob", "2", "--noise-multiplier", "1", "--rounds", "10", "--delta", "1e-5"], "sampling_prob"),
     (["privacy", "--sampling-prob", "0.1", "--noise-multiplier", "1", "--rounds", "10", "--delta", "0"], "delta"),
 ])
@@ -98,6 +99,23 @@ def test_release_private_writes_only_covered_and_public_fields(tmp_path, capsys)
     assert f'"{raw}"' not in rows_text
   for raw in ("capacity_grew", "cohort_capacity", "seconds_total"):
     assert f'"{raw}"' not in summary_text
+
+
+def test_a_private_release_draws_its_noise_from_secret_entropy(tmp_path):
+  """With release 'all' the recorded seed fixes the noise (two runs agree, and the block calls the
+  seed secret); a private release's draws follow from no recorded number (two runs differ)."""
+  sums = {}
+  for release in ("all", "private"):
+    for i in range(2):
+      out = tmp_path / f"{release}{i}"
+      assert main(["run", *TINY, "--output-dir", str(out), "--release", release]) == 0
+      summary = json.loads((out / "summary.json").read_text())
+      sums.setdefault(release, []).append(summary["params_sha256"])
+      assert summary["config"]["seed"] == 0
+      text = summary["release"]["randomness"]
+      assert ("secret, not public" in text) if release == "all" else ("entropy" in text)
+  assert sums["all"][0] == sums["all"][1]
+  assert sums["private"][0] != sums["private"][1]
 
 
 def test_run_with_config_file_and_noise_multiplier(tmp_path, capsys):

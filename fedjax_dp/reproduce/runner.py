@@ -185,8 +185,11 @@ def release(diagnostics: Mapping[str, str]) -> dict:
           "each run's test accuracies: post-processing of its released model; a row's mean and "
           "std over seeds read every seed's model, so they are covered by the seeds' composed "
           "guarantee (basic composition: k epsilon, k delta for k seeds), not by one run's"],
-      "public_by_design": ["the settings, the paper's numbers, each run's epsilon and noise "
-                           "multiplier (functions of the public settings)"],
+      "public_by_design": ["the settings but the seeds, the paper's numbers, each run's epsilon "
+                           "and noise multiplier (functions of the public settings)"],
+      "randomness": "the seeds are secret, not public: a run's seed fixes every draw of its "
+                    "mechanism, the noise included (fedjax_dp.engine.RANDOMNESS); they are "
+                    "recorded so that the reproduction can be re-run",
       # Raw, unnoised statistics: not covered by any guarantee.
       "diagnostics": {"timings (seconds, wall_seconds)": "raw, as every run's", **diagnostics},
   }
