@@ -424,7 +424,8 @@ def _cmd_sweep(args) -> int:
     both = row["epsilon_seeds_composed"]
     seeds = ("" if both is None or row["seeds"] == 1 else
              f" (all seeds: {both:.3f} at delta {row['delta_seeds_composed']:.3g}, "
-             f"{row['seeds_composition']})")
+             f"{row['seeds_composition']}"
+             + ("" if row["seeds_privacy_unit"] == "the runs' own" else ", per example") + ")")
     print(f"{values}: accuracy={row['accuracy_mean']:.4f}{spread} "
           f"({row['seeds']} seeds)  epsilon={'none' if eps is None else format(eps, '.3f')}"
           f"{seeds}")

@@ -193,6 +193,9 @@ class RunConfig:
                                      _values("fedjax_dp.aggregators.robust", "NAMES"))
   # Run.
   seed: int = _field(0, "PRNG seed: same seed, same result (an int in [0, 2**32))")
+  data_seed: Optional[int] = _field(None, "seed of the data's split into clients and of its "
+                                    "max_train / max_test subsets (none: seed); fixed, the seeds "
+                                    "of a sweep train on the same clients (an int in [0, 2**32))")
   eval_every: int = _field(5, "evaluate on the test set every this many rounds and after the last")
   options: Mapping[str, Any] = _field(dataclasses.MISSING, "the algorithm's own settings, "
                                       "name -> value (CLI: --set NAME=VALUE)", default_factory=dict)
@@ -207,6 +210,8 @@ class RunConfig:
         check_finite(f.name, value)
         check_type(f.name, value, hints[f.name])
     check(0 <= self.seed < 2 ** 32, "seed", self.seed, "must be an integer in [0, 2**32)")
+    check(self.data_seed is None or 0 <= self.data_seed < 2 ** 32, "data_seed", self.data_seed,
+          "must be an integer in [0, 2**32) or unset")
     self._check_choice("algorithm")
     self._check_choice("dataset")
     check_partition(self.dataset, self.partition)
@@ -263,6 +268,11 @@ class RunConfig:
     self._check_choice("attacker_knowledge")
     self._check_choice("aggregator")
     check(isinstance(self.options, Mapping), "options", self.options, "must be a mapping")
+
+  @property
+  def split_seed(self) -> int:
+    """The seed of the data's split into clients: ``data_seed``, or ``seed`` when unset."""
+    return self.seed if self.data_seed is None else self.data_seed
 
   def _check_choice(self, name: str) -> None:
     """Refuses a value of choice field ``name`` outside :func:`allowed_values` (unset passes for

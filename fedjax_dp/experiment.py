@@ -13,7 +13,7 @@ def load_data(config: RunConfig):
   """The configuration's :class:`FederatedData` (local files first; tfds only with ``download``)."""
   from fedjax_dp.data import load_federated
   return load_federated(
-      config.dataset, config.num_clients, partition=config.partition, seed=config.seed,
+      config.dataset, config.num_clients, partition=config.partition, seed=config.split_seed,
       data_dir=config.data_dir, alpha=config.dirichlet_alpha,
       shards_per_client=config.shards_per_client, max_train=config.max_train,
       max_test=config.max_test, download=config.download,

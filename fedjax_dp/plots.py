@@ -34,7 +34,7 @@ PRIVACY_AXES = ("target_epsilon", "noise_multiplier")
 REPRODUCTION_KEYS = ("method", "table", "dataset", "setting", "partition", "attack", "sparsity")
 # A sweep row's non-grid fields (``grid`` repeats the grid values).
 _ROW_VALUES = ("accuracy_mean", "accuracy_std", "seeds", "epsilon", "epsilon_seeds_composed",
-               "delta_seeds_composed", "seeds_composition", "grid")
+               "delta_seeds_composed", "seeds_composition", "seeds_privacy_unit", "grid")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,9 +28,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import shutil
 import time
 from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
 
 
 from fedjax_dp import outputs
@@ -41,14 +44,16 @@ SWEEP_FILES = ("results.json", "experiments")  # everything a sweep writes in it
 SWEEP_RELEASE = {
     "covered_by_guarantee": [
         "rows.accuracy_mean and rows.accuracy_std: functions of the test accuracies of the "
-        "models of all the row's seeds, trained on the same data, so covered by those runs' "
-        "composed guarantee (rows.epsilon_seeds_composed at rows.delta_seeds_composed), not by "
-        "one run's rows.epsilon; each experiment's own results are covered by its summary's"],
+        "models of all the row's seeds, so covered by those runs' composed guarantee "
+        "(rows.epsilon_seeds_composed at rows.delta_seeds_composed, for rows.seeds_privacy_unit: "
+        "one example where the seeds split the data into clients differently), not by one run's "
+        "rows.epsilon; each experiment's own results are covered by its summary's"],
     "public_by_design": ["rows' grid values and grid", "rows.seeds",
                          "rows.epsilon (each run's own, the largest over the seeds)",
                          "rows.epsilon_seeds_composed, rows.delta_seeds_composed, "
                          "rows.seeds_composition (how they were composed: the runs' accountant, "
-                         "or basic composition)",
+                         "basic composition, or basic composition of group privacy for 2)",
+                         "rows.seeds_privacy_unit",
                          "experiments' values, group and output_dir",
                          "experiments' seed: secret under release 'all' (it fixes the noise; "
                          "each summary's release.randomness)"],
@@ -56,33 +61,56 @@ SWEEP_RELEASE = {
                     "timings, not covered by any guarantee"],
 }
 # The RunConfig fields that choose and split the data set (load_data's arguments).
-DATA_FIELDS = ("dataset", "num_clients", "partition", "seed", "data_dir", "dirichlet_alpha",
+DATA_FIELDS = ("dataset", "num_clients", "partition", "split_seed", "data_dir", "dirichlet_alpha",
                "shards_per_client", "max_train", "max_test", "download", "min_labels_per_client")
 
 
 def seeds_composed(epsilon: Optional[float], delta: Optional[float], seeds: int,
-                   ledgers: Optional[Sequence] = None) -> dict:
-  """``{epsilon_seeds_composed, delta_seeds_composed, seeds_composition}``: what covers a
-  statistic of ``seeds`` runs on the same data set (a row's mean and std over seeds), each
+                   ledgers: Optional[Sequence] = None, same_data: bool = True,
+                   relation: Optional[str] = None) -> dict:
+  """``{epsilon_seeds_composed, delta_seeds_composed, seeds_composition, seeds_privacy_unit}``:
+  what covers a statistic of ``seeds`` runs (a row's mean and std over seeds), each
   ``(epsilon, delta)``-DP.
 
-  With every run's :class:`fedjax_dp.privacy.ledger.PrivacyLedger` (``ledgers``), all their
-  rounds are composed by the runs' own accountant (:meth:`PrivacyLedger.joint`) and epsilon is
-  read at the runs' ``delta`` (``seeds_composition``: "rdp" or "pld"). Otherwise (a run whose
-  epsilon is not one ledger's, e.g. SP-FL's largest over clients) basic composition (Dwork and
-  Roth 2014, Thm. 3.16): ``(k epsilon, k delta)``, an upper bound that holds whatever each run's
-  mechanism ("basic"). All None for a row without a guarantee.
+  ``same_data``: the runs trained on one data set split into the same clients. Then the unit is
+  the runs' own (one client's data set): with every run's
+  :class:`fedjax_dp.privacy.ledger.PrivacyLedger` (``ledgers``) all their rounds are composed by
+  the runs' own accountant (:meth:`PrivacyLedger.joint`) and epsilon is read at the runs'
+  ``delta`` (``seeds_composition``: "rdp" or "pld"); otherwise (a run whose epsilon is not one
+  ledger's, e.g. SP-FL's largest over clients) basic composition (Dwork and Roth 2014, Thm.
+  3.16): ``(k epsilon, k delta)``, an upper bound whatever each run's mechanism ("basic").
+
+  Otherwise (each seed splits the data into clients differently) no client is common to the
+  runs, and the unit is one example, which sits in one client of each run: changing it replaces
+  that client's data set in every run. Under the runs' ``relation`` "replace_one" that is their
+  own neighbour, composed as above; under "add_remove" a replaced client is one removed and one
+  added, so each run is ``(2 epsilon, (1 + e^epsilon) delta)``-DP for it (group privacy) and the
+  seeds compose by basic composition ("basic, group of 2"). All None for a row without a
+  guarantee.
   """
   if epsilon is None or delta is None:
     return {"epsilon_seeds_composed": None, "delta_seeds_composed": None,
-            "seeds_composition": None}
+            "seeds_composition": None, "seeds_privacy_unit": None}
+  unit = {"seeds_privacy_unit": "the runs' own" if same_data else
+          "one example (the seeds split the data into clients differently)"}
+  if not same_data and relation != "replace_one":
+    return {"epsilon_seeds_composed": seeds * 2 * epsilon,
+            "delta_seeds_composed": seeds * (1 + math.exp(epsilon)) * delta,
+            "seeds_composition": "basic, group of 2", **unit}
   if ledgers is not None and all(l is not None for l in ledgers):
     from fedjax_dp.privacy.ledger import PrivacyLedger
     joint = PrivacyLedger.joint(ledgers)
     return {"epsilon_seeds_composed": joint.epsilon(delta), "delta_seeds_composed": delta,
-            "seeds_composition": joint.accountant}
+            "seeds_composition": joint.accountant, **unit}
   return {"epsilon_seeds_composed": seeds * epsilon, "delta_seeds_composed": seeds * delta,
-          "seeds_composition": "basic"}
+          "seeds_composition": "basic", **unit}
+
+
+def same_clients(datas: Sequence) -> bool:
+  """Whether data sets hold the same clients' data (the same arrays, client by client)."""
+  first = datas[0]
+  return all(d is first or all(np.array_equal(getattr(d, f), getattr(first, f))
+                               for f in ("x", "y", "counts")) for d in datas[1:])
 
 
 def parse_grid(text: str) -> dict:
@@ -329,8 +357,10 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
     eps = None if any(e is None for e in eps) else max(eps)
     rows.append({**block[0]["values"], **seed_stats([s["final_accuracy"] for s in summaries]),
                  # The largest epsilon among the seeds (they differ only where it depends on data).
-                 "epsilon": eps, **seeds_composed(eps, summaries[0].get("delta"), len(block),
-                                                  ledgers[c:c + seeds]),
+                 "epsilon": eps, **seeds_composed(
+                     eps, summaries[0].get("delta"), len(block), ledgers[c:c + seeds],
+                     same_clients([datasets[_data_key(p.config)] for p in points[c:c + seeds]]),
+                     summaries[0].get("neighbouring_relation")),
                  "grid": dict(block[0]["values"])})
   result = SweepResult(rows, experiments, group_records, time.perf_counter() - t0, points)
   if out is not None:

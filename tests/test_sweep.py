@@ -64,14 +64,13 @@ def test_each_experiment_equals_its_single_run_and_the_grid_is_one_program(tmp_p
     assert row["accuracy_std"] == pytest.approx(np.std(accs, ddof=1))
     assert row["seeds"] == 2 and row["epsilon"] == pytest.approx(
         max(e["result"].summary["epsilon"] for e in block))
-    # The mean over two runs on the same data is covered by both runs' composed guarantee:
-    # all 2 x 3 rounds through the runs' RDP accountant, at the runs' delta.
-    delta = block[0]["result"].summary["delta"]
-    direct = rdp.RdpAccountant()
-    direct.compose(dp_accounting.PoissonSampledDpEvent(0.2, dp_accounting.GaussianDpEvent(0.5)), 6)
-    assert row["seeds_composition"] == "rdp" and row["delta_seeds_composed"] == delta
-    assert row["epsilon_seeds_composed"] == pytest.approx(direct.get_epsilon(delta), rel=1e-6)
-    assert row["epsilon"] < row["epsilon_seeds_composed"] < 2 * row["epsilon"]
+    # The two seeds split the data into different clients: no client is common to both runs, and
+    # an example, in one client of each, is covered by group privacy for 2 composed over them.
+    eps, delta = row["epsilon"], block[0]["result"].summary["delta"]
+    assert row["seeds_composition"] == "basic, group of 2"
+    assert row["seeds_privacy_unit"].startswith("one example")
+    assert row["epsilon_seeds_composed"] == pytest.approx(2 * 2 * eps)
+    assert row["delta_seeds_composed"] == pytest.approx(2 * (1 + np.exp(eps)) * delta)
   written = json.loads((tmp_path / "results.json").read_text())
   assert set(written) == {"rows", "experiments", "groups", "seconds", "release"}
   assert any("groups" in d for d in written["release"]["diagnostics"])
@@ -80,6 +79,23 @@ def test_each_experiment_equals_its_single_run_and_the_grid_is_one_program(tmp_p
   assert (tmp_path / written["experiments"][3]["output_dir"] / "metrics.jsonl").exists()
   summary = json.loads((tmp_path / "experiments/001/summary.json").read_text())
   assert summary["config"]["seed"] == 1 and summary["config"]["clip"] == 0.2
+
+
+def test_seeds_on_the_same_clients_are_composed_by_their_accountant():
+  # data_seed keeps the split into clients: the mean over both runs is covered, per client, by
+  # all 2 x 3 rounds through the runs' RDP accountant, at the runs' delta.
+  result = sweep(_base(data_seed=5), {"clip": ["0.5"], "noise_multiplier": [0.5]}, seeds=2)
+  row = result.rows[0]
+  assert len(result.groups) == 1
+  delta = result.experiments[0]["result"].summary["delta"]
+  direct = rdp.RdpAccountant()
+  direct.compose(dp_accounting.PoissonSampledDpEvent(0.2, dp_accounting.GaussianDpEvent(0.5)), 6)
+  assert row["seeds_composition"] == "rdp" and row["delta_seeds_composed"] == delta
+  assert row["seeds_privacy_unit"] == "the runs' own"
+  assert row["epsilon_seeds_composed"] == pytest.approx(direct.get_epsilon(delta), rel=1e-6)
+  assert row["epsilon"] < row["epsilon_seeds_composed"] < 2 * row["epsilon"]
+  params = [e["result"].state.params for e in result.experiments]
+  assert not all(np.array_equal(a, b) for a, b in zip(*map(jax.tree_util.tree_leaves, params)))
 
 
 def test_target_epsilon_axis_calibrates_each_experiment():
@@ -146,9 +162,19 @@ def test_seeds_without_one_ledger_each_compose_by_basic_composition():
   """A run whose epsilon is not one ledger's (SP-FL's largest over clients): (k eps, k delta)."""
   assert seeds_composed(1.5, 1e-5, 3) == {"epsilon_seeds_composed": 4.5,
                                           "delta_seeds_composed": pytest.approx(3e-5),
-                                          "seeds_composition": "basic"}
+                                          "seeds_composition": "basic",
+                                          "seeds_privacy_unit": "the runs' own"}
   assert seeds_composed(1.5, 1e-5, 2, [None, None])["seeds_composition"] == "basic"
   assert seeds_composed(None, 1e-5, 3)["epsilon_seeds_composed"] is None
+  # Different clients per seed: an example replaces one client's data in each run, the runs' own
+  # neighbour under replace-one, two add/remove steps (group privacy) under add/remove.
+  other = seeds_composed(1.5, 1e-5, 3, same_data=False, relation="replace_one")
+  assert other["seeds_composition"] == "basic" and other["epsilon_seeds_composed"] == 4.5
+  assert other["seeds_privacy_unit"].startswith("one example")
+  group = seeds_composed(1.5, 1e-5, 3, same_data=False, relation="add_remove")
+  assert group["seeds_composition"] == "basic, group of 2"
+  assert group["epsilon_seeds_composed"] == 9.0
+  assert group["delta_seeds_composed"] == pytest.approx(3 * (1 + np.exp(1.5)) * 1e-5)
 
 
 def test_experiments_in_blocks_of_clients_equal_their_single_runs():

@@ -184,7 +184,12 @@ def release(diagnostics: Mapping[str, str]) -> dict:
       "covered_by_guarantee": [
           "each run's test accuracies: post-processing of its released model; a row's mean and "
           "std over seeds read every seed's model, so they are covered by the seeds' composed "
-          "guarantee (basic composition: k epsilon, k delta for k seeds), not by one run's"],
+          "guarantee, not by one run's: basic composition, k epsilon and k delta for k seeds, for "
+          "the runs' own unit where the seeds share one split into clients. Where each seed "
+          "splits the data differently (data_seed unset) the unit common to them is one "
+          "example, which replaces one client's data in each run: the same for runs under "
+          "replace-one, and under add/remove group privacy for 2 composed the same way (2k "
+          "epsilon, k (1 + e^epsilon) delta) (fedjax_dp.sweep.seeds_composed)"],
       "public_by_design": ["the settings but the seeds, the paper's numbers, each run's epsilon "
                            "and noise multiplier (functions of the public settings)"],
       "randomness": "the seeds are secret, not public: a run's seed fixes every draw of its "
