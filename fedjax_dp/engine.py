@@ -69,6 +69,8 @@ RELEASES = ("all", "private")
 ROW_COVERED = ("test_accuracy", "test_loss", "diverged")
 # params_sha256: a hash of the released model (post-processing of it, like its test accuracy).
 SUMMARY_COVERED = ("final_accuracy", "final_test_loss", "diverged", "params_sha256")
+# Computed on the test set: covered only when it is apart from the clients' data.
+FROM_TEST_SET = ("test_accuracy", "test_loss", "diverged", "final_accuracy", "final_test_loss")
 PUBLIC_BY_DESIGN = ("round", "rounds", "config (its seed: see 'randomness')", "noise_multiplier",
                     "model", "data", "provenance",
                     "epsilon and every field of the "
@@ -529,6 +531,11 @@ class _Log:
                if _any_guarantee(summary) else
                {"summary": [], "metrics_rows": [],
                 "note": "no formal guarantee holds for any client of this run: nothing is covered"})
+    if getattr(e.data, "test_from_clients", False) and covered["summary"]:
+      covered = {k: [f for f in v if f not in FROM_TEST_SET] for k, v in covered.items()}
+      covered["note"] = (", ".join(FROM_TEST_SET) + ": computed on the clients' own held-out "
+                         "examples (the natural partition's test set), so raw statistics of "
+                         "their private data: not covered")
     summary["release"] = {
         "mode": self.release,
         "covered_by_guarantee": covered,
@@ -603,6 +610,11 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
         getattr(checkpoint, "every", None), "checkpoints one run only, not a group of "
         "experiments (a sweep): run each experiment alone")
   check_checkpoint_release(release, checkpoint is not None)
+  check(release == "all" or not any(getattr(e.data, "test_from_clients", False)
+                                     for e in experiments), "release", release,
+        "'private' writes only what the guarantee covers, and this data set's test set holds "
+        "its clients' own held-out examples (a natural partition), so its test accuracy is not "
+        "covered: use release='all' (the release block says what is raw) or a pooled partition")
   from fedjax_dp.round import CohortBatch, client_mesh, compiled_step
   single = len(experiments) == 1
   mode = group_mode(experiments)

@@ -47,7 +47,9 @@ SWEEP_RELEASE = {
         "models of all the row's seeds, so covered by those runs' composed guarantee "
         "(rows.epsilon_seeds_composed at rows.delta_seeds_composed, for rows.seeds_privacy_unit: "
         "one example where the seeds split the data into clients differently), not by one run's "
-        "rows.epsilon; each experiment's own results are covered by its summary's"],
+        "rows.epsilon; each experiment's own results are covered by its summary's. Not on a "
+        "natural partition, whose test set is the clients' own held-out data: there the "
+        "accuracies are raw (each summary's release block says so)"],
     "public_by_design": ["rows' grid values and grid", "rows.seeds",
                          "rows.epsilon (each run's own, the largest over the seeds)",
                          "rows.epsilon_seeds_composed, rows.delta_seeds_composed, "

@@ -137,6 +137,9 @@ def test_federated_emnist_natural_from_generated_files(tmp_path):
   assert digits.test_y.shape == (4,)
   pooled = data.load_federated("federated_emnist", 5, "iid", data_dir=str(tmp_path))
   assert pooled.total_examples == 10 and pooled.num_clients == 5
+  # The natural partition's test set is its writers' own held-out data; pooled, it is apart
+  # from every (made-up) client's data set.
+  assert fd.test_from_clients and digits.test_from_clients and not pooled.test_from_clients
   with pytest.raises(ConfigError, match="num_clients=4: must be <= 3"):
     data.load_federated("federated_emnist", 4, "natural", data_dir=str(tmp_path))
   with pytest.raises(ConfigError, match="max_train"):
@@ -209,4 +212,15 @@ def test_cli_runs_dp_fedavg_on_natural_shakespeare(plays_dir, tmp_path, capsys):
   assert 0 <= summary["final_accuracy"] <= 1 and summary["epsilon"] > 0
   rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
   assert [r["round"] for r in rows] == [1, 2] and np.isfinite(rows[-1]["test_loss"])
+  # Evaluated on the writers' own held-out lines: raw, not covered.
+  covered = summary["release"]["covered_by_guarantee"]
+  assert covered["summary"] == ["params_sha256"] and covered["metrics_rows"] == ["aggregate_norm"]
+  assert "held-out" in covered["note"]
   capsys.readouterr()
+  # A private release would have to leave its accuracy out: refused, with the reason.
+  assert main(["run", "--dataset", "shakespeare", "--partition", "natural",
+               "--data-dir", str(plays_dir), "--num-clients", "4", "--model", "char_lstm_small",
+               "--rounds", "1", "--no-progress", "--release", "private",
+               "--output-dir", str(tmp_path / "private")]) == 2
+  err = capsys.readouterr().err
+  assert "release" in err and "held-out" in err and "Traceback" not in err

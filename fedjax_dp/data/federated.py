@@ -56,6 +56,10 @@ class FederatedData:
     test_x: Centralized ``float32`` test inputs ``[num_test, *example_shape]``.
     test_y: Centralized ``int32`` test labels ``[num_test, *label_shape]``.
     num_classes: Number of classes.
+    test_from_clients: the test set holds the clients' own held-out examples (a natural
+      partition: TFF's test files are the same writers'), so statistics on it are raw
+      statistics of their private data, which no guarantee covers; False for a test set
+      apart from every client's data.
   """
   name: str
   x: np.ndarray
@@ -64,6 +68,7 @@ class FederatedData:
   test_x: np.ndarray
   test_y: np.ndarray
   num_classes: int
+  test_from_clients: bool = False
 
   def __post_init__(self):
     self.counts = np.asarray(self.counts, dtype=np.int32)
