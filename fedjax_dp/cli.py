@@ -252,10 +252,13 @@ def _resumed(args) -> tuple:
   normal = lambda x: json.loads(json.dumps(x))
   stored, where = meta["config"], f"stored in {pathlib.Path(args.resume) / 'checkpoints'}"
   config = make_config(stored)
+  # Compared with the stored configuration as it loads (a field added since it was written takes
+  # its default), so that repeating a stored setting is never a conflict.
+  loaded = normal(config.to_dict())
   base, overrides, options = _settings(args)
   for name, value in {**base, **overrides}.items():
     try:
-      same = normal(config.replace(**{name: value}).to_dict()) == stored
+      same = normal(config.replace(**{name: value}).to_dict()) == loaded
     except ConfigError:
       same = False
     check(same, name, value, f"conflicts with the resumed run's {name}={stored[name]!r} ({where}): "

@@ -281,3 +281,19 @@ def test_params_sha256_is_of_the_bytes_shapes_and_dtypes():
   assert params_sha256({**params, "a": np.zeros(3, np.float64)}) != h
   big_endian = params["b"]["kernel"].astype(">f4")
   assert params_sha256({**params, "b": {"kernel": big_endian}}) == h
+
+
+def test_a_checkpoint_older_than_a_new_field_resumes_with_its_settings_repeated(
+    checkpointed, monkeypatch, capsys):
+  """A configuration stored before a field existed (here data_seed) loads with the field's
+  default; repeating one of its stored settings is not a conflict."""
+  from fedjax_dp import checkpoint
+  read = checkpoint.read_meta
+
+  def older(folder):
+    meta = read(folder)
+    return dict(meta, config={k: v for k, v in meta["config"].items() if k != "data_seed"})
+
+  monkeypatch.setattr(checkpoint, "read_meta", older)
+  assert main(["run", "--resume", str(checkpointed), "--rounds", "8", "--num-clients", "60"]) == 0
+  assert "nothing to resume" in capsys.readouterr().out
