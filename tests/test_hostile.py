@@ -469,6 +469,8 @@ INVALID = [
     ("byzantine", {"byzantine": 10 ** 6}), ("byzantine", {"byzantine": -1}), ("attack", {"attack": "boom"}),
     ("attacker_knowledge", {"attacker_knowledge": "x"}), ("aggregator", {"aggregator": "avg"}),
     ("seed", {"seed": -1}), ("seed", {"seed": 2 ** 70}), ("seed", {"seed": 1.5}),
+    ("data_seed", {"data_seed": -1}), ("data_seed", {"data_seed": 2 ** 32}),
+    ("data_seed", {"data_seed": "0"}),
     ("eval_every", {"eval_every": 0}), ("options", {"options": [1, 2]}), ("options", {"options": "abc"}),
     ("download", {"download": "yes"}), ("data_dir", {"data_dir": 3}),
 ]
