@@ -79,7 +79,8 @@ def _add_sweep(sub):
                  "(clip, target_epsilon, noise_multiplier, local_steps, ...) or a --set option "
                  "(lambda, sparsity, ...), e.g. 'clip=0.1,0.3 lambda=0.1,0.4' (required)")
   p.add_argument("--seeds", type=int, default=1, help="seeds per grid point (default 1): the "
-                 "configuration's seed, seed + 1, ...")
+                 "configuration's seed, seed + 1, ...; each splits the data into clients anew "
+                 "unless --data-seed fixes the split")
   p.add_argument("--output-dir", required=True, help="where results.json and each experiment's "
                  "experiments/NNN/{metrics.jsonl,summary.json} go (required)")
   p.add_argument("--overwrite", action="store_true", help="replace an earlier sweep's files")
