@@ -99,12 +99,14 @@ def remove(folder, names: Sequence[str]) -> None:
 
 
 @contextlib.contextmanager
-def replacing(folder, names: Sequence[str]):
+def replacing(folder, names: Sequence[str], whole: bool = False):
   """For a command that replaces its files ``names`` in ``folder`` (``--overwrite``).
 
   The earlier files are moved aside. If the block raises before any new result of ``names``
   exists (bad input, missing data), they come back and a folder the block created is removed
-  again: a refused command loses nothing. Otherwise the earlier files are deleted.
+  again: a refused command loses nothing. Otherwise the earlier files are deleted. ``whole``:
+  the new files are worth keeping only whole (a sweep, which cannot resume), so a block that
+  raises at any point leaves the earlier files as they were and its own partial ones go.
   """
   folder = pathlib.Path(folder)
   created = not folder.exists()
@@ -115,7 +117,7 @@ def replacing(folder, names: Sequence[str]):
   try:
     yield
   except BaseException:
-    if not any(holds_result(folder / n) for n in names):
+    if whole or not any(holds_result(folder / n) for n in names):
       remove(folder, names)  # empty leftovers, e.g. a runs.jsonl opened before the data failed
       for n in earlier:
         os.replace(aside / n, folder / n)

@@ -26,10 +26,10 @@ differently), plus one model state per experiment.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
-import shutil
 import time
 from typing import Any, Mapping, Optional, Sequence
 
@@ -231,13 +231,13 @@ class SweepResult:
 
 def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Sequence] = None,
                 progress: bool = False, release: str = "all", log=None, on_group=None,
-                before_running=None, group_size: Optional[int] = None) -> tuple:
+                group_size: Optional[int] = None) -> tuple:
   """Runs configurations, those that share a round as one program each; returns
   ``(results, groups)``: a :class:`fedjax_dp.engine.RunResult` per configuration, in order,
   and one record per group (``experiments``: their indices, ``seconds``).
 
   Every configuration is built on its data set (``datas[i]``) before anything runs (so a bad
-  value stops the whole batch before compiling; then ``before_running()`` is called). Groups:
+  value stops the whole batch before compiling). Groups:
   the same :class:`fedjax_dp.round.Round`, rounds, evaluation period, placement, client chunk,
   devices and data shapes
   (:func:`fedjax_dp.engine.run_group`). ``on_group(indices, results, setups)`` is called as
@@ -259,8 +259,6 @@ def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Seq
   if group_size is not None:
     groups = {(key, k): members[k:k + group_size] for key, members in groups.items()
               for k in range(0, len(members), group_size)}
-  if before_running is not None:
-    before_running()
   results, records = [None] * len(configs), []
   for g, members in enumerate(groups.values()):
     tg = time.perf_counter()
@@ -294,9 +292,10 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
     seeds: seeds per grid point: ``config.seed``, ``config.seed + 1``, ...
     output_dir: if given, each experiment writes ``experiments/NNN/metrics.jsonl`` and
       ``summary.json`` there, and the sweep ``results.json`` (:meth:`SweepResult.to_json`).
-    overwrite: replace an earlier sweep's files there (they are removed once every experiment
-      is built, before the first round); without it a folder holding ``results.json`` or
-      ``experiments/`` is refused before anything loads.
+    overwrite: replace an earlier sweep's files there (they are moved aside while the sweep
+      runs and deleted when it has finished; a sweep that fails or is interrupted leaves them as
+      they were); without it a folder holding ``results.json`` or ``experiments/`` is refused
+      before anything loads.
     progress: a progress bar per group.
     release: "all" or "private" (:func:`fedjax_dp.engine.run`).
     load: ``config -> FederatedData`` (default: :func:`fedjax_dp.experiment.load_data`);
@@ -329,43 +328,43 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
     if key not in datasets:
       datasets[key] = load(p.config)
 
-  def clear_earlier():  # an earlier sweep's files go once everything is built, before round 1
+  # An earlier sweep's files stay until this one has finished (an interrupted or failed sweep
+  # leaves them as they were, and its own partial files go).
+  with (contextlib.nullcontext() if out is None else outputs.replacing(out, SWEEP_FILES, True)):
+    ledgers = [None] * len(points)  # each run's PrivacyLedger, where its epsilon is one ledger's
+
+    def keep_ledgers(members, done, setups):
+      del done
+      for i, setup in zip(members, setups):
+        ledgers[i] = getattr(setup.accounting, "ledger", None)
+
+    results, group_records = run_configs(
+        [p.config for p in points], [datasets[_data_key(p.config)] for p in points],
+        output_dirs=[None if out is None else str(out / "experiments" / f"{i:03d}")
+                     for i in range(len(points))],
+        progress=progress, release=release, log=log, group_size=group_size,
+        on_group=keep_ledgers)
+    group_of = {i: g for g, rec in enumerate(group_records) for i in rec["experiments"]}
+    experiments = [{"values": p.values, "seed": p.seed, "group": group_of[i],
+                    "output_dir": None if out is None else f"experiments/{i:03d}", "result": r}
+                   for i, (p, r) in enumerate(zip(points, results))]
+    rows = []
+    for c in range(0, len(points), seeds):
+      block = experiments[c:c + seeds]
+      summaries = [e["result"].summary for e in block]
+      eps = [s.get("epsilon") for s in summaries]
+      eps = None if any(e is None for e in eps) else max(eps)
+      rows.append({**block[0]["values"], **seed_stats([s["final_accuracy"] for s in summaries]),
+                   # The largest epsilon among the seeds (they differ only where it depends
+                   # on data).
+                   "epsilon": eps, **seeds_composed(
+                       eps, summaries[0].get("delta"), len(block), ledgers[c:c + seeds],
+                       same_clients([datasets[_data_key(p.config)] for p in points[c:c + seeds]]),
+                       summaries[0].get("neighbouring_relation")),
+                   "grid": dict(block[0]["values"])})
+    result = SweepResult(rows, experiments, group_records, time.perf_counter() - t0, points)
     if out is not None:
-      shutil.rmtree(out / "experiments", ignore_errors=True)
-      outputs.remove(out, ("results.json",))
-
-  ledgers = [None] * len(points)  # each run's PrivacyLedger, where its epsilon is one ledger's
-
-  def keep_ledgers(members, done, setups):
-    del done
-    for i, setup in zip(members, setups):
-      ledgers[i] = getattr(setup.accounting, "ledger", None)
-
-  results, group_records = run_configs(
-      [p.config for p in points], [datasets[_data_key(p.config)] for p in points],
-      output_dirs=[None if out is None else str(out / "experiments" / f"{i:03d}")
-                   for i in range(len(points))],
-      progress=progress, release=release, log=log, before_running=clear_earlier,
-      group_size=group_size, on_group=keep_ledgers)
-  group_of = {i: g for g, rec in enumerate(group_records) for i in rec["experiments"]}
-  experiments = [{"values": p.values, "seed": p.seed, "group": group_of[i],
-                  "output_dir": None if out is None else f"experiments/{i:03d}", "result": r}
-                 for i, (p, r) in enumerate(zip(points, results))]
-  rows = []
-  for c in range(0, len(points), seeds):
-    block = experiments[c:c + seeds]
-    summaries = [e["result"].summary for e in block]
-    eps = [s.get("epsilon") for s in summaries]
-    eps = None if any(e is None for e in eps) else max(eps)
-    rows.append({**block[0]["values"], **seed_stats([s["final_accuracy"] for s in summaries]),
-                 # The largest epsilon among the seeds (they differ only where it depends on data).
-                 "epsilon": eps, **seeds_composed(
-                     eps, summaries[0].get("delta"), len(block), ledgers[c:c + seeds],
-                     same_clients([datasets[_data_key(p.config)] for p in points[c:c + seeds]]),
-                     summaries[0].get("neighbouring_relation")),
-                 "grid": dict(block[0]["values"])})
-  result = SweepResult(rows, experiments, group_records, time.perf_counter() - t0, points)
-  if out is not None:
-    out.mkdir(parents=True, exist_ok=True)
-    outputs.write_text_atomic(out / "results.json", dumps(result.to_json(), indent=2, default=str) + "\n")
+      out.mkdir(parents=True, exist_ok=True)
+      outputs.write_text_atomic(out / "results.json",
+                                dumps(result.to_json(), indent=2, default=str) + "\n")
   return result

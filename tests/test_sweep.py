@@ -149,6 +149,19 @@ def test_sweep_command_writes_rows_and_protects_earlier_results(tmp_path, capsys
   before = (out / "results.json").read_text()
   assert main(args) == 2  # an earlier sweep is kept
   assert "--overwrite" in capsys.readouterr().err and (out / "results.json").read_text() == before
+  # An --overwrite sweep stopped part-way (here after its first program) leaves the earlier
+  # sweep's files as they were, and none of its own.
+  from fedjax_dp import sweep as sweep_lib
+
+  def stop(line):
+    raise KeyboardInterrupt
+
+  files = sorted(p.relative_to(out) for p in out.rglob("*"))
+  with pytest.raises(KeyboardInterrupt):
+    sweep_lib.sweep(_base(), {"local_steps": ["1", "2"]}, seeds=1, output_dir=str(out),
+                    overwrite=True, log=stop)
+  assert sorted(p.relative_to(out) for p in out.rglob("*")) == files
+  assert (out / "results.json").read_text() == before
   assert main(args[:2] + ["clip=0.3"] + args[3:] + ["--overwrite"]) == 0
   assert not (out / "experiments" / "002").exists()  # the old sweep's extra experiments went
   capsys.readouterr()
