@@ -39,8 +39,20 @@ INT_HPARAMS = ("byzantine", "client_class")
 
 def as_hparams(values: dict) -> dict:
   """Hyper-parameters as the compiled round takes them: int32 arrays for the counts and ids of
-  :data:`INT_HPARAMS`, float32 arrays for every other number."""
-  return {k: np.asarray(v, np.int32 if k in INT_HPARAMS else np.float32) for k, v in values.items()}
+  :data:`INT_HPARAMS`, float32 arrays for every other number. A finite number that float32
+  cannot hold (``--clip 1e308``) is refused, naming it, instead of becoming inf."""
+  from fedjax_dp.errors import check
+  out = {}
+  for k, v in values.items():
+    if k in INT_HPARAMS:
+      out[k] = np.asarray(v, np.int32)
+      continue
+    wide = np.asarray(v, np.float64)
+    check(not np.any(np.isfinite(wide) & (np.abs(wide) > np.finfo(np.float32).max)), k, v,
+          f"is beyond float32 (magnitude at most {np.finfo(np.float32).max:.3g}), the dtype the "
+          "compiled round computes in")
+    out[k] = wide.astype(np.float32)
+  return out
 
 
 _ROUNDS: dict = {}
