@@ -408,11 +408,12 @@ def _privacy_report(args) -> dict:
 
 
 def _cmd_sweep(args) -> int:
-  from fedjax_dp.sweep import parse_grid, plan, sweep
+  from fedjax_dp.sweep import check_axes, parse_grid, plan, sweep
   check(args.checkpoint_every is None, "checkpoint_every", args.checkpoint_every,
         "a sweep is not checkpointed (its experiments run as one vmapped program): run an "
         "experiment alone with fedjax-dp run --checkpoint-every K")
   grid = parse_grid(args.grid)
+  check_axes(grid)
   config = _config_from_args(args, grid)
   plan(config, grid, args.seeds)  # refuses bad axes and values before the folder is touched
   out = pathlib.Path(args.output_dir)

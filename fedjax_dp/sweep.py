@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import json
 import math
 import time
 from typing import Any, Mapping, Optional, Sequence
@@ -146,6 +147,17 @@ class Point:
   config: Any
 
 
+# The most experiments one sweep plans (each is built before anything runs).
+MAX_EXPERIMENTS = 100_000
+
+
+def check_axes(grid: Mapping[str, Sequence]) -> None:
+  """Refuses the names that cannot be grid axes (before any setting is read)."""
+  check("seed" not in grid, "grid", "seed", "seeds are not a grid axis: use seeds (--seeds N)")
+  for name in ("options", "output_dir"):
+    check(name not in grid, "grid", name, "cannot be a grid axis")
+
+
 def plan(config, grid: Mapping[str, Sequence], seeds: int = 1) -> list:
   """Every grid point times seed, as :class:`Point` s (grid order, then seeds).
 
@@ -158,12 +170,19 @@ def plan(config, grid: Mapping[str, Sequence], seeds: int = 1) -> list:
   types = field_types()
   check(isinstance(seeds, int) and not isinstance(seeds, bool) and seeds >= 1, "seeds", seeds,
         "must be an integer >= 1")
-  check("seed" not in grid, "grid", "seed", "seeds are not a grid axis: use seeds (--seeds N)")
-  for name in ("options", "output_dir"):
-    check(name not in grid, "grid", name, "cannot be a grid axis")
-  grid = {k: list(v) for k, v in grid.items()}
+  check_axes(grid)
+  check(config.seed + seeds <= 2 ** 32, "seeds", seeds, f"runs seeds {config.seed} to "
+        f"{config.seed + seeds - 1}, past the largest seed 2**32 - 1: lower seed or seeds")
+  grid = {k: [(parse_value(k, v, types[k]) if isinstance(v, str) else v) if k in types
+              else parse_option(v) for v in values] for k, values in grid.items()}
   for k, v in grid.items():
     check(len(v) >= 1, "grid", k, "needs at least one value")
+    check(len({json.dumps(x, sort_keys=True) for x in v}) == len(v), "grid", k,
+          f"repeats a value ({v}): each experiment would run twice")
+  count = math.prod(len(v) for v in grid.values()) * seeds
+  check(count <= MAX_EXPERIMENTS, "seeds", seeds, f"with the grid's "
+        f"{count // seeds} points makes {count} experiments, more than one sweep runs (at most "
+        f"{MAX_EXPERIMENTS}): split the grid into several sweeps")
   unset = {}
   for given, other in (("target_epsilon", "noise_multiplier"), ("noise_multiplier", "target_epsilon")):
     if given in grid and other not in grid:
@@ -173,10 +192,8 @@ def plan(config, grid: Mapping[str, Sequence], seeds: int = 1) -> list:
     values, fields, options = {}, dict(unset), dict(config.options)
     for name, v in zip(grid, combo):
       if name in types:
-        v = parse_value(name, v, types[name]) if isinstance(v, str) else v
         fields[name] = v
       else:
-        v = parse_option(v)
         options[name] = v
       values[name] = v
     for s in range(seeds):

@@ -129,6 +129,12 @@ def test_options_as_grid_axes_and_bad_axes_are_refused_before_running():
     plan(base, {"seed": [1, 2]})
   with pytest.raises(ConfigError, match="clip"):
     plan(base, {"clip": ["abc"]})
+  with pytest.raises(ConfigError, match="repeats a value"):  # equal once converted
+    plan(base, {"clip": ["0.3", "0.30"]})
+  with pytest.raises(ConfigError, match="more than one sweep runs"):
+    plan(base, {"clip": [0.1, 0.2]}, seeds=10 ** 8)
+  with pytest.raises(ConfigError, match="past the largest seed"):
+    plan(base.replace(seed=2 ** 32 - 1), {"clip": [0.1]}, seeds=2)
   with pytest.raises(ConfigError, match="lambda"):  # an option out of range, refused by the build
     sweep(base, {"lambda": ["-1"]}, load=lambda cfg: pytest.fail("loaded data"))
   with pytest.raises(ConfigError, match="clip"):  # DP-RSA reads no clip
@@ -169,6 +175,9 @@ def test_sweep_command_writes_rows_and_protects_earlier_results(tmp_path, capsys
                str(tmp_path / "r")]) == 2
   err = capsys.readouterr().err
   assert err.count("\n") == 1 and "clip" in err and not (tmp_path / "r").exists()
+  # An axis that cannot be one is refused as such, before the base configuration is read.
+  assert main(["sweep", "--grid", "options=1", "--output-dir", str(tmp_path / "o")]) == 2
+  assert "options': cannot be a grid axis" in capsys.readouterr().err
 
 
 def test_seeds_without_one_ledger_each_compose_by_basic_composition():
