@@ -2,8 +2,8 @@
 
 Exit status: 0 done; 2 invalid input (one line naming the field, the value and
 what is allowed, before anything is compiled or written); 3 ``run`` finished
-but diverged (a non-finite test loss); 130 interrupted (Ctrl-C), with one line
-saying what was kept.
+but diverged (a non-finite test loss); 4 out of memory (one line saying what to
+lower); 130 interrupted (Ctrl-C), with one line saying what was kept.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 from fedjax_dp import audit, plots
 from fedjax_dp.errors import ConfigError, check
 
-EXIT_INVALID, EXIT_DIVERGED, EXIT_INTERRUPTED = 2, 3, 130
+EXIT_INVALID, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_MEMORY = 2, 3, 130, 4
 DEFAULT_RUN_DIR = "runs/quickstart"
 
 
@@ -469,7 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "--delta 1e-5\n"
                    "  fedjax-dp reproduce cheng2022 --scale tiny --output-dir runs/r\n"
                    "exit status: 0 done; 2 invalid input (one line naming the field); 3 run "
-                   "diverged; 130 interrupted")
+                   "diverged; 4 out of memory; 130 interrupted")
   sub = parser.add_subparsers(dest="command", parser_class=_Parser, title="subcommands",
                               metavar="SUBCOMMAND")
   _add_run(sub)
@@ -498,6 +498,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   except KeyboardInterrupt:
     print("fedjax-dp: interrupted", file=sys.stderr)
     return EXIT_INTERRUPTED
+  except Exception as e:  # pylint: disable=broad-except
+    if "RESOURCE_EXHAUSTED" not in str(e):
+      raise
+    detail = next((l.strip() for l in str(e).splitlines() if "RESOURCE_EXHAUSTED" in l), "")
+    print(f"fedjax-dp: error: out of memory ({detail[:160]}): the round needs more than the "
+          "device holds; lower batch_size, local_steps or the cohort (sampling_prob, cohort_size), "
+          "or run it in blocks of clients (--client-chunk K)", file=sys.stderr)
+    return EXIT_MEMORY
   except BrokenPipeError:  # the reader (e.g. `| head`) closed the pipe: nothing left to say
     sys.stderr.close()
     return 0

@@ -525,3 +525,11 @@ def test_a_sweep_axis_may_give_a_field_the_base_run_needs(tmp_path, capsys):
 def test_privacy_refuses_flags_its_mechanism_does_not_read(extra, field, capsys):
   assert main([*PRIVACY, *extra]) == 2
   assert f"invalid {field}=" in capsys.readouterr().err
+
+
+def test_out_of_memory_is_one_line_with_what_to_lower(tmp_path, capsys):
+  # Batches of 10^9 examples: XLA cannot allocate the round (terabytes).
+  assert main(["run", *TINY, "--batch-size", "1000000000", "--output-dir", str(tmp_path / "o")]) == 4
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and "out of memory" in err and "batch_size" in err
+  assert "Traceback" not in err
