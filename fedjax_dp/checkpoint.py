@@ -28,6 +28,7 @@ the same parameters, bit for bit, as an uninterrupted one
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import pathlib
@@ -63,10 +64,23 @@ def _manager(folder: pathlib.Path):
       cleanup_tmp_directories=True))
 
 
+@contextlib.contextmanager
+def _opened(folder: pathlib.Path):
+  """A :func:`_manager` closed when the block ends (its threads stopped)."""
+  manager = _manager(folder)
+  try:
+    yield manager
+  finally:
+    manager.close()
+
+
 def latest_round(output_dir) -> Optional[int]:
   """The round of the run's latest complete checkpoint in ``output_dir``, or None."""
   folder = pathlib.Path(output_dir) / outputs.CHECKPOINTS
-  return _manager(folder).latest_step() if folder.is_dir() else None
+  if not folder.is_dir():
+    return None
+  with _opened(folder) as manager:
+    return manager.latest_step()
 
 
 def _restore(manager, step: int, **items):
@@ -88,8 +102,8 @@ def read_meta(output_dir) -> dict:
   check(step is not None, "resume", str(output_dir),
         f"holds no complete checkpoint in {outputs.CHECKPOINTS}/: nothing to resume (a run saves "
         "one every --checkpoint-every K rounds)")
-  return _restore(_manager(pathlib.Path(output_dir) / outputs.CHECKPOINTS), step,
-                  host=ocp.args.JsonRestore()).host
+  with _opened(pathlib.Path(output_dir) / outputs.CHECKPOINTS) as manager:
+    return _restore(manager, step, host=ocp.args.JsonRestore()).host
 
 
 def _leaves(state) -> list:
@@ -175,6 +189,10 @@ class Checkpointer:
     target = {"round_state": _by_index([np.zeros(np.shape(a), a.dtype) for a in leaves]),
               "log": log_arrays}
     restored = _restore(self._manager, step, state=ocp.args.StandardRestore(target)).state
+    check(host.get("sha256", params_sha256(restored)) == params_sha256(restored), "resume",
+          str(folder / str(step)), "the checkpoint's state does not match the SHA-256 saved with "
+          "it: its files were changed or damaged; delete that checkpoint to resume from the one "
+          "before, or start again with --overwrite")
     state = treedef.unflatten([jax.numpy.asarray(restored["round_state"][k])
                                for k in _by_index(leaves)])
     experiment.sampler.load_state(host["sampler"])
@@ -182,6 +200,12 @@ class Checkpointer:
       experiment.accounting.load_state(host["accounting"])
     log.resume(_kept_rows(log.out_dir / outputs.METRICS, step), host["log"], restored["log"])
     return state, step
+
+  def close(self) -> None:
+    """Stops the checkpoint manager's threads (the run has ended, or failed to begin)."""
+    if self._manager is not None:
+      self._manager.close()
+      self._manager = None
 
   def after_round(self, done: int, rounds: int, state, experiment, log) -> None:
     """Saves the run when ``done`` rounds are a multiple of ``every`` or all ``rounds``."""
@@ -199,5 +223,6 @@ class Checkpointer:
             "log": log_host, "leaves": _leaves(state),
             "log_arrays": {k: [list(v.shape), str(v.dtype)] for k, v in log_arrays.items()}}
     tree = {"round_state": _by_index(jax.tree_util.tree_leaves(state)), "log": log_arrays}
+    host["sha256"] = params_sha256(tree)  # checked on resume: a damaged state is refused
     self._manager.save(done, args=ocp.args.Composite(state=ocp.args.StandardSave(tree),
                                                      host=ocp.args.JsonSave(host)))

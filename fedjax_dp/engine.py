@@ -684,7 +684,11 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
   logs = [_Log(program, e, release) for e in experiments]
   start = 0
   if checkpoint is not None:
-    state, start = checkpoint.begin(state, experiments[0], logs[0])
+    try:
+      state, start = checkpoint.begin(state, experiments[0], logs[0])
+    except BaseException:
+      checkpoint.close()
+      raise
   bar = None
   if progress:
     from tqdm.auto import tqdm
@@ -730,6 +734,8 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
       bar.close()
     for log in logs:
       log.close()
+    if checkpoint is not None:
+      checkpoint.close()
   total = time.perf_counter() - t_start
   timing = {"seconds_total": total, "seconds_first_round": first_round_s,
             "seconds_per_round_after_first": None if first_round_s is None else

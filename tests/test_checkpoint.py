@@ -297,3 +297,21 @@ def test_a_checkpoint_older_than_a_new_field_resumes_with_its_settings_repeated(
   monkeypatch.setattr(checkpoint, "read_meta", older)
   assert main(["run", "--resume", str(checkpointed), "--rounds", "8", "--num-clients", "60"]) == 0
   assert "nothing to resume" in capsys.readouterr().out
+
+
+def test_a_checkpoint_whose_state_does_not_match_its_hash_is_refused(checkpointed, tmp_path,
+                                                                       capsys):
+  """Each checkpoint saves the SHA-256 of its state; a state that no longer matches it (files
+  changed or damaged where no codec notices) is refused, not resumed."""
+  import re
+  import shutil
+  run = tmp_path / "run"
+  shutil.copytree(checkpointed, run)
+  (run / "summary.json").unlink()  # unfinished: --resume restores the state
+  meta = next((run / "checkpoints" / "8" / "host").glob("metadata"))
+  text = meta.read_text()
+  digest = re.search(r'"sha256": "([0-9a-f]{64})"', text).group(1)
+  meta.write_text(text.replace(digest, digest[::-1]))
+  assert main(["run", "--resume", str(run), "--no-progress"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "SHA-256" in err[0] and "checkpoints/8" in err[0]
