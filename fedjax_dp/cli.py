@@ -288,7 +288,8 @@ def _cmd_run(args) -> int:
     if done >= config.rounds and (out / SUMMARY).is_file():  # finished: nothing to redo or rewrite
       s = json.loads((out / SUMMARY).read_text())
       print(f"{out} holds a finished run: nothing to resume, its files are as they were")
-      return _report(s, config, (s.get("diagnostics") or {}).get("seconds_total"), out)
+      return _report(s, config, (s.get("diagnostics") or {}).get("seconds_total"), out,
+                     wrote=False)
   else:
     config, release, done = _config_from_args(args), args.release or "all", 0
     out = check_output_dir(DEFAULT_RUN_DIR if args.output_dir is None else args.output_dir,
@@ -318,8 +319,10 @@ def _cmd_run(args) -> int:
   return _report(result.summary, config, time.perf_counter() - t0, out)
 
 
-def _report(s: dict, config, seconds: Optional[float], out: pathlib.Path) -> int:
-  """Prints a run's final line from its summary ``s``; the exit status."""
+def _report(s: dict, config, seconds: Optional[float], out: pathlib.Path,
+            wrote: bool = True) -> int:
+  """Prints a run's final line from its summary ``s`` (and, if ``wrote``, the files written);
+  the exit status."""
   from fedjax_dp.outputs import METRICS, SUMMARY
   eps = s.get("epsilon")
   eps_text = (f"epsilon={eps:.3f} at delta={s['delta']:g}" if eps is not None
@@ -330,7 +333,8 @@ def _report(s: dict, config, seconds: Optional[float], out: pathlib.Path) -> int
               if config.target_epsilon is not None else "as given")
   took = "" if seconds is None else f"  seconds={seconds:.1f}"
   print(f"final test accuracy={acc:.4f}  {diverged}{eps_text}  rounds={s['rounds']}{took}")
-  print(f"wrote {out / METRICS} and {out / SUMMARY}")
+  if wrote:
+    print(f"wrote {out / METRICS} and {out / SUMMARY}")
   return EXIT_DIVERGED if s["diverged"] else 0
 
 
