@@ -32,6 +32,8 @@ TINY = ["--num-clients", "40", "--rounds", "2", "--local-steps", "2", "--model",
     (["run", "--algorithm", "fedsgd"], "algorithm"),
     (["run", "--release", "private", "--checkpoint-every", "1"], "checkpoint_every"),
     (["run", "--clip", "1e308"], "clip"),          # finite, but inf in float32
+    (["run", "--aggregator", "krum", "--target-epsilon", "2"], "target_epsilon"),  # no noise
+    (["run", "--attack", "gaussian"], "attack"),    # no Byzantine clients to send it
     (["run", "--client-lr", "1e39"], "client_lr"),
     (["privacy", "--sampling-prob", "2", "--noise-multiplier", "1", "--rounds", "10", "--delta", "1e-5"], "sampling_prob"),
     (["privacy", "--sampling-prob", "0.1", "--noise-multiplier", "1", "--rounds", "10", "--delta", "0"], "delta"),

@@ -193,8 +193,9 @@ def get_builder(name: str) -> Callable:
 # algorithm reads.
 _LOCAL = frozenset({"local_steps", "client_optimizer", "weighting", "server_optimizer", "server_lr"})
 _NOISE = frozenset({"clip", "noise_multiplier", "target_epsilon"})
-USES = {name: _LOCAL | _NOISE | {"denominator"} for name in
-        ("dp_fedavg", "dp_fedavg+blur", "dp_fedavg+lus", "blur+lus")}
+# User-level DP-FedAvg and its variants: the server's noised mean is the mechanism.
+CENTRAL_NOISE = ("dp_fedavg", "dp_fedavg+blur", "dp_fedavg+lus", "blur+lus")
+USES = {name: _LOCAL | _NOISE | {"denominator"} for name in CENTRAL_NOISE}
 USES["fedavg"] = _LOCAL
 USES.update({name: _LOCAL | _NOISE for name in ("spfl", "spfl-sound", "dp-fl", "adp-fl")})
 USES["nodp-fl"] = _LOCAL | {"clip"}  # clip: the default of low_cap and stat_bound
@@ -228,12 +229,20 @@ def refuse_unused(config, given) -> None:
 
 def unread_by_settings(config) -> dict:
   """The fields that the run's other settings leave unread, each with the reason."""
+  no_attack = ("there is no attack (attack none)" if config.attack == "none" else
+               "there are no Byzantine clients (byzantine 0)" if config.byzantine == 0 else None)
+  unnoised = (f"the aggregator {config.aggregator!r} adds no noise (only the noised mean does, "
+              "and the run has no guarantee)"
+              if config.algorithm in CENTRAL_NOISE and config.aggregator not in (None, "mean")
+              else None)
   reasons = (("cohort_size", "sampling is poisson (clients join with sampling_prob)"
               if config.sampling == "poisson" else None),
              ("sampling_prob", "sampling is fixed (cohort_size clients a round)"
               if config.sampling == "fixed" else None),
-             ("attacker_knowledge", "there is no attack (attack none)"
-              if config.attack == "none" else None))
+             ("attack", "there are no Byzantine clients (byzantine 0)"
+              if config.byzantine == 0 and config.attack != "none" else None),
+             ("attacker_knowledge", no_attack),
+             ("noise_multiplier", unnoised), ("target_epsilon", unnoised))
   return {name: why for name, why in reasons if why is not None}
 
 
