@@ -37,6 +37,9 @@ TINY = ["--num-clients", "40", "--rounds", "2", "--local-steps", "2", "--model",
     (["run", "--client-lr", "1e39"], "client_lr"),
     (["privacy", "--sampling-prob", "2", "--noise-multiplier", "1", "--rounds", "10", "--delta", "1e-5"], "sampling_prob"),
     (["privacy", "--sampling-prob", "0.1", "--noise-multiplier", "1", "--rounds", "10", "--delta", "0"], "delta"),
+    # 1e20 rounds: the calibrated noise would be 1.6e7, above the noise multiplier's bound.
+    (["privacy", "--sampling-prob", "0.1", "--target-epsilon", "8", "--rounds", "1" + "0" * 20,
+      "--delta", "1e-5"], "target_epsilon"),
 ])
 def test_bad_input_exits_2_with_one_line(args, field, capsys, tmp_path):
   out_dir = tmp_path / "out"

@@ -207,12 +207,17 @@ def calibrate(make_event: Callable[[float], dp_accounting.DpEvent], count: int, 
         if meets(lo):
           return float(lo)
         bracket = calib.ExplicitBracketInterval(lo, hi)
-      return float(dp_accounting.calibrate_dp_mechanism(
+      z = float(dp_accounting.calibrate_dp_mechanism(
           lambda: make_accountant(accountant, relation), composed, target_epsilon, delta,
           bracket, tol=1e-4))
   except (ValueError, RuntimeError) as e:  # the target cannot be met
     raise ConfigError("target_epsilon", target_epsilon,
                       f"no noise multiplier meets it with delta={delta}, {count} compositions ({e})")
+  from fedjax_dp.config import MAX_NOISE_MULTIPLIER
+  check(z <= MAX_NOISE_MULTIPLIER, "target_epsilon", target_epsilon,
+        f"needs noise multiplier {z:.3g} over {count} compositions at delta={delta}, above "
+        f"{MAX_NOISE_MULTIPLIER:g} (it drowns every update): a larger target or fewer rounds")
+  return z
 
 
 def calibrate_noise_multiplier(target_epsilon: float, delta: float, rounds: int,
