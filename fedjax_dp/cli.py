@@ -486,8 +486,26 @@ def build_parser() -> argparse.ArgumentParser:
   return parser
 
 
+def _interrupt(signum, frame):
+  """SIGTERM (a scheduler's stop) ends a command as Ctrl-C does: one line saying what was kept."""
+  del signum, frame
+  raise KeyboardInterrupt
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
+  import signal
+  import threading
+  main_thread = threading.current_thread() is threading.main_thread()
+  previous = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
+  try:
+    return _main(argv)
+  finally:
+    if main_thread:
+      signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list) -> int:
   try:
     parser = build_parser()
     if not argv:

@@ -316,3 +316,24 @@ def test_a_checkpoint_whose_state_does_not_match_its_hash_is_refused(checkpointe
   assert main(["run", "--resume", str(run), "--no-progress"]) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "SHA-256" in err[0] and "checkpoints/8" in err[0]
+
+
+def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path, monkeypatch, capsys):
+  import os
+  import signal
+  import fedjax_dp.engine
+  real, count = fedjax_dp.engine.summarize_round, [0]
+
+  def summarize(*a, **k):  # a scheduler's SIGTERM while round 3 is summarized
+    count[0] += 1
+    if count[0] == 3:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return real(*a, **k)
+
+  monkeypatch.setattr(fedjax_dp.engine, "summarize_round", summarize)
+  before = signal.getsignal(signal.SIGTERM)
+  out = tmp_path / "run"
+  assert main(["run", *TINY, "--checkpoint-every", "2", "--output-dir", str(out)]) == 130
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "rounds kept" in err[0] and f"--resume {out}" in err[0], err
+  assert signal.getsignal(signal.SIGTERM) == before  # the handler is main()'s only
