@@ -74,7 +74,7 @@ def _add_sweep(sub):
   p = sub.add_parser("sweep", help="run a grid of settings x seeds, each group of experiments that "
                      "share one compiled round as one vmapped program; the base configuration comes "
                      "from the same flags as run (none: the quickstart)")
-  p.add_argument("--grid", required=True, metavar="'NAME=V1,V2 ...'",
+  p.add_argument("--grid", required=True, action="append", metavar="'NAME=V1,V2 ...'",
                  help="the grid: axes separated by spaces, values by commas; a name is a run flag "
                  "(clip, target_epsilon, noise_multiplier, local_steps, ...) or a --set option "
                  "(lambda, sparsity, ...), e.g. 'clip=0.1,0.3 lambda=0.1,0.4' (required)")
@@ -416,7 +416,9 @@ def _cmd_sweep(args) -> int:
   check(args.checkpoint_every is None, "checkpoint_every", args.checkpoint_every,
         "a sweep is not checkpointed (its experiments run as one vmapped program): run an "
         "experiment alone with fedjax-dp run --checkpoint-every K")
-  grid = parse_grid(args.grid)
+  check(len(args.grid) == 1, "grid", " / ".join(args.grid), "is given once, with every axis in "
+        "it (axes separated by spaces)")
+  grid = parse_grid(args.grid[0])
   check_axes(grid)
   config = _config_from_args(args, grid)
   plan(config, grid, args.seeds)  # refuses bad axes and values before the folder is touched

@@ -171,7 +171,8 @@ def plot_histograms(panels: Sequence[tuple], path, **kwargs):
 def _check_out(out) -> pathlib.Path:
   """``out`` as a path whose folder exists and whose suffix names an image format."""
   out = pathlib.Path(out)
-  check(out.parent.is_dir(), "out", str(out), f"its folder {out.parent} must exist")
+  check(out.parent.is_dir(), "out", str(out), f"its folder {out.parent} must exist" + (
+      " (it is a file)" if out.parent.is_file() else ""))
   check(not out.is_dir(), "out", str(out), "is a folder: name the image file to write")
   from matplotlib.backend_bases import FigureCanvasBase
   formats = sorted(FigureCanvasBase.get_supported_filetypes())

@@ -178,6 +178,9 @@ def test_sweep_command_writes_rows_and_protects_earlier_results(tmp_path, capsys
   # An axis that cannot be one is refused as such, before the base configuration is read.
   assert main(["sweep", "--grid", "options=1", "--output-dir", str(tmp_path / "o")]) == 2
   assert "options': cannot be a grid axis" in capsys.readouterr().err
+  assert main(["sweep", "--grid", "clip=0.1", "--grid", "clip=0.2", "--output-dir",
+               str(tmp_path / "o")]) == 2  # not the last one silently
+  assert "is given once" in capsys.readouterr().err
 
 
 def test_seeds_without_one_ledger_each_compose_by_basic_composition():
