@@ -281,7 +281,7 @@ def _cmd_run(args) -> int:
   check(args.checkpoint_every is None or args.checkpoint_every >= 1, "checkpoint_every",
         args.checkpoint_every, "must be an integer >= 1")
   from fedjax_dp.engine import check_checkpoint_release
-  check_checkpoint_release(args.release or "all", args.checkpoint_every is not None)
+  check_checkpoint_release(args.release or "all", args.checkpoint_every)
   if args.resume is not None:
     config, release, done = _resumed(args)
     out = check_writable(args.resume)

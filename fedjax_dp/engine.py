@@ -277,10 +277,10 @@ def run_keys(seed: int, secret: Optional[int] = None):
   return k_init, k_run
 
 
-def check_checkpoint_release(release: str, checkpointing: bool) -> None:
-  """Refuses checkpoints of a private release: they would hold its secret draws (the sampler's
-  state, the round key) and every client's raw state."""
-  check(not (checkpointing and release == "private"), "checkpoint_every", "set",
+def check_checkpoint_release(release: str, every) -> None:
+  """Refuses checkpoints (``every``: how often, None without) of a private release: they would
+  hold its secret draws (the sampler's state, the round key) and every client's raw state."""
+  check(every is None or release != "private", "checkpoint_every", every,
         "is refused with release='private': a checkpoint would hold the run's secret randomness "
         "(the sampler's state and round key) and every client's raw state; run with "
         "release='all' to checkpoint")
@@ -609,7 +609,7 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
   check(checkpoint is None or len(experiments) == 1, "checkpoint_every",
         getattr(checkpoint, "every", None), "checkpoints one run only, not a group of "
         "experiments (a sweep): run each experiment alone")
-  check_checkpoint_release(release, checkpoint is not None)
+  check_checkpoint_release(release, None if checkpoint is None else checkpoint.every)
   check(release == "all" or not any(getattr(e.data, "test_from_clients", False)
                                      for e in experiments), "release", release,
         "'private' writes only what the guarantee covers, and this data set's test set holds "
