@@ -189,8 +189,8 @@ class Checkpointer:
     target = {"round_state": _by_index([np.zeros(np.shape(a), a.dtype) for a in leaves]),
               "log": log_arrays}
     restored = _restore(self._manager, step, state=ocp.args.StandardRestore(target)).state
-    check(host.get("sha256", params_sha256(restored)) == params_sha256(restored), "resume",
-          str(folder / str(step)), "the checkpoint's state does not match the SHA-256 saved with "
+    digest = params_sha256(restored)
+    check(host.get("sha256", digest) == digest, "resume", str(folder / str(step)), "the checkpoint's state does not match the SHA-256 saved with "
           "it: its files were changed or damaged; delete that checkpoint to resume from the one "
           "before, or start again with --overwrite")
     state = treedef.unflatten([jax.numpy.asarray(restored["round_state"][k])

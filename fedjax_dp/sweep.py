@@ -36,7 +36,6 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-
 from fedjax_dp import outputs
 from fedjax_dp.errors import check
 

@@ -229,8 +229,8 @@ def refuse_unused(config, given) -> None:
 
 def unread_by_settings(config) -> dict:
   """The fields that the run's other settings leave unread, each with the reason."""
-  no_attack = ("there is no attack (attack none)" if config.attack == "none" else
-               "there are no Byzantine clients (byzantine 0)" if config.byzantine == 0 else None)
+  no_byzantine = "there are no Byzantine clients (byzantine 0)" if config.byzantine == 0 else None
+  no_attack = "there is no attack (attack none)" if config.attack == "none" else no_byzantine
   unnoised = (f"the aggregator {config.aggregator!r} adds no noise (only the noised mean does, "
               "and the run has no guarantee)"
               if config.algorithm in CENTRAL_NOISE and config.aggregator not in (None, "mean")
@@ -239,8 +239,7 @@ def unread_by_settings(config) -> dict:
               if config.sampling == "poisson" else None),
              ("sampling_prob", "sampling is fixed (cohort_size clients a round)"
               if config.sampling == "fixed" else None),
-             ("attack", "there are no Byzantine clients (byzantine 0)"
-              if config.byzantine == 0 and config.attack != "none" else None),
+             ("attack", no_byzantine if config.attack != "none" else None),
              ("attacker_knowledge", no_attack),
              ("noise_multiplier", unnoised), ("target_epsilon", unnoised))
   return {name: why for name, why in reasons if why is not None}
