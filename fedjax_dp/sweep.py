@@ -109,10 +109,11 @@ def seeds_composed(epsilon: Optional[float], delta: Optional[float], seeds: int,
 
 
 def same_clients(datas: Sequence) -> bool:
-  """Whether data sets hold the same clients' data (the same arrays, client by client)."""
+  """Whether data sets hold the same clients' data (the same arrays, client by client; the
+  small arrays first, so different splits are told apart without reading every input)."""
   first = datas[0]
   return all(d is first or all(np.array_equal(getattr(d, f), getattr(first, f))
-                               for f in ("x", "y", "counts")) for d in datas[1:])
+                               for f in ("counts", "y", "x")) for d in datas[1:])
 
 
 def parse_grid(text: str) -> dict:
@@ -364,8 +365,11 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
     experiments = [{"values": p.values, "seed": p.seed, "group": group_of[i],
                     "output_dir": None if out is None else f"experiments/{i:03d}", "result": r}
                    for i, (p, r) in enumerate(zip(points, results))]
-    rows = []
+    rows, shared = [], {}  # shared: the row's data keys -> same_clients (one check per set)
     for c in range(0, len(points), seeds):
+      keys = tuple(_data_key(p.config) for p in points[c:c + seeds])
+      if keys not in shared:
+        shared[keys] = same_clients([datasets[k] for k in keys])
       block = experiments[c:c + seeds]
       summaries = [e["result"].summary for e in block]
       eps = [s.get("epsilon") for s in summaries]
@@ -375,7 +379,7 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
                    # on data).
                    "epsilon": eps, **seeds_composed(
                        eps, summaries[0].get("delta"), len(block), ledgers[c:c + seeds],
-                       same_clients([datasets[_data_key(p.config)] for p in points[c:c + seeds]]),
+                       shared[keys],
                        summaries[0].get("neighbouring_relation")),
                    "grid": dict(block[0]["values"])})
     result = SweepResult(rows, experiments, group_records, time.perf_counter() - t0, points)
