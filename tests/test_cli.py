@@ -35,6 +35,11 @@ TINY = ["--num-clients", "40", "--rounds", "2", "--local-steps", "2", "--model",
     (["run", "--aggregator", "krum", "--target-epsilon", "2"], "target_epsilon"),  # no noise
     (["run", "--attack", "gaussian"], "attack"),    # no Byzantine clients to send it
     (["run", "--client-lr", "1e39"], "client_lr"),
+    (["run", "--noise-multiplier", "1e-300"], "noise_multiplier"),  # 0 in float32: no noise
+    (["run", "--clip", "1e-40"], "clip"),                           # a float32 denormal
+    # sigma**2 underflows inside dp_accounting's RDP (ZeroDivisionError there)
+    (["privacy", "--sampling-prob", "0.1", "--noise-multiplier", "1e-300", "--rounds", "10",
+      "--delta", "1e-5", "--accountant", "rdp"], "accountant"),
     (["privacy", "--sampling-prob", "2", "--noise-multiplier", "1", "--rounds", "10", "--delta", "1e-5"], "sampling_prob"),
     (["privacy", "--sampling-prob", "0.1", "--noise-multiplier", "1", "--rounds", "10", "--delta", "0"], "delta"),
     # 1e20 rounds: the calibrated noise would be 1.6e7, above the noise multiplier's bound.
@@ -49,6 +54,27 @@ def test_bad_input_exits_2_with_one_line(args, field, capsys, tmp_path):
   err = capsys.readouterr().err.strip()
   assert len(err.splitlines()) == 1 and field in err and "Traceback" not in err
   assert not out_dir.exists()  # nothing written before validation
+
+
+def test_accounting_failure_is_refused_before_training(monkeypatch, capsys, tmp_path):
+  """A setting dp_accounting cannot compute (here: its PLD needing more memory than the
+  machine has, as a noise multiplier of 1e-3 does) stops the run before any round, by name."""
+  from fedjax_dp.privacy import ledger
+
+  def out_of_memory(event, relation):
+    raise MemoryError("Unable to allocate 38.0 GiB")
+
+  def trains(*args, **kwargs):
+    raise AssertionError("the run started training")
+
+  monkeypatch.setattr(ledger, "_event_pld", out_of_memory)
+  monkeypatch.setattr("fedjax_dp.experiment.run", trains)
+  out = tmp_path / "o"
+  assert main(["run", *TINY, "--accountant", "pld", "--output-dir", str(out)]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("fedjax-dp: error: invalid accountant='pld': dp_accounting cannot "
+                        "account this setting (MemoryError"), err
+  assert len(err.splitlines()) == 1 and not out.exists()
 
 
 def test_unknown_algorithm_option_is_rejected(capsys, tmp_path):

@@ -40,7 +40,9 @@ INT_HPARAMS = ("byzantine", "client_class")
 def as_hparams(values: dict) -> dict:
   """Hyper-parameters as the compiled round takes them: int32 arrays for the counts and ids of
   :data:`INT_HPARAMS`, float32 arrays for every other number. A finite number that float32
-  cannot hold (``--clip 1e308``) is refused, naming it, instead of becoming inf."""
+  cannot hold (``--clip 1e308``) is refused, naming it, instead of becoming inf; so is one
+  so close to zero that float32 makes it 0 or a denormal (``--noise-multiplier 1e-300``
+  would add no noise at all while its record said some)."""
   from fedjax_dp.errors import check
   out = {}
   for k, v in values.items():
@@ -51,6 +53,10 @@ def as_hparams(values: dict) -> dict:
     check(not np.any(np.isfinite(wide) & (np.abs(wide) > np.finfo(np.float32).max)), k, v,
           f"is beyond float32 (magnitude at most {np.finfo(np.float32).max:.3g}), the dtype the "
           "compiled round computes in")
+    tiny = np.finfo(np.float32).tiny
+    check(not np.any((wide != 0) & (np.abs(wide) < tiny)), k, v,
+          f"is 0 or at least {tiny:.3g} in magnitude: below that float32, the dtype the compiled "
+          "round computes in, rounds it to zero or loses its precision")
     out[k] = wide.astype(np.float32)
   return out
 

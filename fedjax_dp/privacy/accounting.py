@@ -13,7 +13,7 @@ from typing import Optional
 
 import dp_accounting
 
-from fedjax_dp.privacy.ledger import PrivacyLedger, check_supported
+from fedjax_dp.privacy.ledger import PrivacyLedger, check_accountable, check_supported
 
 
 class LedgerAccounting:
@@ -31,6 +31,7 @@ class LedgerAccounting:
     self.ledger = PrivacyLedger(delta, accountant, mechanism.relation)
     self._event = mechanism.round_event()
     check_supported(self._event, accountant, mechanism.relation)
+    check_accountable(self._event, accountant, mechanism.relation)
 
   def on_round(self, cohort) -> None:
     del cohort  # the event of a sampled round does not depend on the draw

@@ -23,21 +23,34 @@ from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit
 ACCOUNTANTS = ("rdp", "pld")
 
 
+# What dp_accounting raises when a setting is beyond its arithmetic: a noise multiplier whose
+# square underflows (RDP), a PLD whose discretization needs more memory than the machine has.
+ACCOUNTING_FAILURES = (MemoryError, OverflowError, ZeroDivisionError)
+
+
 @contextlib.contextmanager
-def quiet_accounting():
-  """Silences dp_accounting's per-order convergence warnings.
+def accounting(accountant: str):
+  """Runs dp_accounting's ``accountant``: its warnings silenced, its arithmetic failures refused.
 
   The RDP accountant logs (via absl) every fractional order whose series does
   not converge and then excludes that order, which only makes its epsilon
-  larger (still a valid bound). The warnings carry no action for the user.
+  larger (still a valid bound); the warnings carry no action for the user.
+  A setting dp_accounting cannot compute (:data:`ACCOUNTING_FAILURES`)
+  becomes a :class:`ConfigError` naming the accountant, never a traceback.
   """
   log = logging.getLogger("absl")
   level = log.level
   log.setLevel(logging.ERROR)
   try:
-    yield
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+      yield
+  except ACCOUNTING_FAILURES as e:
+    raise ConfigError("accountant", accountant, "dp_accounting cannot account this setting "
+                      f"({type(e).__name__}: {str(e)[:100]}); fewer rounds, a larger noise "
+                      "multiplier or delta, or the other accountant may") from None
   finally:
     log.setLevel(level)
+
 
 _RELATIONS = {
     "add_remove": dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
@@ -95,11 +108,19 @@ def check_supported(event: dp_accounting.DpEvent, accountant: str, relation: str
                       f"mechanism's event under the {relation} relation ({type(event).__name__}); {hint}")
 
 
+def check_accountable(event: dp_accounting.DpEvent, accountant: str, relation: str) -> None:
+  """Builds ``event``'s RDP curve or PLD (kept for the ledger, :func:`_event_rdp`,
+  :func:`_event_pld`), so a setting dp_accounting cannot compute is refused before a run
+  trains, not when its first epsilon is reported."""
+  with accounting(accountant):
+    (_event_rdp if accountant == "rdp" else _event_pld)(event, relation)
+
+
 def epsilon_for(event: dp_accounting.DpEvent, count: int, delta: float,
                 accountant: str = "rdp", relation: str = "add_remove") -> float:
   """Epsilon at ``delta`` of ``event`` self-composed ``count`` times."""
   acc = make_accountant(accountant, relation)
-  with quiet_accounting():
+  with accounting(accountant):
     acc.compose(event, int(count))
     return float(acc.get_epsilon(delta))
 
@@ -118,7 +139,7 @@ def _event_rdp(event: dp_accounting.DpEvent, relation: str) -> np.ndarray:
   if isinstance(event, RdpCurveDpEvent):
     return np.array(event.rdp)
   acc = make_accountant("rdp", relation)
-  with quiet_accounting():
+  with accounting("rdp"):
     acc.compose(event)
   return np.array(acc._rdp)  # pylint: disable=protected-access
 
@@ -133,7 +154,7 @@ def _event_pld(event: dp_accounting.DpEvent, relation: str):
   of rebuilding it whenever epsilon is reported.
   """
   acc = make_accountant("pld", relation)
-  with quiet_accounting():
+  with accounting("pld"):
     acc.compose(event)
   if acc._contains_non_dp_event:  # pylint: disable=protected-access
     return None
@@ -218,17 +239,20 @@ class PrivacyLedger:
     if not self._runs:
       return 0.0
     target = self.delta if delta is None else delta
+    with accounting(self.accountant):
+      eps = self._epsilon(target)
+    return eps if math.isfinite(eps) else math.inf
+
+  def _epsilon(self, target: float) -> float:
     if self.accountant == "rdp":
       curve = sum(c * _event_rdp(e, self.relation) for e, c in self._runs)
-      eps = float(rdp.rdp_privacy_accountant.compute_epsilon(
+      return float(rdp.rdp_privacy_accountant.compute_epsilon(
           rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS, curve, target)[0])
-    else:
-      plds = [_event_pld(e, self.relation) for e, _ in self._runs]
-      if any(p is None for p in plds):
-        return math.inf
-      total = None
-      for p, (_, c) in zip(plds, self._runs):
-        p = p.self_compose(c) if c > 1 else p
-        total = p if total is None else total.compose(p)
-      eps = float(total.get_epsilon_for_delta(target))
-    return eps if math.isfinite(eps) else math.inf
+    plds = [_event_pld(e, self.relation) for e, _ in self._runs]
+    if any(p is None for p in plds):
+      return math.inf
+    total = None
+    for p, (_, c) in zip(plds, self._runs):
+      p = p.self_compose(c) if c > 1 else p
+      total = p if total is None else total.compose(p)
+    return float(total.get_epsilon_for_delta(target))

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 import dp_accounting
 
 from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit, check_positive
-from fedjax_dp.privacy.ledger import ACCOUNTANTS, check_supported, make_accountant, quiet_accounting
+from fedjax_dp.privacy.ledger import ACCOUNTANTS, check_supported, make_accountant, accounting
 from fedjax_dp.sampling import SAMPLINGS
 
 RELATIONS = {"poisson": "add_remove", "fixed": "replace_one"}
@@ -196,7 +196,7 @@ def calibrate(make_event: Callable[[float], dp_accounting.DpEvent], count: int, 
   calib = dp_accounting.mechanism_calibration
   floor = 1e-3 if accountant == "rdp" else 0.1
   try:
-    with quiet_accounting():
+    with accounting(accountant):
       if not meets(1.0):
         bracket = calib.LowerEndpointAndGuess(1.0, 2.0)
       else:
@@ -210,7 +210,9 @@ def calibrate(make_event: Callable[[float], dp_accounting.DpEvent], count: int, 
       z = float(dp_accounting.calibrate_dp_mechanism(
           lambda: make_accountant(accountant, relation), composed, target_epsilon, delta,
           bracket, tol=1e-4))
-  except (ValueError, RuntimeError) as e:  # the target cannot be met
+  except ConfigError:
+    raise
+  except (ValueError, RuntimeError, calib.NoBracketIntervalFoundError) as e:  # the target cannot be met
     raise ConfigError("target_epsilon", target_epsilon,
                       f"no noise multiplier meets it with delta={delta}, {count} compositions ({e})")
   from fedjax_dp.config import MAX_NOISE_MULTIPLIER

@@ -51,17 +51,36 @@ def randomized_response_event(keep_prob: float) -> dp_accounting.DpEvent:
   return dp_accounting.RandomizedResponseDpEvent(noise_parameter=2.0 * (1.0 - keep_prob), num_buckets=2)
 
 
+# The exact profile tabulates every response count within 60 sd of the mean; a composition
+# whose window holds more than this many (about 10^13 responses at keep_prob 0.7) is not
+# tabulated (10^7 coordinates x 10^4 rounds need 1.7e7).
+MAX_EXACT_TABLE = 20_000_000
+
+
+def _window(keep_prob: float, count: int) -> tuple:
+  g, k = float(keep_prob), int(count)
+  sd = math.sqrt(k * g * (1 - g))
+  return (max(k // 2 + 1, int(math.floor(k * g - 60.0 * sd - 60))),
+          min(k, int(math.ceil(k * g + 60.0 * sd + 60))))
+
+
+def exact_tabulable(keep_prob: float, count: int) -> bool:
+  """Whether the exact profile of ``count`` responses fits :data:`MAX_EXACT_TABLE` entries."""
+  j_lo, j_hi = _window(keep_prob, count)
+  return j_hi - j_lo + 1 <= MAX_EXACT_TABLE
+
+
 def _rr_loss_table(keep_prob: float, count: int):
   """``(P[J=j], L_j)`` for the responses j with positive loss within 60 sd of the mean.
 
   Outside that window the binomial mass is below 1e-700 (negligible in float64).
   """
   from scipy.stats import binom
+  check(exact_tabulable(keep_prob, count), "count", count, f"must leave at most "
+        f"{MAX_EXACT_TABLE:,} response counts within 60 sd of the mean to tabulate")
   g, k = float(keep_prob), int(count)
   eps0 = math.log(g / (1.0 - g))
-  sd = math.sqrt(k * g * (1 - g))
-  j_lo = max(k // 2 + 1, int(math.floor(k * g - 60.0 * sd - 60)))
-  j_hi = min(k, int(math.ceil(k * g + 60.0 * sd + 60)))
+  j_lo, j_hi = _window(g, k)
   j = np.arange(j_lo, j_hi + 1, dtype=np.float64)
   return binom.logpmf(j, k, g), eps0 * (2.0 * j - k)
 

@@ -43,7 +43,8 @@ from typing import Optional
 import dp_accounting
 
 from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit
-from fedjax_dp.privacy.randomized_response import (epsilon_of_keep_prob, keep_prob_for_epsilon,
+from fedjax_dp.privacy.randomized_response import (epsilon_of_keep_prob, exact_tabulable,
+                                                   keep_prob_for_epsilon,
                                                    randomized_response_epsilon_exact,
                                                    randomized_response_event)
 from fedjax_dp.transforms.sign import NORMS
@@ -184,8 +185,8 @@ def composed_epsilon(mechanism, rounds: int, delta: float) -> dict:
 
   Returns a dict with ``epsilon`` (dp_accounting), ``epsilon_per_coordinate_round``
   and, for randomized-response mechanisms, ``epsilon_exact`` (the exact value
-  of the composed randomized response, :func:`randomized_response_epsilon_exact`)
-  and ``epsilon_basic_composition`` (``d T eps0``, pure DP).
+  of the composed randomized response, :func:`checked_against_exact`; None when too
+  long to tabulate) and ``epsilon_basic_composition`` (``d T eps0``, pure DP).
 
   Raises:
     ConfigError: if dp_accounting's epsilon is below the exact value (an
@@ -207,14 +208,25 @@ def composed_epsilon(mechanism, rounds: int, delta: float) -> dict:
   g = mechanism.coordinate_keep_prob
   if g is not None and 0.5 < g < 1:
     count = int(rounds) * int(mechanism.dimension)
-    exact = randomized_response_epsilon_exact(g, count, delta)
-    out["epsilon_exact"] = exact
+    out["epsilon_exact"] = checked_against_exact(eps, g, count, delta, "rdp")
     out["epsilon_basic_composition"] = count * mechanism.epsilon_per_coordinate_round
-    if eps < exact * (1 - 1e-6):
-      raise ConfigError("accountant", "rdp",
-                        f"composed epsilon {eps} is below the exact value {exact} of {count} composed "
-                        "randomized responses: the accountant mishandled the composition")
   return out
+
+
+def checked_against_exact(eps: float, keep_prob: float, count: int, delta: float,
+                          accountant: str) -> Optional[float]:
+  """The exact epsilon of ``count`` composed randomized responses at ``delta``, refusing a
+  composed ``eps`` below it (an accountant that mishandled the composition, which would be a
+  false claim); None, unchecked, when the composition is too long to tabulate
+  (:func:`fedjax_dp.privacy.randomized_response.exact_tabulable`)."""
+  if not exact_tabulable(keep_prob, count):
+    return None
+  exact = randomized_response_epsilon_exact(keep_prob, count, delta)
+  if eps < exact * (1 - 1e-6):
+    raise ConfigError("accountant", accountant,
+                      f"composed epsilon {eps} is below the exact value {exact} of {count} composed "
+                      "randomized responses: the accountant mishandled the composition")
+  return exact
 
 
 class SignAccounting:
@@ -249,10 +261,7 @@ class SignAccounting:
     g = self.mechanism.coordinate_keep_prob
     done = self.ledger.rounds
     if (rep["formal_guarantee"] and done == self.rounds and g is not None and 0.5 < g < 1):
-      count = done * int(self.mechanism.dimension)
-      exact = randomized_response_epsilon_exact(g, count, self.ledger.delta)
-      rep["epsilon_exact_check"] = exact
-      if rep["epsilon"] < exact * (1 - 1e-6):
-        raise ConfigError("accountant", self.ledger.accountant,
-                          f"composed epsilon {rep['epsilon']} below the exact {exact}")
+      rep["epsilon_exact_check"] = checked_against_exact(
+          rep["epsilon"], g, done * int(self.mechanism.dimension), self.ledger.delta,
+          self.ledger.accountant)
     return rep
