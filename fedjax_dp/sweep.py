@@ -37,7 +37,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from fedjax_dp import outputs
-from fedjax_dp.errors import check
+from fedjax_dp.errors import ConfigError, check
 
 SWEEP_FILES = ("results.json", "experiments")  # everything a sweep writes in its folder
 # What results.json's fields are, beside each experiment's own summary (which has its release block).
@@ -146,6 +146,26 @@ class Point:
   seed: int
   config: Any
 
+  @property
+  def name(self) -> str:
+    """``grid point clip=0.1 lambda=0.4, seed 3`` (for errors)."""
+    return f"{_grid_point(self.values)}, seed {self.seed}"
+
+
+def _grid_point(values: Mapping) -> str:
+  return "grid point " + " ".join(f"{k}={v}" for k, v in values.items())
+
+
+@contextlib.contextmanager
+def _naming(where: Optional[str]):
+  """A :class:`ConfigError` raised inside says ``where`` (a sweep's grid point) it arose."""
+  try:
+    yield
+  except ConfigError as e:
+    if where is None:
+      raise
+    raise ConfigError(e.field, e.value, f"{e.allowed} (at the {where})") from None
+
 
 # The most experiments one sweep plans (each is built before anything runs).
 MAX_EXPERIMENTS = 100_000
@@ -196,9 +216,10 @@ def plan(config, grid: Mapping[str, Sequence], seeds: int = 1) -> list:
       else:
         options[name] = v
       values[name] = v
-    for s in range(seeds):
-      out.append(Point(values, config.seed + s,
-                       config.replace(**fields, options=options, seed=config.seed + s)))
+    with _naming(_grid_point(values)):
+      point = config.replace(**fields, options=options)
+    out += [Point(values, config.seed + s, point.replace(seed=config.seed + s))
+            for s in range(seeds)]
   return out
 
 
@@ -248,7 +269,7 @@ class SweepResult:
 
 def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Sequence] = None,
                 progress: bool = False, release: str = "all", log=None, on_group=None,
-                group_size: Optional[int] = None) -> tuple:
+                group_size: Optional[int] = None, names: Optional[Sequence[str]] = None) -> tuple:
   """Runs configurations, those that share a round as one program each; returns
   ``(results, groups)``: a :class:`fedjax_dp.engine.RunResult` per configuration, in order,
   and one record per group (``experiments``: their indices, ``seconds``).
@@ -261,11 +282,15 @@ def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Seq
   each group ends (the :class:`fedjax_dp.algorithms.Setup` s it ran); ``log`` gets one line per
   group. ``group_size``: at most this many experiments per program (a larger group runs as
   several, one after another; equal sizes share one compilation); default: no limit.
+  ``names``: what to call each configuration in an error (a sweep's grid points).
   """
   from fedjax_dp.algorithms import build
   from fedjax_dp.engine import Experiment, run_group
   from fedjax_dp.experiment import recorded_config
-  built = [build(c, d) for c, d in zip(configs, datas)]
+  built = []
+  for c, d, name in zip(configs, datas, names or [None] * len(configs)):
+    with _naming(name):
+      built.append(build(c, d))
   output_dirs = list(output_dirs or [None] * len(configs))
   groups = {}
   for i, (c, setup) in enumerate(zip(configs, built)):
@@ -360,7 +385,7 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
         output_dirs=[None if out is None else str(out / "experiments" / f"{i:03d}")
                      for i in range(len(points))],
         progress=progress, release=release, log=log, group_size=group_size,
-        on_group=keep_ledgers)
+        on_group=keep_ledgers, names=[p.name for p in points])
     group_of = {i: g for g, rec in enumerate(group_records) for i in rec["experiments"]}
     experiments = [{"values": p.values, "seed": p.seed, "group": group_of[i],
                     "output_dir": None if out is None else f"experiments/{i:03d}", "result": r}

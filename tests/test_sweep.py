@@ -137,6 +137,10 @@ def test_options_as_grid_axes_and_bad_axes_are_refused_before_running():
     plan(base.replace(seed=2 ** 32 - 1), {"clip": [0.1]}, seeds=2)
   with pytest.raises(ConfigError, match="lambda"):  # an option out of range, refused by the build
     sweep(base, {"lambda": ["-1"]}, load=lambda cfg: pytest.fail("loaded data"))
+  # A grid point with neither noise nor a target is refused by the build, which says where.
+  with pytest.raises(ConfigError, match=r"noise_multiplier.*\(at the grid point "
+                     r"target_epsilon=None, seed 0\)"):
+    sweep(_base(), {"target_epsilon": ["none", "2"]})
   with pytest.raises(ConfigError, match="clip"):  # DP-RSA reads no clip
     sweep(_base(algorithm="dp-rsa-f"), {"clip": ["0.1"]})
 
