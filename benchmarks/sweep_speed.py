@@ -13,8 +13,10 @@ same configurations on the same data sets (loaded before timing):
 
 Prints one JSON object: seconds of each, the ratios, and the largest
 difference in final accuracy between an experiment and its single run. With
-``--client-chunks none,1`` both sides are measured again with blocks of one
-client (``client_chunk``), which keeps a block's models in the CPU's cache.
+``--client-chunks 0,1,auto`` both sides are measured with the whole cohort in one
+vmap (``client_chunk`` 0), blocks of one client (which keep a block's models in
+the CPU's cache) and the automatic blocks of
+:func:`fedjax_dp.experiment.client_blocks`.
 
 With ``--cli`` the same grid is also run the way a shell user would without
 sweeps, one ``fedjax-dp run`` process per experiment (each starts Python and
@@ -53,9 +55,9 @@ def base_config(data_dir, rounds: int, method: str):
 
 
 def measure(data_dir=None, rounds: int = 40, seeds: int = 3, epsilons=(2.0, 4.0, 6.0, 8.0),
-            method: str = "dp_fedavg", group_sizes=(None, 4), chunks=(None,)) -> dict:
-  """Both sides at every client block size of ``chunks`` (None: the whole cohort in one vmap);
-  the ratios are against the runs one after another at the default (the first of ``chunks``)."""
+            method: str = "dp_fedavg", group_sizes=(None, 4), chunks=(0,)) -> dict:
+  """Both sides at every ``client_chunk`` of ``chunks`` (0: the whole cohort in one vmap; None:
+  automatic); the ratios are against the runs one after another at the first of ``chunks``."""
   base = base_config(data_dir, rounds, method)
   grid = {"target_epsilon": list(epsilons)}
   cache = {}
@@ -72,7 +74,7 @@ def measure(data_dir=None, rounds: int = 40, seeds: int = 3, epsilons=(2.0, 4.0,
   baseline = None
   for chunk in chunks:
     config = base.replace(client_chunk=chunk)
-    tag = "" if chunk is None else f"_chunk{chunk}"
+    tag = {0: "", None: "_auto"}.get(chunk, f"_chunk{chunk}")
     t0 = time.perf_counter()
     alone = [simulate(p.config, load(p.config)) for p in sweep_points(config, grid, seeds)]
     out["experiments"] = len(alone)
@@ -131,14 +133,15 @@ def main():
   p.add_argument("--seeds", type=int, default=3)
   p.add_argument("--epsilons", default="2,4,6,8")
   p.add_argument("--method", default="dp_fedavg")
-  p.add_argument("--client-chunks", default="none",
-                 help="client block sizes to measure both sides at, comma-separated; 'none' is "
-                 "the whole cohort in one vmap, the baseline of the ratios (default: none)")
+  p.add_argument("--client-chunks", default="0",
+                 help="client_chunk values to measure both sides at, comma-separated: 0 is the "
+                 "whole cohort in one vmap, 'auto' the automatic blocks, k blocks of k clients; "
+                 "the first is the baseline of the ratios (default: 0)")
   p.add_argument("--cli", action="store_true",
                  help="also time one fedjax-dp run process per experiment against one fedjax-dp "
                  "sweep process (default: off)")
   args = p.parse_args()
-  chunks = tuple(None if c == "none" else int(c) for c in args.client_chunks.split(","))
+  chunks = tuple(None if c == "auto" else int(c) for c in args.client_chunks.split(","))
   epsilons = tuple(float(e) for e in args.epsilons.split(","))
   out = measure(args.data_dir, args.rounds, args.seeds, epsilons, args.method, chunks=chunks)
   if args.cli:

@@ -411,9 +411,11 @@ class _Log:
   the experiment's ``tensorboard`` it writes each record to ``tensorboard/`` (module docstring).
   """
 
-  def __init__(self, program, experiment: Experiment, release: str):
+  def __init__(self, program, experiment: Experiment, release: str,
+               client_block: Optional[int] = None):
     self.e = experiment
     self.release = release
+    self.client_block = client_block
     self.released_metrics = tuple(getattr(program, "released_metrics", ()))
     self.clip = clip_bound(program, experiment.hparams)
     self.history = []
@@ -525,7 +527,8 @@ class _Log:
     summary["params_sha256"] = params_sha256(state.params)
     summary.update(provenance(program.model, state, e.data))
     summary["data"]["partition"] = run_provenance.partition(e.config)
-    summary["provenance"] = run_provenance.environment()
+    # How the rounds ran: clients per vmapped block (None: the whole cohort at once).
+    summary["provenance"] = dict(run_provenance.environment(), client_block=self.client_block)
     covered = ({"summary": list(SUMMARY_COVERED),
                 "metrics_rows": list(ROW_COVERED) + list(self.released_metrics)}
                if _any_guarantee(summary) else
@@ -681,7 +684,7 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
     capacity = -(-max(len(c.ids) for c in cohorts) // n_devices) * n_devices
     return cohorts, inputs([_pad_cohort(c, capacity) for c in cohorts])
 
-  logs = [_Log(program, e, release) for e in experiments]
+  logs = [_Log(program, e, release, client_chunk) for e in experiments]
   start = 0
   if checkpoint is not None:
     try:

@@ -101,3 +101,24 @@ def test_a_sweep_still_skips_blocks_padded_in_every_experiment():
   conds = {mode: _conds(jax.make_jaxpr(compiled_step(setup.program, "device", mode, 4))(*args).jaxpr)
            for mode, args in ((None, one), ("shared", many))}
   assert conds[None] >= 1 and conds["shared"] == conds[None], conds
+
+
+def test_automatic_blocks_on_one_cpu_device(monkeypatch):
+  """client_chunk unset: blocks of about 4 on one CPU device (fixed cohorts: the size in 2-6
+  wasting the fewest slots), the whole cohort on accelerators and over several devices; 0 is
+  the whole cohort, k >= 1 blocks of k. Recorded in the summary's provenance."""
+  from fedjax_dp.experiment import client_blocks, simulate
+  assert jax.default_backend() == "cpu" and jax.device_count() == 1
+  base = make_config(num_clients=60, rounds=1)
+  fixed = lambda size: base.replace(sampling="fixed", cohort_size=size)
+  assert client_blocks(base) == 4                        # poisson: the padding is skipped
+  assert [client_blocks(fixed(n)) for n in (10, 12, 7, 9, 4, 2)] == [5, 4, 4, 3, None, None]
+  assert client_blocks(base.replace(client_chunk=0)) is None
+  assert client_blocks(base.replace(client_chunk=7)) == 7
+  assert client_blocks(base.replace(devices=2)) is None
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert client_blocks(base) is None and client_blocks(fixed(10)) is None
+  monkeypatch.undo()
+  tiny = dict(num_clients=40, rounds=1, local_steps=1, model="mlp", max_test=100)
+  assert simulate(**tiny).summary["provenance"]["client_block"] == 4
+  assert simulate(**tiny, client_chunk=0).summary["provenance"]["client_block"] is None

@@ -460,7 +460,7 @@ INVALID = [
     ("sampling_prob", {"sampling": "poisson", "sampling_prob": 0.0}),
     ("cohort_size", {"sampling": "fixed", "cohort_size": 10 ** 6}),
     ("cohort_size", {"sampling": "fixed", "cohort_size": None}), ("capacity", {"capacity": 10 ** 6}),
-    ("placement", {"placement": "gpu"}), ("client_chunk", {"client_chunk": 0}),
+    ("placement", {"placement": "gpu"}), ("client_chunk", {"client_chunk": -1}),
     ("client_chunk", {"client_chunk": 1.5}), ("devices", {"devices": 0}),
     ("devices", {"devices": 2.5}), ("compute_dtype", {"compute_dtype": "float16"}),
     ("local_steps", {"local_steps": 1.5}),
