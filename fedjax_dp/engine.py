@@ -374,8 +374,8 @@ def run(program, data, sampler, rounds: int, *, hparams: Optional[dict] = None, 
 def group_mode(experiments) -> Optional[str]:
   """How a group's data sets enter its vmapped step (:func:`fedjax_dp.round.compiled_step`):
   None for one experiment; "shared" when every experiment has the same data set (held once);
-  "stacked" when they differ (a leading experiment axis on the clients' arrays and test sets),
-  which needs equal shapes (``ConfigError`` otherwise: such experiments are different groups).
+  "stacked" when they differ (each distinct population once, indexed per experiment,
+  :class:`fedjax_dp.round.DataSets`; a test set per experiment), which needs equal shapes (``ConfigError`` otherwise: such experiments are different groups).
   """
   first = experiments[0].data
   if len(experiments) == 1:
@@ -388,6 +388,17 @@ def group_mode(experiments) -> Optional[str]:
           and d.test_x.shape == first.test_x.shape, "experiments", d.name,
           "a group's data sets must have the same shapes (clients, examples, test set)")
   return "stacked"
+
+
+def experiments_vmapped(devices: Optional[int] = None) -> bool:
+  """Whether a group's experiments run side by side (``vmap``) in its compiled round: on
+  accelerators and over several devices, yes (that is what fills them); on one CPU device they
+  run one after another inside the round (``lax.map``), as fast as separate runs: vmapped, the
+  experiments' models leave the cache and every client block runs while any experiment has a
+  real client in it (Cheng et al.'s 12-experiment MNIST grid ran at 0.55-0.65x the runs one
+  after another, benchmarks/RESULTS.md)."""
+  from fedjax_dp.round import one_cpu_device
+  return not one_cpu_device(devices)
 
 
 def _pad_cohort(cohort, capacity: int):
@@ -618,7 +629,7 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
         "'private' writes only what the guarantee covers, and this data set's test set holds "
         "its clients' own held-out examples (a natural partition), so its test accuracy is not "
         "covered: use release='all' (the release block says what is raw) or a pooled partition")
-  from fedjax_dp.round import CohortBatch, client_mesh, compiled_step
+  from fedjax_dp.round import CohortBatch, DataSets, client_mesh, compiled_step
   single = len(experiments) == 1
   mode = group_mode(experiments)
   stack = (lambda trees: trees[0]) if single else (
@@ -641,7 +652,8 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
   else:
     evaluate = make_evaluator(program.model, datas[0].test_x, datas[0].test_y, experiments=mode)
   check(client_chunk is None or client_chunk >= 1, "client_chunk", client_chunk, "must be >= 1")
-  step = compiled_step(program, placement, mode, client_chunk, devices)
+  step = compiled_step(program, placement, mode, client_chunk, devices,
+                       in_sequence=mode is not None and not experiments_vmapped(devices))
   mesh = client_mesh(devices)
   n_devices = mesh.size
   # Host placement gathers the next cohort while a round runs; a checkpoint must see the
@@ -660,8 +672,15 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
       check(type(d).rows is FederatedData.rows, "placement", placement,
             f"'device' needs the clients' arrays, but data set {d.name!r} generates its rows on "
             "demand: use placement='host'")
-    arrays = tuple(jnp.asarray(getattr(datas[0], f)) if len(datas) == 1 else
-                   jnp.asarray(np.stack([getattr(d, f) for d in datas])) for f in ("x", "y", "counts"))
+    if mode == "stacked":  # each distinct data set once, and which one each experiment reads
+      distinct = list({id(d): d for d in datas}.values())
+      which = {id(d): i for i, d in enumerate(distinct)}
+      arrays = DataSets(tuple(jnp.asarray(np.stack([getattr(d, f) for d in distinct]))
+                              for f in ("x", "y", "counts")),
+                        jnp.asarray([which[id(d)] for d in datas], jnp.int32))
+      del distinct
+    else:
+      arrays = tuple(jnp.asarray(getattr(datas[0], f)) for f in ("x", "y", "counts"))
     del datas
 
     def inputs(cohorts):

@@ -6,7 +6,7 @@ from typing import Optional
 
 from fedjax_dp.config import RunConfig
 from fedjax_dp.engine import RunResult, run
-from fedjax_dp.round import check_devices
+from fedjax_dp.round import check_devices, one_cpu_device
 
 
 def load_data(config: RunConfig):
@@ -96,11 +96,9 @@ def client_blocks(config: RunConfig) -> Optional[int]:
   clients: 2 blocks of 5), a cohort of at most 4 clients one block. The choice depends on
   the configuration and the platform only, so a sweep's experiment and its single run agree.
   """
-  import jax
   if config.client_chunk is not None:
     return config.client_chunk or None
-  devices = config.devices or jax.device_count()
-  if jax.default_backend() != "cpu" or devices > 1:
+  if not one_cpu_device(config.devices):
     return None
   if config.sampling != "fixed":
     return CPU_BLOCK

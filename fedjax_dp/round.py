@@ -54,6 +54,23 @@ class CohortBatch(NamedTuple):
   mask: jax.Array    # [C] 1.0 for real clients
 
 
+class DataSets(NamedTuple):
+  """Several populations' ``(x, y, counts)`` stacked on a leading data-set axis, and which one
+  a round reads (``index``): a sweep's experiments on a few distinct data sets (one per seed)
+  share one copy of each, indexed inside the round, instead of one copy per experiment."""
+
+  arrays: tuple       # (x [D, N, M, ...], y [D, N, M], counts [D, N])
+  index: jax.Array    # [] (per experiment) the data set this round reads
+
+
+def gather_clients(data, ids):
+  """The clients ``ids``' ``(x, y, counts)`` from a population's arrays or :class:`DataSets`
+  (one gather each, the data set and the clients indexed together)."""
+  if isinstance(data, DataSets):
+    return tuple(a[data.index, ids] for a in data.arrays)
+  return tuple(a[ids] for a in data)
+
+
 class RoundState(NamedTuple):
   """Everything that carries over between rounds."""
 
@@ -266,7 +283,7 @@ def run_clients(rnd: Round, hp: dict, params, batch: CohortBatch, rows, chp, key
                 axis_name: Optional[str] = None):
   """The cohort's client updates: one ``vmap``, or, with ``chunk``, blocks of ``chunk`` clients.
 
-  ``data``: the population's ``(x, y, counts)``; each block gathers its own
+  ``data``: the population's ``(x, y, counts)`` (or :class:`DataSets`); each block gathers its own
   clients' rows from it (so the cohort's data is never held at once), else
   ``batch`` holds them. Blocks run one after another (``lax.scan``) and a block
   of padded slots only is skipped. Inside a sweep's ``vmap`` over experiments
@@ -284,7 +301,7 @@ def run_clients(rnd: Round, hp: dict, params, batch: CohortBatch, rows, chp, key
 
   def block(ids, mask, x, y, counts, rows, chp, keys):
     if data is not None:
-      x, y, counts = (a[ids] for a in data)
+      x, y, counts = gather_clients(data, ids)
     out = jax.vmap(client, in_axes=(None, 0, 0, 0, 0, 0, 0))(params, x, y, counts, rows, chp, keys)
     if accumulate is None:
       return out, None, None
@@ -376,7 +393,7 @@ def step(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.A
                                      axis_name)
   k_agg = round_keys(key)[1]
   if accumulate is None:
-    counts = batch.counts if data is None else data[2][batch.ids]
+    counts = batch.counts if data is None else gather_clients(data, batch.ids)[2]
     aggregate, agg_state = aggregator.aggregate(
         sent, client_weights(rnd.weighting, batch._replace(counts=counts)), batch.mask,
         state.agg_state, k_agg)
@@ -407,6 +424,13 @@ def step(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.A
 EXPERIMENTS_AXIS = "experiments"
 
 
+def one_cpu_device(devices: Optional[int] = None) -> bool:
+  """Whether a run's clients go to one CPU device (``devices``, default every device JAX sees):
+  where automatic client blocks and experiments one after another pay
+  (:func:`fedjax_dp.experiment.client_blocks`, :func:`fedjax_dp.engine.experiments_vmapped`)."""
+  return jax.default_backend() == "cpu" and (devices or jax.device_count()) == 1
+
+
 def check_devices(devices: Optional[int]) -> int:
   """The number of devices a run splits its clients over: ``devices``, or every device JAX sees
   (across every process) when None; more than JAX sees is refused (run and sweep call it
@@ -434,9 +458,25 @@ def shard_clients(tree, mesh: jax.sharding.Mesh, axis: int):
   return jax.tree_util.tree_map(constrain, tree)
 
 
+def _in_sequence(fn: Callable, in_axes: tuple) -> Callable:
+  """``fn`` run for each index of the leading axis of the arguments that ``in_axes`` (as
+  ``vmap``'s: 0 or None per argument, or a pytree prefix of them) maps, one index after
+  another (``lax.map``); the arguments it marks None enter whole. The last argument (the
+  round keys) is always mapped."""
+  def mapped(*args):
+    def take(e):
+      return jax.tree_util.tree_map(
+          lambda spec, a: a if spec is None else jax.tree_util.tree_map(lambda l: l[e], a),
+          in_axes, args, is_leaf=lambda x: x is None)
+    size = jax.tree_util.tree_leaves(args[-1])[0].shape[0]
+    return jax.lax.map(lambda e: fn(*take(e)), jnp.arange(size))
+  return mapped
+
+
 @functools.lru_cache(maxsize=128)
 def compiled_step(rnd: Round, placement: str = "device", experiments: Optional[str] = None,
-                  chunk: Optional[int] = None, devices: Optional[int] = None) -> Callable:
+                  chunk: Optional[int] = None, devices: Optional[int] = None,
+                  in_sequence: bool = False) -> Callable:
   """The jitted step of ``rnd``, compiled once per :class:`Round` and argument shapes.
 
   ``placement="device"``: ``fn(state, hp, (x, y, counts), ids, mask, key)``
@@ -445,10 +485,14 @@ def compiled_step(rnd: Round, placement: str = "device", experiments: Optional[s
 
   ``experiments``: None for one experiment; otherwise the step is ``vmap``-ed
   over a leading experiment axis of every argument (a sweep), except, with
-  ``"shared"`` and device placement, the clients' arrays, which all
-  experiments read from one copy (``"stacked"``: each has its own;
-  :func:`fedjax_dp.engine.group_mode`). ``chunk``: clients per block
-  (:func:`run_clients`).
+  device placement, the clients' arrays: with ``"shared"`` all experiments
+  read one copy, with ``"stacked"`` the arrays are :class:`DataSets` (each
+  distinct data set once) and only their ``index`` has the experiment axis
+  (:func:`fedjax_dp.engine.group_mode`). ``in_sequence``: the experiments run one after another
+  inside the step (``lax.map``) instead of side by side (``vmap``): on one CPU device a vmap
+  of experiments only takes their models out of cache and makes every client block run
+  while any experiment has a real client in it (:func:`fedjax_dp.engine.experiments_vmapped`).
+  ``chunk``: clients per block (:func:`run_clients`).
 
   ``devices``: the cohort's clients are split over this many devices
   (:func:`client_mesh`; default all), one code path for one device and many:
@@ -461,7 +505,7 @@ def compiled_step(rnd: Round, placement: str = "device", experiments: Optional[s
   """
   mesh = client_mesh(devices)
   axis = 0 if experiments is None else 1
-  name = None if experiments is None else EXPERIMENTS_AXIS
+  name = None if experiments is None or in_sequence else EXPERIMENTS_AXIS
   if placement == "device":
     def fn(state, hp, arrays, ids, mask, key):
       return step(rnd, state, hp, CohortBatch(None, None, None, ids, mask), key, data=arrays,
@@ -470,9 +514,13 @@ def compiled_step(rnd: Round, placement: str = "device", experiments: Optional[s
     def fn(state, hp, batch, key):
       return step(rnd, state, hp, batch, key, chunk=chunk, axis_name=name)
   if experiments is not None:
-    data = None if experiments == "shared" and placement == "device" else 0
-    fn = jax.vmap(fn, in_axes=(0, 0, data, 0, 0, 0) if placement == "device" else 0,
-                  axis_name=name)
+    if placement == "device":
+      data = None if experiments == "shared" else DataSets(None, 0)
+      in_axes = (0, 0, data, 0, 0, 0)
+    else:
+      in_axes = (0, 0, 0, 0)
+    fn = (_in_sequence(fn, in_axes) if in_sequence else
+          jax.vmap(fn, in_axes=in_axes, axis_name=name))
   inner = fn
   if placement == "device":
     def fn(state, hp, arrays, ids, mask, key):

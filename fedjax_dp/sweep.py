@@ -282,10 +282,12 @@ def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Seq
   each group ends (the :class:`fedjax_dp.algorithms.Setup` s it ran); ``log`` gets one line per
   group. ``group_size``: at most this many experiments per program (a larger group runs as
   several, one after another; equal sizes share one compilation); default: no limit.
-  ``names``: what to call each configuration in an error (a sweep's grid points).
+  ``names``: what to call each configuration in an error (a sweep's grid points). A group's
+  record says whether its experiments ran ``side_by_side`` (vmapped) or one after another
+  inside its program (:func:`fedjax_dp.engine.experiments_vmapped`).
   """
   from fedjax_dp.algorithms import build
-  from fedjax_dp.engine import Experiment, run_group
+  from fedjax_dp.engine import Experiment, experiments_vmapped, run_group
   from fedjax_dp.experiment import client_blocks, recorded_config
   built = []
   for c, d, name in zip(configs, datas, names or [None] * len(configs)):
@@ -313,7 +315,8 @@ def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Seq
                      release=release, client_chunk=client_blocks(first), devices=first.devices)
     for i, res in zip(members, done):
       results[i] = res
-    records.append({"experiments": list(members), "seconds": time.perf_counter() - tg})
+    records.append({"experiments": list(members), "seconds": time.perf_counter() - tg,
+                    "side_by_side": len(members) > 1 and experiments_vmapped(first.devices)})
     if log is not None:
       log(f"[group {g + 1}/{len(groups)}] {len(members)} experiments of {first.algorithm}: "
           f"{records[-1]['seconds']:.1f}s")

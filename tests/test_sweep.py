@@ -220,3 +220,32 @@ def test_experiments_in_blocks_of_clients_equal_their_single_runs():
   masks = [np.asarray(e["result"].metrics["cohort_size"]) for e in result.experiments]
   assert len(result.groups) == 1 and not np.array_equal(*masks), masks
   _compare_to_single_runs(result, load)
+
+
+def test_experiments_run_in_sequence_on_one_cpu_and_side_by_side_elsewhere(monkeypatch):
+  """On one CPU device a group's experiments run one after another inside its program
+  (lax.map), elsewhere vmapped; either way each experiment equals its single run, and the
+  seeds' distinct data sets are held once each (DataSets), not once per experiment."""
+  from fedjax_dp import engine, round as round_lib
+  from fedjax_dp.experiment import load_data
+  held = []
+
+  class Spy(round_lib.DataSets):
+    def __new__(cls, arrays, index):
+      if arrays is not None and not isinstance(index, jax.core.Tracer):  # built by the engine
+        held.append((arrays[0].shape[0], np.asarray(index).tolist()))
+      return super().__new__(cls, arrays, index)
+
+  monkeypatch.setattr(round_lib, "DataSets", Spy)
+  cache = {}
+  load = lambda cfg: cache.setdefault(cfg.seed, load_data(cfg))
+  assert not engine.experiments_vmapped()
+  grid = {"clip": ["0.3", "0.6"]}
+  in_sequence = sweep(_base(rounds=2), grid, seeds=2, load=load)
+  assert [g["side_by_side"] for g in in_sequence.groups] == [False]
+  monkeypatch.setattr(engine, "experiments_vmapped", lambda devices=None: True)
+  side_by_side = sweep(_base(rounds=2), grid, seeds=2, load=load)
+  assert [g["side_by_side"] for g in side_by_side.groups] == [True]
+  assert held == [(2, [0, 1, 0, 1])] * 2  # two seeds' data sets for four experiments
+  _compare_to_single_runs(in_sequence, load)
+  _compare_to_single_runs(side_by_side, load)
