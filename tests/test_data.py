@@ -230,6 +230,30 @@ def test_mnist_env_and_flat_dir(shared_data_dir, monkeypatch, tmp_path):
   assert y.shape == (10000,)
 
 
+def test_the_other_sets_files_are_refused_by_their_labels(tmp_path, capsys):
+  """MNIST's and Fashion-MNIST's files have the same names and format: a folder holding the
+  other set's canonical release is refused by name, before any training."""
+  from fedjax_dp.cli import main
+  def idx(arr):
+    return bytes([0, 0, 0x08, arr.ndim]) + np.array(arr.shape, ">i4").tobytes() + \
+        arr.astype(np.uint8).tobytes()
+  fashion = np.array(specs.get("fashion_mnist").label_prefix * 2)
+  d = tmp_path / "mnist"
+  d.mkdir()
+  for split in ("train", "t10k"):
+    (d / f"{split}-images-idx3-ubyte").write_bytes(idx(np.zeros((32, 28, 28))))
+    (d / f"{split}-labels-idx1-ubyte").write_bytes(idx(fashion))
+  with pytest.raises(ConfigError, match="holds fashion_mnist's files.*--dataset fashion_mnist"):
+    data.load_central("mnist", data_dir=str(tmp_path))
+  (d / "train-labels-idx1-ubyte").write_bytes(idx(fashion[::-1]))  # not a canonical release
+  assert data.load_central("mnist", data_dir=str(tmp_path)).train_x.shape == (32, 28, 28, 1)
+  (d / "train-labels-idx1-ubyte").write_bytes(idx(fashion))
+  assert main(["run", "--dataset", "mnist", "--data-dir", str(tmp_path), "--output-dir",
+               str(tmp_path / "o")]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and "invalid data_dir=" in err and not (tmp_path / "o").exists()
+
+
 def test_emnist_idx_transposed(tmp_path):
   def idx(arr):
     head = bytes([0, 0, 0x08, arr.ndim]) + np.array(

@@ -68,6 +68,9 @@ class DatasetSpec:
   transposed: bool = False
   natural_hint: Optional[str] = None
   partitions: tuple[str, ...] = ("iid", "dirichlet", "shards")
+  # The first training labels of the set's canonical release: MNIST's and Fashion-MNIST's
+  # files share names and format, so a folder holding the other set's is told by these.
+  label_prefix: tuple[int, ...] = ()
 
   def search_dirs(self, data_dir: Optional[pathlib.Path]) -> list[pathlib.Path]:
     """Folders searched for :attr:`files`, in order; none without a data dir."""
@@ -86,10 +89,12 @@ _MNIST_FILES = _idx_files("", "t10k")
 SPECS = (
     DatasetSpec("digits", "digits", 10, (8, 8, 1), "digits_cnn"),
     DatasetSpec("mnist", "idx", 10, (28, 28, 1), "cnn2", subdirs=("mnist",),
-                files=_MNIST_FILES, tfds_name="mnist"),
+                files=_MNIST_FILES, tfds_name="mnist",
+                label_prefix=(5, 0, 4, 1, 9, 2, 1, 3, 1, 4, 3, 5, 3, 6, 1, 7)),
     DatasetSpec("fashion_mnist", "idx", 10, (28, 28, 1), "cnn2",
                 subdirs=("fashion-mnist", "fashion_mnist"), files=_MNIST_FILES,
-                tfds_name="fashion_mnist"),
+                tfds_name="fashion_mnist",
+                label_prefix=(9, 0, 0, 3, 0, 2, 7, 2, 5, 5, 0, 9, 5, 5, 7, 9)),
     DatasetSpec("emnist", "idx", 62, (28, 28, 1), "cnn2",
                 subdirs=("emnist", "emnist/gzip"),
                 files=_idx_files("emnist-byclass-", "test"),

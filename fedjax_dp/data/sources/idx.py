@@ -15,8 +15,8 @@ from typing import Optional
 import numpy as np
 
 from fedjax_dp.data.sources.common import Arrays, Request, reading
-from fedjax_dp.data.specs import DatasetSpec
-from fedjax_dp.errors import check
+from fedjax_dp.data.specs import SPECS, DatasetSpec
+from fedjax_dp.errors import ConfigError, check
 
 _DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4",
            0x0D: ">f4", 0x0E: ">f8"}
@@ -82,6 +82,18 @@ def _checked(spec: DatasetSpec, images_path, labels_path) -> tuple[np.ndarray, n
   return x, y
 
 
+def _check_not_another_set(spec: DatasetSpec, labels_path, labels: np.ndarray) -> None:
+  """Refuses training labels that begin as another set's canonical release does (MNIST's
+  folder holding Fashion-MNIST's files, which have the same names and format)."""
+  for other in SPECS:
+    n = len(other.label_prefix)
+    if other is not spec and n and tuple(labels[:n].tolist()) == other.label_prefix:
+      raise ConfigError("data_dir", str(pathlib.Path(labels_path).parent),
+                        f"holds {other.name}'s files (its training labels begin "
+                        f"{', '.join(map(str, other.label_prefix[:6]))}, ...), not {spec.name}'s: "
+                        f"use --dataset {other.name}, or point --data-dir at {spec.name}'s files")
+
+
 def _find_file(d: pathlib.Path, stem: str) -> Optional[pathlib.Path]:
   for cand in (d / f"{stem}{s}" for s in _SUFFIXES):
     if cand.is_file():
@@ -106,6 +118,7 @@ def load(spec: DatasetSpec, request: Request) -> Optional[Arrays]:
     found = [_find_file(d, f) for f in spec.files]
     if all(found):
       tx, ty = _checked(spec, found[0], found[1])
+      _check_not_another_set(spec, found[1], ty)
       ex, ey = _checked(spec, found[2], found[3])
       if spec.transposed:
         tx, ex = tx.transpose(0, 2, 1), ex.transpose(0, 2, 1)
