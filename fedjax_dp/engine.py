@@ -375,7 +375,8 @@ def group_mode(experiments) -> Optional[str]:
   """How a group's data sets enter its vmapped step (:func:`fedjax_dp.round.compiled_step`):
   None for one experiment; "shared" when every experiment has the same data set (held once);
   "stacked" when they differ (each distinct population once, indexed per experiment,
-  :class:`fedjax_dp.round.DataSets`; a test set per experiment), which needs equal shapes (``ConfigError`` otherwise: such experiments are different groups).
+  :class:`fedjax_dp.round.DataSets`; a test set per experiment), which needs equal shapes
+  (``ConfigError`` otherwise: such experiments are different groups).
   """
   first = experiments[0].data
   if len(experiments) == 1:
@@ -393,7 +394,7 @@ def group_mode(experiments) -> Optional[str]:
 def experiments_vmapped(devices: Optional[int] = None) -> bool:
   """Whether a group's experiments run side by side (``vmap``) in its compiled round: on
   accelerators and over several devices, yes (that is what fills them); on one CPU device they
-  run one after another inside the round (``lax.map``), as fast as separate runs: vmapped, the
+  run one after another inside the round (``lax.map``), at par with separate runs: vmapped, the
   experiments' models leave the cache and every client block runs while any experiment has a
   real client in it (Cheng et al.'s 12-experiment MNIST grid ran at 0.55-0.65x the runs one
   after another, benchmarks/RESULTS.md)."""
