@@ -55,8 +55,8 @@ def as_hparams(values: dict) -> dict:
           "compiled round computes in")
     tiny = np.finfo(np.float32).tiny
     check(not np.any((wide != 0) & (np.abs(wide) < tiny)), k, v,
-          f"is 0 or at least {tiny:.3g} in magnitude: below that float32, the dtype the compiled "
-          "round computes in, rounds it to zero or loses its precision")
+          f"must be 0 or at least {tiny:.3g} in magnitude: float32, the dtype the compiled "
+          "round computes in, makes a smaller one zero or a denormal")
     out[k] = wide.astype(np.float32)
   return out
 
