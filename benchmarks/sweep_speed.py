@@ -135,13 +135,15 @@ def main():
   p.add_argument("--method", default="dp_fedavg")
   p.add_argument("--client-chunks", default="0",
                  help="client_chunk values to measure both sides at, comma-separated: 0 is the "
-                 "whole cohort in one vmap, 'auto' the automatic blocks, k blocks of k clients; "
+                 "whole cohort in one vmap (also 'none'), 'auto' the automatic blocks, k blocks "
+                 "of k clients; "
                  "the first is the baseline of the ratios (default: 0)")
   p.add_argument("--cli", action="store_true",
                  help="also time one fedjax-dp run process per experiment against one fedjax-dp "
                  "sweep process (default: off)")
   args = p.parse_args()
-  chunks = tuple(None if c == "auto" else int(c) for c in args.client_chunks.split(","))
+  named = {"auto": None, "none": 0}  # "none": the whole cohort, as RESULTS.md's older commands say
+  chunks = tuple(named[c] if c in named else int(c) for c in args.client_chunks.split(","))
   epsilons = tuple(float(e) for e in args.epsilons.split(","))
   out = measure(args.data_dir, args.rounds, args.seeds, epsilons, args.method, chunks=chunks)
   if args.cli:
