@@ -136,8 +136,7 @@ def main():
   p.add_argument("--client-chunks", default="0",
                  help="client_chunk values to measure both sides at, comma-separated: 0 is the "
                  "whole cohort in one vmap (also 'none'), 'auto' the automatic blocks, k blocks "
-                 "of k clients; "
-                 "the first is the baseline of the ratios (default: 0)")
+                 "of k clients; the first is the baseline of the ratios (default: 0)")
   p.add_argument("--cli", action="store_true",
                  help="also time one fedjax-dp run process per experiment against one fedjax-dp "
                  "sweep process (default: off)")

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 import dp_accounting
 
 from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit, check_positive
-from fedjax_dp.privacy.ledger import ACCOUNTANTS, check_supported, make_accountant, accounting
+from fedjax_dp.privacy.ledger import ACCOUNTANTS, accounting, check_supported, make_accountant
 from fedjax_dp.sampling import SAMPLINGS
 
 RELATIONS = {"poisson": "add_remove", "fixed": "replace_one"}
