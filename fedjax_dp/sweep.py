@@ -349,7 +349,7 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
     group_size: at most this many experiments per compiled program (:func:`run_configs`).
   """
   from fedjax_dp.algorithms import option_table, options, unused_fields
-  from fedjax_dp.config import make_config
+  from fedjax_dp.config import field_types, make_config
   from fedjax_dp.experiment import load_data
   from fedjax_dp.jsonio import dumps
   from fedjax_dp.reproduce.runner import seed_stats
@@ -357,7 +357,11 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
   config = make_config() if config is None else config
   points = plan(config, grid or {}, seeds)
   unused = set(unused_fields(points[0].config)) if points else set()
+  fields, own = field_types(), sorted(o.name for o in option_table(config.algorithm))
   for name in grid or {}:
+    check(name in fields or name in own, "grid", name,
+          f"is neither a run setting (a field of `fedjax-dp run`: see its --help) nor an option "
+          f"of algorithm {config.algorithm!r} (one of {own})")
     check(name not in unused, name, (grid or {})[name],
           f"is not used by algorithm {config.algorithm!r}: it cannot be a grid axis")
   for p in points:  # options and device counts are checked before any data set loads

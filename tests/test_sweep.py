@@ -143,6 +143,9 @@ def test_options_as_grid_axes_and_bad_axes_are_refused_before_running():
     sweep(_base(), {"target_epsilon": ["none", "2"]})
   with pytest.raises(ConfigError, match="clip"):  # DP-RSA reads no clip
     sweep(_base(algorithm="dp-rsa-f"), {"clip": ["0.1"]})
+  with pytest.raises(ConfigError, match=r"'clpi'.*neither a run setting.*nor an option of "
+                     r"algorithm 'blur\+lus' \(one of \[.*'lambda'"):  # a misspelt axis
+    sweep(base, {"clpi": ["0.1"]}, load=lambda cfg: pytest.fail("loaded data"))
 
 
 def test_sweep_command_writes_rows_and_protects_earlier_results(tmp_path, capsys):
