@@ -205,6 +205,14 @@ def test_render_figures_from_files(tmp_path):
   for name in ("cheng2022_fig3.png", "cheng2022_fig4.png", "cheng2022_accuracy.png",
                "cheng2022_update_norms.png"):
     assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+  # A runs.jsonl with one record twice no longer matches results.json's rows: refused, and
+  # results.md stays as it was.
+  lines = (tmp_path / "runs.jsonl").read_text().splitlines(keepends=True)
+  (tmp_path / "runs.jsonl").write_text("".join(lines + lines[:1]))
+  with pytest.raises(ConfigError, match=r"3 record\(s\) of the row .*says 2 seed\(s\): "
+                     r"runs.jsonl is truncated or mixes runs"):
+    cheng2022.render(str(tmp_path))
+  assert (tmp_path / "results.md").read_text() == md
   (tmp_path / "results.json").write_text(json.dumps({"runs": []}))  # the paper scale's
   with pytest.raises(ConfigError, match="nothing to render"):
     cheng2022.render(str(tmp_path))

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from fedjax_dp.errors import ConfigError
 from fedjax_dp.reproduce import spfl2024
 
 
@@ -75,6 +76,12 @@ def test_render_rewrites_the_runs_results_md_and_figures(shared_data_dir, tmp_pa
   assert (out / "results.md").read_text() == md
   assert (out / "spfl2024_fig3.png").read_bytes() == fig3
   assert md in capsys.readouterr().out
+  # a truncated runs.jsonl is refused (it would give verdicts that disagree with the rows)
+  records = (out / "runs.jsonl").read_text().splitlines(keepends=True)
+  (out / "runs.jsonl").write_text("".join(records[1:]))
+  with pytest.raises(ConfigError, match="runs.jsonl is truncated"):
+    spfl2024.render(str(out))
+  assert (out / "results.md").read_text() == md
   # without runs.jsonl the rows' means give the same differences (one seed here), no spread
   (out / "runs.jsonl").unlink()
   assert spfl2024.render(str(out)) == 0

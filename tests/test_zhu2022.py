@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+from fedjax_dp.errors import ConfigError
 from fedjax_dp.reproduce import zhu2022
 
 CURVE_ROUNDS = (10, 20)
@@ -88,6 +89,14 @@ def test_render_writes_table_verdicts_and_figures_from_saved_results(tmp_path):
   assert "* noniid, sample-duplication: dp-rsa-f eps=1.38: -1.00, dp-rsa-g eps=0.2: -6.00" in md
   for partition, attack in zhu2022.SETTINGS:
     assert (tmp_path / f"zhu2022_{partition}_{attack}.png").stat().st_size > 1000
+  # A runs.jsonl that lost its last record no longer matches results.json's rows: refused,
+  # and results.md stays as it was.
+  lines = (tmp_path / "runs.jsonl").read_text().splitlines(keepends=True)
+  (tmp_path / "runs.jsonl").write_text("".join(lines[:-1]))
+  with pytest.raises(ConfigError, match=r"--output-dir.*0 record\(s\) of the row .*says 1 "
+                     r"seed\(s\): runs.jsonl is truncated"):
+    zhu2022.render(tmp_path)
+  assert (tmp_path / "results.md").read_text() == md
 
 
 @pytest.mark.slow

@@ -55,7 +55,8 @@ import numpy as np
 from fedjax_dp.errors import check, check_choice
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import Curve, plot_curves, plot_quantiles
-from fedjax_dp.reproduce.runner import Job, group_by, num_seeds, release, run_jobs, seed_stats
+from fedjax_dp.reproduce.runner import (Job, group_by, num_seeds, read_records, release, run_jobs,
+                                        seed_stats)
 from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference, verdict,
                                        verdict_table)
 
@@ -695,8 +696,7 @@ def render(output_dir: str) -> int:
         "holds a results.json without settings (the paper scale's run list): nothing to render")
   settings = dict(results["settings"], runs=[tuple(r) for r in results["settings"]["runs"]])
   rows = [_with_defaults(r, settings) for r in results["rows"]]
-  runs = [_with_defaults(json.loads(line), settings)
-          for line in (out / "runs.jsonl").read_text().splitlines() if line.strip()]
+  runs = read_records(out, rows, ROW_KEYS, lambda r: _with_defaults(r, settings))
   write_text_atomic(out / "results.md", markdown(rows, runs, settings))
   plot(rows, runs, settings, out)
   return 0

@@ -200,6 +200,28 @@ def release(diagnostics: Mapping[str, str]) -> dict:
   }
 
 
+def read_records(output_dir, rows: Sequence[dict], keys: Sequence[str],
+                 prepare: Callable[[dict], dict] = lambda r: r) -> list:
+  """The run records of ``output_dir``'s ``runs.jsonl`` (each through ``prepare``), checked
+  against ``rows`` (its ``results.json``'s): a row, told apart by its values at ``keys``,
+  summarizes exactly ``row["seeds"]`` records. A truncated, doubled or mixed ``runs.jsonl``
+  would render tables and verdicts that disagree with the rows, so it is refused (field
+  ``--output-dir``) before anything is written. Records of a setting without a row (one an
+  interrupted run had not finished) are kept for the module to skip."""
+  path = pathlib.Path(output_dir) / "runs.jsonl"
+  records = [prepare(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+  found = group_by(records, keys)
+  for row in rows:
+    key = tuple(row[k] for k in keys)
+    n = len(found.get(key, ()))
+    check(n == row["seeds"], "--output-dir", str(output_dir),
+          f"holds a runs.jsonl with {n} record(s) of the row {dict(zip(keys, key))}, whose "
+          f"results.json row says {row['seeds']} seed(s): runs.jsonl is truncated or mixes "
+          f"runs, and the tables would not match results.json; restore the run's own runs.jsonl "
+          f"or run the reproduction again")
+  return records
+
+
 def seed_stats(values: Sequence[Optional[float]], name: str = "accuracy") -> dict:
   """``{NAME_mean, NAME_std, seeds}`` of one value per seed: the mean, the sample standard
   deviation (``ddof=1``; None for one seed, where it is undefined: a spread of 0 would claim

@@ -50,8 +50,8 @@ import numpy as np
 from fedjax_dp.errors import check_choice
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import Curve, plot_curves
-from fedjax_dp.reproduce.runner import (Job, group_by, num_seeds, release, run_jobs, seed_stats,
-                                        simulate_jobs)
+from fedjax_dp.reproduce.runner import (Job, group_by, num_seeds, read_records, release, run_jobs,
+                                        seed_stats, simulate_jobs)
 from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference,
                                        verdict_table)
 
@@ -163,12 +163,15 @@ def _record(job, res) -> dict:
   }
 
 
+# What tells the rows apart.
+ROW_KEYS = ("dataset", "setting", "value", "method")
+
+
 def _rows(runs, settings, n_seeds):
   """One row per setting and method whose ``n_seeds`` runs are all done; ``settings``: the
   settings (epsilon, clients_per_round, local_steps) of each (dataset, setting, value)."""
   rows = []
-  for (ds, setting, value, method), rs in group_by(runs, ("dataset", "setting", "value",
-                                                          "method")).items():
+  for (ds, setting, value, method), rs in group_by(runs, ROW_KEYS).items():
     if len(rs) < n_seeds:
       continue
     last, s = rs[-1], settings[(ds, setting, value)]
@@ -285,7 +288,7 @@ def _records(rows, runs_path):
   """Per-seed records: ``runs.jsonl`` where it exists, else one record per row (its means)."""
   path = pathlib.Path(runs_path)
   if path.is_file():
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_records(path.parent, rows, ROW_KEYS)
   return [{**r, "seed": 0, "accuracy": r["accuracy_mean"], "train_error": r["train_error_mean"]}
           for r in rows]
 

@@ -40,7 +40,8 @@ import numpy as np
 from fedjax_dp.errors import check_choice
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import Curve, plot_curves
-from fedjax_dp.reproduce.runner import Job, group_by, num_seeds, release, run_jobs, seed_stats
+from fedjax_dp.reproduce.runner import (Job, group_by, num_seeds, read_records, release, run_jobs,
+                                        seed_stats)
 from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference,
                                        verdict_table)
 
@@ -135,12 +136,15 @@ def _label(method, eps) -> str:
   return method if eps is None else f"{method} eps={eps}"
 
 
+# What tells the rows apart.
+ROW_KEYS = ("partition", "attack", "method", "epsilon")
+
+
 def _results(runs, n_seeds):
   """The rows and the accuracy curves (mean over seeds, by setting then label) of the settings
   and methods whose ``n_seeds`` runs are all done."""
   rows, curves = [], {}
-  for (partition, attack, method, eps), rs in group_by(runs, ("partition", "attack", "method",
-                                                              "epsilon")).items():
+  for (partition, attack, method, eps), rs in group_by(runs, ROW_KEYS).items():
     if len(rs) < n_seeds:
       continue
     last = rs[-1]
@@ -315,7 +319,7 @@ def render(output_dir) -> int:
   and settings) and ``runs.jsonl`` (every run's record), running nothing (returns 0)."""
   out = pathlib.Path(output_dir)
   doc = json.loads((out / "results.json").read_text())
-  records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines() if line]
+  records = read_records(out, doc["rows"], ROW_KEYS)
   n_seeds = max((r["seeds"] for r in doc["rows"]), default=1)
   rows, curves = _results(records, n_seeds)
   write_text_atomic(out / "results.md", _markdown(rows, doc["scale"]))
