@@ -241,13 +241,16 @@ def unread_by_settings(config) -> dict:
               "and the run has no guarantee)"
               if config.algorithm in CENTRAL_NOISE and config.aggregator not in (None, "mean")
               else None)
+  unaccounted = (f"algorithm {config.algorithm!r} has no privacy mechanism, so nothing is "
+                 "accounted" if ABOUT[config.algorithm][1] == _NONE else unnoised)
   reasons = (("cohort_size", "sampling is poisson (clients join with sampling_prob)"
               if config.sampling == "poisson" else None),
              ("sampling_prob", "sampling is fixed (cohort_size clients a round)"
               if config.sampling == "fixed" else None),
              ("attack", no_byzantine if config.attack != "none" else None),
              ("attacker_knowledge", no_attack),
-             ("noise_multiplier", unnoised), ("target_epsilon", unnoised))
+             ("noise_multiplier", unnoised), ("target_epsilon", unnoised),
+             ("delta", unaccounted), ("accountant", unaccounted))
   return {name: why for name, why in reasons if why is not None}
 
 

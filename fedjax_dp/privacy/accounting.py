@@ -55,10 +55,12 @@ class LedgerAccounting:
     if eps is not None and not math.isfinite(eps):
       eps, formal = None, False
     extra = {} if self.attacker_knowledge is None else {"attacker_knowledge": self.attacker_knowledge}
+    # A release with no mechanism is not accounted: no delta or accountant applies to it.
+    unaccounted = isinstance(self._event, dp_accounting.NonPrivateDpEvent)
     return {
         "epsilon": eps,
-        "delta": self.ledger.delta,
-        "accountant": self.ledger.accountant,
+        "delta": None if unaccounted else self.ledger.delta,
+        "accountant": None if unaccounted else self.ledger.accountant,
         "formal_guarantee": formal,
         "privacy_unit": self.mechanism.privacy_unit,
         "neighbouring_relation": self.mechanism.relation,

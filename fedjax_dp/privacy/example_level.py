@@ -313,10 +313,13 @@ class ExampleLevelAccounting:
                if not per_class[c.name]["formal_guarantee"]]
     note = (f"example-level DP, privacy unit: {PRIVACY_UNIT}; epsilon is the max over all clients of all classes"
             if all_formal else "no formal DP guarantee for " + "; ".join(missing))
+    # A run with no mechanism at all (no class's, no nominal record) is not accounted: no delta
+    # or accountant applies to it.
+    unaccounted = self.mechanism is None and all(c.mechanism is None for c in self.classes)
     return {
         "epsilon": max(eps_all) if all_formal and eps_all else None,
-        "delta": self.delta,
-        "accountant": self.accountant,
+        "delta": None if unaccounted else self.delta,
+        "accountant": None if unaccounted else self.accountant,
         "formal_guarantee": all_formal,
         "privacy_unit": PRIVACY_UNIT,
         "neighbouring_relation": RELATION + " (one example of one client; its example count is public)",
