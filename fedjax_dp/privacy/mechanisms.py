@@ -9,6 +9,7 @@ agree by construction.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Callable, Optional
 
@@ -222,6 +223,7 @@ def calibrate(make_event: Callable[[float], dp_accounting.DpEvent], count: int, 
   return z
 
 
+@functools.lru_cache(maxsize=4096)  # runs of one setting (seeds, methods) share the search
 def calibrate_noise_multiplier(target_epsilon: float, delta: float, rounds: int,
                                sampling: str = "poisson", sampling_prob=None,
                                num_clients=None, cohort_size=None,
