@@ -77,8 +77,26 @@ def test_discrete_gaussian_matches_the_exact_pmf(sigma):
   n = 200000
   samples, unaccepted = jax.jit(lambda k: discrete.discrete_gaussian(k, (n,), sigma))(
       jax.random.PRNGKey(int(sigma * 10)))
-  y = np.asarray(samples).astype(np.int64)
-  assert int(unaccepted) == 0 and np.all(y == np.asarray(samples))
+  assert int(unaccepted) == 0
+  _check_pmf(np.asarray(samples), sigma)
+
+
+def test_coordinates_a_full_buffer_leaves_out_are_retried_with_the_same_law(monkeypatch):
+  # Buffers of a tenth: after the first round about half of the 2,000 coordinates are rejected
+  # and at most 200 fit the buffer, so most are gathered again from the whole vector.
+  monkeypatch.setattr(discrete, "RETRY_SHRINK", 0.1)
+  assert discrete._buffer_sizes(2000) == (200, 32)
+  sigma = 1.7
+  samples, unaccepted = jax.jit(jax.vmap(lambda k: discrete.discrete_gaussian(k, (2, 1000), sigma)))(
+      jax.random.split(jax.random.PRNGKey(7), 100))
+  assert samples.shape == (100, 2, 1000) and int(unaccepted.sum()) == 0
+  _check_pmf(np.asarray(samples).ravel(), sigma)
+
+
+def _check_pmf(samples, sigma):
+  n = samples.size
+  y = samples.astype(np.int64)
+  assert np.all(y == samples)
   support = np.arange(-int(40 * sigma) - 10, int(40 * sigma) + 11)
   pmf = np.exp(-support ** 2 / (2 * sigma ** 2))
   pmf /= pmf.sum()

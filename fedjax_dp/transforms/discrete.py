@@ -20,6 +20,8 @@ round) and of the cohort's rows (the server's modular sum):
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -31,6 +33,10 @@ SALT_ROTATION = 0x207A
 # sigma >= 1/2 (0.76 for large sigma), so a coordinate is left unaccepted with probability
 # below 0.49^64 < 1e-20 (it is then 0; the sampler counts them).
 SAMPLER_TRIES = 64
+# The buffers of its retries (see discrete_gaussian): each this fraction of the last (more than the
+# 0.49 that a round leaves at worst), down to a final size.
+RETRY_SHRINK = 0.6
+RETRY_FINAL = 32
 # The rounding's norm check, in float32, accepts a norm up to bound * (1 - NORM_MARGIN): the
 # pairwise sum of squares (:func:`sum_of_squares`) is within (log2(d) + 1) * 2^-24 of the exact
 # integer one (below 1e-5 for d <= 2^100), so every accepted vector is within the bound exactly.
@@ -121,6 +127,15 @@ def conditional_round(x: jax.Array, bound, tries, key: jax.Array):
   return jnp.where(ok, r, fallback), draws, ok
 
 
+def _buffer_sizes(n: int) -> tuple:
+  """The buffer sizes of :func:`discrete_gaussian`'s retries: each :data:`RETRY_SHRINK` times
+  the last, from ``n``, down to :data:`RETRY_FINAL` (or ``n``), the final buffer's."""
+  final, sizes = min(n, RETRY_FINAL), []
+  while not sizes or sizes[-1] > final:
+    sizes.append(max(final, math.ceil((sizes[-1] if sizes else n) * RETRY_SHRINK)))
+  return tuple(sizes)
+
+
 def discrete_gaussian(key: jax.Array, shape, sigma, tries: int = SAMPLER_TRIES):
   """Samples of the discrete Gaussian N_Z(0, sigma^2), ``P[y] ~ exp(-y^2 / (2 sigma^2))``.
 
@@ -129,39 +144,75 @@ def discrete_gaussian(key: jax.Array, shape, sigma, tries: int = SAMPLER_TRIES):
   each coordinate proposes ``Y ~`` discrete Laplace (``P[y] ~ exp(-|y|/t)``,
   the difference of two geometric variables ``floor(t E)``, ``E ~ Exp(1)``)
   and accepts it with probability ``exp(-(|Y| - sigma^2/t)^2 / (2 sigma^2))``;
-  all coordinates draw together, each keeps its first accepted proposal, for at
-  most ``tries`` rounds (a ``lax.while_loop`` that stops when all accepted).
+  each coordinate keeps its first accepted proposal.
+
+  Only the coordinates not yet accepted propose again: every coordinate
+  proposes once; the rejected ones are gathered into a buffer (their
+  positions), which proposes once and is compacted into the next, smaller one
+  (:func:`_buffer_sizes`: each holds more than the about 49 % or fewer a round
+  leaves), so a round draws for about as many coordinates as are left, not for
+  all of them. The last buffer proposes until it is empty, at most ``tries``
+  rounds; then the coordinates that a full buffer left out (rare) are gathered
+  from the whole vector and retried, at most ``tries`` rounds each. Each
+  proposal is a fresh draw and which coordinates draw depends only on earlier
+  acceptances, so every accepted value has the target law, independently of
+  the others.
 
   Not bit-exact: the algorithm is exact with exact Bernoulli and geometric
   draws; here they come from float32 uniforms (as TensorFlow Privacy's
   sampler does), so each acceptance probability is off by about 2^-24 and
   the discrete Laplace tail beyond about ``7 t`` is coarse. A coordinate
-  never accepted in ``tries`` rounds (probability below 1e-20 for
-  ``sigma >= 1/2``) is 0. ``sigma`` must be >= 1/2 (it may be traced).
+  never accepted (probability below 0.49^64 < 1e-20 for ``sigma >= 1/2``) is
+  0. ``sigma`` must be >= 1/2 (it may be traced).
 
-  Returns ``(samples, unaccepted)``: float32 integers and the number of coordinates set to 0.
+  Returns ``(samples, unaccepted)``: float32 integers of ``shape`` and the number of
+  coordinates set to 0.
   """
   t = jnp.floor(sigma) + 1.0
   var = jnp.square(sigma)
+  n = math.prod(shape)
+  sizes = _buffer_sizes(n)
 
-  def propose(i):
+  def propose(i, size):
     k1, k2, k3 = jax.random.split(jax.random.fold_in(key, i), 3)
-    y = jnp.floor(t * jax.random.exponential(k1, shape)) - jnp.floor(t * jax.random.exponential(k2, shape))
-    accept = jax.random.uniform(k3, shape) < jnp.exp(-jnp.square(jnp.abs(y) - var / t) / (2.0 * var))
+    y = (jnp.floor(t * jax.random.exponential(k1, (size,)))
+         - jnp.floor(t * jax.random.exponential(k2, (size,))))
+    accept = jax.random.uniform(k3, (size,)) < jnp.exp(-jnp.square(jnp.abs(y) - var / t) / (2.0 * var))
     return y, accept
 
-  def cond(c):
-    i, _, done = c
-    return jnp.logical_and(i < tries, jnp.logical_not(jnp.all(done)))
+  def retry(i, y, done, pending):
+    """One proposal for each position in ``pending`` (``n``: an empty slot); returns the
+    samples, the accepted mask and the positions still rejected (``n`` where accepted)."""
+    y_new, accept = propose(i, pending.shape[0])
+    taken = jnp.where(accept, pending, n)  # n is out of range: dropped
+    return (y.at[taken].set(y_new, mode="drop"), done.at[taken].set(True, mode="drop"),
+            jnp.where(accept, n, pending))
 
-  def body(c):
+  y, done = propose(0, n)
+  pending = jnp.nonzero(jnp.logical_not(done), size=sizes[0], fill_value=n)[0]
+  for i, size in enumerate(sizes[1:], 1):  # one round per buffer, compacting the rejected
+    y, done, pending = retry(i, y, done, pending)
+    pending = jnp.append(pending, n)[jnp.nonzero(pending < n, size=size,
+                                                 fill_value=pending.shape[0])[0]]
+
+  def drain(c):  # the last buffer until it is empty
+    i, y, done, pending = c
+    return (i + 1, *retry(i, y, done, pending))
+
+  first = len(sizes)
+  i, y, done, _ = jax.lax.while_loop(
+      lambda c: jnp.logical_and(c[0] < first + tries, jnp.any(c[3] < n)), drain,
+      (jnp.int32(first), y, done, pending))
+
+  def left_out(c):  # those a full buffer left out, gathered from the whole vector
     i, y, done = c
-    y_new, accept = propose(i)
-    return i + 1, jnp.where(done, y, y_new), jnp.logical_or(done, accept)
+    pending = jnp.nonzero(jnp.logical_not(done), size=sizes[-1], fill_value=n)[0]
+    return (i + 1, *retry(i, y, done, pending)[:2])
 
-  y0, done0 = propose(0)
-  _, y, done = jax.lax.while_loop(cond, body, (jnp.int32(1), y0, done0))
-  return jnp.where(done, y, 0.0), jnp.sum(jnp.logical_not(done))
+  _, y, done = jax.lax.while_loop(
+      lambda c: jnp.logical_and(c[0] < first + 2 * tries, jnp.logical_not(jnp.all(c[2]))),
+      left_out, (first + tries, y, done))
+  return jnp.where(done, y, 0.0).reshape(shape), jnp.sum(jnp.logical_not(done))
 
 
 def modular_sum(rows: jax.Array, mask: jax.Array, bits) -> jax.Array:
