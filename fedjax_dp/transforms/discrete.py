@@ -200,7 +200,7 @@ def discrete_gaussian(key: jax.Array, shape, sigma, tries: int = SAMPLER_TRIES):
     return (i + 1, *retry(i, y, done, pending))
 
   first = len(sizes)
-  i, y, done, _ = jax.lax.while_loop(
+  _, y, done, _ = jax.lax.while_loop(
       lambda c: jnp.logical_and(c[0] < first + tries, jnp.any(c[3] < n)), drain,
       (jnp.int32(first), y, done, pending))
 
