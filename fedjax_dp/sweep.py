@@ -182,15 +182,21 @@ def plan(config, grid: Mapping[str, Sequence], seeds: int = 1) -> list:
   """Every grid point times seed, as :class:`Point` s (grid order, then seeds).
 
   A grid name is a :class:`RunConfig` field (its values converted by the
-  field's type) or, otherwise, an algorithm option (``--set``; checked by the
-  algorithm when built). Giving ``target_epsilon`` unsets ``noise_multiplier``
+  field's type) or, otherwise, one of the algorithm's options (``--set``; its values
+  checked by the algorithm when built); a name that is neither is refused here. Giving ``target_epsilon`` unsets ``noise_multiplier``
   and the other way round, as on the command line.
   """
+  from fedjax_dp.algorithms import option_table
   from fedjax_dp.config import field_types, parse_option, parse_value
   types = field_types()
   check(isinstance(seeds, int) and not isinstance(seeds, bool) and seeds >= 1, "seeds", seeds,
         "must be an integer >= 1")
   check_axes(grid)
+  own = sorted(o.name for o in option_table(config.algorithm))
+  for name in grid:
+    check(name in types or name in own, "grid", name,
+          f"is neither a run setting (a field of `fedjax-dp run`: see its --help) nor an option "
+          f"of algorithm {config.algorithm!r} (one of {own})")
   check(config.seed + seeds <= 2 ** 32, "seeds", seeds, f"runs seeds {config.seed} to "
         f"{config.seed + seeds - 1}, past the largest seed 2**32 - 1: lower seed or seeds")
   grid = {k: [(parse_value(k, v, types[k]) if isinstance(v, str) else v) if k in types
@@ -349,7 +355,7 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
     group_size: at most this many experiments per compiled program (:func:`run_configs`).
   """
   from fedjax_dp.algorithms import option_table, options, unused_fields
-  from fedjax_dp.config import field_types, make_config
+  from fedjax_dp.config import make_config
   from fedjax_dp.experiment import load_data
   from fedjax_dp.jsonio import dumps
   from fedjax_dp.reproduce.runner import seed_stats
@@ -357,11 +363,7 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
   config = make_config() if config is None else config
   points = plan(config, grid or {}, seeds)
   unused = set(unused_fields(points[0].config)) if points else set()
-  fields, own = field_types(), sorted(o.name for o in option_table(config.algorithm))
   for name in grid or {}:
-    check(name in fields or name in own, "grid", name,
-          f"is neither a run setting (a field of `fedjax-dp run`: see its --help) nor an option "
-          f"of algorithm {config.algorithm!r} (one of {own})")
     check(name not in unused, name, (grid or {})[name],
           f"is not used by algorithm {config.algorithm!r}: it cannot be a grid axis")
   for p in points:  # options and device counts are checked before any data set loads
