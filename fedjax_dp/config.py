@@ -125,8 +125,10 @@ class RunConfig:
       None, "the model (none: the data set's default, "
       + ", ".join(f"{s.name}: {s.default_model}" for s in SPECS) + ")",
       _values("fedjax_dp.models", "MODELS"))
-  conv_impl: str = _field("im2col", "how convolutions are computed (same results; speed and "
-                          "memory differ)", _values("fedjax_dp.models", "CONV_IMPLS"))
+  conv_impl: str = _field("im2col", "how convolutions are computed (same results to float32 "
+                          "rounding; speed and memory differ): winograd (3x3 stride-1 kernels, "
+                          "float32 only) is the fastest for CNN-2-layers on a CPU, "
+                          "benchmarks/RESULTS.md", _values("fedjax_dp.models", "CONV_IMPLS"))
   compute_dtype: str = _field("float32", "the dtype the model's forward and backward pass "
                               "compute in (parameters and updates stay float32)",
                               _values("fedjax_dp.models", "COMPUTE_DTYPES"))
@@ -148,8 +150,8 @@ class RunConfig:
   client_chunk: Optional[int] = _field(
       None, "run the cohort in blocks of this many vmapped clients, one block after another (an "
       "int >= 1; 0: the whole cohort in one vmap; none: automatic, see "
-      "fedjax_dp.experiment.client_blocks: blocks of about 4 on one CPU device, the whole "
-      "cohort on accelerators and over several devices); with the noised mean and no attack "
+      "fedjax_dp.experiment.client_blocks: blocks of about 4 on one CPU device (of 1 with "
+      "conv_impl winograd), the whole cohort on accelerators and over several devices); with the noised mean and no attack "
       "the round's memory then stays flat in the cohort size, and a block of padded slots "
       "only is skipped; on a CPU, blocks keep small models in cache and skip a Poisson "
       "cohort's padding (1.3-1.7x faster rounds, benchmarks/RESULTS.md)")
@@ -204,7 +206,7 @@ class RunConfig:
 
   def __post_init__(self):
     # Every field has its type and every numeric field is finite, checked before anything else.
-    from fedjax_dp.models import Model
+    from fedjax_dp.models import Model, check_conv_dtype
     hints = typing.get_type_hints(RunConfig)
     for f in dataclasses.fields(self):
       value = getattr(self, f.name)
@@ -221,6 +223,7 @@ class RunConfig:
       self._check_choice("model")
     self._check_choice("conv_impl")
     self._check_choice("compute_dtype")
+    check_conv_dtype(self.conv_impl, self.compute_dtype)
     check(self.num_clients >= 1, "num_clients", self.num_clients, "must be >= 1")
     check_positive("dirichlet_alpha", self.dirichlet_alpha)
     check(self.shards_per_client >= 1, "shards_per_client", self.shards_per_client, "must be >= 1")

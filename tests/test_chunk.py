@@ -105,8 +105,8 @@ def test_a_sweep_still_skips_blocks_padded_in_every_experiment():
 
 def test_automatic_blocks_on_one_cpu_device(monkeypatch):
   """client_chunk unset: blocks of about 4 on one CPU device (fixed cohorts: the size in 2-6
-  wasting the fewest slots), the whole cohort on accelerators and over several devices; 0 is
-  the whole cohort, k >= 1 blocks of k. Recorded in the summary's provenance."""
+  wasting the fewest slots; conv_impl winograd: 1), the whole cohort on accelerators and over
+  several devices; 0 is the whole cohort, k >= 1 blocks of k. Recorded in the summary's provenance."""
   from fedjax_dp.experiment import client_blocks, simulate
   assert jax.default_backend() == "cpu" and jax.device_count() == 1
   base = make_config(num_clients=60, rounds=1)
@@ -116,6 +116,9 @@ def test_automatic_blocks_on_one_cpu_device(monkeypatch):
   assert client_blocks(base.replace(client_chunk=0)) is None
   assert client_blocks(base.replace(client_chunk=7)) == 7
   assert client_blocks(base.replace(devices=2)) is None
+  winograd = base.replace(conv_impl="winograd")          # one client a block
+  assert client_blocks(winograd) == 1 and client_blocks(fixed(10).replace(conv_impl="winograd")) == 1
+  assert client_blocks(winograd.replace(client_chunk=7)) == 7
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   assert client_blocks(base) is None and client_blocks(fixed(10)) is None
   monkeypatch.undo()

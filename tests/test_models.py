@@ -13,7 +13,7 @@ from fedjax_dp.models import (IGNORE, accuracy, conv2d, cross_entropy,
                               num_params)
 from fedjax_dp.models.conv import Conv
 
-FAST_IMPLS = ("im2col", "custom_vjp")
+FAST_IMPLS = ("im2col", "winograd", "custom_vjp")
 TOL = dict(rtol=1e-4, atol=1e-4)
 
 
@@ -40,6 +40,10 @@ CASES = [
     (2, 9, 8, 2, 4, 3, 3, 2, "SAME"),
     (2, 9, 8, 2, 4, 4, 3, 2, "VALID"),
     (2, 5, 5, 2, 3, 1, 1, 2, "SAME"),
+    # Winograd tiles: outputs 12x9 (a partial column of tiles), 2x3 (less
+    # than one tile).
+    (2, 14, 11, 4, 3, 3, 3, 1, "VALID"),
+    (1, 4, 5, 2, 3, 3, 3, 1, "VALID"),
 ]
 
 
@@ -158,7 +162,7 @@ def test_model_init_and_apply(name):
   assert np.all(np.isfinite(logits))
 
 
-@pytest.mark.parametrize("impl", ["custom_vjp", "lax"])
+@pytest.mark.parametrize("impl", ["winograd", "custom_vjp", "lax"])
 def test_cnn2_impls_agree(impl):
   """Same params, same logits and gradients whatever the conv impl."""
   ref = get_model("cnn2", (12, 12, 1), 5)
@@ -260,6 +264,8 @@ def test_sequence_labels_mean_over_real_positions():
     (("cnn2", (784,), 10), {}, "input_shape"),
     (("cnn2", (28, 28, 1), 1), {}, "num_classes"),
     (("cnn2", (28, 28, 1), 10), {"conv_impl": "fft"}, "conv_impl"),
+    (("cnn2", (28, 28, 1), 10), {"conv_impl": "winograd", "compute_dtype": "bfloat16"},
+     "conv_impl"),
     (("mlp", (784,), 10), {"activation": "gelu"}, "activation"),
     (("mlp", (784,), 10), {"depth": 3}, "mlp option"),
     (("resnet18_gn", (32, 32, 3), 10), {"num_groups": 3}, "num_groups"),
