@@ -33,6 +33,7 @@ from fedjax_dp.algorithms.dp_fedavg import build_dp_fedavg
 from fedjax_dp.round import CohortBatch, client_keys, compiled_step, mask_rows, server_update
 from fedjax_dp.config import make_config
 from fedjax_dp.data import FederatedData
+from fedjax_dp.models import CONV_IMPLS
 from fedjax_dp.objectives import supervised
 
 SHAPES = {"cnn2": ((28, 28, 1), 62), "mlp": ((28, 28, 1), 10), "digits_cnn": ((8, 8, 1), 10),
@@ -165,7 +166,7 @@ def main(argv=None):
   p.add_argument("--batch", type=int, default=64)
   p.add_argument("--examples", type=int, default=128, help="examples per client")
   p.add_argument("--repeats", type=int, default=3)
-  p.add_argument("--conv-impl", default="im2col", choices=["im2col", "custom_vjp", "lax"])
+  p.add_argument("--conv-impl", default="im2col", choices=CONV_IMPLS)
   p.add_argument("--skip-loop", action="store_true", help="skip the Python-loop baseline (large cohorts)")
   p.add_argument("--compute-dtype", default="float32", choices=["float32", "bfloat16"])
   p.add_argument("--skip-centralized", action="store_true",

@@ -25,6 +25,16 @@ def test_round_speed_measures_engine_loop_and_centralized_at_a_tiny_size():
   assert r["loop_over_engine"] > 0 and r["client_steps_per_s"] > 0
 
 
+def test_conv_speed_times_every_implementation_at_a_tiny_size(capsys):
+  _load("conv_speed").main(["--tiny", "--impls", "im2col,winograd", "--repeats", "1"])
+  records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+  assert [r["padding"] for r in records] == ["SAME", "VALID"]
+  assert all(r["im2col_ms"] > 0 and r["winograd_ms"] > 0 and r["im2col_over_winograd"] > 0
+             for r in records)
+  with pytest.raises(SystemExit):
+    _load("conv_speed").main(["--impls", "fft"])
+
+
 @pytest.mark.slow  # about 40 s of compilation: `make test-slow`
 def test_gpu_benchmark_runs_every_measurement_at_its_tiny_size(capsys):
   sys.path.insert(0, str(BENCH))  # gpu.py imports round_speed as its sibling
