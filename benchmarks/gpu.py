@@ -7,7 +7,8 @@ stopped early keeps what it finished):
   only) for CNN-2-layers (``cnn2``, Q = 30, batch 64) and ResNet-18-GN
   (``resnet18_gn``, 32x32x3, Q = 5, batch 32, in blocks of 50 clients) at 100
   and 1,000 clients per round, each with ``--compute-dtype`` float32 and
-  bfloat16;
+  bfloat16, and ``cnn2`` at 100 clients with ``--conv-impl winograd``
+  (float32; the fastest convolution on a CPU, unmeasured on accelerators);
 * ``sweep``: 8 experiments (clip x noise multiplier) of ``cnn2`` at 100
   clients per round as one vmapped program (:func:`fedjax_dp.sweep.sweep`),
   timed after a one-round run that compiles it.
@@ -72,10 +73,10 @@ def measure_sweep(model, clients: int, rounds: int, local_steps: int, batch: int
           "client_steps_per_s": experiments * rounds * clients * local_steps / done.seconds}
 
 
-def measure_round(spec, clients: int, dtype: str, repeats: int) -> dict:
+def measure_round(spec, clients: int, dtype: str, repeats: int, conv_impl: str = "im2col") -> dict:
   model, q, batch, examples, chunk = spec
   try:
-    r = measure(model, clients, q, batch, examples, repeats, "im2col", skip_loop=True,
+    r = measure(model, clients, q, batch, examples, repeats, conv_impl, skip_loop=True,
                 compute_dtype=dtype, chunk=chunk, skip_centralized=True)
   except Exception as e:  # record and go on: one size out of memory must not lose the rest
     r = {"model": getattr(model, "name", model), "clients": clients, "compute_dtype": dtype,
@@ -91,6 +92,8 @@ def main(argv=None):
   first, *rest = sizes["models"]
   jobs = [lambda s=first, c=c, d=d: measure_round(s, c, d, sizes["repeats"])
           for c in sizes["clients"] for d in DTYPES]
+  jobs.append(lambda: measure_round(first, sizes["clients"][0], "float32", sizes["repeats"],
+                                    "winograd"))
   jobs.append(lambda: measure_sweep(*sizes["sweep"]))  # before the largest model
   jobs += [lambda s=s, c=c, d=d: measure_round(s, c, d, sizes["repeats"])
            for s in rest for c in sizes["clients"] for d in DTYPES]

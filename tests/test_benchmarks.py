@@ -44,8 +44,10 @@ def test_gpu_benchmark_runs_every_measurement_at_its_tiny_size(capsys):
     sys.path.remove(str(BENCH))
   records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
   rounds = [r for r in records if r["kind"] == "round"]
-  assert [(r["model"], r["compute_dtype"]) for r in rounds] == [
-      ("digits_cnn", "float32"), ("digits_cnn", "bfloat16"), ("mlp", "float32"), ("mlp", "bfloat16")]
+  assert [(r["model"], r["compute_dtype"], r["conv_impl"]) for r in rounds] == [
+      ("digits_cnn", "float32", "im2col"), ("digits_cnn", "bfloat16", "im2col"),
+      ("digits_cnn", "float32", "winograd"), ("mlp", "float32", "im2col"),
+      ("mlp", "bfloat16", "im2col")]
   assert all(r["client_steps_per_s"] > 0 for r in rounds)
   (swept,) = [r for r in records if r["kind"] == "sweep"]
   assert swept["experiments"] == 8 and swept["programs"] == 1 and swept["client_steps_per_s"] > 0
