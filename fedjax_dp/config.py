@@ -151,10 +151,10 @@ class RunConfig:
       None, "run the cohort in blocks of this many vmapped clients, one block after another (an "
       "int >= 1; 0: the whole cohort in one vmap; none: automatic, see "
       "fedjax_dp.experiment.client_blocks: blocks of about 4 on one CPU device (of 1 with "
-      "conv_impl winograd), the whole cohort on accelerators and over several devices); with the noised mean and no attack "
-      "the round's memory then stays flat in the cohort size, and a block of padded slots "
-      "only is skipped; on a CPU, blocks keep small models in cache and skip a Poisson "
-      "cohort's padding (1.3-1.7x faster rounds, benchmarks/RESULTS.md)")
+      "conv_impl winograd), the whole cohort on accelerators and over several devices); with "
+      "the noised mean and no attack the round's memory then stays flat in the cohort size, "
+      "and a block of padded slots only is skipped; on a CPU, blocks keep small models in "
+      "cache and skip a Poisson cohort's padding (1.3-1.7x faster rounds, benchmarks/RESULTS.md)")
   devices: Optional[int] = _field(None, "split each round's clients over this many devices "
                                   "(none: every device JAX sees, across processes; an int >= 1)")
   # Client.

@@ -95,7 +95,7 @@ def client_blocks(config: RunConfig) -> Optional[int]:
   fixed-size cohort gets the block size in 2-6 that wastes the fewest padded slots (10
   clients: 2 blocks of 5), a cohort of at most 4 clients one block. With ``conv_impl``
   winograd, blocks of one client: its tile transforms' intermediates slow every client down
-  when several share a block (CNN-2-layers, 10 clients: 9.3 s a round in blocks of 1, 11.7 s
+  when several share a block (CNN-2-layers, 10 clients: 9.7 s a round in blocks of 1, 11.7 s
   in blocks of 2, 16.0 s in blocks of 5, benchmarks/RESULTS.md). The choice depends on the
   configuration and the platform only, so a sweep's experiment and its single run agree.
   """
