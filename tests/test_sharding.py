@@ -21,7 +21,9 @@ SCRIPT = textwrap.dedent("""
     base = dict(common, clip=0.5, noise_multiplier=1.0)
     cases = {"dp_fedavg": base,
              "gm_attacked_host": dict(common, algorithm="gm", attack="gaussian", byzantine=6,
-                                      placement="host")}
+                                      placement="host"),
+             # Winograd's custom VJP under the client sharding (digits_cnn's 16-channel layer).
+             "winograd_cnn": dict(base, model="digits_cnn", conv_impl="winograd")}
     for name, settings in cases.items():
         cfg = make_config(**settings)
         data = load_data(cfg)
@@ -50,10 +52,14 @@ def test_four_devices_give_the_one_device_result():
   assert proc.returncode == 0, proc.stderr[-3000:]
   line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
   out = json.loads(line[len("RESULT "):])
-  for name in ("dp_fedavg", "gm_attacked_host"):
+  for name in ("dp_fedavg", "gm_attacked_host", "winograd_cnn"):
     case = out[name]
     assert case["devices"] == [1, 4], (name, case)
-    assert case["param_diff"] < 1e-5, (name, case)
+    # Winograd rounds at a larger scale (its transforms scale values by up to 25 and 64
+    # before cancelling), so the devices' different matmul partitions round it further apart
+    # (3e-5 measured, params up to 0.7; one device in blocks of 1 or 60 clients: identical).
+    tol = 1e-4 if name == "winograd_cnn" else 1e-5
+    assert case["param_diff"] < tol, (name, case)
     one, four = case["accuracy"]
     assert max(abs(a - b) for a, b in zip(one, four)) <= 0.01, (name, case)
     assert case["epsilon"][0] == case["epsilon"][1]
