@@ -33,6 +33,7 @@ from fedjax_dp.algorithms.dp_fedavg import build_dp_fedavg
 from fedjax_dp.round import CohortBatch, client_keys, compiled_step, mask_rows, server_update
 from fedjax_dp.config import make_config
 from fedjax_dp.data import FederatedData
+from fedjax_dp.experiment import client_blocks
 from fedjax_dp.models import CONV_IMPLS
 from fedjax_dp.objectives import supervised
 
@@ -87,7 +88,8 @@ def measure(model, clients: int, local_steps: int, batch: int, examples: int, re
             conv_impl: str, skip_loop: bool = False, compute_dtype: str = "float32",
             chunk=None, skip_centralized: bool = False) -> dict:
   """One JSON-able record; ``model`` is a name of :data:`SHAPES` or a built Model, ``chunk``
-  the engine's clients per block (default: the whole cohort at once)."""
+  the engine's clients per block (default: the whole cohort at once; ``"auto"``: the engine's
+  automatic choice, :func:`fedjax_dp.experiment.client_blocks`)."""
   data = synthetic_data(model, clients, examples)
   config = make_config(model=model, num_clients=clients, sampling="fixed", cohort_size=clients,
                        local_steps=local_steps, batch_size=batch, clip=1.0, noise_multiplier=1.0,
@@ -95,6 +97,8 @@ def measure(model, clients: int, local_steps: int, batch: int, examples: int, re
                        compute_dtype=compute_dtype)
   setup = build_dp_fedavg(config, data)
   program = setup.program
+  if chunk == "auto":
+    chunk = client_blocks(config, program.model)
   hp = {k: jnp.asarray(v) for k, v in setup.hparams.items()}
   state = program.init(jax.random.PRNGKey(0), hp)
   ids = jnp.arange(clients, dtype=jnp.int32)
@@ -166,19 +170,22 @@ def main(argv=None):
   p.add_argument("--batch", type=int, default=64)
   p.add_argument("--examples", type=int, default=128, help="examples per client")
   p.add_argument("--repeats", type=int, default=3)
-  p.add_argument("--conv-impl", default="im2col", choices=CONV_IMPLS)
+  p.add_argument("--conv-impl", default="auto", choices=CONV_IMPLS,
+                 help="how convolutions are computed (default: auto, as fedjax-dp run)")
   p.add_argument("--skip-loop", action="store_true", help="skip the Python-loop baseline (large cohorts)")
   p.add_argument("--compute-dtype", default="float32", choices=["float32", "bfloat16"])
   p.add_argument("--skip-centralized", action="store_true",
                  help="skip the centralized-batch column (large cnn2 cohorts on a CPU)")
   p.add_argument("--client-chunk", type=int, default=None,
-                 help="the engine's clients per block (default: the whole cohort in one vmap)")
+                 help="the engine's clients per block (0: the whole cohort in one vmap; "
+                      "default: the engine's automatic choice, as fedjax-dp run)")
   p.add_argument("--json", action="store_true",
                  help="print one JSON object; with benchmarks/peers/.venv present it also runs "
                       "the loop baseline in PyTorch right after (torch_s_per_round)")
   args = p.parse_args(argv)
   r = measure(args.model, args.clients, args.local_steps, args.batch, args.examples, args.repeats,
-              args.conv_impl, args.skip_loop, args.compute_dtype, chunk=args.client_chunk,
+              args.conv_impl, args.skip_loop, args.compute_dtype,
+              chunk="auto" if args.client_chunk is None else args.client_chunk or None,
               skip_centralized=args.skip_centralized)
   if args.json:
     r.update(torch_round(args.model, args.clients, args.local_steps, args.batch, args.examples,

@@ -125,10 +125,13 @@ class RunConfig:
       None, "the model (none: the data set's default, "
       + ", ".join(f"{s.name}: {s.default_model}" for s in SPECS) + ")",
       _values("fedjax_dp.models", "MODELS"))
-  conv_impl: str = _field("im2col", "how convolutions are computed (same results to float32 "
-                          "rounding; speed and memory differ): winograd (3x3 stride-1 kernels, "
-                          "float32 only) is the fastest for CNN-2-layers on a CPU, "
-                          "benchmarks/RESULTS.md", _values("fedjax_dp.models", "CONV_IMPLS"))
+  conv_impl: str = _field("auto", "how convolutions are computed (same results to float32 "
+                          "rounding; speed and memory differ): auto runs each layer by "
+                          "winograd on a CPU where it pays (3x3 stride-1 float32 layers of at "
+                          "least 32 input channels, an 8x8 output and 64 tiles a batch) and by "
+                          "im2col elsewhere; winograd (3x3 stride-1 kernels, float32 only) "
+                          "everywhere it applies; benchmarks/RESULTS.md",
+                          _values("fedjax_dp.models", "CONV_IMPLS"))
   compute_dtype: str = _field("float32", "the dtype the model's forward and backward pass "
                               "compute in (parameters and updates stay float32)",
                               _values("fedjax_dp.models", "COMPUTE_DTYPES"))
@@ -150,8 +153,8 @@ class RunConfig:
   client_chunk: Optional[int] = _field(
       None, "run the cohort in blocks of this many vmapped clients, one block after another (an "
       "int >= 1; 0: the whole cohort in one vmap; none: automatic, see "
-      "fedjax_dp.experiment.client_blocks: blocks of about 4 on one CPU device (of 1 with "
-      "conv_impl winograd), the whole cohort on accelerators and over several devices); with "
+      "fedjax_dp.experiment.client_blocks: blocks of about 4 on one CPU device (of 1 when a "
+      "layer runs by winograd), the whole cohort on accelerators and over several devices); with "
       "the noised mean and no attack the round's memory then stays flat in the cohort size, "
       "and a block of padded slots only is skipped; on a CPU, blocks keep small models in "
       "cache and skip a Poisson cohort's padding (1.3-1.7x faster rounds, benchmarks/RESULTS.md)")

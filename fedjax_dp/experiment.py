@@ -78,14 +78,14 @@ def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional
              output_dir=output_dir, tensorboard=tensorboard, progress=progress,
              config=recorded_config(config),
              placement=config.placement, on_round=on_round, release=release,
-             client_chunk=client_blocks(config), devices=config.devices, checkpoint=checkpoint)
+             client_chunk=client_blocks(config, setup.program.model), devices=config.devices, checkpoint=checkpoint)
 
 
 # Clients per block that the automatic choice aims at on one CPU device (benchmarks/RESULTS.md).
 CPU_BLOCK = 4
 
 
-def client_blocks(config: RunConfig) -> Optional[int]:
+def client_blocks(config: RunConfig, model) -> Optional[int]:
   """Clients per vmapped block of the configuration's rounds (None: the whole cohort at once).
 
   ``client_chunk`` k >= 1 is k, 0 the whole cohort. Unset (automatic): on accelerators, and
@@ -93,17 +93,19 @@ def client_blocks(config: RunConfig) -> Optional[int]:
   about :data:`CPU_BLOCK` clients, which keep small models' weights and gradients in cache
   and skip the padded slots of a Poisson cohort (their capacity is set for a 1e-9 tail). A
   fixed-size cohort gets the block size in 2-6 that wastes the fewest padded slots (10
-  clients: 2 blocks of 5), a cohort of at most 4 clients one block. With ``conv_impl``
-  winograd, blocks of one client: its tile transforms' intermediates slow every client down
+  clients: 2 blocks of 5), a cohort of at most 4 clients one block. When one of ``model``'s
+  layers runs by Winograd (:meth:`fedjax_dp.models.Model.conv_impls` at the configuration's
+  batch size), blocks of one client: its tile transforms' intermediates slow every client down
   when several share a block (CNN-2-layers, 10 clients: 9.7 s a round in blocks of 1, 11.7 s
   in blocks of 2, 16.0 s in blocks of 5, benchmarks/RESULTS.md). The choice depends on the
-  configuration and the platform only, so a sweep's experiment and its single run agree.
+  configuration, its model and the platform only, so a sweep's experiment and its single run
+  agree.
   """
   if config.client_chunk is not None:
     return config.client_chunk or None
   if not one_cpu_device(config.devices):
     return None
-  if config.conv_impl == "winograd":
+  if "winograd" in model.conv_impls(config.batch_size):
     return 1
   if config.sampling != "fixed":
     return CPU_BLOCK

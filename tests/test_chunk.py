@@ -105,22 +105,29 @@ def test_a_sweep_still_skips_blocks_padded_in_every_experiment():
 
 def test_automatic_blocks_on_one_cpu_device(monkeypatch):
   """client_chunk unset: blocks of about 4 on one CPU device (fixed cohorts: the size in 2-6
-  wasting the fewest slots; conv_impl winograd: 1), the whole cohort on accelerators and over
-  several devices; 0 is the whole cohort, k >= 1 blocks of k. Recorded in the summary's provenance."""
+  wasting the fewest slots; a model with a layer run by Winograd: 1), the whole cohort on
+  accelerators and over several devices; 0 is the whole cohort, k >= 1 blocks of k. Recorded in
+  the summary's provenance."""
   from fedjax_dp.experiment import client_blocks, simulate
+  from fedjax_dp.models import get_model
   assert jax.default_backend() == "cpu" and jax.device_count() == 1
   base = make_config(num_clients=60, rounds=1)
+  digits = get_model("digits_cnn", (8, 8, 1), 10)                 # auto: every layer by im2col
   fixed = lambda size: base.replace(sampling="fixed", cohort_size=size)
-  assert client_blocks(base) == 4                        # poisson: the padding is skipped
-  assert [client_blocks(fixed(n)) for n in (10, 12, 7, 9, 4, 2)] == [5, 4, 4, 3, None, None]
-  assert client_blocks(base.replace(client_chunk=0)) is None
-  assert client_blocks(base.replace(client_chunk=7)) == 7
-  assert client_blocks(base.replace(devices=2)) is None
-  winograd = base.replace(conv_impl="winograd")          # one client a block
-  assert client_blocks(winograd) == 1 and client_blocks(fixed(10).replace(conv_impl="winograd")) == 1
-  assert client_blocks(winograd.replace(client_chunk=7)) == 7
+  assert client_blocks(base, digits) == 4                        # poisson: the padding is skipped
+  assert [client_blocks(fixed(n), digits) for n in (10, 12, 7, 9, 4, 2)] == [5, 4, 4, 3, None, None]
+  assert client_blocks(base.replace(client_chunk=0), digits) is None
+  assert client_blocks(base.replace(client_chunk=7), digits) == 7
+  assert client_blocks(base.replace(devices=2), digits) is None
+  winograd = get_model("digits_cnn", (8, 8, 1), 10, conv_impl="winograd")  # one client a block
+  assert client_blocks(base, winograd) == 1 and client_blocks(fixed(10), winograd) == 1
+  assert client_blocks(base.replace(client_chunk=7), winograd) == 7
+  cnn2 = get_model("cnn2", (28, 28, 1), 62)         # auto: Winograd's second layer from batch 2
+  assert client_blocks(base.replace(batch_size=64), cnn2) == 1
+  assert client_blocks(base.replace(batch_size=1), cnn2) == 4
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  assert client_blocks(base) is None and client_blocks(fixed(10)) is None
+  assert client_blocks(base, digits) is None and client_blocks(fixed(10), digits) is None
+  assert client_blocks(base.replace(batch_size=64), cnn2) is None
   monkeypatch.undo()
   tiny = dict(num_clients=40, rounds=1, local_steps=1, model="mlp", max_test=100)
   assert simulate(**tiny).summary["provenance"]["client_block"] == 4

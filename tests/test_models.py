@@ -68,6 +68,56 @@ def test_conv2d_matches_lax(impl, case):
     np.testing.assert_allclose(a, b_, **TOL)
 
 
+# (x shape, kernel shape, strides, padding, dtype) -> what "auto" runs on a CPU.
+AUTO_CASES = [
+    (((16, 10, 10, 32), (3, 3, 32, 4), (1, 1), "VALID", "float32"), "winograd"),  # 64 tiles
+    (((15, 10, 10, 32), (3, 3, 32, 4), (1, 1), "VALID", "float32"), "im2col"),    # 60 tiles
+    (((16, 10, 10, 16), (3, 3, 16, 4), (1, 1), "VALID", "float32"), "im2col"),    # 16 channels
+    (((64, 4, 4, 64), (3, 3, 64, 4), (1, 1), "SAME", "float32"), "im2col"),       # 4x4 output
+    (((16, 10, 10, 32), (3, 3, 32, 4), (1, 1), "VALID", "bfloat16"), "im2col"),
+    (((16, 10, 10, 32), (3, 3, 32, 4), (2, 2), "SAME", "float32"), "im2col"),
+    (((16, 10, 10, 32), (5, 5, 32, 4), (1, 1), "SAME", "float32"), "im2col"),
+    (((64, 26, 26, 32), (3, 3, 32, 64), (1, 1), "VALID", "float32"), "winograd"),  # cnn2's 2nd
+    (((64, 28, 28, 1), (3, 3, 1, 32), (1, 1), "VALID", "float32"), "im2col"),      # cnn2's 1st
+]
+
+
+@pytest.mark.parametrize("args,want", AUTO_CASES)
+def test_auto_impl_per_layer(args, want, monkeypatch):
+  """"auto" runs Winograd on a CPU for float32 3x3 stride-1 layers of >= 32 input channels,
+  an output of >= 8 a side and >= 64 tiles a batch, im2col otherwise and on accelerators;
+  "winograd" is im2col for other kernel shapes; conv2d runs what resolve_impl says."""
+  from fedjax_dp.models.conv import resolve_impl
+  x_shape, k_shape, strides, padding, dtype = args
+  assert resolve_impl("auto", *args) == want
+  square = k_shape[:2] == (3, 3) and strides == (1, 1)
+  assert resolve_impl("winograd", *args) == ("winograd" if square else "im2col")
+  assert resolve_impl("im2col", *args) == "im2col" and resolve_impl("lax", *args) == "lax"
+  if x_shape[0] * x_shape[1] <= 200:  # the small cases: auto's output is its choice's, bit for bit
+    kx, kk = jax.random.split(jax.random.key(0))
+    x = jax.random.normal(kx, x_shape).astype(dtype)
+    k = jax.random.normal(kk, k_shape).astype(dtype)
+    conv = lambda impl: jax.jit(lambda x, k: conv2d(x, k, padding=padding, impl=impl,
+                                                    strides=strides[0]))(x, k)
+    np.testing.assert_array_equal(conv("auto"), conv(want))
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert resolve_impl("auto", *args) == "im2col"
+
+
+def test_model_conv_impls():
+  """Model.conv_impls: what its layers run at a batch size (cnn2 by auto: the first layer by
+  im2col, the second by Winograd from a batch of 2, 72 tiles)."""
+  cnn2 = get_model("cnn2", (28, 28, 1), 62)
+  assert cnn2.conv_impls(64) == {"im2col", "winograd"} and cnn2.conv_impls(1) == {"im2col"}
+  assert get_model("cnn2", (28, 28, 1), 62, conv_impl="im2col").conv_impls(64) == {"im2col"}
+  assert get_model("cnn2", (28, 28, 1), 62, compute_dtype="bfloat16").conv_impls(64) == {"im2col"}
+  assert get_model("digits_cnn", (8, 8, 1), 10).conv_impls(64) == {"im2col"}
+  assert get_model("digits_cnn", (8, 8, 1), 10, conv_impl="winograd").conv_impls(4) == {"winograd"}
+  assert get_model("rsa_cifar_cnn", (32, 32, 3), 10, conv_impl="winograd").conv_impls(64) == {
+      "im2col"}                                                    # 5x5 kernels
+  assert get_model("mlp", (784,), 10).conv_impls(64) == frozenset()
+
+
 def test_conv2d_lax_impl_and_errors():
   x = jnp.ones((1, 5, 5, 2))
   k = jnp.ones((3, 3, 2, 4))
@@ -165,7 +215,7 @@ def test_model_init_and_apply(name):
 @pytest.mark.parametrize("impl", ["winograd", "custom_vjp", "lax"])
 def test_cnn2_impls_agree(impl):
   """Same params, same logits and gradients whatever the conv impl."""
-  ref = get_model("cnn2", (12, 12, 1), 5)
+  ref = get_model("cnn2", (12, 12, 1), 5, conv_impl="im2col")
   other = get_model("cnn2", (12, 12, 1), 5, conv_impl=impl)
   params = ref.init(jax.random.key(0))
   x = jax.random.normal(jax.random.key(1), (3, 12, 12, 1))

@@ -115,6 +115,28 @@ class Model:
     logits = self.module.apply({"params": jax.tree_util.tree_map(cast, params)}, cast(x))
     return logits.astype(jnp.float32)
 
+  def conv_impls(self, batch: int) -> frozenset:
+    """The implementations its :class:`Conv` layers run for a batch of ``batch`` examples in
+    :attr:`compute_dtype` (:func:`fedjax_dp.models.conv.resolve_impl`; empty without them)."""
+    return _conv_impls(self, batch, jax.default_backend())
+
+
+@functools.lru_cache(maxsize=64)
+def _conv_impls(model: Model, batch: int, backend: str) -> frozenset:
+  del backend  # a key of the cache: resolve_impl reads it
+  found = set()
+
+  def record(call, args, kwargs, context):
+    if isinstance(context.module, Conv) and context.method_name == "__call__":
+      found.add(context.module.resolved_impl(args[0]))
+    return call(*args, **kwargs)
+
+  params = jax.eval_shape(model.init, jax.random.key(0))
+  with nn.intercept_methods(record):
+    jax.eval_shape(model.apply, params,
+                   jax.ShapeDtypeStruct((batch, *model.input_shape), jnp.float32))
+  return frozenset(found)
+
 
 @functools.partial(jax.jit, static_argnums=0)
 def _init(model: Model, key: jax.Array) -> Any:
@@ -182,7 +204,7 @@ def check_conv_dtype(conv_impl: str, compute_dtype: str) -> None:
 
 
 def get_model(name: str, input_shape, num_classes: int,
-              conv_impl: str = "im2col", compute_dtype: str = "float32", **kwargs) -> Model:
+              conv_impl: str = "auto", compute_dtype: str = "float32", **kwargs) -> Model:
   """Builds a model by name and checks that it accepts ``input_shape``.
 
   Args:
@@ -190,7 +212,8 @@ def get_model(name: str, input_shape, num_classes: int,
     input_shape: per-example shape; conv models take ``(H, W, C)`` or
       ``(H, W)`` (one channel).
     num_classes: number of classes (>= 2).
-    conv_impl: ``"im2col"`` (default; fast under ``scan`` and ``vmap`` on
+    conv_impl: ``"auto"`` (default; per layer, Winograd where it pays on a
+      CPU, else im2col), ``"im2col"`` (fast under ``scan`` and ``vmap`` on
       CPU), ``"winograd"`` (float32 only), ``"custom_vjp"`` or ``"lax"``; see
       :func:`fedjax_dp.models.conv.conv2d`. Ignored by dense models.
     compute_dtype: one of :data:`COMPUTE_DTYPES` (:attr:`Model.compute_dtype`).

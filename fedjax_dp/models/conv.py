@@ -47,7 +47,13 @@ from jax import lax
 
 from fedjax_dp.errors import check_choice, ConfigError
 
-CONV_IMPLS = ("im2col", "winograd", "custom_vjp", "lax")
+CONV_IMPLS = ("auto", "im2col", "winograd", "custom_vjp", "lax")
+# ``impl="auto"`` runs a layer by Winograd on a CPU when it has at least this many input
+# channels, an output of at least this size a side and at least this many 4x4 output tiles
+# in the batch it sees; every other layer by im2col (measured, benchmarks/RESULTS.md).
+WINOGRAD_MIN_CHANNELS = 32
+WINOGRAD_MIN_OUTPUT = 8
+WINOGRAD_MIN_TILES = 64
 PADDINGS = ("SAME", "VALID")
 _DN = ("NHWC", "HWIO", "NHWC")
 
@@ -77,6 +83,29 @@ def conv_output_size(size: int, kernel: int, stride: int = 1,
   if padding == "VALID" and size < kernel:
     return 0
   return _pads(size, kernel, stride, padding)[2]
+
+
+def resolve_impl(impl: str, x_shape, kernel_shape, strides, padding: str, dtype) -> str:
+  """The implementation a layer runs: ``"winograd"`` is Winograd for 3x3 stride-1 kernels and
+  im2col for every other one; ``"auto"`` is Winograd on a CPU (``jax.default_backend()``)
+  for a float32 3x3 stride-1 layer with at least :data:`WINOGRAD_MIN_CHANNELS` input
+  channels, an output of at least :data:`WINOGRAD_MIN_OUTPUT` a side and at least
+  :data:`WINOGRAD_MIN_TILES` output tiles in the batch (``x_shape[0]`` times the tiles of one
+  example), else im2col. Under a ``vmap`` the batch is what one mapped call sees: a vmap over
+  clients keeps each client's batch, per-example gradients (a vmap over examples) see one.
+  Elsewhere than on a CPU ``"auto"`` is im2col (Winograd is unmeasured there)."""
+  if impl not in ("auto", "winograd"):
+    return impl
+  if tuple(kernel_shape[:2]) != (3, 3) or tuple(strides) != (1, 1):
+    return "im2col"
+  if impl == "winograd":
+    return impl
+  oh, ow = (conv_output_size(n, 3, 1, padding) for n in x_shape[1:3])
+  tiles = x_shape[0] * -(-oh // _M) * -(-ow // _M)
+  pays = (jax.default_backend() == "cpu" and jnp.dtype(dtype) == jnp.float32
+          and kernel_shape[2] >= WINOGRAD_MIN_CHANNELS
+          and min(oh, ow) >= WINOGRAD_MIN_OUTPUT and tiles >= WINOGRAD_MIN_TILES)
+  return "winograd" if pays else "im2col"
 
 
 def _check_shapes(x, kernel, padding, strides):
@@ -277,11 +306,9 @@ def _conv_winograd_bwd(res, g):
 _conv_winograd_valid.defvjp(_conv_winograd_fwd, _conv_winograd_bwd)
 
 
-def _conv_winograd(x, kernel, strides, padding):
-  """Winograd for 3x3 stride-1 kernels, im2col for every other shape."""
-  if kernel.shape[:2] != (3, 3) or strides != (1, 1):
-    return _conv_im2col(x, kernel, strides, padding)
-  return _conv_winograd_valid(_padded(x, (3, 3), strides, padding)[0], kernel)
+def _conv_winograd(x, kernel, padding):
+  """Winograd for a 3x3 stride-1 kernel with ``padding``."""
+  return _conv_winograd_valid(_padded(x, (3, 3), (1, 1), padding)[0], kernel)
 
 
 # ---------------------------------------------------------------------------
@@ -353,7 +380,7 @@ def conv2d(x: jax.Array,
            kernel: jax.Array,
            bias: jax.Array | None = None,
            padding: str = "SAME",
-           impl: str = "im2col",
+           impl: str = "auto",
            strides: int | Sequence[int] = 1) -> jax.Array:
   """2-D cross-correlation ``NHWC x HWIO -> NHWC`` (as ``flax.linen.Conv``).
 
@@ -363,10 +390,12 @@ def conv2d(x: jax.Array,
     bias: optional ``[O]``.
     padding: ``"SAME"`` (``ceil(H / s)`` outputs, padding split as ``lax``
       does: the extra pixel at the end) or ``"VALID"``.
-    impl: ``"im2col"`` (shifted slices + matmul, default, fast under ``scan``
-      and ``vmap`` on CPU), ``"winograd"`` (F(4x4, 3x3) for 3x3 stride-1
-      kernels, im2col otherwise), ``"custom_vjp"`` (gradients written as
-      forward convolutions) or ``"lax"`` (``lax.conv_general_dilated``).
+    impl: ``"auto"`` (default: Winograd where it pays on a CPU, im2col
+      elsewhere; :func:`resolve_impl`), ``"im2col"`` (shifted slices + matmul,
+      fast under ``scan`` and ``vmap`` on CPU), ``"winograd"`` (F(4x4, 3x3)
+      for 3x3 stride-1 kernels, im2col otherwise), ``"custom_vjp"`` (gradients
+      written as forward convolutions) or ``"lax"``
+      (``lax.conv_general_dilated``).
     strides: int or ``(sh, sw)``.
 
   Returns:
@@ -378,10 +407,11 @@ def conv2d(x: jax.Array,
   check_choice("conv_impl", impl, CONV_IMPLS)
   strides = _pair(strides, "strides")
   _check_shapes(x, kernel, padding, strides)
+  impl = resolve_impl(impl, x.shape, kernel.shape, strides, padding, x.dtype)
   if impl == "im2col":
     y = _conv_im2col(x, kernel, strides, padding)
   elif impl == "winograd":
-    y = _conv_winograd(x, kernel, strides, padding)
+    y = _conv_winograd(x, kernel, padding)
   elif impl == "custom_vjp":
     y = _conv_custom(x, kernel, strides, padding)
   else:
@@ -453,9 +483,15 @@ class Conv(nn.Module):
   strides: Any = 1
   padding: str = "SAME"
   use_bias: bool = True
-  impl: str = "im2col"
+  impl: str = "auto"
   kernel_init: Callable = nn.initializers.lecun_normal()
   bias_init: Callable = nn.initializers.zeros_init()
+
+  def resolved_impl(self, x) -> str:
+    """The implementation this layer runs on input ``x`` (:func:`resolve_impl`)."""
+    kh, kw = _pair(self.kernel_size, "kernel_size")
+    return resolve_impl(self.impl, x.shape, (kh, kw, x.shape[-1], self.features),
+                        _pair(self.strides, "strides"), self.padding, x.dtype)
 
   @nn.compact
   def __call__(self, x):

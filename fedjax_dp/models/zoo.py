@@ -6,8 +6,8 @@ through the statistics of the others) and needs mutable state across local
 steps. Where a norm is needed GroupNorm is used (per-example statistics).
 
 Every conv goes through :class:`fedjax_dp.models.conv.Conv`, whose ``impl``
-(``"im2col"`` by default) keeps the backward pass fast in ``lax.scan`` and
-``vmap`` on CPU; pooling uses :func:`fedjax_dp.models.conv.max_pool`.
+(``"auto"`` by default: Winograd or im2col per layer) keeps the backward pass
+fast in ``lax.scan`` and ``vmap`` on CPU; pooling uses :func:`fedjax_dp.models.conv.max_pool`.
 Conv models accept ``[B, H, W]`` inputs (one channel) as well as NHWC.
 """
 
@@ -68,7 +68,7 @@ class TwoConvCNN(nn.Module):
   features: tuple = (32, 64)
   padding: str = "VALID"
   hidden: int = 128
-  conv_impl: str = "im2col"
+  conv_impl: str = "auto"
 
   @nn.compact
   def __call__(self, x):
@@ -96,7 +96,7 @@ class SPFLCNN(nn.Module):
   """
   num_classes: int
   hidden: int = 32
-  conv_impl: str = "im2col"
+  conv_impl: str = "auto"
 
   @nn.compact
   def __call__(self, x):
@@ -126,7 +126,7 @@ class RSACifarCNN(nn.Module):
   num_classes: int
   features: Sequence[int] = (40, 40)
   hidden: Sequence[int] = (384, 192)
-  conv_impl: str = "im2col"
+  conv_impl: str = "auto"
 
   @nn.compact
   def __call__(self, x):
@@ -181,7 +181,7 @@ class ResNet18GN(nn.Module):
   num_classes: int
   num_groups: int = 2
   widths: Sequence[int] = (64, 128, 256, 512)
-  conv_impl: str = "im2col"
+  conv_impl: str = "auto"
 
   @nn.compact
   def __call__(self, x):
