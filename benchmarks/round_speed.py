@@ -34,7 +34,7 @@ from fedjax_dp.round import CohortBatch, client_keys, compiled_step, mask_rows, 
 from fedjax_dp.config import make_config
 from fedjax_dp.data import FederatedData
 from fedjax_dp.experiment import client_blocks
-from fedjax_dp.models import CONV_IMPLS
+from fedjax_dp.models import COMPUTE_DTYPES, CONV_IMPLS
 from fedjax_dp.objectives import supervised
 
 SHAPES = {"cnn2": ((28, 28, 1), 62), "mlp": ((28, 28, 1), 10), "digits_cnn": ((8, 8, 1), 10),
@@ -173,7 +173,7 @@ def main(argv=None):
   p.add_argument("--conv-impl", default="auto", choices=CONV_IMPLS,
                  help="how convolutions are computed (default: auto, as fedjax-dp run)")
   p.add_argument("--skip-loop", action="store_true", help="skip the Python-loop baseline (large cohorts)")
-  p.add_argument("--compute-dtype", default="float32", choices=["float32", "bfloat16"])
+  p.add_argument("--compute-dtype", default="float32", choices=COMPUTE_DTYPES)
   p.add_argument("--skip-centralized", action="store_true",
                  help="skip the centralized-batch column (large cnn2 cohorts on a CPU)")
   p.add_argument("--client-chunk", type=int, default=None,
