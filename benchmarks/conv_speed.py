@@ -1,7 +1,8 @@
 """Milliseconds of one convolution layer's forward and backward pass, per implementation.
 
 For each shape (batch, H, W, C -> O, 3x3 kernel, stride 1) the jitted gradient of a scalar
-loss with respect to both the input and the kernel is timed for every ``--impls`` entry (the
+loss with respect to both the input and the kernel is timed (the loss, a squared distance to a
+fixed target, needs the layer's output, so its forward pass is timed too) for every ``--impls`` entry (the
 best of ``--repeats`` calls after a compiling one), and one JSON line is printed per shape with
 each implementation's milliseconds and ``im2col / <impl>`` ratios. It says where Winograd's
 F(4x4, 3x3) pays on this machine (see :func:`fedjax_dp.models.conv.conv2d`).
@@ -22,12 +23,16 @@ import jax.numpy as jnp
 
 from fedjax_dp.models import CONV_IMPLS, conv2d
 
-# (batch, H, W, C, O, padding): CNN-2-layers' two layers (batch 64, 28x28 EMNIST), then
-# ResNet-like stages and small layers.
+# (batch, H, W, C, O, padding): CNN-2-layers' two layers (batch 64, 28x28 EMNIST), ResNet-like
+# stages and small layers, ResNet-18's four CIFAR stages at batch 32, then layers with few
+# output tiles a batch (where conv_impl "auto" keeps im2col, fedjax_dp.models.conv.resolve_impl).
 SHAPES = [
     (64, 28, 28, 1, 32, "VALID"), (64, 26, 26, 32, 64, "VALID"),
     (32, 26, 26, 8, 32, "SAME"), (32, 16, 16, 16, 32, "SAME"), (32, 16, 16, 64, 64, "SAME"),
     (32, 8, 8, 128, 128, "SAME"), (32, 8, 8, 16, 32, "VALID"),
+    (32, 32, 32, 64, 64, "SAME"), (32, 16, 16, 128, 128, "SAME"), (32, 8, 8, 256, 256, "SAME"),
+    (32, 4, 4, 512, 512, "SAME"),
+    (8, 8, 8, 256, 256, "SAME"), (16, 8, 8, 256, 256, "SAME"), (64, 4, 4, 128, 128, "SAME"),
 ]
 TINY = [(2, 8, 8, 3, 4, "SAME"), (2, 9, 7, 4, 4, "VALID")]
 
@@ -42,7 +47,8 @@ def measure(shape, impls, repeats: int) -> dict:
   rec = {"shape": [b, h, w, c, o], "padding": padding}
   for impl in impls:
     grad = jax.jit(jax.grad(
-        lambda x, k, impl=impl: jnp.sum(conv2d(x, k, padding=padding, impl=impl) * r), (0, 1)))
+        lambda x, k, impl=impl: jnp.sum(jnp.square(conv2d(x, k, padding=padding, impl=impl) - r)),
+        (0, 1)))
     jax.block_until_ready(grad(x, k))
     best = float("inf")
     for _ in range(repeats):
