@@ -6,6 +6,7 @@ from typing import Optional
 
 from fedjax_dp.config import RunConfig
 from fedjax_dp.engine import RunResult, run
+from fedjax_dp.models import Model
 from fedjax_dp.round import check_devices, one_cpu_device
 
 
@@ -78,14 +79,15 @@ def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional
              output_dir=output_dir, tensorboard=tensorboard, progress=progress,
              config=recorded_config(config),
              placement=config.placement, on_round=on_round, release=release,
-             client_chunk=client_blocks(config, setup.program.model), devices=config.devices, checkpoint=checkpoint)
+             client_chunk=client_blocks(config, setup.program.model), devices=config.devices,
+             checkpoint=checkpoint)
 
 
 # Clients per block that the automatic choice aims at on one CPU device (benchmarks/RESULTS.md).
 CPU_BLOCK = 4
 
 
-def client_blocks(config: RunConfig, model) -> Optional[int]:
+def client_blocks(config: RunConfig, model: Model) -> Optional[int]:
   """Clients per vmapped block of the configuration's rounds (None: the whole cohort at once).
 
   ``client_chunk`` k >= 1 is k, 0 the whole cohort. Unset (automatic): on accelerators, and
