@@ -302,8 +302,8 @@ def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Seq
   output_dirs = list(output_dirs or [None] * len(configs))
   groups = {}
   for i, (c, setup) in enumerate(zip(configs, built)):
-    key = (id(setup.program), c.rounds, c.eval_every, c.placement, client_blocks(c, setup.program.model), c.devices,
-           _shape_key(datas[i]))
+    key = (id(setup.program), c.rounds, c.eval_every, c.placement,
+           client_blocks(c, setup.program.model), c.devices, _shape_key(datas[i]))
     groups.setdefault(key, []).append(i)
   check(group_size is None or group_size >= 1, "group_size", group_size, "must be >= 1")
   if group_size is not None:
@@ -318,7 +318,9 @@ def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Seq
                    for i in members]
     done = run_group(built[members[0]].program, experiments, first.rounds,
                      eval_every=first.eval_every, progress=progress, placement=first.placement,
-                     release=release, client_chunk=client_blocks(first, built[members[0]].program.model), devices=first.devices)
+                     release=release,
+                     client_chunk=client_blocks(first, built[members[0]].program.model),
+                     devices=first.devices)
     for i, res in zip(members, done):
       results[i] = res
     records.append({"experiments": list(members), "seconds": time.perf_counter() - tg,
