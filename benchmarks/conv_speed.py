@@ -1,10 +1,10 @@
 """Milliseconds of one convolution layer's forward and backward pass, per implementation.
 
 For each shape (batch, H, W, C -> O, 3x3 kernel, stride 1) the jitted gradient of a scalar
-loss with respect to both the input and the kernel is timed (the loss, a squared distance to a
-fixed target, needs the layer's output, so its forward pass is timed too) for every ``--impls`` entry (the
-best of ``--repeats`` calls after a compiling one), and one JSON line is printed per shape with
-each implementation's milliseconds and ``im2col / <impl>`` ratios. It says where Winograd's
+loss with respect to both the input and the kernel is timed for every ``--impls`` entry (the
+best of ``--repeats`` calls after a compiling one; the loss, a squared distance to a fixed
+target, needs the layer's output, so the forward pass is timed too), and one JSON line is
+printed per shape with each implementation's milliseconds and ``im2col / <impl>`` ratios. It says where Winograd's
 F(4x4, 3x3) pays on this machine (see :func:`fedjax_dp.models.conv.conv2d`).
 
 Example:
