@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from fedjax_dp.config import RunConfig
 from fedjax_dp.engine import RunResult, run
-from fedjax_dp.models import Model
 from fedjax_dp.round import check_devices, one_cpu_device
+
+if TYPE_CHECKING:  # an annotation only: importing the models (and flax) waits for their use
+  from fedjax_dp.models import Model
 
 
 def load_data(config: RunConfig):
