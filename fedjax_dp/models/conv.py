@@ -6,8 +6,8 @@ gradient, a transposed conv, and the weight gradient, a conv with the batch as
 contraction dim and a large "kernel") into naive loop convolutions
 (jax-ml/jax#12868): about 3 s per CNN-2-layers step of batch 64 in a scan
 against 0.13 s in a Python loop. Three replacements stay on the fast path,
-and ``impl="auto"`` (the default) chooses between the first two per layer
-(:func:`resolve_impl`):
+and ``impl="auto"`` (the default) chooses between im2col and Winograd per
+layer (:func:`resolve_impl`):
 
 * ``impl="im2col"``: the padded input is cut into ``kh * kw`` shifted
   (and, for strides, strided) static slices, concatenated on the channel axis
