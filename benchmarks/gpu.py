@@ -7,8 +7,10 @@ stopped early keeps what it finished):
   only) for CNN-2-layers (``cnn2``, Q = 30, batch 64) and ResNet-18-GN
   (``resnet18_gn``, 32x32x3, Q = 5, batch 32, in blocks of 50 clients) at 100
   and 1,000 clients per round, each with ``--compute-dtype`` float32 and
-  bfloat16, and ``cnn2`` at 100 clients with ``--conv-impl winograd``
-  (float32; the fastest convolution on a CPU, unmeasured on accelerators);
+  bfloat16, and ``cnn2`` at 100 clients with ``--conv-impl winograd`` and
+  ``lax`` (float32; the default, ``auto``, is im2col on accelerators: these
+  two lines say whether Winograd, the fastest on a CPU, or XLA's own
+  convolution beats it there);
 * ``sweep``: 8 experiments (clip x noise multiplier) of ``cnn2`` at 100
   clients per round as one vmapped program (:func:`fedjax_dp.sweep.sweep`),
   timed after a one-round run that compiles it.
@@ -92,8 +94,8 @@ def main(argv=None):
   first, *rest = sizes["models"]
   jobs = [lambda s=first, c=c, d=d: measure_round(s, c, d, sizes["repeats"])
           for c in sizes["clients"] for d in DTYPES]
-  jobs.append(lambda: measure_round(first, sizes["clients"][0], "float32", sizes["repeats"],
-                                    "winograd"))
+  jobs += [lambda impl=impl: measure_round(first, sizes["clients"][0], "float32",
+                                           sizes["repeats"], impl) for impl in ("winograd", "lax")]
   jobs.append(lambda: measure_sweep(*sizes["sweep"]))  # before the largest model
   jobs += [lambda s=s, c=c, d=d: measure_round(s, c, d, sizes["repeats"])
            for s in rest for c in sizes["clients"] for d in DTYPES]

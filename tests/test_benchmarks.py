@@ -46,7 +46,8 @@ def test_gpu_benchmark_runs_every_measurement_at_its_tiny_size(capsys):
   rounds = [r for r in records if r["kind"] == "round"]
   assert [(r["model"], r["compute_dtype"], r["conv_impl"]) for r in rounds] == [
       ("digits_cnn", "float32", "im2col"), ("digits_cnn", "bfloat16", "im2col"),
-      ("digits_cnn", "float32", "winograd"), ("mlp", "float32", "im2col"),
+      ("digits_cnn", "float32", "winograd"), ("digits_cnn", "float32", "lax"),
+      ("mlp", "float32", "im2col"),
       ("mlp", "bfloat16", "im2col")]
   assert all(r["client_steps_per_s"] > 0 for r in rounds)
   (swept,) = [r for r in records if r["kind"] == "sweep"]

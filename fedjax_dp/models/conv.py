@@ -29,7 +29,8 @@ layer (:func:`resolve_impl`):
   selects. Every other kernel size or stride falls back to im2col. Its
   rounding error is larger than im2col's (about 1e-6 relative in float32).
 * ``impl="lax"``: ``lax.conv_general_dilated`` with default autodiff (the
-  reference, and the right choice on accelerators).
+  reference; on accelerators unmeasured against im2col, which ``auto`` uses
+  there and the H200 numbers of benchmarks/RESULTS.md were taken with).
 
 All four compute the same function (tested to float32 rounding).
 
