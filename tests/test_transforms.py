@@ -74,6 +74,21 @@ def test_noise_stddev_matches(jit):
   assert abs(flat.std() / s - 1) < 6 / np.sqrt(2 * n)
 
 
+def test_one_draw_cut_into_leaves_keeps_shapes_dtypes_and_independence():
+  """gaussian_like draws all coordinates at once and cuts them into the leaves: two leaves of
+  the same shape get different, uncorrelated noise, each of the right scale, in its own dtype."""
+  from fedjax_dp.transforms import gaussian_like
+  tree = {"a": jnp.zeros((40, 50)), "b": jnp.zeros((40, 50)), "c": jnp.zeros((7,), jnp.bfloat16)}
+  noise = gaussian_like(tree, 2.0, jax.random.PRNGKey(3))
+  assert {k: (v.shape, v.dtype) for k, v in noise.items()} == {
+      k: (v.shape, v.dtype) for k, v in tree.items()}
+  a, b = np.ravel(noise["a"]), np.ravel(noise["b"])
+  assert abs(np.corrcoef(a, b)[0, 1]) < 6 / np.sqrt(a.size)
+  for x in (a, b):
+    assert abs(x.std() / 2.0 - 1) < 6 / np.sqrt(2 * x.size)
+  assert gaussian_like({}, 1.0, jax.random.PRNGKey(0)) == {}
+
+
 def test_noise_depends_on_key_and_chain_salts_are_independent():
   zeros = {"w": jnp.zeros((500,))}
   a = _apply(add_gaussian_noise(1.0), zeros, jax.random.PRNGKey(0))["w"]

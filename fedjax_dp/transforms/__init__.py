@@ -22,6 +22,7 @@ from fedjax_dp.transforms.core import (
     global_norm,
     identity,
     salted,
+    sample_like,
 )
 from fedjax_dp.transforms.per_example import (
     DPArgs,
@@ -35,4 +36,4 @@ from fedjax_dp.transforms.sparsify import sparsify_by_utility
 
 __all__ = ["DPArgs", "add_gaussian_noise", "clip_factors", "clip_l2", "dp_args", "dp_gradient",
            "gaussian_like", "global_norm", "identity", "per_example_grads", "plain_gradient",
-           "salted", "sparsify_by_utility"]
+           "salted", "sample_like", "sparsify_by_utility"]

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from fedjax_dp.errors import check, check_positive
@@ -24,13 +27,21 @@ def salted(key: jax.Array, salt: int) -> jax.Array:
   return jax.random.fold_in(key, salt)
 
 
-def gaussian_like(tree, stddev, key: jax.Array):
-  """Independent N(0, stddev^2) noise shaped like ``tree`` (one key per leaf)."""
+def sample_like(tree, sample: Callable, key: jax.Array):
+  """``sample(key, (n,))`` for all ``n`` coordinates of ``tree`` in one draw, cut into its
+  leaves' shapes. One draw compiles one random-number computation where a draw per leaf
+  compiles one per leaf (the quickstart's round: 4.0-4.4 s of compilation against 6.9-7.5 s)."""
   leaves, treedef = jax.tree_util.tree_flatten(tree)
-  keys = jax.random.split(key, len(leaves))
-  noise = [stddev * jax.random.normal(k, x.shape, jnp.float32).astype(x.dtype)
-           for k, x in zip(keys, leaves)]
-  return jax.tree_util.tree_unflatten(treedef, noise)
+  sizes = [x.size for x in leaves]
+  parts = jnp.split(sample(key, (sum(sizes),)), np.cumsum(sizes)[:-1])
+  return jax.tree_util.tree_unflatten(treedef, [p.reshape(x.shape) for p, x in zip(parts, leaves)])
+
+
+def gaussian_like(tree, stddev, key: jax.Array):
+  """Independent N(0, stddev^2) noise shaped like ``tree`` (:func:`sample_like`), in each
+  leaf's dtype."""
+  noise = sample_like(tree, lambda k, shape: stddev * jax.random.normal(k, shape, jnp.float32), key)
+  return jax.tree_util.tree_map(lambda n, x: n.astype(x.dtype), noise, tree)
 
 
 def identity() -> optax.GradientTransformationExtraArgs:

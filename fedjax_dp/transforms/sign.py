@@ -27,7 +27,7 @@ import optax
 
 from fedjax_dp.errors import check, check_choice
 from fedjax_dp.transforms.core import (SALT_SIGN_FLIP, SALT_SIGN_GAUSSIAN, clip_l2, gaussian_like,
-                                       salted)
+                                       salted, sample_like)
 
 NORMS = ("linf", "l2")
 
@@ -66,11 +66,11 @@ def sign_flip(keep_prob: float) -> optax.GradientTransformationExtraArgs:
 
   def update(updates, state, params=None, *, key, **extra):
     del params, extra
-    leaves, treedef = jax.tree_util.tree_flatten(updates)
-    keys = jax.random.split(salted(key, SALT_SIGN_FLIP), len(leaves))
-    out = [paper_sign(u) * jnp.where(jax.random.bernoulli(k, keep_prob, u.shape), 1.0, -1.0).astype(u.dtype)
-           for k, u in zip(keys, leaves)]
-    return jax.tree_util.tree_unflatten(treedef, out), state
+    keep = sample_like(updates, lambda k, shape: jax.random.bernoulli(k, keep_prob, shape),
+                       salted(key, SALT_SIGN_FLIP))
+    out = jax.tree_util.tree_map(
+        lambda u, kept: paper_sign(u) * jnp.where(kept, 1.0, -1.0).astype(u.dtype), updates, keep)
+    return out, state
 
   return _stateless(update)
 
