@@ -41,7 +41,6 @@ import jax.numpy as jnp
 from jax.scipy.special import ndtri
 
 from fedjax_dp.errors import check, check_choice
-from fedjax_dp.transforms.core import gaussian_like
 
 ATTACKS = ("none", "gaussian", "sign_flip", "sample_duplication", "alie", "ipm", "nonfinite")
 KNOWLEDGE = ("released", "omniscient")
@@ -107,7 +106,13 @@ def gaussian(sigma: float = 1e4) -> Attack:
 
   def attack(updates, byz, key, mask=None):
     del mask
-    return _replace(updates, byz, gaussian_like(updates, sigma, key))
+    # A draw per leaf, not one for the tree (transforms.sample_like): the rows are the stacked
+    # cohort, padded to a multiple of the device count, and a row's values must not depend on
+    # that padding (per leaf they do not: a row's counters are its index in the leaf).
+    leaves, treedef = jax.tree_util.tree_flatten(updates)
+    keys = jax.random.split(key, len(leaves))
+    noise = [sigma * jax.random.normal(k, u.shape, jnp.float32) for k, u in zip(keys, leaves)]
+    return _replace(updates, byz, jax.tree_util.tree_unflatten(treedef, noise))
   return Attack("gaussian", False, attack)
 
 
