@@ -35,6 +35,16 @@ def test_conv_speed_times_every_implementation_at_a_tiny_size(capsys):
     _load("conv_speed").main(["--impls", "fft"])
 
 
+@pytest.mark.slow  # about 17 s, most of it the baseline search: `make test-slow`
+def test_calibration_speed_compares_both_searches_at_a_tiny_size(capsys):
+  _load("calibration_speed").main(["--tiny"])
+  (r,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+  assert r["epsilon"] <= r["target_epsilon"] < r["epsilon_at_minus_1e-4"]
+  assert r["epsilon_ledger_grid_only"] <= r["target_epsilon"]
+  assert abs(r["noise_multiplier"] - r["noise_multiplier_ledger_grid_only"]) < 3e-4
+  assert r["library_s"] > 0 and r["ledger_grid_only_over_library"] > 0
+
+
 @pytest.mark.slow  # about 40 s of compilation: `make test-slow`
 def test_gpu_benchmark_runs_every_measurement_at_its_tiny_size(capsys):
   sys.path.insert(0, str(BENCH))  # gpu.py imports round_speed as its sibling

@@ -70,7 +70,7 @@ def test_accounting_failure_is_refused_before_training(monkeypatch, capsys, tmp_
   monkeypatch.setattr(ledger, "_event_pld", out_of_memory)
   monkeypatch.setattr("fedjax_dp.experiment.run", trains)
   out = tmp_path / "o"
-  # A given noise multiplier: calibrating one to the target epsilon by PLD takes 30 s here.
+  # A given noise multiplier: calibrating one to the target epsilon by PLD takes seconds.
   assert main(["run", *TINY, "--accountant", "pld", "--noise-multiplier", "1",
                "--output-dir", str(out)]) == 2
   err = capsys.readouterr().err.strip()

@@ -8,7 +8,9 @@ from dp_accounting import pld, rdp
 
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.privacy import GaussianSumMechanism, NonPrivate, PrivacyLedger, calibrate_noise_multiplier
+from fedjax_dp.privacy import mechanisms
 from fedjax_dp.privacy.accounting import LedgerAccounting
+from fedjax_dp.privacy.ledger import epsilon_for
 
 
 def _direct(event, count, delta, accountant):
@@ -85,6 +87,20 @@ def test_calibration_round_trips(sampling, kw):
   led2 = PrivacyLedger(1e-5, relation=mech.relation)
   led2.compose(GaussianSumMechanism(1.0, 0.97 * z, sampling=sampling, **kw).round_event(), 200)
   assert led2.epsilon() > 3.0
+
+
+@pytest.mark.parametrize("coarse", [None, 1e-2])
+def test_pld_calibration_is_exact_on_the_ledgers_grid_whatever_the_coarse_search_finds(
+    monkeypatch, coarse):
+  # The first search runs on a coarser grid of privacy losses. On the default grid its answer is
+  # the exact one here; on 1e-2 (10x coarser) it lands 5e-3 above it, and the steps down and
+  # the bisection on the ledger's grid find it.
+  if coarse is not None:
+    monkeypatch.setattr(mechanisms, "COARSE_PLD_INTERVAL", coarse)
+  event = lambda z: mechanisms.gaussian_round_event(z, "poisson", 0.1)
+  z = mechanisms.calibrate(event, 300, "add_remove", 4.0, 1e-5, "pld")
+  assert epsilon_for(event(z), 300, 1e-5, "pld") <= 4.0
+  assert epsilon_for(event(z - 1e-4), 300, 1e-5, "pld") > 4.0
 
 
 def test_nonprivate_reports_no_epsilon():

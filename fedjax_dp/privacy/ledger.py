@@ -21,6 +21,10 @@ from dp_accounting import pld, rdp
 from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit
 
 ACCOUNTANTS = ("rdp", "pld")
+# dp_accounting's default grid of privacy-loss values for the PLD accountant.
+PLD_INTERVAL = 1e-4
+# The grid of calibration's first search (:func:`fedjax_dp.privacy.mechanisms.calibrate`).
+COARSE_PLD_INTERVAL = 1e-3
 
 
 # What dp_accounting raises when a setting is beyond its arithmetic: a noise multiplier whose
@@ -58,14 +62,20 @@ _RELATIONS = {
 }
 
 
-def make_accountant(accountant: str = "rdp", relation: str = "add_remove"):
-  """A fresh dp_accounting accountant for ``relation`` ("add_remove" or "replace_one")."""
+def make_accountant(accountant: str = "rdp", relation: str = "add_remove",
+                    pld_interval: float = PLD_INTERVAL):
+  """A fresh dp_accounting accountant for ``relation`` ("add_remove" or "replace_one").
+
+  ``pld_interval`` is the PLD accountant's ``value_discretization_interval``:
+  every epsilon the ledger reports uses dp_accounting's default,
+  :data:`PLD_INTERVAL`; only calibration's first search asks for a coarser one.
+  """
   check_choice("accountant", accountant, ACCOUNTANTS)
   check_choice("neighbouring relation", relation, tuple(_RELATIONS))
   rel = _RELATIONS[relation]
   if accountant == "rdp":
     return rdp.RdpAccountant(neighboring_relation=rel)
-  return pld.PLDAccountant(neighboring_relation=rel)
+  return pld.PLDAccountant(neighboring_relation=rel, value_discretization_interval=pld_interval)
 
 
 @attr.s(frozen=True, slots=True, auto_attribs=True)
