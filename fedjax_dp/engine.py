@@ -4,7 +4,8 @@
 
   host (NumPy)                          device (one jitted function)
   sample cohort -> padded ids + mask -> gather client rows, program.round_step
-  accounting.on_round(cohort)  <-       metrics -> metrics.jsonl, progress bar
+  accounting.on_round(cohort)           (while the round runs)
+  metrics.jsonl, progress bar   <-      metrics
 
 The *program* is a :class:`fedjax_dp.round.Round` (the static structure of
 the one round) run with its ``hparams``: the jitted step is
@@ -440,17 +441,21 @@ class _Log:
     self.norms = [] if self.out_dir is not None and release == "all" else None
     self.writer = None
 
-  def round(self, r: int, metrics: dict, cohort, evaluation, seconds: float) -> dict:
-    released, diag = summarize_round(metrics, self.clip, self.released_metrics)
-    rec = {"round": r + 1, **released}
+  def account(self, cohort) -> dict:
+    """Composes a round of ``cohort`` in the experiment's accounting and returns the epsilon
+    fields of its record (none without accounting). A round's privacy cost depends on its
+    cohort's draw, never on its results, so :func:`run_group` asks while the round runs."""
     accounting = self.e.accounting
-    if accounting is not None:
-      accounting.on_round(cohort)
-      rep = accounting.report()
-      rec["epsilon"] = rep.get("epsilon")
-      for k, v in rep.items():
-        if k.startswith("epsilon_"):
-          rec[k] = v
+    if accounting is None:
+      return {}
+    accounting.on_round(cohort)
+    rep = accounting.report()
+    return {"epsilon": rep.get("epsilon"),
+            **{k: v for k, v in rep.items() if k.startswith("epsilon_")}}
+
+  def round(self, r: int, metrics: dict, accounted: dict, evaluation, seconds: float) -> dict:
+    released, diag = summarize_round(metrics, self.clip, self.released_metrics)
+    rec = {"round": r + 1, **released, **accounted}
     if evaluation is not None:
       self.accuracy, self.loss = evaluation
       rec["test_accuracy"], rec["test_loss"] = self.accuracy, self.loss
@@ -724,7 +729,9 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
       t0 = time.perf_counter()
       cohorts, ready = pending if pending is not None else prepare()
       state, metrics = call(state, ready, [jax.random.fold_in(k_run, r) for _, k_run in keys])
-      # The step runs asynchronously: the next cohort is drawn, gathered and sent meanwhile.
+      # The step runs asynchronously: its privacy cost is accounted, and the next cohort drawn,
+      # gathered and sent, meanwhile.
+      accounted = [log.account(c) for log, c in zip(logs, cohorts)]
       pending = prepare() if prefetch and r + 1 < rounds else None
       metrics = jax.device_get(metrics)
       seconds = time.perf_counter() - t0
@@ -734,10 +741,10 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
         evaluation = (np.atleast_1d(acc), np.atleast_1d(tl))
       if first_round_s is None:
         first_round_s = seconds
-      for i, (log, cohort) in enumerate(zip(logs, cohorts)):
+      for i, log in enumerate(logs):
         m = metrics if single else jax.tree_util.tree_map(lambda a: a[i], metrics)
         ev = None if evaluation is None else (float(evaluation[0][i]), float(evaluation[1][i]))
-        log.round(r, m, cohort, ev, seconds)
+        log.round(r, m, accounted[i], ev, seconds)
       if checkpoint is not None:
         checkpoint.after_round(r + 1, rounds, state, experiments[0], logs[0])
       if bar is not None:
