@@ -254,15 +254,22 @@ class PrivacyLedger:
     return eps if math.isfinite(eps) else math.inf
 
   def _epsilon(self, target: float) -> float:
-    if self.accountant == "rdp":
-      curve = sum(c * _event_rdp(e, self.relation) for e, c in self._runs)
-      return float(rdp.rdp_privacy_accountant.compute_epsilon(
-          rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS, curve, target)[0])
-    plds = [_event_pld(e, self.relation) for e, _ in self._runs]
-    if any(p is None for p in plds):
-      return math.inf
-    total = None
-    for p, (_, c) in zip(plds, self._runs):
-      p = p.self_compose(c) if c > 1 else p
-      total = p if total is None else total.compose(p)
-    return float(total.get_epsilon_for_delta(target))
+    return _composed_epsilon(tuple((e, c) for e, c in self._runs), self.relation,
+                             self.accountant, target)
+
+
+@functools.lru_cache(maxsize=1024)  # the seeds of a sweep's setting ask it in the same round
+def _composed_epsilon(runs: tuple, relation: str, accountant: str, target: float) -> float:
+  """Epsilon at ``target`` of ``runs`` (``(event, count)`` pairs) composed in order."""
+  if accountant == "rdp":
+    curve = sum(c * _event_rdp(e, relation) for e, c in runs)
+    return float(rdp.rdp_privacy_accountant.compute_epsilon(
+        rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS, curve, target)[0])
+  plds = [_event_pld(e, relation) for e, _ in runs]
+  if any(p is None for p in plds):
+    return math.inf
+  total = None
+  for p, (_, c) in zip(plds, runs):
+    p = p.self_compose(c) if c > 1 else p
+    total = p if total is None else total.compose(p)
+  return float(total.get_epsilon_for_delta(target))
