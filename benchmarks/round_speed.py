@@ -98,7 +98,7 @@ def measure(model, clients: int, local_steps: int, batch: int, examples: int, re
   setup = build_dp_fedavg(config, data)
   program = setup.program
   if chunk == "auto":
-    chunk = client_blocks(config, program.model)
+    chunk = client_blocks(config, program.model, program.model_batch)
   hp = {k: jnp.asarray(v) for k, v in setup.hparams.items()}
   state = program.init(jax.random.PRNGKey(0), hp)
   ids = jnp.arange(clients, dtype=jnp.int32)

@@ -528,6 +528,7 @@ class _Log:
     outputs.write_atomic(self.out_dir / outputs.NORMS, write)
 
   def finish(self, program, state, rounds: int, timing: dict) -> RunResult:
+    from fedjax_dp.round import traced_conv_layers
     e = self.e
     summary = {
         "final_accuracy": self.accuracy,
@@ -544,8 +545,10 @@ class _Log:
     summary["params_sha256"] = params_sha256(state.params)
     summary.update(provenance(program.model, state, e.data))
     summary["data"]["partition"] = run_provenance.partition(e.config)
-    # How the rounds ran: clients per vmapped block (None: the whole cohort at once).
-    summary["provenance"] = dict(run_provenance.environment(), client_block=self.client_block)
+    # How the rounds ran: clients per vmapped block (None: the whole cohort at once), and the
+    # implementation of each convolution layer as the compiled round traced it.
+    summary["provenance"] = dict(run_provenance.environment(), client_block=self.client_block,
+                                 conv_layers=traced_conv_layers(program))
     covered = ({"summary": list(SUMMARY_COVERED),
                 "metrics_rows": list(ROW_COVERED) + list(self.released_metrics)}
                if _any_guarantee(summary) else

@@ -81,7 +81,7 @@ def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional
              output_dir=output_dir, tensorboard=tensorboard, progress=progress,
              config=recorded_config(config),
              placement=config.placement, on_round=on_round, release=release,
-             client_chunk=client_blocks(config, setup.program.model), devices=config.devices,
+             client_chunk=client_blocks(config, setup.program.model, setup.program.model_batch), devices=config.devices,
              checkpoint=checkpoint)
 
 
@@ -89,7 +89,8 @@ def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional
 CPU_BLOCK = 4
 
 
-def client_blocks(config: RunConfig, model: Model) -> Optional[int]:
+def client_blocks(config: RunConfig, model: Model, model_batch: Optional[int] = None
+                  ) -> Optional[int]:
   """Clients per vmapped block of the configuration's rounds (None: the whole cohort at once).
 
   ``client_chunk`` k >= 1 is k, 0 the whole cohort. Unset (automatic): on accelerators, and
@@ -101,7 +102,9 @@ def client_blocks(config: RunConfig, model: Model) -> Optional[int]:
   layers runs by Winograd (:meth:`fedjax_dp.models.Model.conv_impls` at the configuration's
   batch size), blocks of one client: its tile transforms' intermediates slow every client down
   when several share a block (CNN-2-layers, 10 clients: 9.7 s a round in blocks of 1, 11.7 s
-  in blocks of 2, 16.0 s in blocks of 5, benchmarks/RESULTS.md). The choice depends on the
+  in blocks of 2, 16.0 s in blocks of 5, benchmarks/RESULTS.md); ``model_batch``
+  (:attr:`fedjax_dp.round.Round.model_batch`) replaces the batch size where the clients apply
+  the model to fewer examples at once (DP-SGD: one). The choice depends on the
   configuration, its model and the platform only, so a sweep's experiment and its single run
   agree.
   """
@@ -109,7 +112,7 @@ def client_blocks(config: RunConfig, model: Model) -> Optional[int]:
     return config.client_chunk or None
   if not one_cpu_device(config.devices):
     return None
-  if "winograd" in model.conv_impls(config.batch_size):
+  if "winograd" in model.conv_impls(model_batch or config.batch_size):
     return 1
   if config.sampling != "fixed":
     return CPU_BLOCK

@@ -31,8 +31,10 @@ for the same structure (see :func:`fedjax_dp.algorithms.cached_round`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import weakref
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
@@ -204,6 +206,9 @@ class Round:
     metrics: ``(state, new_params, out, sent, mask, hp) -> dict`` of extra scalars, or None.
     released_metrics: metric names computed only from the released aggregate
       (see :mod:`fedjax_dp.engine`).
+    model_batch: examples the client's step applies the model to at once, when not the
+      configuration's batch size (DP-SGD's per-example gradients: 1); the convolutions it
+      runs are predicted from it (:func:`fedjax_dp.experiment.client_blocks`).
   """
 
   model: Any
@@ -223,6 +228,7 @@ class Round:
   attack_step: Callable = attack_uploads
   metrics: Optional[Callable] = None
   released_metrics: tuple = ("aggregate_norm",)
+  model_batch: Optional[int] = None
 
   def init(self, key: jax.Array, hparams: dict) -> RoundState:
     """The state before round 1 (the server optimizer's state, per-client rows, server state)."""
@@ -473,6 +479,26 @@ def _in_sequence(fn: Callable, in_axes: tuple) -> Callable:
   return mapped
 
 
+_CONV_LAYERS: "weakref.WeakKeyDictionary[Round, dict]" = weakref.WeakKeyDictionary()
+
+
+@contextlib.contextmanager
+def _recording_conv_layers(rnd: Round):
+  from fedjax_dp.models import conv_layers
+  with conv_layers() as found:
+    yield
+  _CONV_LAYERS[rnd] = found
+
+
+def traced_conv_layers(rnd: Round) -> dict:
+  """``layer path -> implementations`` of the convolutions ``rnd``'s compiled step runs, as
+  recorded when it was last traced (empty before, and for a model without :class:`Conv`
+  layers): what the clients' steps really run, e.g. im2col where DP-SGD's per-example
+  gradients give each layer one example, though ``conv_impl`` "auto" picks Winograd at the
+  configuration's batch size."""
+  return dict(_CONV_LAYERS.get(rnd, {}))
+
+
 @functools.lru_cache(maxsize=128)
 def compiled_step(rnd: Round, placement: str = "device", experiments: Optional[str] = None,
                   chunk: Optional[int] = None, devices: Optional[int] = None,
@@ -508,11 +534,13 @@ def compiled_step(rnd: Round, placement: str = "device", experiments: Optional[s
   name = None if experiments is None or in_sequence else EXPERIMENTS_AXIS
   if placement == "device":
     def fn(state, hp, arrays, ids, mask, key):
-      return step(rnd, state, hp, CohortBatch(None, None, None, ids, mask), key, data=arrays,
-                  chunk=chunk, axis_name=name)
+      with _recording_conv_layers(rnd):
+        return step(rnd, state, hp, CohortBatch(None, None, None, ids, mask), key, data=arrays,
+                    chunk=chunk, axis_name=name)
   else:
     def fn(state, hp, batch, key):
-      return step(rnd, state, hp, batch, key, chunk=chunk, axis_name=name)
+      with _recording_conv_layers(rnd):
+        return step(rnd, state, hp, batch, key, chunk=chunk, axis_name=name)
   if experiments is not None:
     if placement == "device":
       data = None if experiments == "shared" else DataSets(None, 0)

@@ -303,7 +303,8 @@ def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Seq
   groups = {}
   for i, (c, setup) in enumerate(zip(configs, built)):
     key = (id(setup.program), c.rounds, c.eval_every, c.placement,
-           client_blocks(c, setup.program.model), c.devices, _shape_key(datas[i]))
+           client_blocks(c, setup.program.model, setup.program.model_batch), c.devices,
+           _shape_key(datas[i]))
     groups.setdefault(key, []).append(i)
   check(group_size is None or group_size >= 1, "group_size", group_size, "must be >= 1")
   if group_size is not None:
@@ -316,10 +317,11 @@ def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Seq
     experiments = [Experiment(built[i].hparams, datas[i], built[i].sampler, configs[i].seed,
                               built[i].accounting, output_dirs[i], recorded_config(configs[i]))
                    for i in members]
-    done = run_group(built[members[0]].program, experiments, first.rounds,
+    program = built[members[0]].program
+    done = run_group(program, experiments, first.rounds,
                      eval_every=first.eval_every, progress=progress, placement=first.placement,
                      release=release,
-                     client_chunk=client_blocks(first, built[members[0]].program.model),
+                     client_chunk=client_blocks(first, program.model, program.model_batch),
                      devices=first.devices)
     for i, res in zip(members, done):
       results[i] = res

@@ -125,6 +125,7 @@ def test_automatic_blocks_on_one_cpu_device(monkeypatch):
   cnn2 = get_model("cnn2", (28, 28, 1), 62)         # auto: Winograd's second layer from batch 2
   assert client_blocks(base.replace(batch_size=64), cnn2) == 1
   assert client_blocks(base.replace(batch_size=1), cnn2) == 4
+  assert client_blocks(base.replace(batch_size=64), cnn2, model_batch=1) == 4  # DP-SGD
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   assert client_blocks(base, digits) is None and client_blocks(fixed(10), digits) is None
   assert client_blocks(base.replace(batch_size=64), cnn2) is None
@@ -132,3 +133,33 @@ def test_automatic_blocks_on_one_cpu_device(monkeypatch):
   tiny = dict(num_clients=40, rounds=1, local_steps=1, model="mlp", max_test=100)
   assert simulate(**tiny).summary["provenance"]["client_block"] == 4
   assert simulate(**tiny, client_chunk=0).summary["provenance"]["client_block"] is None
+
+
+@pytest.mark.parametrize("algorithm,extra,layers", [
+    ("dp_fedavg", dict(clip=0.5), {"Conv_0": ["im2col"], "Conv_1": ["winograd"]}),
+    # Per-example gradients: each layer sees one example, too few tiles for Winograd.
+    ("dp-fl", dict(), {"Conv_0": ["im2col"], "Conv_1": ["im2col"]}),
+])
+def test_the_round_records_the_convolutions_its_clients_run(algorithm, extra, layers):
+  """What the summary's provenance.conv_layers reports: each layer's implementation as the
+  compiled round traced it (conv_impl auto, CNN-2-layers, batch 16), and the automatic blocks
+  follow it (Winograd: blocks of one client)."""
+  from fedjax_dp.experiment import client_blocks
+  from fedjax_dp.round import traced_conv_layers
+  population = 8
+  data = FederatedData("synthetic", np.zeros((population, 16, 28, 28, 1), np.float32),
+                       np.zeros((population, 16), np.int32), np.full(population, 16, np.int32),
+                       np.zeros((4, 28, 28, 1), np.float32), np.zeros(4, np.int32), 62)
+  config = make_config(dataset="mnist", num_clients=population, model="cnn2", local_steps=1,
+                       batch_size=16, noise_multiplier=1.0, target_epsilon=None,
+                       algorithm=algorithm, **extra)
+  setup = build(config, data)
+  program = setup.program
+  hp = {k: jnp.asarray(v) for k, v in setup.hparams.items()}
+  state = jax.eval_shape(lambda: program.init(jax.random.PRNGKey(0), hp))
+  arrays = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (data.x, data.y, data.counts))
+  jax.eval_shape(compiled_step(program, "device", None, 1), state, hp, arrays,
+                 jnp.zeros(4, jnp.int32), jnp.ones(4, jnp.float32), jax.random.PRNGKey(0))
+  assert traced_conv_layers(program) == layers
+  winograd = any("winograd" in impls for impls in layers.values())
+  assert client_blocks(config, program.model, program.model_batch) == (1 if winograd else 4)

@@ -415,6 +415,8 @@ def test_summary_records_the_model_name_partition_and_provenance(tmp_path, capsy
   assert prov["packages"]["dp-accounting"] and prov["packages"]["flax"]
   assert prov["devices"] == {"platform": jax.devices()[0].platform,
                              "kind": jax.devices()[0].device_kind, "count": len(jax.devices())}
+  # conv_impl auto: digits_cnn's small layers run by im2col (as the compiled round traced them).
+  assert prov["conv_layers"] == {"Conv_0": ["im2col"], "Conv_1": ["im2col"]}
   head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=pathlib.Path(fedjax_dp.__file__).parent,
                         capture_output=True, text=True)
   if head.returncode == 0:

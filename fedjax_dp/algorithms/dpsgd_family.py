@@ -183,4 +183,6 @@ def dpsgd_round(model, num_clients: int, pieces: DPSGDPieces, *, local_train: Ca
       # The aggregate of the clients' DP-SGD deltas, and the thresholds, which the sound
       # variants set from noisy statistics only (see fedjax_dp.engine); published SP-FL sets them
       # from raw norms, so there they are diagnostics.
-      released_metrics=("aggregate_norm",) + (() if pieces.data_dependent_noise else ("clip_*",)))
+      released_metrics=("aggregate_norm",) + (() if pieces.data_dependent_noise else ("clip_*",)),
+      # Per-example gradients apply the model to one example at a time.
+      model_batch=1 if pieces.private else None)

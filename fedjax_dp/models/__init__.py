@@ -33,6 +33,7 @@ the papers they come from):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Any
@@ -124,18 +125,28 @@ class Model:
 @functools.lru_cache(maxsize=64)
 def _conv_impls(model: Model, batch: int, backend: str) -> frozenset:
   del backend  # a key of the cache: resolve_impl reads it
-  found = set()
+  params = jax.eval_shape(model.init, jax.random.key(0))
+  with conv_layers() as found:
+    jax.eval_shape(model.apply, params,
+                   jax.ShapeDtypeStruct((batch, *model.input_shape), jnp.float32))
+  return frozenset(impl for impls in found.values() for impl in impls)
+
+
+@contextlib.contextmanager
+def conv_layers():
+  """Records, while models are traced inside it, the implementation each :class:`Conv` layer
+  resolves (:func:`fedjax_dp.models.conv.resolve_impl` on the input it is traced with):
+  yields a dict ``layer path -> sorted list of implementations``, filled as layers run."""
+  found = {}
 
   def record(call, args, kwargs, context):
     if isinstance(context.module, Conv) and context.method_name == "__call__":
-      found.add(context.module.resolved_impl(args[0]))
+      path = "/".join(context.module.scope.path)
+      found[path] = sorted(set(found.get(path, [])) | {context.module.resolved_impl(args[0])})
     return call(*args, **kwargs)
 
-  params = jax.eval_shape(model.init, jax.random.key(0))
   with nn.intercept_methods(record):
-    jax.eval_shape(model.apply, params,
-                   jax.ShapeDtypeStruct((batch, *model.input_shape), jnp.float32))
-  return frozenset(found)
+    yield found
 
 
 @functools.partial(jax.jit, static_argnums=0)
