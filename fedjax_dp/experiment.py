@@ -81,7 +81,8 @@ def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional
              output_dir=output_dir, tensorboard=tensorboard, progress=progress,
              config=recorded_config(config),
              placement=config.placement, on_round=on_round, release=release,
-             client_chunk=client_blocks(config, setup.program.model, setup.program.model_batch), devices=config.devices,
+             client_chunk=client_blocks(config, setup.program.model, setup.program.model_batch),
+             devices=config.devices,
              checkpoint=checkpoint)
 
 
