@@ -186,6 +186,11 @@ class RunConfig:
   delta: float = _field(1e-5, "delta of the (epsilon, delta) guarantee, in (0, 1)")
   accountant: str = _field("rdp", "the privacy accountant (dp_accounting's RDP or PLD)",
                            _values("fedjax_dp.privacy.ledger", "ACCOUNTANTS"))
+  accounting_workers: Optional[int] = _field(
+      None, "pld accountant, user- or worker-level runs: worker processes that compute the "
+      "epsilon each round reports ahead of the rounds, with the same values (an int >= 0; 0: "
+      "in the run's own process; none: automatic, 0 on a CPU, whose cores run the rounds, "
+      "else one per core but one, at most 8); fedjax_dp.privacy.ahead")
   # Byzantine clients (the last `byzantine` ids) and the server's aggregator.
   byzantine: int = _field(0, "number of Byzantine clients, the last ids (an int in [0, "
                           "num_clients))")
@@ -251,6 +256,8 @@ class RunConfig:
           "must be an integer >= 1, 0 (the whole cohort at once) or none (automatic)")
     check(self.devices is None or self.devices >= 1, "devices", self.devices,
           "must be an integer >= 1 (or none: every device)")
+    check(self.accounting_workers is None or self.accounting_workers >= 0, "accounting_workers",
+          self.accounting_workers, "must be an integer >= 0 (or none: automatic)")
     check(self.local_steps >= 1, "local_steps", self.local_steps, "must be >= 1")
     check(self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1")
     self._check_choice("client_optimizer")

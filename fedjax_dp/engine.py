@@ -328,7 +328,7 @@ def run(program, data, sampler, rounds: int, *, hparams: Optional[dict] = None, 
         config: Optional[dict] = None, placement: str = "device",
         on_round: Optional[Callable[[dict], None]] = None, release: str = "all",
         client_chunk: Optional[int] = None, devices: Optional[int] = None,
-        checkpoint=None) -> RunResult:
+        checkpoint=None, accounting_workers: Optional[int] = None) -> RunResult:
   """Runs ``rounds`` federated rounds and returns the history and a summary.
 
   Args:
@@ -364,12 +364,32 @@ def run(program, data, sampler, rounds: int, *, hparams: Optional[dict] = None, 
     devices: split the cohort's clients over this many devices (default: all).
     checkpoint: a :class:`fedjax_dp.checkpoint.Checkpointer`: save the run every K
       rounds into ``output_dir/checkpoints/``, or resume it from there.
+    accounting_workers: worker processes computing a PLD run's per-round epsilons ahead of
+      its rounds (:mod:`fedjax_dp.privacy.ahead`; the same values); None: automatic (none on
+      a CPU).
   """
   experiment = Experiment(dict(hparams or {}), data, sampler, seed, accounting, output_dir, config,
                           on_round, tensorboard)
   return run_group(program, [experiment], rounds, eval_every=eval_every, progress=progress,
                    placement=placement, release=release, client_chunk=client_chunk,
-                   devices=devices, checkpoint=checkpoint)[0]
+                   devices=devices, checkpoint=checkpoint,
+                   accounting_workers=accounting_workers)[0]
+
+
+def _epsilons_ahead(experiments, rounds: int, requested: Optional[int]):
+  """Worker processes computing the epsilons the experiments' next ``rounds`` reports will
+  give, in round order (:class:`fedjax_dp.privacy.ahead.Ahead`), or None: no PLD ledger to
+  report from, or no workers (:func:`fedjax_dp.privacy.ahead.workers_for`)."""
+  from fedjax_dp.privacy.ahead import Ahead, workers_for
+  workers = workers_for(requested, jax.default_backend())
+  per_run = [e.accounting.upcoming(rounds) for e in experiments
+             if hasattr(e.accounting, "upcoming")]
+  per_run = [keys for keys in per_run if keys]
+  if not workers or not per_run:
+    return None
+  ahead = Ahead(workers)
+  ahead.submit([key for same_round in zip(*per_run) for key in same_round])
+  return ahead
 
 
 def group_mode(experiments) -> Optional[str]:
@@ -605,7 +625,7 @@ def _check_tensorboard(experiments) -> None:
 def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progress: bool = True,
               placement: str = "device", release: str = "all",
               client_chunk: Optional[int] = None, devices: Optional[int] = None,
-              checkpoint=None) -> list:
+              checkpoint=None, accounting_workers: Optional[int] = None) -> list:
   """Runs experiments that share one :class:`fedjax_dp.round.Round` as one compiled program.
 
   One experiment runs the round's jitted step; several run it ``vmap``-ed over
@@ -621,10 +641,13 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
   split over this many devices (default: every device JAX sees;
   :func:`fedjax_dp.round.compiled_step`); cohorts are padded with inert slots
   to a multiple of the device count. ``checkpoint``: one experiment only (a
-  group is not checkpointed).
+  group is not checkpointed). ``accounting_workers``: as :func:`run` (one set of workers for
+  the group; experiments that report the same epsilon share it).
   """
   check(rounds >= 1, "rounds", rounds, "must be >= 1")
   check(eval_every >= 1, "eval_every", eval_every, "must be >= 1")
+  check(accounting_workers is None or accounting_workers >= 0, "accounting_workers",
+        accounting_workers, "must be an integer >= 0 or unset")
   check_choice("placement", placement, PLACEMENTS)
   check_choice("release", release, RELEASES)
   check(len(experiments) >= 1, "experiments", len(experiments), "need at least one")
@@ -726,7 +749,9 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
     bar = tqdm(total=rounds, initial=start, unit="round", dynamic_ncols=True)
   t_start = time.perf_counter()
   first_round_s = None
+  ahead = None
   try:
+    ahead = _epsilons_ahead(experiments, rounds - start, accounting_workers)
     pending = None
     for r in range(start, rounds):
       t0 = time.perf_counter()
@@ -769,6 +794,8 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
       log.close()
     if checkpoint is not None:
       checkpoint.close()
+    if ahead is not None:
+      ahead.close()
   total = time.perf_counter() - t_start
   timing = {"seconds_total": total, "seconds_first_round": first_round_s,
             "seconds_per_round_after_first": None if first_round_s is None else
@@ -777,6 +804,8 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
     timing["resumed_from_round"] = start
   if not single:
     timing["experiments_in_group"] = len(experiments)
+  if ahead is not None:
+    timing["accounting_workers"] = ahead.workers
   return [log.finish(program, state if single else jax.tree_util.tree_map(lambda a: a[i], state),
                      rounds, timing)
           for i, log in enumerate(logs)]

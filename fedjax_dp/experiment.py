@@ -82,8 +82,8 @@ def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional
              config=recorded_config(config),
              placement=config.placement, on_round=on_round, release=release,
              client_chunk=client_blocks(config, setup.program.model, setup.program.model_batch),
-             devices=config.devices,
-             checkpoint=checkpoint)
+             devices=config.devices, checkpoint=checkpoint,
+             accounting_workers=config.accounting_workers)
 
 
 # Clients per block that the automatic choice aims at on one CPU device (benchmarks/RESULTS.md).

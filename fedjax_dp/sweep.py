@@ -283,7 +283,7 @@ def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Seq
   Every configuration is built on its data set (``datas[i]``) before anything runs (so a bad
   value stops the whole batch before compiling). Groups:
   the same :class:`fedjax_dp.round.Round`, rounds, evaluation period, placement, client chunk,
-  devices and data shapes
+  devices, accounting workers and data shapes
   (:func:`fedjax_dp.engine.run_group`). ``on_group(indices, results, setups)`` is called as
   each group ends (the :class:`fedjax_dp.algorithms.Setup` s it ran); ``log`` gets one line per
   group. ``group_size``: at most this many experiments per program (a larger group runs as
@@ -304,7 +304,7 @@ def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Seq
   for i, (c, setup) in enumerate(zip(configs, built)):
     key = (id(setup.program), c.rounds, c.eval_every, c.placement,
            client_blocks(c, setup.program.model, setup.program.model_batch), c.devices,
-           _shape_key(datas[i]))
+           c.accounting_workers, _shape_key(datas[i]))
     groups.setdefault(key, []).append(i)
   check(group_size is None or group_size >= 1, "group_size", group_size, "must be >= 1")
   if group_size is not None:
@@ -322,7 +322,7 @@ def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Seq
                      eval_every=first.eval_every, progress=progress, placement=first.placement,
                      release=release,
                      client_chunk=client_blocks(first, program.model, program.model_batch),
-                     devices=first.devices)
+                     devices=first.devices, accounting_workers=first.accounting_workers)
     for i, res in zip(members, done):
       results[i] = res
     records.append({"experiments": list(members), "seconds": time.perf_counter() - tg,

@@ -69,3 +69,12 @@ def test_sweep_speed_times_a_loop_of_run_processes_against_one_sweep_process():
   r = _load("sweep_speed").measure_cli(None, rounds=2, seeds=1, epsilons=(4.0, 8.0))
   assert r["cli_experiments"] == 2 and r["cli_loop_s"] > 0 and r["cli_sweep_s"] > 0
   assert r["cli_max_accuracy_difference"] < 1e-3  # each experiment equals its run
+
+
+@pytest.mark.slow  # about 15 s: `make test-slow`
+def test_accounting_speed_times_workers_against_none_at_a_tiny_size(capsys):
+  _load("accounting_speed").main(["--rounds", "3", "--workers", "1"])
+  base, helped = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+  assert (base["accounting_workers"], helped["accounting_workers"]) == (0, 1)
+  assert helped["same_epsilons_as_baseline"] and helped["final_epsilon"] == base["final_epsilon"]
+  assert helped["baseline_over_this_total"] > 0

@@ -476,6 +476,8 @@ INVALID = [
     ("target_epsilon", {"target_epsilon": 0, "noise_multiplier": None}),
     ("target_epsilon", {"target_epsilon": True, "noise_multiplier": None}),
     ("delta", {"delta": 1.0}), ("delta", {"delta": -1e-5}), ("accountant", {"accountant": "moments"}),
+    ("accounting_workers", {"accounting_workers": -1}),
+    ("accounting_workers", {"accounting_workers": 1.5}),
     ("byzantine", {"byzantine": 10 ** 6}), ("byzantine", {"byzantine": -1}), ("attack", {"attack": "boom"}),
     ("attacker_knowledge", {"attacker_knowledge": "x"}), ("aggregator", {"aggregator": "avg"}),
     ("seed", {"seed": -1}), ("seed", {"seed": 2 ** 70}), ("seed", {"seed": 1.5}),

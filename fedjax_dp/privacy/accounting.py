@@ -44,9 +44,22 @@ class LedgerAccounting:
   def load_state(self, state: dict) -> None:
     self.ledger.load_state(state["ledger"], [self._event])
 
+  def _accountable(self) -> bool:
+    """Whether the mechanism claims a formal guarantee for an event the accountant composes."""
+    return (bool(self.mechanism.formal_guarantee)
+            and not isinstance(self._event, dp_accounting.NonPrivateDpEvent))
+
+  def upcoming(self, rounds: int) -> list:
+    """What the reports after the next ``rounds`` rounds will ask the PLD accountant
+    (:mod:`fedjax_dp.privacy.ahead`); none when they give no epsilon or the accountant is RDP,
+    whose epsilon takes milliseconds."""
+    if (self.ledger.accountant != "pld" or not self._accountable()
+        or self.attacker_knowledge == "omniscient"):
+      return []
+    return self.ledger.upcoming(self._event, rounds)
+
   def report(self) -> dict:
-    formal = (bool(self.mechanism.formal_guarantee)
-              and not isinstance(self._event, dp_accounting.NonPrivateDpEvent))
+    formal = self._accountable()
     note = self.mechanism.guarantee_note
     if formal and self.attacker_knowledge == "omniscient":
       from fedjax_dp.attacks import OMNISCIENT_REASON

@@ -194,12 +194,20 @@ class PrivacyLedger:
     self.accountant = accountant
     self.relation = relation
     self._runs: list[list] = []  # [event, count]
+    self._last = None  # (key, epsilon) of the last epsilon reported
 
   def compose(self, event: dp_accounting.DpEvent, count: int = 1) -> None:
-    if self._runs and self._runs[-1][0] == event:
-      self._runs[-1][1] += count
-    else:
-      self._runs.append([event, count])
+    _extend(self._runs, event, count)
+
+  def upcoming(self, event: dp_accounting.DpEvent, rounds: int) -> list:
+    """The arguments of :func:`_composed_epsilon` that :meth:`epsilon` will ask after each of
+    the next ``rounds`` compositions of ``event`` (:mod:`fedjax_dp.privacy.ahead`)."""
+    runs = [list(r) for r in self._runs]
+    keys = []
+    for _ in range(rounds):
+      _extend(runs, event, 1)
+      keys.append(self._key(runs, self.delta))
+    return keys
 
   @property
   def rounds(self) -> int:
@@ -253,9 +261,38 @@ class PrivacyLedger:
       eps = self._epsilon(target)
     return eps if math.isfinite(eps) else math.inf
 
+  def _key(self, runs: list, target: float) -> tuple:
+    return tuple((e, c) for e, c in runs), self.relation, self.accountant, target
+
   def _epsilon(self, target: float) -> float:
-    return _composed_epsilon(tuple((e, c) for e, c in self._runs), self.relation,
-                             self.accountant, target)
+    key = self._key(self._runs, target)
+    if self._last is None or self._last[0] != key:
+      self._last = key, _ahead_or_composed(key)
+    return self._last[1]
+
+
+def _extend(runs: list, event: dp_accounting.DpEvent, count: int) -> None:
+  """Appends ``count`` compositions of ``event`` to ``runs`` (run-length encoded)."""
+  if runs and runs[-1][0] == event:
+    runs[-1][1] += count
+  else:
+    runs.append([event, count])
+
+
+def _ahead_or_composed(key: tuple) -> float:
+  """``_composed_epsilon(*key)``, a worker's value when one computed it ahead."""
+  ahead = AHEAD.get(key)
+  if ahead is not None:
+    try:
+      return ahead.result()
+    except Exception:  # pylint: disable=broad-except
+      pass  # a worker that failed or was stopped: the same function computes it here
+  return _composed_epsilon(*key)
+
+
+# Epsilons being computed ahead by worker processes (:class:`fedjax_dp.privacy.ahead.Ahead`):
+# the arguments of :func:`_composed_epsilon` -> a future of its value.
+AHEAD: dict = {}
 
 
 @functools.lru_cache(maxsize=1024)  # the seeds of a sweep's setting ask it in the same round

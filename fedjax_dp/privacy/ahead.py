@@ -1,0 +1,179 @@
+"""A PLD run's per-round epsilons, computed ahead of its rounds by worker processes.
+
+A run reports epsilon after every round. With the PLD accountant each report costs
+dp_accounting 0.1-0.7 s of one core (it self-composes the round's privacy loss distribution
+and reads epsilon off it, a pure-Python loop over the distribution: 0.11 s after 50 rounds
+of a sampled Gaussian, 0.57 s after 1,000), so on an accelerator, where a round takes
+milliseconds, the accounting sets the round rate. The event that
+:class:`fedjax_dp.privacy.accounting.LedgerAccounting` composes does not depend on the
+round's draw, so every epsilon the run will report is known when it starts
+(:meth:`fedjax_dp.privacy.ledger.PrivacyLedger.upcoming`): :class:`Ahead` hands them, in
+round order, to worker processes (:func:`main`: a fresh interpreter that imports the
+ledger and dp_accounting, never JAX or the caller's script),
+which compute each with the function the ledger calls itself
+(:func:`fedjax_dp.privacy.ledger._composed_epsilon`) on the same arguments. So a report is
+the same number with workers or without; the ledger takes a worker's value when it has one
+and computes it itself otherwise (a worker that fails or is stopped costs time, never a
+different value).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import pickle
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future
+from typing import Optional, Sequence
+
+from fedjax_dp.errors import check
+from fedjax_dp.privacy import ledger
+
+# Workers a run on an accelerator starts when it does not say (the rest of the cores stay free).
+MAX_AUTO_WORKERS = 8
+
+
+def workers_for(requested: Optional[int], platform: str) -> int:
+  """Worker processes for ``requested`` (None: automatic) on a JAX ``platform``.
+
+  Automatic: none on a CPU, whose cores run the rounds (a worker would take them from the
+  round, measured in benchmarks/RESULTS.md); elsewhere one per core but one, at most
+  :data:`MAX_AUTO_WORKERS`.
+  """
+  if requested is not None:
+    check(requested >= 0, "accounting_workers", requested, "must be an integer >= 0 or unset")
+    return requested
+  if platform == "cpu":
+    return 0
+  return max(0, min(MAX_AUTO_WORKERS, (os.cpu_count() or 1) - 1))
+
+
+class Ahead:
+  """``workers`` worker processes computing epsilons that a run's ledgers will report.
+
+  :meth:`submit` queues the arguments of ``_composed_epsilon`` (each computed once, however
+  many ledgers will ask for it: a sweep's seeds share theirs) and registers a future of each
+  in :data:`fedjax_dp.privacy.ledger.AHEAD`, where the ledger looks first; :meth:`close`
+  stops the workers and takes back what is left. ``computed``: how many values the workers
+  returned; ``workers``: how many there are.
+  """
+
+  def __init__(self, workers: int):
+    check(workers >= 1, "accounting_workers", workers, "must be >= 1 to start workers")
+    self._lock = threading.Lock()
+    self._keys = []
+    self._next = itertools.count()
+    self.computed = 0
+    self.workers = workers
+    self._workers = []
+    # The workers find this package where this process did (last, so it shadows nothing).
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    command = [sys.executable, "-c", f"import sys; sys.path.append({root!r}); "
+               f"import {__name__} as worker; worker.main()"]
+    for _ in range(workers):
+      proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL)
+      pending = {}  # task number -> future
+      reader = threading.Thread(target=self._read, args=(proc, pending), daemon=True)
+      reader.start()
+      self._workers.append((proc, pending, reader))
+
+  def submit(self, keys: Sequence[tuple]) -> None:
+    """Queues ``keys`` in this order, spread over the workers in turn."""
+    for key in keys:
+      if key in ledger.AHEAD:
+        continue
+      future = Future()
+      ledger.AHEAD[key] = future
+      self._keys.append(key)
+      task = next(self._next)
+      proc, pending, _ = self._workers[task % len(self._workers)]
+      with self._lock:
+        pending[task] = future
+      try:
+        pickle.dump((task, key), proc.stdin)
+        proc.stdin.flush()
+      except OSError:  # the worker is gone: the ledger computes this one itself
+        self._fail(pending, task)
+
+  def _read(self, proc, pending: dict) -> None:
+    """Sets each future as its worker answers; when the worker ends, fails what it left."""
+    try:
+      while True:
+        task, ok, value = pickle.load(proc.stdout)
+        with self._lock:
+          future = pending.pop(task)
+        if ok:
+          self.computed += 1
+          future.set_result(value)
+        else:
+          future.set_exception(RuntimeError(value))
+    except (EOFError, OSError, ValueError, pickle.UnpicklingError):
+      pass
+    with self._lock:
+      tasks = list(pending)
+    for task in tasks:
+      self._fail(pending, task)
+
+  def _fail(self, pending: dict, task: int) -> None:
+    with self._lock:
+      future = pending.pop(task, None)
+    if future is not None and not future.done():
+      future.set_exception(RuntimeError("the accounting worker stopped"))
+
+  def close(self) -> None:
+    """Stops the workers (their queued epsilons are not computed) and takes the futures
+    back out of :data:`fedjax_dp.privacy.ledger.AHEAD`."""
+    for proc, _, _ in self._workers:
+      proc.kill()
+    for proc, _, reader in self._workers:
+      proc.wait()
+      reader.join()  # it has read the end of the worker's answers
+      for pipe in (proc.stdin, proc.stdout):
+        with contextlib.suppress(OSError):
+          pipe.close()
+    for key in self._keys:
+      ledger.AHEAD.pop(key, None)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+
+def _serve(stdin, stdout) -> None:
+  """A worker: reads ``(task, key)`` pairs as they come and answers ``(task, ok, value)`` in
+  order (a reader thread keeps the pipe drained so the run never waits to queue work). It
+  exits as soon as its input ends: the run closed it, or ended."""
+  import queue
+  tasks = queue.Queue()
+
+  def read():
+    try:
+      while True:
+        tasks.put(pickle.load(stdin))
+    except (EOFError, OSError, pickle.UnpicklingError):
+      os._exit(0)  # pylint: disable=protected-access
+
+  threading.Thread(target=read, daemon=True).start()
+  while True:
+    task, key = tasks.get()
+    try:
+      with ledger.accounting(key[2]):
+        answer = (task, True, ledger._composed_epsilon(*key))  # pylint: disable=protected-access
+    except Exception as e:  # pylint: disable=broad-except
+      answer = (task, False, f"{type(e).__name__}: {e}")
+    pickle.dump(answer, stdout)
+    stdout.flush()
+
+
+def main() -> None:
+  """A worker process's entry (:class:`Ahead` starts it): answers on the original stdout;
+  anything a library prints goes to stderr instead."""
+  answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+  os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+  _serve(sys.stdin.buffer, answers)

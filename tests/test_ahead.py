@@ -1,0 +1,64 @@
+"""A PLD run's epsilons computed ahead by worker processes (fedjax_dp.privacy.ahead)."""
+
+import dp_accounting
+import pytest
+
+from fedjax_dp.experiment import simulate
+from fedjax_dp.privacy import ahead, ledger
+
+EVENT = dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(1.2))
+RUN = dict(rounds=4, eval_every=4, accountant="pld", noise_multiplier=1.2, target_epsilon=None,
+           num_clients=40, sampling_prob=0.05, local_steps=1, max_test=100)
+
+
+def _refuse_to_compute(*args):
+  raise AssertionError(f"the run's own process computed an epsilon: {args[1:]}")
+
+
+def test_a_run_reports_the_workers_epsilons_which_are_its_own(monkeypatch):
+  """Every epsilon of a run with workers equals the one its process computes without; with
+  workers its process computes none (the function it would call raises)."""
+  alone = simulate(**RUN, accounting_workers=0)
+  monkeypatch.setattr(ledger, "_composed_epsilon", _refuse_to_compute)
+  helped = simulate(**RUN, accounting_workers=2)
+  assert [r["epsilon"] for r in helped.history] == [r["epsilon"] for r in alone.history]
+  assert helped.summary["epsilon"] == alone.summary["epsilon"] > 0
+  assert helped.summary["diagnostics"]["accounting_workers"] == 2
+  assert "accounting_workers" not in alone.summary["diagnostics"]
+  assert not ledger.AHEAD  # the futures are taken back when the run ends
+
+
+def test_each_epsilon_is_computed_once_and_a_stopped_worker_changes_nothing():
+  """Keys asked twice (a sweep's seeds) are computed once; after the workers are stopped the
+  ledger computes what they left, the same values."""
+  first, second = (ledger.PrivacyLedger(1e-5, "pld") for _ in range(2))
+  keys = first.upcoming(EVENT, 3)
+  assert keys == second.upcoming(EVENT, 3) and len(set(keys)) == 3
+  with ahead.Ahead(1) as workers:
+    workers.submit(keys)
+    workers.submit(second.upcoming(EVENT, 3))
+    helped = []
+    for _ in range(3):
+      first.compose(EVENT)
+      second.compose(EVENT)
+      helped.append(first.epsilon())
+      assert second.epsilon() == helped[-1]
+    assert workers.computed == 3
+  assert not ledger.AHEAD
+  stopped = ahead.Ahead(1)
+  later = ledger.PrivacyLedger(1e-5, "pld")
+  stopped.submit(later.upcoming(EVENT, 3))
+  stopped.close()  # before any answer: nothing left to take
+  own = []
+  for _ in range(3):
+    later.compose(EVENT)
+    own.append(later.epsilon())
+  assert own == helped
+
+
+def test_workers_are_automatic_off_a_cpu_only():
+  assert ahead.workers_for(None, "cpu") == 0
+  assert 0 <= ahead.workers_for(None, "gpu") <= ahead.MAX_AUTO_WORKERS
+  assert ahead.workers_for(3, "cpu") == 3
+  with pytest.raises(Exception, match="accounting_workers"):
+    ahead.workers_for(-1, "gpu")
