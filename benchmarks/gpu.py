@@ -13,7 +13,11 @@ stopped early keeps what it finished):
   convolution beats it there);
 * ``sweep``: 8 experiments (clip x noise multiplier) of ``cnn2`` at 100
   clients per round as one vmapped program (:func:`fedjax_dp.sweep.sweep`),
-  timed after a one-round run that compiles it.
+  timed after a one-round run that compiles it;
+* ``accounting``: 100 rounds of a PLD run whose round takes milliseconds
+  (``accounting_speed.measure``) with no accounting workers and with the
+  automatic number (:func:`fedjax_dp.privacy.ahead.workers_for`: one per core but
+  one, at most 8).
 
 Inputs are random (``round_speed.synthetic_data``); speed does not depend on
 pixel values. ``--tiny`` runs the same code paths with small models
@@ -21,7 +25,7 @@ pixel values. ``--tiny`` runs the same code paths with small models
 whose 20 layers take over a minute to compile on a CPU at any width) and 2
 clients, in about a minute on a CPU.
 
-  python benchmarks/gpu.py > h200_gpu.jsonl        # one H200: about 8 minutes
+  python benchmarks/gpu.py > h200_gpu.jsonl        # one H200: about 9 minutes
   python benchmarks/gpu.py --tiny                  # the smoke test
 """
 
@@ -32,6 +36,7 @@ import json
 import sys
 import time
 
+from accounting_speed import measure as measure_accounting
 from round_speed import measure, synthetic_data
 
 from fedjax_dp.config import make_config
@@ -49,9 +54,10 @@ def plan(tiny: bool) -> dict:
     mlp = get_model("mlp", (8, 8, 1), 10, hidden=(8,))
     return {"models": [(get_model("digits_cnn", (8, 8, 1), 10), 1, 2, 4, None),
                        (mlp, 1, 2, 4, 1)], "clients": (2,), "repeats": 1,
-            "sweep": (mlp, 2, 1, 2, 4)}
+            "sweep": (mlp, 2, 1, 2, 4), "accounting_rounds": 3}
   return {"models": [("cnn2", 30, 64, 128, 500), ("resnet18_gn", 5, 32, 64, 50)],
-          "clients": (100, 1000), "repeats": 2, "sweep": ("cnn2", 100, 3, 30, 64)}
+          "clients": (100, 1000), "repeats": 2, "sweep": ("cnn2", 100, 3, 30, 64),
+          "accounting_rounds": 100}
 
 
 def measure_sweep(model, clients: int, rounds: int, local_steps: int, batch: int) -> dict:
@@ -73,6 +79,14 @@ def measure_sweep(model, clients: int, rounds: int, local_steps: int, batch: int
           "batch": batch, "rounds": rounds, "compile_and_one_round_s": first_s,
           "seconds": done.seconds,
           "client_steps_per_s": experiments * rounds * clients * local_steps / done.seconds}
+
+
+def measure_ahead(rounds: int) -> dict:
+  """The PLD run without accounting workers and with the automatic number (at least one)."""
+  import jax
+  from fedjax_dp.privacy.ahead import workers_for
+  base, helped = measure_accounting(rounds, [max(1, workers_for(None, jax.default_backend()))])
+  return {"kind": "accounting", "baseline": base, "workers": helped}
 
 
 def measure_round(spec, clients: int, dtype: str, repeats: int, conv_impl: str = "im2col") -> dict:
@@ -97,6 +111,7 @@ def main(argv=None):
   jobs += [lambda impl=impl: measure_round(first, sizes["clients"][0], "float32",
                                            sizes["repeats"], impl) for impl in ("winograd", "lax")]
   jobs.append(lambda: measure_sweep(*sizes["sweep"]))  # before the largest model
+  jobs.append(lambda: measure_ahead(sizes["accounting_rounds"]))
   jobs += [lambda s=s, c=c, d=d: measure_round(s, c, d, sizes["repeats"])
            for s in rest for c in sizes["clients"] for d in DTYPES]
   for job in jobs:

@@ -62,6 +62,9 @@ def test_gpu_benchmark_runs_every_measurement_at_its_tiny_size(capsys):
   assert all(r["client_steps_per_s"] > 0 for r in rounds)
   (swept,) = [r for r in records if r["kind"] == "sweep"]
   assert swept["experiments"] == 8 and swept["programs"] == 1 and swept["client_steps_per_s"] > 0
+  (accounted,) = [r for r in records if r["kind"] == "accounting"]
+  assert accounted["workers"]["accounting_workers"] >= 1
+  assert accounted["workers"]["same_epsilons_as_baseline"]
 
 
 @pytest.mark.slow  # three CLI processes, each compiling: about a minute, `make test-slow`
@@ -71,7 +74,7 @@ def test_sweep_speed_times_a_loop_of_run_processes_against_one_sweep_process():
   assert r["cli_max_accuracy_difference"] < 1e-3  # each experiment equals its run
 
 
-@pytest.mark.slow  # about 15 s: `make test-slow`
+@pytest.mark.slow  # about 13 s: `make test-slow`
 def test_accounting_speed_times_workers_against_none_at_a_tiny_size(capsys):
   _load("accounting_speed").main(["--rounds", "3", "--workers", "1"])
   base, helped = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
