@@ -187,8 +187,9 @@ class RunConfig:
   accountant: str = _field("rdp", "the privacy accountant (dp_accounting's RDP or PLD)",
                            _values("fedjax_dp.privacy.ledger", "ACCOUNTANTS"))
   accounting_workers: Optional[int] = _field(
-      None, "pld accountant, user- or worker-level runs: worker processes that compute the "
-      "epsilon each round reports ahead of the rounds, with the same values (an int >= 0; 0: "
+      None, "pld accountant: worker processes that compute the epsilons the rounds report, "
+      "with the same values: a user- or worker-level run's ahead of its rounds, an "
+      "example-level run's clients' in parallel as each round is accounted (an int >= 0; 0: "
       "in the run's own process; none: automatic, 0 on a CPU, whose cores run the rounds, "
       "else one per core but one, at most 8); fedjax_dp.privacy.ahead")
   # Byzantine clients (the last `byzantine` ids) and the server's aggregator.

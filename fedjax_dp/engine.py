@@ -377,18 +377,20 @@ def run(program, data, sampler, rounds: int, *, hparams: Optional[dict] = None, 
 
 
 def _epsilons_ahead(experiments, rounds: int, requested: Optional[int]):
-  """Worker processes computing the epsilons the experiments' next ``rounds`` reports will
-  give, in round order (:class:`fedjax_dp.privacy.ahead.Ahead`), or None: no PLD ledger to
-  report from, or no workers (:func:`fedjax_dp.privacy.ahead.workers_for`)."""
+  """Worker processes (:class:`fedjax_dp.privacy.ahead.Ahead`, None without workers:
+  :func:`fedjax_dp.privacy.ahead.workers_for`) given, in round order, the PLD epsilons that
+  the experiments' next ``rounds`` reports will give when they are known before the rounds
+  (a ledger whose event does not depend on the draw, ``upcoming``); the reports that depend
+  on the cohorts (``pending``) are given to them as each round is accounted
+  (:meth:`_Log.account`)."""
   from fedjax_dp.privacy.ahead import Ahead, workers_for
   workers = workers_for(requested, jax.default_backend())
-  per_run = [e.accounting.upcoming(rounds) for e in experiments
-             if hasattr(e.accounting, "upcoming")]
-  per_run = [keys for keys in per_run if keys]
-  if not workers or not per_run:
+  if not workers:
     return None
   ahead = Ahead(workers)
-  ahead.submit([key for same_round in zip(*per_run) for key in same_round])
+  per_run = [e.accounting.upcoming(rounds) for e in experiments
+             if hasattr(e.accounting, "upcoming")]
+  ahead.submit([key for same_round in zip(*[k for k in per_run if k]) for key in same_round])
   return ahead
 
 
@@ -461,14 +463,17 @@ class _Log:
     self.norms = [] if self.out_dir is not None and release == "all" else None
     self.writer = None
 
-  def account(self, cohort) -> dict:
+  def account(self, cohort, ahead=None) -> dict:
     """Composes a round of ``cohort`` in the experiment's accounting and returns the epsilon
     fields of its record (none without accounting). A round's privacy cost depends on its
-    cohort's draw, never on its results, so :func:`run_group` asks while the round runs."""
+    cohort's draw, never on its results, so :func:`run_group` asks while the round runs.
+    ``ahead``: the run's accounting workers, given what the report is about to compute."""
     accounting = self.e.accounting
     if accounting is None:
       return {}
     accounting.on_round(cohort)
+    if ahead is not None and hasattr(accounting, "pending"):
+      ahead.submit(accounting.pending())
     rep = accounting.report()
     return {"epsilon": rep.get("epsilon"),
             **{k: v for k, v in rep.items() if k.startswith("epsilon_")}}
@@ -759,7 +764,7 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
       state, metrics = call(state, ready, [jax.random.fold_in(k_run, r) for _, k_run in keys])
       # The step runs asynchronously: its privacy cost is accounted, and the next cohort drawn,
       # gathered and sent, meanwhile.
-      accounted = [log.account(c) for log, c in zip(logs, cohorts)]
+      accounted = [log.account(c, ahead) for log, c in zip(logs, cohorts)]
       pending = prepare() if prefetch and r + 1 < rounds else None
       metrics = jax.device_get(metrics)
       seconds = time.perf_counter() - t0
@@ -804,7 +809,7 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
     timing["resumed_from_round"] = start
   if not single:
     timing["experiments_in_group"] = len(experiments)
-  if ahead is not None:
+  if ahead is not None and ahead.started:
     timing["accounting_workers"] = ahead.workers
   return [log.finish(program, state if single else jax.tree_util.tree_map(lambda a: a[i], state),
                      rounds, timing)

@@ -62,3 +62,18 @@ def test_workers_are_automatic_off_a_cpu_only():
   assert ahead.workers_for(3, "cpu") == 3
   with pytest.raises(Exception, match="accounting_workers"):
     ahead.workers_for(-1, "gpu")
+
+
+def test_an_example_level_run_gives_the_workers_its_clients_epsilons(monkeypatch):
+  """DP-SGD clients with Poisson batches (a ledger per client, following the cohorts): the
+  same per-class epsilons with workers, none computed by the run's process."""
+  run = dict(algorithm="dp-fl", accountant="pld", options={"example_sampling": "poisson"},
+             rounds=2, eval_every=2, num_clients=40, sampling="fixed", cohort_size=4,
+             batch_size=2, local_steps=1, noise_multiplier=1.0, target_epsilon=None,
+             max_test=100)
+  alone = simulate(**run, accounting_workers=0)
+  monkeypatch.setattr(ledger, "_composed_epsilon", _refuse_to_compute)
+  helped = simulate(**run, accounting_workers=2)
+  eps = [{k: v for k, v in r.items() if k.startswith("epsilon")} for r in helped.history]
+  assert eps == [{k: v for k, v in r.items() if k.startswith("epsilon")} for r in alone.history]
+  assert eps[-1]["epsilon"] > 0 and helped.summary["diagnostics"]["accounting_workers"] == 2

@@ -526,12 +526,9 @@ def test_multi_krum_larger_than_the_cohort_is_refused(tmp_path, capsys):
                                                          "algorithm 'nodp-fl' has no privacy"),
     (["--aggregator", "coordinate_median", "--delta", "1e-6"],
      "invalid delta=1e-06: is not used: the aggregator 'coordinate_median' adds no noise"),
-    # Only a PLD ledger's epsilons are computed ahead.
+    # Only the PLD accountant's epsilons go to workers.
     (["--accounting-workers", "2"], "invalid accounting_workers=2: is not used: the rdp "
                                     "accountant's epsilons take milliseconds"),
-    (["--algorithm", "dp-fl", "--accountant", "pld", "--accounting-workers", "2"],
-     "invalid accounting_workers=2: is not used: example-level accounting composes each "
-     "client's ledger"),
 ])
 def test_settings_the_run_would_ignore_are_refused(extra, message, tmp_path, capsys):
   assert main(["run", *TINY, *extra, "--output-dir", str(tmp_path / "o")]) == 2

@@ -243,12 +243,8 @@ def unread_by_settings(config) -> dict:
               else None)
   unaccounted = (f"algorithm {config.algorithm!r} has no privacy mechanism, so nothing is "
                  "accounted" if ABOUT[config.algorithm][1] == _NONE else unnoised)
-  workers_unused = (
-      "the rdp accountant's epsilons take milliseconds and are computed in the run's process"
-      if config.accountant == "rdp" else
-      "example-level accounting composes each client's ledger as the cohorts are drawn, so "
-      "its epsilons cannot be computed ahead" if ABOUT[config.algorithm][1] == _EXAMPLE
-      else None)
+  workers_unused = ("the rdp accountant's epsilons take milliseconds and are computed in the "
+                    "run's process" if config.accountant == "rdp" else None)
   reasons = (("cohort_size", "sampling is poisson (clients join with sampling_prob)"
               if config.sampling == "poisson" else None),
              ("sampling_prob", "sampling is fixed (cohort_size clients a round)"

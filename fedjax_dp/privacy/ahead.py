@@ -1,4 +1,4 @@
-"""A PLD run's per-round epsilons, computed ahead of its rounds by worker processes.
+"""A PLD run's per-round epsilons, computed by worker processes ahead of the rounds.
 
 A run reports epsilon after every round. With the PLD accountant each report costs
 dp_accounting 0.1-0.7 s of one core (it self-composes the round's privacy loss distribution
@@ -9,8 +9,10 @@ milliseconds, the accounting sets the round rate. The event that
 round's draw, so every epsilon the run will report is known when it starts
 (:meth:`fedjax_dp.privacy.ledger.PrivacyLedger.upcoming`): :class:`Ahead` hands them, in
 round order, to worker processes (:func:`main`: a fresh interpreter that imports the
-ledger and dp_accounting, never JAX or the caller's script),
-which compute each with the function the ledger calls itself
+ledger and dp_accounting, never JAX or the caller's script). An example-level run
+(:class:`fedjax_dp.privacy.example_level.ExampleLevelAccounting`), whose clients' ledgers
+follow the cohorts (a report can ask for dozens of new epsilons), gives them what each
+round's report is about to compute, which they compute in parallel. The workers compute each with the function the ledger calls itself
 (:func:`fedjax_dp.privacy.ledger._composed_epsilon`) on the same arguments. So a report is
 the same number with workers or without; the ledger takes a worker's value when it has one
 and computes it itself otherwise (a worker that fails or is stopped costs time, never a
@@ -52,28 +54,37 @@ def workers_for(requested: Optional[int], platform: str) -> int:
 
 
 class Ahead:
-  """``workers`` worker processes computing epsilons that a run's ledgers will report.
+  """Up to ``workers`` worker processes computing epsilons that a run's ledgers will report.
 
   :meth:`submit` queues the arguments of ``_composed_epsilon`` (each computed once, however
   many ledgers will ask for it: a sweep's seeds share theirs) and registers a future of each
   in :data:`fedjax_dp.privacy.ledger.AHEAD`, where the ledger looks first; :meth:`close`
-  stops the workers and takes back what is left. ``computed``: how many values the workers
-  returned; ``workers``: how many there are.
+  stops the workers and takes back what is left. The workers start with the first key
+  submitted (a run that submits none starts none: ``started`` says). ``computed``: how many
+  values the workers returned.
   """
 
   def __init__(self, workers: int):
     check(workers >= 1, "accounting_workers", workers, "must be >= 1 to start workers")
+    self.workers = workers
+    self.computed = 0
     self._lock = threading.Lock()
     self._keys = []
     self._next = itertools.count()
-    self.computed = 0
-    self.workers = workers
     self._workers = []
+    self._home = {}  # a set of events (and relation, accountant, delta) -> its worker
+    self._turn = 0
+
+  @property
+  def started(self) -> bool:
+    return bool(self._workers)
+
+  def _start(self) -> None:
     # The workers find this package where this process did (last, so it shadows nothing).
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     command = [sys.executable, "-c", f"import sys; sys.path.append({root!r}); "
                f"import {__name__} as worker; worker.main()"]
-    for _ in range(workers):
+    for _ in range(self.workers):
       proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL)
       pending = {}  # task number -> future
@@ -82,22 +93,44 @@ class Ahead:
       self._workers.append((proc, pending, reader))
 
   def submit(self, keys: Sequence[tuple]) -> None:
-    """Queues ``keys`` in this order, spread over the workers in turn."""
-    for key in keys:
-      if key in ledger.AHEAD:
-        continue
-      future = Future()
-      ledger.AHEAD[key] = future
-      self._keys.append(key)
-      task = next(self._next)
-      proc, pending, _ = self._workers[task % len(self._workers)]
-      with self._lock:
-        pending[task] = future
-      try:
-        pickle.dump((task, key), proc.stdin)
-        proc.stdin.flush()
-      except OSError:  # the worker is gone: the ledger computes this one itself
-        self._fail(pending, task)
+    """Queues ``keys`` in this order. A worker builds each event's privacy loss distribution
+    the first time it composes it (0.5-1.5 s) and keeps it, so when the keys compose at least
+    as many distinct sets of events as there are workers (an example-level report: one per
+    example count) each set goes to one worker, the same every time; fewer sets (a user-level
+    run's rounds: one) are spread over the workers in turn."""
+    fresh = [k for k in dict.fromkeys(keys) if k not in ledger.AHEAD]
+    if not fresh:
+      return
+    if not self._workers:
+      self._start()
+    events = {k: tuple(e for e, _ in k[0]) + k[1:] for k in fresh}
+    by_events = len(set(events.values())) >= len(self._workers)
+    for i, key in enumerate(fresh):
+      if by_events:
+        if events[key] not in self._home:  # the worker with the fewest sets so far
+          load = [0] * len(self._workers)
+          for w in self._home.values():
+            load[w] += 1
+          self._home[events[key]] = load.index(min(load))
+        w = self._home[events[key]]
+      else:
+        w = (self._turn + i) % len(self._workers)
+      self._send(w, key)
+    self._turn += len(fresh)
+
+  def _send(self, w: int, key: tuple) -> None:
+    future = Future()
+    ledger.AHEAD[key] = future
+    self._keys.append(key)
+    task = next(self._next)
+    proc, pending, _ = self._workers[w]
+    with self._lock:
+      pending[task] = future
+    try:
+      pickle.dump((task, key), proc.stdin)
+      proc.stdin.flush()
+    except OSError:  # the worker is gone: the ledger computes this one itself
+      self._fail(pending, task)
 
   def _read(self, proc, pending: dict) -> None:
     """Sets each future as its worker answers; when the worker ends, fails what it left."""

@@ -266,6 +266,16 @@ class ExampleLevelAccounting:
       mech = self.classes[self.class_of[cid]].mechanism
       self.ledgers[cid].load_state(runs, [mech.step_event(self.counts[cid])])
 
+  def pending(self) -> list:
+    """What the next report will ask the PLD accountant that no earlier one did (each
+    ledger's :meth:`fedjax_dp.privacy.ledger.PrivacyLedger.key` not memoized yet), for
+    workers to compute meanwhile (:mod:`fedjax_dp.privacy.ahead`); none with RDP, whose
+    epsilons take milliseconds."""
+    if self.accountant != "pld":
+      return []
+    return [ledger.key() for ledger in self.ledgers.values()
+            if ledger.rounds and (ledger.relation, repr(ledger.event())) not in self._memo]
+
   def client_epsilon(self, cid: int) -> Optional[float]:
     """Epsilon of client ``cid`` (None when its class has no formal guarantee)."""
     ledger = self.ledgers.get(int(cid))

@@ -199,6 +199,10 @@ class PrivacyLedger:
   def compose(self, event: dp_accounting.DpEvent, count: int = 1) -> None:
     _extend(self._runs, event, count)
 
+  def key(self) -> tuple:
+    """The arguments of :func:`_composed_epsilon` that :meth:`epsilon` asks now."""
+    return self._key(self._runs, self.delta)
+
   def upcoming(self, event: dp_accounting.DpEvent, rounds: int) -> list:
     """The arguments of :func:`_composed_epsilon` that :meth:`epsilon` will ask after each of
     the next ``rounds`` compositions of ``event`` (:mod:`fedjax_dp.privacy.ahead`)."""
