@@ -27,8 +27,9 @@ guarantee covers from raw statistics it does not:
   fields (epsilon and its parts are functions of public settings);
 * raw diagnostics, under ``diagnostics``: the realized cohort size, client
   losses, pre-clip update norms and the fraction clipped, every other program
-  metric, the timings, and the sampler's capacity (which grows with a large
-  draw). None of these is noised.
+  metric, the timings, how many accounting workers ran and how many epsilons
+  they computed (:mod:`fedjax_dp.privacy.ahead`), and the sampler's capacity
+  (which grows with a large draw). None of these is noised.
 
 ``release="private"`` writes (and returns) only the first two groups, and
 draws the mechanism's randomness from the operating system's entropy: with
@@ -810,7 +811,8 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
   if not single:
     timing["experiments_in_group"] = len(experiments)
   if ahead is not None and ahead.started:
-    timing["accounting_workers"] = ahead.workers
+    timing["accounting_workers"] = ahead.started
+    timing["epsilons_from_accounting_workers"] = ahead.computed
   return [log.finish(program, state if single else jax.tree_util.tree_map(lambda a: a[i], state),
                      rounds, timing)
           for i, log in enumerate(logs)]

@@ -24,6 +24,7 @@ def test_a_run_reports_the_workers_epsilons_which_are_its_own(monkeypatch):
   assert [r["epsilon"] for r in helped.history] == [r["epsilon"] for r in alone.history]
   assert helped.summary["epsilon"] == alone.summary["epsilon"] > 0
   assert helped.summary["diagnostics"]["accounting_workers"] == 2
+  assert helped.summary["diagnostics"]["epsilons_from_accounting_workers"] == RUN["rounds"]
   assert "accounting_workers" not in alone.summary["diagnostics"]
   assert not ledger.AHEAD  # the futures are taken back when the run ends
 

@@ -74,10 +74,12 @@ class Ahead:
     self._workers = []
     self._home = {}  # a set of events (and relation, accountant, delta) -> its worker
     self._turn = 0
+    self._started = False
 
   @property
-  def started(self) -> bool:
-    return bool(self._workers)
+  def started(self) -> int:
+    """How many workers started (none before the first key)."""
+    return len(self._workers)
 
   def _start(self) -> None:
     # The workers find this package where this process did (last, so it shadows nothing).
@@ -85,8 +87,11 @@ class Ahead:
     command = [sys.executable, "-c", f"import sys; sys.path.append({root!r}); "
                f"import {__name__} as worker; worker.main()"]
     for _ in range(self.workers):
-      proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL)
+      try:
+        proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL)
+      except OSError:  # no process to start: those started (if any) do the work
+        break
       pending = {}  # task number -> future
       reader = threading.Thread(target=self._read, args=(proc, pending), daemon=True)
       reader.start()
@@ -101,8 +106,11 @@ class Ahead:
     fresh = [k for k in dict.fromkeys(keys) if k not in ledger.AHEAD]
     if not fresh:
       return
-    if not self._workers:
+    if not self._started:
+      self._started = True
       self._start()
+    if not self._workers:  # none could start: the ledgers compute their own
+      return
     events = {k: tuple(e for e, _ in k[0]) + k[1:] for k in fresh}
     by_events = len(set(events.values())) >= len(self._workers)
     for i, key in enumerate(fresh):
@@ -139,8 +147,8 @@ class Ahead:
         task, ok, value = pickle.load(proc.stdout)
         with self._lock:
           future = pending.pop(task)
+          self.computed += ok
         if ok:
-          self.computed += 1
           future.set_result(value)
         else:
           future.set_exception(RuntimeError(value))
