@@ -698,11 +698,15 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
   # sampler as it stands after the round it saves, so checkpointed runs do not prefetch.
   prefetch = placement == "host" and checkpoint is None
   # The state and hyper-parameters start where every round leaves them (replicated over the
-  # mesh), so round 2 reuses round 1's compilation.
+  # mesh), so round 2 reuses round 1's compilation; so do the experiments' run keys.
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  state, hp = jax.tree_util.tree_map(  # every process holds the same values (NaN included)
+  state, hp, run_key = jax.tree_util.tree_map(  # every process holds the same (NaN included)
       lambda a: jax.make_array_from_callback(np.shape(a), replicated,
-                                             lambda index, a=np.asarray(a): a[index]), (state, hp))
+                                             lambda index, a=np.asarray(a): a[index]),
+      (state, hp, stack([k_run for _, k_run in keys])))
+  # Round r's keys, fold_in(k_run, r) of every experiment, in one call.
+  round_keys = jax.jit(jax.random.fold_in if single else
+                       jax.vmap(jax.random.fold_in, in_axes=(0, None)), out_shardings=replicated)
 
   if placement == "device":
     from fedjax_dp.data import FederatedData
@@ -724,16 +728,16 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
     def inputs(cohorts):
       return stack([c.ids for c in cohorts]), stack([c.mask for c in cohorts])
 
-    def call(state, inputs, round_keys):
-      return step(state, hp, arrays, *inputs, stack(round_keys))
+    def call(state, inputs, key):
+      return step(state, hp, arrays, *inputs, key)
   else:
     def inputs(cohorts):  # gathered on the host, sent on its way to the devices
       batches = [CohortBatch(*e.data.rows(c.ids), c.ids, c.mask)
                  for e, c in zip(experiments, cohorts)]
       return jax.device_put(stack(batches))
 
-    def call(state, inputs, round_keys):
-      return step(state, hp, inputs, stack(round_keys))
+    def call(state, inputs, key):
+      return step(state, hp, inputs, key)
 
   def prepare():
     """The next round's cohorts and the step's inputs for them."""
@@ -762,7 +766,7 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
     for r in range(start, rounds):
       t0 = time.perf_counter()
       cohorts, ready = pending if pending is not None else prepare()
-      state, metrics = call(state, ready, [jax.random.fold_in(k_run, r) for _, k_run in keys])
+      state, metrics = call(state, ready, round_keys(run_key, r))
       # The step runs asynchronously: its privacy cost is accounted, and the next cohort drawn,
       # gathered and sent, meanwhile.
       accounted = [log.account(c, ahead) for log, c in zip(logs, cohorts)]
