@@ -41,9 +41,9 @@ MAX_AUTO_WORKERS = 8
 def workers_for(requested: Optional[int], platform: str) -> int:
   """Worker processes for ``requested`` (None: automatic) on a JAX ``platform``.
 
-  Automatic: none on a CPU, whose cores run the rounds (a worker would take them from the
-  round, measured in benchmarks/RESULTS.md); elsewhere one per core but one, at most
-  :data:`MAX_AUTO_WORKERS`.
+  Automatic: none on a CPU, whose cores run the rounds (the quickstart with the PLD
+  accountant, 2 cores: 11.3-11.8 s with none, 13.8-14.3 s with one, 11.3-11.6 s with two,
+  benchmarks/RESULTS.md); elsewhere one per core but one, at most :data:`MAX_AUTO_WORKERS`.
   """
   if requested is not None:
     check(requested >= 0, "accounting_workers", requested, "must be an integer >= 0 or unset")
@@ -146,8 +146,10 @@ class Ahead:
       while True:
         task, ok, value = pickle.load(proc.stdout)
         with self._lock:
-          future = pending.pop(task)
+          future = pending.pop(task, None)
           self.computed += ok
+        if future is None:  # failed already, when it could not be sent
+          continue
         if ok:
           future.set_result(value)
         else:
