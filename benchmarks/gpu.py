@@ -14,6 +14,11 @@ stopped early keeps what it finished):
 * ``sweep``: 8 experiments (clip x noise multiplier) of ``cnn2`` at 100
   clients per round as one vmapped program (:func:`fedjax_dp.sweep.sweep`),
   timed after a one-round run that compiles it;
+* ``padded``: ``cnn2`` at Cheng et al.'s Table 2 setting (Q = 30, batch 50, 100
+  examples per client) in a cohort of 47 slots of which 30 are real clients (a
+  Poisson cohort of p = 0.06 of 500 padded as the reproduction pads it), the
+  whole cohort in one vmap (the accelerators' default, which computes the padded
+  slots) against blocks of 10 clients (blocks of padded slots only are skipped);
 * ``accounting``: 100 rounds of a PLD run whose round takes milliseconds
   (``accounting_speed.measure``) with no accounting workers and with the
   automatic number (:func:`fedjax_dp.privacy.ahead.workers_for`: one per core but
@@ -25,7 +30,7 @@ pixel values. ``--tiny`` runs the same code paths with small models
 whose 20 layers take over a minute to compile on a CPU at any width) and 2
 clients, in about a minute on a CPU.
 
-  python benchmarks/gpu.py > h200_gpu.jsonl        # one H200: about 9 minutes
+  python benchmarks/gpu.py > h200_gpu.jsonl        # one H200: about 10 minutes
   python benchmarks/gpu.py --tiny                  # the smoke test
 """
 
@@ -35,6 +40,7 @@ import argparse
 import json
 import sys
 import time
+from typing import Optional
 
 from accounting_speed import measure as measure_accounting
 from round_speed import measure, synthetic_data
@@ -54,10 +60,11 @@ def plan(tiny: bool) -> dict:
     mlp = get_model("mlp", (8, 8, 1), 10, hidden=(8,))
     return {"models": [(get_model("digits_cnn", (8, 8, 1), 10), 1, 2, 4, None),
                        (mlp, 1, 2, 4, 1)], "clients": (2,), "repeats": 1,
-            "sweep": (mlp, 2, 1, 2, 4), "accounting_rounds": 3}
+            "sweep": (mlp, 2, 1, 2, 4), "accounting_rounds": 3,
+            "padded": (get_model("digits_cnn", (8, 8, 1), 10), 1, 2, 4, 5, 2, 2)}
   return {"models": [("cnn2", 30, 64, 128, 500), ("resnet18_gn", 5, 32, 64, 50)],
           "clients": (100, 1000), "repeats": 2, "sweep": ("cnn2", 100, 3, 30, 64),
-          "accounting_rounds": 100}
+          "accounting_rounds": 100, "padded": ("cnn2", 30, 50, 100, 47, 30, 10)}
 
 
 def measure_sweep(model, clients: int, rounds: int, local_steps: int, batch: int) -> dict:
@@ -89,11 +96,12 @@ def measure_ahead(rounds: int) -> dict:
   return {"kind": "accounting", "baseline": base, "workers": helped}
 
 
-def measure_round(spec, clients: int, dtype: str, repeats: int, conv_impl: str = "im2col") -> dict:
+def measure_round(spec, clients: int, dtype: str, repeats: int, conv_impl: str = "im2col",
+                  live: Optional[int] = None) -> dict:
   model, q, batch, examples, chunk = spec
   try:
     r = measure(model, clients, q, batch, examples, repeats, conv_impl, skip_loop=True,
-                compute_dtype=dtype, chunk=chunk, skip_centralized=True)
+                compute_dtype=dtype, chunk=chunk, skip_centralized=True, live=live)
   except Exception as e:  # record and go on: one size out of memory must not lose the rest
     r = {"model": getattr(model, "name", model), "clients": clients, "compute_dtype": dtype,
          "error": repr(e)[:500]}
@@ -111,6 +119,10 @@ def main(argv=None):
   jobs += [lambda impl=impl: measure_round(first, sizes["clients"][0], "float32",
                                            sizes["repeats"], impl) for impl in ("winograd", "lax")]
   jobs.append(lambda: measure_sweep(*sizes["sweep"]))  # before the largest model
+  model, q, batch, examples, slots, live, block = sizes["padded"]
+  jobs += [lambda chunk=chunk: {**measure_round((model, q, batch, examples, chunk), slots,
+                                                "float32", sizes["repeats"], live=live),
+                                "kind": "padded"} for chunk in (None, block)]
   jobs.append(lambda: measure_ahead(sizes["accounting_rounds"]))
   jobs += [lambda s=s, c=c, d=d: measure_round(s, c, d, sizes["repeats"])
            for s in rest for c in sizes["clients"] for d in DTYPES]

@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -86,10 +87,13 @@ def synthetic_data(model, clients: int, examples: int, seed: int = 0) -> Federat
 
 def measure(model, clients: int, local_steps: int, batch: int, examples: int, repeats: int,
             conv_impl: str, skip_loop: bool = False, compute_dtype: str = "float32",
-            chunk=None, skip_centralized: bool = False) -> dict:
+            chunk=None, skip_centralized: bool = False, live: Optional[int] = None) -> dict:
   """One JSON-able record; ``model`` is a name of :data:`SHAPES` or a built Model, ``chunk``
   the engine's clients per block (default: the whole cohort at once; ``"auto"``: the engine's
-  automatic choice, :func:`fedjax_dp.experiment.client_blocks`)."""
+  automatic choice, :func:`fedjax_dp.experiment.client_blocks`). ``live``: only the first
+  ``live`` of the ``clients`` slots are real clients, the rest padded (mask 0), as a Poisson
+  cohort is padded to its capacity (the engine only; ``client_steps_per_s`` counts the live
+  clients' steps)."""
   data = synthetic_data(model, clients, examples)
   config = make_config(model=model, num_clients=clients, sampling="fixed", cohort_size=clients,
                        local_steps=local_steps, batch_size=batch, clip=1.0, noise_multiplier=1.0,
@@ -102,7 +106,8 @@ def measure(model, clients: int, local_steps: int, batch: int, examples: int, re
   hp = {k: jnp.asarray(v) for k, v in setup.hparams.items()}
   state = program.init(jax.random.PRNGKey(0), hp)
   ids = jnp.arange(clients, dtype=jnp.int32)
-  mask = jnp.ones(clients, jnp.float32)
+  live = clients if live is None else live
+  mask = (jnp.arange(clients) < live).astype(jnp.float32)
   x, y, c = jnp.asarray(data.x), jnp.asarray(data.y), jnp.asarray(data.counts)
   key = jax.random.PRNGKey(1)
   batch_arrays = CohortBatch(x, y, c, ids, mask)
@@ -111,10 +116,14 @@ def measure(model, clients: int, local_steps: int, batch: int, examples: int, re
   engine_s = _time(lambda: jax.block_until_ready(step(state, hp, batch_arrays, key)), repeats)
 
   result = {"model": program.model.name, "clients": clients, "local_steps": local_steps,
-            "batch": batch, "conv_impl": conv_impl, "compute_dtype": compute_dtype, "chunk": chunk,
+            "live_clients": live, "batch": batch, "conv_impl": conv_impl,
+            "compute_dtype": compute_dtype, "chunk": chunk,
             "backend": jax.default_backend(), "device": str(jax.devices()[0]),
             "engine_s_per_round": engine_s}
 
+  result["client_steps_per_s"] = live * local_steps / engine_s
+  if live < clients:  # the baselines have no padding to compare with
+    return result
   if not skip_loop:
     client_update = jax.jit(program.client(hp))
 
@@ -134,7 +143,6 @@ def measure(model, clients: int, local_steps: int, batch: int, examples: int, re
 
     result["loop_s_per_round"] = _time(loop_round, repeats)
 
-  result["client_steps_per_s"] = clients * local_steps / engine_s
   if skip_centralized:
     return result
   objective = supervised(program.model.apply)

@@ -62,6 +62,10 @@ def test_gpu_benchmark_runs_every_measurement_at_its_tiny_size(capsys):
   assert all(r["client_steps_per_s"] > 0 for r in rounds)
   (swept,) = [r for r in records if r["kind"] == "sweep"]
   assert swept["experiments"] == 8 and swept["programs"] == 1 and swept["client_steps_per_s"] > 0
+  padded = [r for r in records if r["kind"] == "padded"]
+  assert [(r["clients"], r["live_clients"], r["chunk"]) for r in padded] == [(5, 2, None),
+                                                                             (5, 2, 2)]
+  assert all(r["client_steps_per_s"] > 0 for r in padded)
   (accounted,) = [r for r in records if r["kind"] == "accounting"]
   assert accounted["workers"]["accounting_workers"] >= 1
   assert accounted["workers"]["same_epsilons_as_baseline"]
