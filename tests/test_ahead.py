@@ -78,3 +78,32 @@ def test_an_example_level_run_gives_the_workers_its_clients_epsilons(monkeypatch
   eps = [{k: v for k, v in r.items() if k.startswith("epsilon")} for r in helped.history]
   assert eps == [{k: v for k, v in r.items() if k.startswith("epsilon")} for r in alone.history]
   assert eps[-1]["epsilon"] > 0 and helped.summary["diagnostics"]["accounting_workers"] == 2
+
+
+def test_an_interrupted_run_resumes_with_its_workers_and_equals_the_run_alone(
+    tmp_path, monkeypatch, capsys, interrupt_at_round):
+  """Ctrl-C in round 3 of a run checkpointed every 2 rounds, then resumed: the workers take up
+  the rounds left (the ledger restored from the checkpoint) and every record equals the run's
+  without workers."""
+  import json
+
+  from fedjax_dp.cli import main
+  args = ["--num-clients", "40", "--rounds", "4", "--local-steps", "1", "--model", "mlp",
+          "--eval-every", "2", "--accountant", "pld", "--noise-multiplier", "1.2",
+          "--sampling-prob", "0.05", "--max-test", "100", "--no-progress"]
+  alone, helped = tmp_path / "alone", tmp_path / "helped"
+  assert main(["run", *args, "--accounting-workers", "0", "--output-dir", str(alone)]) == 0
+  interrupt_at_round(3)
+  assert main(["run", *args, "--accounting-workers", "1", "--checkpoint-every", "2",
+               "--output-dir", str(helped)]) == 130
+  monkeypatch.undo()
+  monkeypatch.setattr(ledger, "_composed_epsilon", _refuse_to_compute)
+  assert main(["run", "--resume", str(helped), "--no-progress"]) == 0
+  capsys.readouterr()
+
+  def rows(out):
+    return [{k: v for k, v in json.loads(line).items() if k != "diagnostics"}
+            for line in (out / "metrics.jsonl").read_text().splitlines()]
+  assert rows(helped) == rows(alone) and len(rows(alone)) == 4
+  summary = json.loads((helped / "summary.json").read_text())
+  assert summary["diagnostics"]["epsilons_from_accounting_workers"] == 2  # rounds 3 and 4
