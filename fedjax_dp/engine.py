@@ -395,6 +395,14 @@ def _epsilons_ahead(experiments, rounds: int, requested: Optional[int]):
   return ahead
 
 
+@functools.lru_cache(maxsize=None)
+def _round_keys(single: bool, sharding) -> Callable:
+  """``fn(run_key, r)``: round ``r``'s key, ``fold_in(k_run, r)``, of one experiment's run key
+  or of every experiment's (stacked), in one compiled call, placed by ``sharding``."""
+  return jax.jit(jax.random.fold_in if single else
+                 jax.vmap(jax.random.fold_in, in_axes=(0, None)), out_shardings=sharding)
+
+
 def group_mode(experiments) -> Optional[str]:
   """How a group's data sets enter its vmapped step (:func:`fedjax_dp.round.compiled_step`):
   None for one experiment; "shared" when every experiment has the same data set (held once);
@@ -704,9 +712,7 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
       lambda a: jax.make_array_from_callback(np.shape(a), replicated,
                                              lambda index, a=np.asarray(a): a[index]),
       (state, hp, stack([k_run for _, k_run in keys])))
-  # Round r's keys, fold_in(k_run, r) of every experiment, in one call.
-  round_keys = jax.jit(jax.random.fold_in if single else
-                       jax.vmap(jax.random.fold_in, in_axes=(0, None)), out_shardings=replicated)
+  round_keys = _round_keys(single, replicated)
 
   if placement == "device":
     from fedjax_dp.data import FederatedData
