@@ -297,7 +297,12 @@ def _direct(event, count, delta, accountant="rdp"):
   return acc.get_epsilon(delta)
 
 
-@pytest.mark.parametrize("sampling,capacity", [("poisson", None), ("poisson", 30), ("fixed", None)])
+@pytest.mark.parametrize("sampling,capacity", [
+    ("poisson", None),
+    # About 50 s of dp_accounting's truncated-Poisson PLD: `make test-slow` (the truncated
+    # event's accounting stays in the suite: test_truncated_poisson_steps_are_accounted).
+    pytest.param("poisson", 30, marks=pytest.mark.slow),
+    ("fixed", None)])
 def test_per_class_ledgers_equal_direct_dp_accounting(sampling, capacity):
   counts = np.array([100, 100, 50, 100, 80, 100])
   accountant = "pld" if sampling == "poisson" else "rdp"
