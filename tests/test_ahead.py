@@ -3,6 +3,7 @@
 import dp_accounting
 import pytest
 
+from fedjax_dp.errors import ConfigError
 from fedjax_dp.experiment import simulate
 from fedjax_dp.privacy import ahead, ledger
 
@@ -61,8 +62,8 @@ def test_workers_are_automatic_off_a_cpu_only():
   assert ahead.workers_for(None, "cpu") == 0
   assert 0 <= ahead.workers_for(None, "gpu") <= ahead.MAX_AUTO_WORKERS
   assert ahead.workers_for(3, "cpu") == 3
-  with pytest.raises(Exception, match="accounting_workers"):
-    ahead.workers_for(-1, "gpu")
+  with pytest.raises(ConfigError, match="invalid accounting_workers=-1"):
+    simulate(**RUN, accounting_workers=-1)
 
 
 def test_an_example_level_run_gives_the_workers_its_clients_epsilons(monkeypatch):
