@@ -81,6 +81,7 @@ def test_an_example_level_run_gives_the_workers_its_clients_epsilons(monkeypatch
   assert eps[-1]["epsilon"] > 0 and helped.summary["diagnostics"]["accounting_workers"] == 2
 
 
+@pytest.mark.slow  # three runs of the CLI, about 18 s: `make test-slow`
 def test_an_interrupted_run_resumes_with_its_workers_and_equals_the_run_alone(
     tmp_path, monkeypatch, capsys, interrupt_at_round):
   """Ctrl-C in round 3 of a run checkpointed every 2 rounds, then resumed: the workers take up
