@@ -72,7 +72,6 @@ class Ahead:
     self._next = itertools.count()
     self._workers = []
     self._home = {}  # a set of events (and relation, accountant, delta) -> its worker
-    self._turn = 0
     self._started = False
 
   @property
@@ -112,7 +111,7 @@ class Ahead:
       return
     events = {k: tuple(e for e, _ in k[0]) + k[1:] for k in fresh}
     by_events = len(set(events.values())) >= len(self._workers)
-    for i, key in enumerate(fresh):
+    for key in fresh:
       if by_events:
         if events[key] not in self._home:  # the worker with the fewest sets so far
           load = [0] * len(self._workers)
@@ -120,10 +119,9 @@ class Ahead:
             load[w] += 1
           self._home[events[key]] = load.index(min(load))
         w = self._home[events[key]]
-      else:
-        w = (self._turn + i) % len(self._workers)
+      else:  # in turn: the count of keys sent so far
+        w = len(self._keys) % len(self._workers)
       self._send(w, key)
-    self._turn += len(fresh)
 
   def _send(self, w: int, key: tuple) -> None:
     future = Future()

@@ -273,8 +273,8 @@ class ExampleLevelAccounting:
     epsilons take milliseconds."""
     if self.accountant != "pld":
       return []
-    return [ledger.key() for ledger in self.ledgers.values()
-            if ledger.rounds and (ledger.relation, repr(ledger.event())) not in self._memo]
+    return [key for key in (ledger.key() for ledger in self.ledgers.values() if ledger.rounds)
+            if key not in self._memo]
 
   def client_epsilon(self, cid: int) -> Optional[float]:
     """Epsilon of client ``cid`` (None when its class has no formal guarantee)."""
@@ -283,7 +283,7 @@ class ExampleLevelAccounting:
       return None
     if ledger.rounds == 0:
       return 0.0
-    key = (ledger.relation, repr(ledger.event()))
+    key = ledger.key()  # clients with the same composed events share their epsilon
     if key not in self._memo:
       self._memo[key] = ledger.epsilon()
     return self._memo[key]
