@@ -7,9 +7,16 @@ same configurations on the same data sets (loaded before timing):
 
 * sequential: :func:`fedjax_dp.experiment.simulate` per experiment (runs that
   differ only in numbers already share one compiled round);
-* sweep: :func:`fedjax_dp.sweep.sweep`, every experiment vmapped over a leading
-  axis in one program, and in programs of at most 4 experiments
-  (``group_size=4``).
+* sweep: :func:`fedjax_dp.sweep.sweep`, as one program in one thread
+  (``threads=1``; on one CPU device the experiments run one after another
+  inside it, elsewhere vmapped over a leading axis), as programs of at most 4
+  experiments (``group_size=4``) in one thread, and with the sweep's default
+  (``sweep_threads``: on one CPU device one program per core, run at once in
+  threads; the record's ``sweep_threads_threads`` says how many).
+
+Each side starts with the privacy caches emptied (noise calibrations and
+epsilons are memoized per process, so a side that ran second would get the
+first side's for free).
 
 Prints one JSON object: seconds of each, the ratios, and the largest
 difference in final accuracy between an experiment and its single run. With
@@ -54,10 +61,20 @@ def base_config(data_dir, rounds: int, method: str):
   return make_config(small)
 
 
+def fresh_privacy_caches() -> None:
+  """Empties the per-process memos of noise calibrations and epsilons."""
+  from fedjax_dp.privacy import ledger, mechanisms
+  for fn in (mechanisms.calibrate_noise_multiplier, ledger._event_rdp, ledger._event_pld,
+             ledger._composed_epsilon):
+    fn.cache_clear()
+
+
 def measure(data_dir=None, rounds: int = 40, seeds: int = 3, epsilons=(2.0, 4.0, 6.0, 8.0),
-            method: str = "dp_fedavg", group_sizes=(None, 4), chunks=(0,)) -> dict:
+            method: str = "dp_fedavg", sweeps=((None, 1), (4, 1), (None, None)),
+            chunks=(0,)) -> dict:
   """Both sides at every ``client_chunk`` of ``chunks`` (0: the whole cohort in one vmap; None:
-  automatic); the ratios are against the runs one after another at the first of ``chunks``."""
+  automatic); the ratios are against the runs one after another at the first of ``chunks``.
+  ``sweeps``: the sweeps' ``(group_size, threads)``, None for the default."""
   base = base_config(data_dir, rounds, method)
   grid = {"target_epsilon": list(epsilons)}
   cache = {}
@@ -75,16 +92,20 @@ def measure(data_dir=None, rounds: int = 40, seeds: int = 3, epsilons=(2.0, 4.0,
   for chunk in chunks:
     config = base.replace(client_chunk=chunk)
     tag = {0: "", None: "_auto"}.get(chunk, f"_chunk{chunk}")
+    fresh_privacy_caches()
     t0 = time.perf_counter()
     alone = [simulate(p.config, load(p.config)) for p in sweep_points(config, grid, seeds)]
     out["experiments"] = len(alone)
     out[f"sequential{tag}_s"] = time.perf_counter() - t0
     baseline = baseline or out[f"sequential{tag}_s"]
-    for size in group_sizes:
+    for size, threads in sweeps:
+      fresh_privacy_caches()
       t0 = time.perf_counter()
-      swept = sweep(config, grid, seeds, load=load, group_size=size)
-      name = ("sweep" if size is None else f"sweep_group{size}") + tag
+      swept = sweep(config, grid, seeds, load=load, group_size=size, threads=threads)
+      name = ("sweep" + ("" if size is None else f"_group{size}")
+              + ("_threads" if threads is None else "") + tag)
       out[f"{name}_s"] = time.perf_counter() - t0
+      out[f"{name}_threads"] = swept.threads
       out[f"sequential_over_{name}"] = baseline / out[f"{name}_s"]
       out[f"{name}_programs"] = len(swept.groups)
       out[f"{name}_max_accuracy_difference"] = max(

@@ -86,6 +86,10 @@ def _add_sweep(sub):
   p.add_argument("--overwrite", action="store_true", help="replace an earlier sweep's files")
   p.add_argument("--group-size", type=int, default=None, help="at most this many experiments "
                  "per compiled program (default: no limit; a smaller group needs less memory)")
+  p.add_argument("--threads", type=int, default=None, help="compiled programs run at once, each "
+                 "in its own thread; with fewer groups, each group runs in that many parts "
+                 "(default: one per core, at most 8, on one CPU device; one elsewhere; an "
+                 "integer >= 1)")
   p.add_argument("--no-progress", action="store_true", help="no progress bars")
   p.add_argument("--release", default="all", choices=("all", "private"),
                  help="as for run: private writes only what the guarantee covers and draws the "
@@ -417,7 +421,7 @@ def _cmd_sweep(args) -> int:
   plan(config, grid, args.seeds)  # refuses bad axes and values before the folder is touched
   out = pathlib.Path(args.output_dir)
   result = sweep(config, grid, args.seeds, output_dir=str(out), overwrite=args.overwrite,
-                 group_size=args.group_size,
+                 group_size=args.group_size, threads=args.threads,
                  progress=not args.no_progress, release=args.release,
                  log=lambda line: print(line, file=sys.stderr))
   for row in result.rows:
@@ -433,8 +437,9 @@ def _cmd_sweep(args) -> int:
     print(f"{values}: accuracy={row['accuracy_mean']:.4f}{spread} "
           f"({row['seeds']} seeds)  epsilon={'none' if eps is None else format(eps, '.3f')}"
           f"{seeds}")
-  print(f"{len(result.experiments)} experiments in {len(result.groups)} compiled programs, "
-        f"{result.seconds:.1f}s; wrote {out / 'results.json'}")
+  threads = "1 thread" if result.threads == 1 else f"{result.threads} threads"
+  print(f"{len(result.experiments)} experiments in {len(result.groups)} compiled programs "
+        f"({threads}), {result.seconds:.1f}s; wrote {out / 'results.json'}")
   return 0
 
 

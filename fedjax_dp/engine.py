@@ -116,6 +116,11 @@ def _flat(record: dict, prefix: str = "") -> dict:
   return out
 
 
+class Stopped(Exception):
+  """A run ended before its last round because its caller asked it to (:func:`run_group`'s
+  ``stop``)."""
+
+
 @dataclasses.dataclass
 class RunResult:
   """A finished run.
@@ -639,7 +644,8 @@ def _check_tensorboard(experiments) -> None:
 def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progress: bool = True,
               placement: str = "device", release: str = "all",
               client_chunk: Optional[int] = None, devices: Optional[int] = None,
-              checkpoint=None, accounting_workers: Optional[int] = None) -> list:
+              checkpoint=None, accounting_workers: Optional[int] = None,
+              stop=None) -> list:
   """Runs experiments that share one :class:`fedjax_dp.round.Round` as one compiled program.
 
   One experiment runs the round's jitted step; several run it ``vmap``-ed over
@@ -656,7 +662,9 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
   :func:`fedjax_dp.round.compiled_step`); cohorts are padded with inert slots
   to a multiple of the device count. ``checkpoint``: one experiment only (a
   group is not checkpointed). ``accounting_workers``: as :func:`run` (one set of workers for
-  the group; experiments that report the same epsilon share it).
+  the group; experiments that report the same epsilon share it). ``stop``: a
+  :class:`threading.Event` that, once set, ends the run with :class:`Stopped` before its next
+  round (a sweep's other programs running at once failed or were interrupted).
   """
   check(rounds >= 1, "rounds", rounds, "must be >= 1")
   check(eval_every >= 1, "eval_every", eval_every, "must be >= 1")
@@ -770,6 +778,8 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
     ahead = _epsilons_ahead(experiments, rounds - start, accounting_workers)
     pending = None
     for r in range(start, rounds):
+      if stop is not None and stop.is_set():
+        raise Stopped(f"stopped before round {r + 1} of {rounds}")
       t0 = time.perf_counter()
       cohorts, ready = pending if pending is not None else prepare()
       state, metrics = call(state, ready, round_keys(run_key, r))

@@ -26,11 +26,14 @@ differently), plus one model state per experiment.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import itertools
 import json
 import math
+import os
+import threading
 import time
 from typing import Any, Mapping, Optional, Sequence
 
@@ -60,7 +63,7 @@ SWEEP_RELEASE = {
                          "experiments' seed: secret under release 'all' (it fixes the noise; "
                          "each summary's release.randomness)"],
     "diagnostics": ["groups (experiments per compiled program and their seconds)", "seconds: raw "
-                    "timings, not covered by any guarantee"],
+                    "timings, not covered by any guarantee", "threads (programs run at once)"],
 }
 # The RunConfig fields that choose and split the data set (load_data's arguments).
 DATA_FIELDS = ("dataset", "num_clients", "partition", "split_seed", "data_dir", "dirichlet_alpha",
@@ -256,6 +259,7 @@ class SweepResult:
     groups: one per compiled program: the experiments it ran and its seconds.
     seconds: the whole sweep's.
     points: the plan (:func:`plan`), in order.
+    threads: how many programs ran at once (:func:`run_configs`).
   """
 
   rows: list
@@ -263,6 +267,7 @@ class SweepResult:
   groups: list
   seconds: float
   points: list
+  threads: int
 
   def to_json(self) -> dict:
     """``results.json``'s content: the rows, each experiment's summary and per-round metrics."""
@@ -270,12 +275,46 @@ class SweepResult:
             | {"summary": e["result"].summary, "metrics": e["result"].history}
             for e in self.experiments]
     return {"rows": self.rows, "experiments": exps, "groups": self.groups, "seconds": self.seconds,
-            "release": SWEEP_RELEASE}
+            "threads": self.threads, "release": SWEEP_RELEASE}
+
+
+MAX_AUTO_THREADS = 8
+
+
+def threads_for(requested: Optional[int], devices: Sequence[Optional[int]]) -> int:
+  """Programs that :func:`run_configs` runs at once for ``requested`` (None: automatic), where
+  ``devices`` are the configurations' ``devices`` fields.
+
+  Automatic: on one CPU device (every configuration's), one per core this process may use, at
+  most :data:`MAX_AUTO_THREADS`: a round of small models leaves most of a core idle (Cheng et
+  al.'s MNIST MLP used 1.15 of 2 cores), and XLA runs programs called from different threads
+  at the same time, so its 12-experiment grid ran 2.2x faster in two threads than as one
+  program (benchmarks/RESULTS.md). Elsewhere one: a vmapped group fills an accelerator, and
+  several devices share a program's clients.
+  """
+  from fedjax_dp.round import one_cpu_device
+  check(requested is None or (isinstance(requested, int) and not isinstance(requested, bool)
+                              and requested >= 1), "threads", requested,
+        "must be an integer >= 1 or unset (automatic)")
+  if requested is not None:
+    return requested
+  if not all(one_cpu_device(d) for d in devices):
+    return 1
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  return max(1, min(MAX_AUTO_THREADS, cores or 1, len(devices)))
+
+
+def programs_at_once(group_size: Optional[int], threads: Optional[int],
+                     devices: Sequence[Optional[int]]) -> int:
+  """Checks ``group_size`` and returns :func:`threads_for` ``(threads, devices)``."""
+  check(group_size is None or group_size >= 1, "group_size", group_size, "must be >= 1")
+  return threads_for(threads, devices)
 
 
 def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Sequence] = None,
                 progress: bool = False, release: str = "all", log=None, on_group=None,
-                group_size: Optional[int] = None, names: Optional[Sequence[str]] = None) -> tuple:
+                group_size: Optional[int] = None, names: Optional[Sequence[str]] = None,
+                threads: Optional[int] = None) -> tuple:
   """Runs configurations, those that share a round as one program each; returns
   ``(results, groups)``: a :class:`fedjax_dp.engine.RunResult` per configuration, in order,
   and one record per group (``experiments``: their indices, ``seconds``).
@@ -290,11 +329,16 @@ def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Seq
   several, one after another; equal sizes share one compilation); default: no limit.
   ``names``: what to call each configuration in an error (a sweep's grid points). A group's
   record says whether its experiments ran ``side_by_side`` (vmapped) or one after another
-  inside its program (:func:`fedjax_dp.engine.experiments_vmapped`).
+  inside its program (:func:`fedjax_dp.engine.experiments_vmapped`). ``threads``: programs run
+  at once, each in its own thread (:func:`threads_for`; default: one per core on one CPU
+  device, else one); with fewer groups than threads, each group runs in as many parts
+  (near-equal, so that equal parts share one compilation), and ``on_group`` is called as
+  each ends, in that order, from the caller's thread.
   """
   from fedjax_dp.algorithms import build
   from fedjax_dp.engine import Experiment, experiments_vmapped, run_group
   from fedjax_dp.experiment import client_blocks, recorded_config
+  threads = programs_at_once(group_size, threads, [c.devices for c in configs])
   built = []
   for c, d, name in zip(configs, datas, names or [None] * len(configs)):
     with _naming(name):
@@ -306,12 +350,18 @@ def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Seq
            client_blocks(c, setup.program.model, setup.program.model_batch), c.devices,
            c.accounting_workers, _shape_key(datas[i]))
     groups.setdefault(key, []).append(i)
-  check(group_size is None or group_size >= 1, "group_size", group_size, "must be >= 1")
   if group_size is not None:
     groups = {(key, k): members[k:k + group_size] for key, members in groups.items()
               for k in range(0, len(members), group_size)}
-  results, records = [None] * len(configs), []
-  for g, members in enumerate(groups.values()):
+  groups = list(groups.values())
+  if len(groups) < threads:  # each group in parts, so that every thread has one
+    parts = -(-threads // len(groups))
+    groups = [[int(i) for i in part] for members in groups
+              for part in np.array_split(members, min(parts, len(members)))]
+  results, records = [None] * len(configs), [None] * len(groups)
+  stop = threading.Event()
+
+  def run_one(members):
     tg = time.perf_counter()
     first = configs[members[0]]
     experiments = [Experiment(built[i].hparams, datas[i], built[i].sampler, configs[i].seed,
@@ -322,23 +372,40 @@ def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Seq
                      eval_every=first.eval_every, progress=progress, placement=first.placement,
                      release=release,
                      client_chunk=client_blocks(first, program.model, program.model_batch),
-                     devices=first.devices, accounting_workers=first.accounting_workers)
-    for i, res in zip(members, done):
-      results[i] = res
-    records.append({"experiments": list(members), "seconds": time.perf_counter() - tg,
-                    "side_by_side": len(members) > 1 and experiments_vmapped(first.devices)})
-    if log is not None:
-      log(f"[group {g + 1}/{len(groups)}] {len(members)} experiments of {first.algorithm}: "
-          f"{records[-1]['seconds']:.1f}s")
-    if on_group is not None:
-      on_group(members, done, [built[i] for i in members])
+                     devices=first.devices, accounting_workers=first.accounting_workers,
+                     stop=stop)
+    return done, time.perf_counter() - tg
+
+  # Programs run at once in threads (the first ``threads`` groups, then each as one ends); the
+  # first failure (or Ctrl-C here) stops the others before their next round, and is raised.
+  with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+    futures = {pool.submit(run_one, members): g for g, members in enumerate(groups)}
+    try:
+      for future in concurrent.futures.as_completed(futures):
+        g = futures[future]
+        members, first = groups[g], configs[groups[g][0]]
+        done, seconds = future.result()
+        for i, res in zip(members, done):
+          results[i] = res
+        records[g] = {"experiments": list(members), "seconds": seconds,
+                      "side_by_side": len(members) > 1 and experiments_vmapped(first.devices)}
+        if log is not None:
+          log(f"[group {g + 1}/{len(groups)}] {len(members)} experiments of {first.algorithm}: "
+              f"{seconds:.1f}s")
+        if on_group is not None:
+          on_group(members, done, [built[i] for i in members])
+    except BaseException:
+      stop.set()
+      for future in futures:
+        future.cancel()
+      raise
   return results, records
 
 
 def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int = 1, *,
           output_dir: Optional[str] = None, overwrite: bool = False, progress: bool = False,
           release: str = "all", load=None, log=None,
-          group_size: Optional[int] = None) -> SweepResult:
+          group_size: Optional[int] = None, threads: Optional[int] = None) -> SweepResult:
   """Runs every grid point times seed; experiments that share a round run as one program.
 
   Args:
@@ -357,6 +424,8 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
       called once per distinct data set (data fields and seed).
     log: where one line per finished group goes (default: nowhere).
     group_size: at most this many experiments per compiled program (:func:`run_configs`).
+    threads: programs run at once (:func:`threads_for`; default: one per core on one CPU
+      device, else one).
   """
   from fedjax_dp.algorithms import option_table, options, unused_fields
   from fedjax_dp.config import make_config
@@ -373,6 +442,7 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
   for p in points:  # options and device counts are checked before any data set loads
     options.read(p.config, option_table(p.config.algorithm))
     check_devices(p.config.devices)
+  threads = programs_at_once(group_size, threads, [p.config.devices for p in points])
   out = None if output_dir is None else outputs.check_output_dir(output_dir, overwrite=overwrite,
                                                                   results=SWEEP_FILES)
   load = load or load_data
@@ -397,7 +467,7 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
         [p.config for p in points], [datasets[_data_key(p.config)] for p in points],
         output_dirs=[None if out is None else str(out / "experiments" / f"{i:03d}")
                      for i in range(len(points))],
-        progress=progress, release=release, log=log, group_size=group_size,
+        progress=progress, release=release, log=log, group_size=group_size, threads=threads,
         on_group=keep_ledgers, names=[p.name for p in points])
     group_of = {i: g for g, rec in enumerate(group_records) for i in rec["experiments"]}
     experiments = [{"values": p.values, "seed": p.seed, "group": group_of[i],
@@ -420,7 +490,8 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
                        shared[keys],
                        summaries[0].get("neighbouring_relation")),
                    "grid": dict(block[0]["values"])})
-    result = SweepResult(rows, experiments, group_records, time.perf_counter() - t0, points)
+    result = SweepResult(rows, experiments, group_records, time.perf_counter() - t0, points,
+                         threads)
     if out is not None:
       out.mkdir(parents=True, exist_ok=True)
       outputs.write_text_atomic(out / "results.json",

@@ -157,6 +157,21 @@ def test_more_devices_than_jax_sees_is_refused_before_any_data_loads(command, ca
   assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("flag", ["--threads", "--group-size"])
+def test_a_sweeps_program_counts_are_checked_before_any_data_loads(flag, capsys, tmp_path,
+                                                                   monkeypatch):
+  import fedjax_dp.experiment
+
+  def no_loading(*a, **k):
+    raise AssertionError("loaded data for a refused configuration")
+
+  monkeypatch.setattr(fedjax_dp.experiment, "load_data", no_loading)
+  assert main(["sweep", *TINY, "--grid", "client_lr=0.1,0.2", flag, "0",
+               "--output-dir", str(tmp_path / "o")]) == 2
+  _one_error_line(capsys, flag[2:].replace("-", "_"))
+  assert not (tmp_path / "o").exists()
+
+
 # ------------------------------------------------------------------ data files
 
 

@@ -143,7 +143,7 @@ def sweep_dir(tmp_path):
                       for s, a in enumerate(accs)]
   out = tmp_path / "sweep"
   out.mkdir()
-  doc = SweepResult(rows, experiments, [], 0.0, []).to_json()
+  doc = SweepResult(rows, experiments, [], 0.0, [], 1).to_json()
   (out / "results.json").write_text(json.dumps(doc))
   return out
 

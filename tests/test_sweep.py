@@ -50,7 +50,7 @@ def test_each_experiment_equals_its_single_run_and_the_grid_is_one_program(tmp_p
 
   # clip and noise are numbers (one group); two seeds partition the data differently (stacked).
   result = sweep(_base(), {"clip": ["0.2", "1.0"], "noise_multiplier": [0.5]}, seeds=2,
-                 output_dir=str(tmp_path), load=load)
+                 output_dir=str(tmp_path), load=load, threads=1)
   assert len(result.experiments) == 4 and len(result.groups) == 1
   assert [(e["values"]["clip"], e["seed"]) for e in result.experiments] == [
       (0.2, 0), (0.2, 1), (1.0, 0), (1.0, 1)]
@@ -72,7 +72,7 @@ def test_each_experiment_equals_its_single_run_and_the_grid_is_one_program(tmp_p
     assert row["epsilon_seeds_composed"] == pytest.approx(2 * 2 * eps)
     assert row["delta_seeds_composed"] == pytest.approx(2 * (1 + np.exp(eps)) * delta)
   written = json.loads((tmp_path / "results.json").read_text())
-  assert set(written) == {"rows", "experiments", "groups", "seconds", "release"}
+  assert set(written) == {"rows", "experiments", "groups", "seconds", "threads", "release"}
   assert any("groups" in d for d in written["release"]["diagnostics"])
   assert [r["clip"] for r in written["rows"]] == [0.2, 1.0]
   assert written["experiments"][3]["metrics"][-1]["round"] == 3
@@ -84,7 +84,8 @@ def test_each_experiment_equals_its_single_run_and_the_grid_is_one_program(tmp_p
 def test_seeds_on_the_same_clients_are_composed_by_their_accountant():
   # data_seed keeps the split into clients: the mean over both runs is covered, per client, by
   # all 2 x 3 rounds through the runs' RDP accountant, at the runs' delta.
-  result = sweep(_base(data_seed=5), {"clip": ["0.5"], "noise_multiplier": [0.5]}, seeds=2)
+  result = sweep(_base(data_seed=5), {"clip": ["0.5"], "noise_multiplier": [0.5]}, seeds=2,
+                 threads=1)
   row = result.rows[0]
   assert len(result.groups) == 1
   delta = result.experiments[0]["result"].summary["delta"]
@@ -99,7 +100,7 @@ def test_seeds_on_the_same_clients_are_composed_by_their_accountant():
 
 
 def test_target_epsilon_axis_calibrates_each_experiment():
-  result = sweep(_base(rounds=2), {"target_epsilon": ["2", "8"]}, seeds=1)
+  result = sweep(_base(rounds=2), {"target_epsilon": ["2", "8"]}, seeds=1, threads=1)
   eps = [r["epsilon"] for r in result.rows]
   assert eps[0] == pytest.approx(2.0, rel=0.02) and eps[1] == pytest.approx(8.0, rel=0.02)
   noise = [e["result"].summary["noise_multiplier"] for e in result.experiments]
@@ -152,10 +153,12 @@ def test_sweep_command_writes_rows_and_protects_earlier_results(tmp_path, capsys
   from fedjax_dp.cli import main
   out = tmp_path / "s"
   args = ["sweep", "--grid", "clip=0.3,0.6", "--seeds", "2", "--rounds", "2", "--num-clients", "60",
-          "--max-test", "200", "--local-steps", "1", "--noise-multiplier", "1.0", "--output-dir", str(out), "--no-progress"]
+          "--max-test", "200", "--local-steps", "1", "--noise-multiplier", "1.0", "--output-dir", str(out), "--no-progress",
+          "--threads", "1"]
   assert main(args) == 0
   printed = capsys.readouterr().out
-  assert "clip=0.3: accuracy=" in printed and "4 experiments in 1 compiled programs" in printed
+  assert "clip=0.3: accuracy=" in printed
+  assert "4 experiments in 1 compiled programs (1 thread)" in printed
   rows = json.loads((out / "results.json").read_text())["rows"]
   assert [(r["clip"], r["seeds"]) for r in rows] == [(0.3, 2), (0.6, 2)]
   assert all(0 <= r["accuracy_mean"] <= 1 and r["epsilon"] > 0 for r in rows)
@@ -219,7 +222,8 @@ def test_experiments_in_blocks_of_clients_equal_their_single_runs():
     loaded.setdefault(cfg.seed, load_data(cfg))
     return loaded[cfg.seed]
 
-  result = sweep(_base(client_chunk=3, rounds=2), {"clip": ["0.5"]}, seeds=2, load=load)
+  result = sweep(_base(client_chunk=3, rounds=2), {"clip": ["0.5"]}, seeds=2, load=load,
+                 threads=1)
   masks = [np.asarray(e["result"].metrics["cohort_size"]) for e in result.experiments]
   assert len(result.groups) == 1 and not np.array_equal(*masks), masks
   _compare_to_single_runs(result, load)
@@ -248,11 +252,66 @@ def test_experiments_run_in_sequence_on_one_cpu_and_side_by_side_elsewhere(monke
   load = lambda cfg: cache.setdefault(cfg.seed, load_data(cfg))
   assert not engine.experiments_vmapped()
   grid = {"clip": ["0.3", "0.6"]}
-  in_sequence = sweep(_base(rounds=2), grid, seeds=2, load=load)
+  in_sequence = sweep(_base(rounds=2), grid, seeds=2, load=load, threads=1)
   assert [g["side_by_side"] for g in in_sequence.groups] == [False]
   monkeypatch.setattr(engine, "experiments_vmapped", lambda devices=None: True)
-  side_by_side = sweep(_base(rounds=2), grid, seeds=2, load=load)
+  side_by_side = sweep(_base(rounds=2), grid, seeds=2, load=load, threads=1)
   assert [g["side_by_side"] for g in side_by_side.groups] == [True]
   assert held == {(2, (0, 1, 0, 1))}  # two seeds' data sets for four experiments
   _compare_to_single_runs(in_sequence, load)
   _compare_to_single_runs(side_by_side, load)
+
+
+def test_programs_run_at_once_in_threads_equal_their_single_runs(tmp_path):
+  """With more threads than groups, a group runs in parts, one per thread, at the same time; each
+  experiment still equals its single run, and every experiment's files are written."""
+  from fedjax_dp.experiment import load_data
+  cache = {}
+  load = lambda cfg: cache.setdefault(cfg.seed, load_data(cfg))
+  result = sweep(_base(rounds=2), {"clip": ["0.3", "0.6"]}, seeds=2, load=load, threads=2,
+                 output_dir=str(tmp_path))
+  assert result.threads == 2
+  assert sorted(g["experiments"] for g in result.groups) == [[0, 1], [2, 3]]
+  assert [e["group"] for e in result.experiments] == [0, 0, 1, 1]
+  _compare_to_single_runs(result, load)
+  written = json.loads((tmp_path / "results.json").read_text())
+  assert written["threads"] == 2 and len(written["groups"]) == 2
+  for e in written["experiments"]:
+    assert len((tmp_path / e["output_dir"] / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_a_failing_program_stops_the_others_and_its_error_is_raised(monkeypatch):
+  import threading
+  from fedjax_dp import engine
+  real, stopped, started = engine.run_group, [], threading.Event()
+
+  def run_group(program, experiments, rounds, **kw):
+    if experiments[0].seed == 0:
+      started.wait(60)  # the other program is running (not waiting in the queue)
+      raise RuntimeError("this program failed")
+    started.set()
+    try:
+      return real(program, experiments, rounds, **kw)
+    except engine.Stopped:
+      stopped.append(kw["stop"].is_set())
+      raise
+
+  monkeypatch.setattr(engine, "run_group", run_group)
+  with pytest.raises(RuntimeError, match="this program failed"):
+    sweep(_base(rounds=500), {"clip": ["0.3"]}, seeds=2, threads=2)
+  assert stopped == [True]  # the other program ended before its last round
+
+
+def test_threads_are_one_per_core_on_one_cpu_device_and_checked(monkeypatch):
+  from fedjax_dp import round as round_lib
+  from fedjax_dp.sweep import MAX_AUTO_THREADS, threads_for
+  import os
+  cores = len(os.sched_getaffinity(0))
+  assert threads_for(None, [None] * 20) == min(cores, MAX_AUTO_THREADS)
+  assert threads_for(None, [None]) == 1  # one experiment: one program
+  assert threads_for(3, [None]) == 3
+  monkeypatch.setattr(round_lib, "one_cpu_device", lambda devices=None: False)
+  assert threads_for(None, [None] * 20) == 1  # accelerators and several devices: one
+  for bad in (0, -1, 1.5, True, "2"):
+    with pytest.raises(ConfigError, match=r"threads.*integer >= 1"):
+      sweep(_base(), {"clip": ["0.3"]}, threads=bad, load=lambda cfg: pytest.fail("loaded data"))
