@@ -15,8 +15,9 @@ shapes) form a group, and a group runs as *one* compiled program ``vmap``-ed
 over a leading experiment axis (:func:`fedjax_dp.engine.run_group`): numbers
 such as clip bounds, noise levels, lambda or sparsity are data, so they vary
 inside a group; settings that change shapes or loop counts (the algorithm, the
-model, local steps, batch size, the number of clients) start new groups, run
-one after another. Each experiment's results equal its single run with the same
+model, local steps, batch size, the number of clients) start new groups. On one
+CPU device the groups run at once in threads (:func:`threads_for`), one after
+another elsewhere. Each experiment's results equal its single run with the same
 seed, up to floating-point reassociation.
 
 Memory: a group holds one copy of the clients' data when its experiments share
@@ -288,8 +289,8 @@ def threads_for(requested: Optional[int], devices: Sequence[Optional[int]]) -> i
   Automatic: on one CPU device (every configuration's), one per core this process may use, at
   most :data:`MAX_AUTO_THREADS`: a round of small models leaves most of a core idle (Cheng et
   al.'s MNIST MLP used 1.15 of 2 cores), and XLA runs programs called from different threads
-  at the same time, so its 12-experiment grid ran 2.2x faster in two threads than as one
-  program (benchmarks/RESULTS.md). Elsewhere one: a vmapped group fills an accelerator, and
+  at the same time, so on 2 cores its 12-experiment grid ran 1.7-2.0x faster as two programs in
+  two threads than as one (benchmarks/RESULTS.md). Elsewhere one: a vmapped group fills an accelerator, and
   several devices share a program's clients.
   """
   from fedjax_dp.round import one_cpu_device
