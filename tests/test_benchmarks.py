@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import os
 import pathlib
 
 import pytest
@@ -76,6 +77,16 @@ def test_sweep_speed_times_a_loop_of_run_processes_against_one_sweep_process():
   r = _load("sweep_speed").measure_cli(None, rounds=2, seeds=1, epsilons=(4.0, 8.0))
   assert r["cli_experiments"] == 2 and r["cli_loop_s"] > 0 and r["cli_sweep_s"] > 0
   assert r["cli_max_accuracy_difference"] < 1e-3  # each experiment equals its run
+
+
+@pytest.mark.slow  # seven sides of two experiments, each compiling: `make test-slow`
+def test_sweep_speed_times_sweeps_in_one_and_several_threads_against_single_runs():
+  r = _load("sweep_speed").measure(None, rounds=2, seeds=1, epsilons=(4.0, 8.0), chunks=(None,))
+  assert r["experiments"] == 2 and r["sweep_auto_threads"] == 1
+  assert r["sweep_threads_auto_threads"] == min(2, len(os.sched_getaffinity(0)))
+  for name in ("sweep_auto", "sweep_group4_auto", "sweep_threads_auto"):
+    assert r[f"sequential_over_{name}"] > 0
+    assert r[f"{name}_max_accuracy_difference"] < 1e-3  # each experiment equals its run
 
 
 @pytest.mark.slow  # about 13 s: `make test-slow`
