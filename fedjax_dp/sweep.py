@@ -63,8 +63,9 @@ SWEEP_RELEASE = {
                          "experiments' values, group and output_dir",
                          "experiments' seed: secret under release 'all' (it fixes the noise; "
                          "each summary's release.randomness)"],
-    "diagnostics": ["groups (experiments per compiled program and their seconds)", "seconds: raw "
-                    "timings, not covered by any guarantee", "threads (programs run at once)"],
+    "diagnostics": ["groups (experiments per compiled program and their seconds, which overlap "
+                    "where programs ran at once)", "seconds: raw timings, not covered by any "
+                    "guarantee", "threads (programs run at once)"],
 }
 # The RunConfig fields that choose and split the data set (load_data's arguments).
 DATA_FIELDS = ("dataset", "num_clients", "partition", "split_seed", "data_dir", "dirichlet_alpha",
@@ -290,8 +291,8 @@ def threads_for(requested: Optional[int], devices: Sequence[Optional[int]]) -> i
   most :data:`MAX_AUTO_THREADS`: a round of small models leaves most of a core idle (Cheng et
   al.'s MNIST MLP used 1.15 of 2 cores), and XLA runs programs called from different threads
   at the same time, so on 2 cores its 12-experiment grid ran 1.7-2.0x faster as two programs in
-  two threads than as one (benchmarks/RESULTS.md). Elsewhere one: a vmapped group fills an accelerator, and
-  several devices share a program's clients.
+  two threads than as one (benchmarks/RESULTS.md). Elsewhere one: a vmapped group fills an
+  accelerator, and several devices share a program's clients.
   """
   from fedjax_dp.round import one_cpu_device
   check(requested is None or (isinstance(requested, int) and not isinstance(requested, bool)
@@ -327,7 +328,7 @@ def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Seq
   (:func:`fedjax_dp.engine.run_group`). ``on_group(indices, results, setups)`` is called as
   each group ends (the :class:`fedjax_dp.algorithms.Setup` s it ran); ``log`` gets one line per
   group. ``group_size``: at most this many experiments per program (a larger group runs as
-  several, one after another; equal sizes share one compilation); default: no limit.
+  several; equal sizes share one compilation); default: no limit.
   ``names``: what to call each configuration in an error (a sweep's grid points). A group's
   record says whether its experiments ran ``side_by_side`` (vmapped) or one after another
   inside its program (:func:`fedjax_dp.engine.experiments_vmapped`). ``threads``: programs run
