@@ -21,8 +21,9 @@ another elsewhere. Each experiment's results equal its single run with the same
 seed, up to floating-point reassociation.
 
 Memory: a group holds one copy of the clients' data when its experiments share
-a data set and one per experiment otherwise (seeds partition the data
-differently), plus one model state per experiment.
+a data set and one per distinct data set otherwise (seeds partition the data
+differently), plus one model state per experiment; programs running at once in
+threads hold theirs each (``threads=1`` holds one group's at a time).
 """
 
 from __future__ import annotations
