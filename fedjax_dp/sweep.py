@@ -357,7 +357,7 @@ def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Seq
     groups = {(key, k): members[k:k + group_size] for key, members in groups.items()
               for k in range(0, len(members), group_size)}
   groups = list(groups.values())
-  if len(groups) < threads:  # each group in parts, so that every thread has one
+  if 0 < len(groups) < threads:  # each group in parts, so that every thread has one
     parts = -(-threads // len(groups))
     groups = [[int(i) for i in part] for members in groups
               for part in np.array_split(members, min(parts, len(members)))]
