@@ -142,9 +142,12 @@ def test_render_without_an_earlier_reproduction_is_refused(paper, capsys, tmp_pa
   assert f"holds the results of `fedjax-dp reproduce {named}`, not {paper}" in err
 
 
-@pytest.mark.parametrize("command", ["run", "sweep"])
-def test_more_devices_than_jax_sees_is_refused_before_any_data_loads(command, capsys, tmp_path,
-                                                                      monkeypatch):
+@pytest.mark.parametrize("command,flag,value,field", [
+    ("run", "--devices", "99", "devices"), ("sweep", "--devices", "99", "devices"),
+    ("sweep", "--threads", "0", "threads"), ("sweep", "--group-size", "0", "group_size")])
+def test_device_and_program_counts_are_refused_before_any_data_loads(command, flag, value, field,
+                                                                     capsys, tmp_path,
+                                                                     monkeypatch):
   import fedjax_dp.experiment
 
   def no_loading(*a, **k):
@@ -152,23 +155,8 @@ def test_more_devices_than_jax_sees_is_refused_before_any_data_loads(command, ca
 
   monkeypatch.setattr(fedjax_dp.experiment, "load_data", no_loading)
   grid = ["--grid", "client_lr=0.1,0.2"] if command == "sweep" else []
-  assert main([command, *TINY, *grid, "--devices", "99", "--output-dir", str(tmp_path / "o")]) == 2
-  _one_error_line(capsys, "devices")
-  assert not (tmp_path / "o").exists()
-
-
-@pytest.mark.parametrize("flag", ["--threads", "--group-size"])
-def test_a_sweeps_program_counts_are_checked_before_any_data_loads(flag, capsys, tmp_path,
-                                                                   monkeypatch):
-  import fedjax_dp.experiment
-
-  def no_loading(*a, **k):
-    raise AssertionError("loaded data for a refused configuration")
-
-  monkeypatch.setattr(fedjax_dp.experiment, "load_data", no_loading)
-  assert main(["sweep", *TINY, "--grid", "client_lr=0.1,0.2", flag, "0",
-               "--output-dir", str(tmp_path / "o")]) == 2
-  _one_error_line(capsys, flag[2:].replace("-", "_"))
+  assert main([command, *TINY, *grid, flag, value, "--output-dir", str(tmp_path / "o")]) == 2
+  _one_error_line(capsys, field)
   assert not (tmp_path / "o").exists()
 
 
