@@ -336,7 +336,10 @@ def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Seq
   at once, each in its own thread (:func:`threads_for`; default: one per core on one CPU
   device, else one); with fewer groups than threads, each group runs in as many parts
   (near-equal, so that equal parts share one compilation), and ``on_group`` is called as
-  each ends, in that order, from the caller's thread.
+  each ends, in that order, from the caller's thread. With one thread the programs run in the
+  caller's thread; with several, in threads of their own, which do not see the caller's
+  thread-local JAX settings (``with jax.default_device(...)`` and the like: use
+  ``jax.config.update`` or ``threads=1``).
   """
   from fedjax_dp.algorithms import build
   from fedjax_dp.engine import Experiment, experiments_vmapped, run_group
@@ -379,24 +382,29 @@ def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Seq
                      stop=stop)
     return done, time.perf_counter() - tg
 
+  def finish(g, done, seconds):
+    members, first = groups[g], configs[groups[g][0]]
+    for i, res in zip(members, done):
+      results[i] = res
+    records[g] = {"experiments": list(members), "seconds": seconds,
+                  "side_by_side": len(members) > 1 and experiments_vmapped(first.devices)}
+    if log is not None:
+      log(f"[group {g + 1}/{len(groups)}] {len(members)} experiments of {first.algorithm}: "
+          f"{seconds:.1f}s")
+    if on_group is not None:
+      on_group(members, done, [built[i] for i in members])
+
+  if threads == 1:  # in the caller's thread, under its thread-local JAX settings
+    for g, members in enumerate(groups):
+      finish(g, *run_one(members))
+    return results, records
   # Programs run at once in threads (the first ``threads`` groups, then each as one ends); the
   # first failure (or Ctrl-C here) stops the others before their next round, and is raised.
   with concurrent.futures.ThreadPoolExecutor(threads) as pool:
     futures = {pool.submit(run_one, members): g for g, members in enumerate(groups)}
     try:
       for future in concurrent.futures.as_completed(futures):
-        g = futures[future]
-        members, first = groups[g], configs[groups[g][0]]
-        done, seconds = future.result()
-        for i, res in zip(members, done):
-          results[i] = res
-        records[g] = {"experiments": list(members), "seconds": seconds,
-                      "side_by_side": len(members) > 1 and experiments_vmapped(first.devices)}
-        if log is not None:
-          log(f"[group {g + 1}/{len(groups)}] {len(members)} experiments of {first.algorithm}: "
-              f"{seconds:.1f}s")
-        if on_group is not None:
-          on_group(members, done, [built[i] for i in members])
+        finish(futures[future], *future.result())
     except BaseException:
       stop.set()
       for future in futures:

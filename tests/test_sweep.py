@@ -315,3 +315,20 @@ def test_threads_are_one_per_core_on_one_cpu_device_and_checked(monkeypatch):
   for bad in (0, -1, 1.5, True, "2"):
     with pytest.raises(ConfigError, match=r"threads.*integer >= 1"):
       sweep(_base(), {"clip": ["0.3"]}, threads=bad, load=lambda cfg: pytest.fail("loaded data"))
+
+
+def test_one_thread_runs_the_programs_in_the_callers_thread(monkeypatch):
+  """So they see the caller's thread-local JAX settings (a context manager's)."""
+  import threading
+  from fedjax_dp import engine
+  real, seen = engine.run_group, []
+
+  def run_group(*a, **kw):
+    seen.append(threading.get_ident())
+    return real(*a, **kw)
+
+  monkeypatch.setattr(engine, "run_group", run_group)
+  sweep(_base(rounds=1), {"clip": ["0.3", "0.6"]}, threads=1)
+  assert seen == [threading.get_ident()]
+  sweep(_base(rounds=1), {"clip": ["0.3", "0.6"]}, threads=2)
+  assert len(seen) == 3 and threading.get_ident() not in seen[1:]
