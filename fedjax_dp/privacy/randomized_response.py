@@ -65,7 +65,12 @@ def _window(keep_prob: float, count: int) -> tuple:
 
 
 def exact_tabulable(keep_prob: float, count: int) -> bool:
-  """Whether the exact profile of ``count`` responses fits :data:`MAX_EXACT_TABLE` entries."""
+  """Whether the exact profile of ``count`` responses fits :data:`MAX_EXACT_TABLE` entries.
+
+  Never beyond 2**53 responses, where float64 (the window's bounds and the table's counts)
+  no longer holds every integer: there the window's float bounds collapse to one point."""
+  if int(count) > 2 ** 53:
+    return False
   j_lo, j_hi = _window(keep_prob, count)
   return j_hi - j_lo + 1 <= MAX_EXACT_TABLE
 
