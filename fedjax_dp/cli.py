@@ -180,6 +180,9 @@ def _add_reproduce(sub):
   p.add_argument("--data-dir", help="folder holding the data files (default: none, the "
                  "FEDJAX_DP_DATA environment variable)")
   p.add_argument("--seeds", type=int, help="seeds per setting (default: none, the scale's own)")
+  p.add_argument("--threads", type=int, default=None, help="compiled programs run at once, as "
+                 "for sweep (default: one per core, at most 8, on one CPU device; one elsewhere; "
+                 "an integer >= 1; each thread's program holds its own working memory)")
   p.add_argument("--render", action="store_true",
                  help="run nothing: rewrite results.md and the figures in --output-dir from "
                  "its results.json and runs.jsonl (an earlier reproduction of the same paper)")
@@ -457,7 +460,7 @@ def _cmd_reproduce(args) -> int:
   # the reproduction checks first, or missing data).
   with replacing(out, RESULT_FILES):
     return run_reproduction(args.paper, scale=args.scale, output_dir=args.output_dir,
-                            data_dir=args.data_dir, seeds=args.seeds)
+                            data_dir=args.data_dir, seeds=args.seeds, threads=args.threads)
 
 
 def build_parser() -> argparse.ArgumentParser:

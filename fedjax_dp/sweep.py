@@ -284,6 +284,13 @@ class SweepResult:
 MAX_AUTO_THREADS = 8
 
 
+def check_threads(threads) -> None:
+  """Refuses a ``threads`` that is neither unset (automatic) nor an integer >= 1."""
+  check(threads is None or (isinstance(threads, int) and not isinstance(threads, bool)
+                            and threads >= 1), "threads", threads,
+        "must be an integer >= 1 or unset (automatic)")
+
+
 def threads_for(requested: Optional[int], devices: Sequence[Optional[int]]) -> int:
   """Programs that :func:`run_configs` runs at once for ``requested`` (None: automatic), where
   ``devices`` are the configurations' ``devices`` fields.
@@ -296,9 +303,7 @@ def threads_for(requested: Optional[int], devices: Sequence[Optional[int]]) -> i
   accelerator, and several devices share a program's clients.
   """
   from fedjax_dp.round import one_cpu_device
-  check(requested is None or (isinstance(requested, int) and not isinstance(requested, bool)
-                              and requested >= 1), "threads", requested,
-        "must be an integer >= 1 or unset (automatic)")
+  check_threads(requested)
   if requested is not None:
     return requested
   if not all(one_cpu_device(d) for d in devices):

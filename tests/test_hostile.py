@@ -160,6 +160,24 @@ def test_device_and_program_counts_are_refused_before_any_data_loads(command, fl
   assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_reproduce_threads_are_refused_before_any_data_loads(value, capsys, tmp_path, monkeypatch):
+  import fedjax_dp.experiment
+
+  def no_loading(*a, **k):
+    raise AssertionError("loaded data for a refused configuration")
+
+  monkeypatch.setattr(fedjax_dp.experiment, "load_data", no_loading)
+  out = tmp_path / "r"
+  out.mkdir()
+  (out / "results.json").write_text('{"rows": []}')  # an earlier reproduction's, kept
+  assert main(["reproduce", "cheng2022", "--scale", "tiny", "--threads", value, "--overwrite",
+               "--output-dir", str(out)]) == 2
+  assert value in _one_error_line(capsys, "threads")
+  assert sorted(q.name for q in out.iterdir()) == ["results.json"]
+  assert (out / "results.json").read_text() == '{"rows": []}'
+
+
 # ------------------------------------------------------------------ data files
 
 
@@ -310,8 +328,9 @@ def test_reproduce_keeps_an_earlier_reproduction_unless_overwrite(capsys, tmp_pa
   assert main(["reproduce", "cheng2022", "--scale", "tiny", "--output-dir", str(out)]) == 2
   assert "--overwrite" in _one_error_line(capsys, "output_dir") and not calls
   assert (out / "results.json").read_text() == '{"rows": []}'
-  assert main(["reproduce", "cheng2022", "--scale", "tiny", "--output-dir", str(out), "--overwrite"]) == 0
-  assert len(calls) == 1
+  assert main(["reproduce", "cheng2022", "--scale", "tiny", "--output-dir", str(out), "--overwrite",
+               "--threads", "2"]) == 0
+  assert len(calls) == 1 and calls[0]["threads"] == 2
   assert not (out / "results.json").exists() and not (out / "runs.jsonl").exists()
 
 

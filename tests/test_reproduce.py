@@ -44,7 +44,7 @@ def _fake_one(job, data):
   return types.SimpleNamespace(history=rounds, summary={"final_accuracy": rounds[-1]["test_accuracy"]})
 
 
-def _fake_run(jobs, data, done):
+def _fake_run(jobs, data, done, threads=None):
   """Runs the jobs in two groups, the second half first (records keep the jobs' order)."""
   half = len(jobs) // 2
   for indices in (range(half, len(jobs)), range(half)):
@@ -113,6 +113,20 @@ def test_run_jobs(tmp_path):
   assert list(groups) == [("x",), ("y",)] and len(groups[("x",)]) == 4
   with pytest.raises(ConfigError):
     run_jobs(jobs, dict, execute=_fake_run, compilation_cache=False)
+
+
+def test_run_jobs_hands_its_threads_to_the_programs():
+  seen = []
+
+  def execute(jobs, data, done, threads):
+    seen.append(threads)
+    _fake_run(jobs, data, done)
+
+  jobs = [Job(None, {"seed": s}) for s in (0, 1)]
+  records = run_jobs(jobs, lambda job, res: {"accuracy": res.summary["final_accuracy"]},
+                     data={"acc": 0.5}, execute=execute, log=lambda line: None,
+                     compilation_cache=False, threads=3)
+  assert seen == [3] and [r["accuracy"] for r in records] == [0.5, 1.5]
 
 
 def test_plots(tmp_path):

@@ -1,7 +1,7 @@
 """Paper reproductions, by name: ``fedjax-dp reproduce NAME --scale small --output-dir DIR``.
 
 Each entry is ``"module:function"``; the function takes
-``(scale, output_dir, data_dir, seeds)`` and returns an exit status. Each module also has
+``(scale, output_dir, data_dir, seeds, threads)`` and returns an exit status. Each module also has
 ``render(output_dir)``: it rewrites ``results.md`` and the figures from an earlier run's
 ``results.json`` and ``runs.jsonl`` without running anything (``fedjax-dp reproduce NAME
 --render --output-dir DIR``), so new tables and verdicts apply to saved results.
@@ -44,11 +44,16 @@ def _describe(settings: dict) -> str:
   return ", ".join(parts)
 
 
-def run_reproduction(paper: str, scale: str, output_dir: str, data_dir=None, seeds=None) -> int:
+def run_reproduction(paper: str, scale: str, output_dir: str, data_dir=None, seeds=None,
+                     threads=None) -> int:
+  """Runs ``paper``'s reproduction at ``scale`` (``fedjax-dp reproduce``); ``threads``: its
+  compiled programs run at once (:func:`fedjax_dp.sweep.threads_for`; default automatic)."""
+  from fedjax_dp.sweep import check_threads
   check_choice("paper", paper, sorted(REPRODUCTIONS))
+  check_threads(threads)
   module, fn = REPRODUCTIONS[paper].split(":")
   return getattr(importlib.import_module(module), fn)(
-      scale=scale, output_dir=output_dir, data_dir=data_dir, seeds=seeds)
+      scale=scale, output_dir=output_dir, data_dir=data_dir, seeds=seeds, threads=threads)
 
 
 def render_reproduction(paper: str, output_dir: str) -> int:

@@ -267,7 +267,8 @@ def _quantiles(values, prefix: str) -> dict:
   return {f"{prefix}_{k}": v for k, v in quantiles(values).items()}
 
 
-def run(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] = None, log=print) -> int:
+def run(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] = None, log=print,
+        threads: Optional[int] = None) -> int:
   """Entry point of ``fedjax-dp reproduce cheng2022-norms``."""
   from fedjax_dp.algorithms.dp_fedavg import make_model
   from fedjax_dp.config import make_config
@@ -302,7 +303,8 @@ def run(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] = None,
             "grad_full": [round(float(v), 6) for v in g["full"]]}
 
   runs = run_jobs(jobs, record, data=data, runs_path=out / "runs.jsonl",
-                  diagnostics=("update_norm", "fraction_clipped", "train_loss"), log=log)
+                  diagnostics=("update_norm", "fraction_clipped", "train_loss"), log=log,
+                  threads=threads)
   wall = time.perf_counter() - t0
   p, n = base["sampling_prob"], base["num_clients"]
   settings = {

@@ -720,9 +720,10 @@ RAW = {"fraction_clipped_mean, update_norm_median_last":
 
 
 def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] = None,
-              data=None, log=print) -> dict:
+              data=None, log=print, threads: Optional[int] = None) -> dict:
   """Runs a CPU-or-accelerator scale of :data:`SCALES` (every one but "paper") and writes its
-  files; ``data`` (a loaded data set) serves the scales with one data set."""
+  files; ``data`` (a loaded data set) serves the scales with one data set; ``threads``: the
+  compiled programs run at once (:func:`run_jobs`)."""
   from fedjax_dp.algorithms.blur_lus import DEFAULTS
   from fedjax_dp.config import make_config
   from fedjax_dp.experiment import load_data
@@ -747,7 +748,8 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
         dict(base, **({} if alpha is None else {"dirichlet_alpha": alpha}))))
 
   runs = run_jobs(jobs, _record, load_data=load, runs_path=out / "runs.jsonl",
-                  diagnostics=("update_norm", "train_loss", "fraction_clipped"), log=log)
+                  diagnostics=("update_norm", "train_loss", "fraction_clipped"), log=log,
+                  threads=threads)
   rows = _summarize(runs)
   wall = time.perf_counter() - t0
   n, p = base["num_clients"], base["sampling_prob"]
@@ -790,7 +792,7 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
 
 
 def run_paper(output_dir: str, data_dir=None, seeds: Optional[int] = None, presets=None,
-              log=print) -> int:
+              log=print, threads: Optional[int] = None) -> int:
   """The paper's Table 1 presets (federated EMNIST; accelerator only), every column of
   :data:`COLUMNS` ``["table1"]`` at each epsilon, configured by :func:`method_config`.
 
@@ -817,17 +819,18 @@ def run_paper(output_dir: str, data_dir=None, seeds: Optional[int] = None, prese
             for eps in EPSILONS for m in COLUMNS["table1"] for seed in range(n_seeds)]
     runs += run_jobs(jobs, lambda job, res: {"epsilon": res.summary.get("epsilon"),
                                              "accuracy": res.summary["final_accuracy"]},
-                     data=data, runs_path=out / "runs.jsonl", append=i > 0, log=log)
+                     data=data, runs_path=out / "runs.jsonl", append=i > 0, log=log,
+                     threads=threads)
   keys = ("preset", "method", "target_epsilon", "seed", "epsilon", "accuracy")
   write_text_atomic(out / "results.json", json.dumps({"runs": [{k: r[k] for k in keys} for r in runs]},
                                                indent=2) + "\n")
   return 0
 
 
-def run(scale: str, output_dir: str, data_dir=None, seeds=None) -> int:
+def run(scale: str, output_dir: str, data_dir=None, seeds=None, threads=None) -> int:
   """Entry point of ``fedjax-dp reproduce cheng2022``."""
   check_choice("scale", scale, sorted(SCALES))
   if scale == "paper":
-    return run_paper(output_dir, data_dir, seeds)
-  run_small(scale, output_dir, data_dir, seeds)
+    return run_paper(output_dir, data_dir, seeds, threads=threads)
+  run_small(scale, output_dir, data_dir, seeds, threads=threads)
   return 0

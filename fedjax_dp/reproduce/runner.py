@@ -73,13 +73,13 @@ def enable_compilation_cache() -> None:
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
 
-def simulate_jobs(jobs: Sequence[Job], data, done: Callable) -> None:
+def simulate_jobs(jobs: Sequence[Job], data, done: Callable, threads: Optional[int] = None) -> None:
   """Runs ``jobs`` on ``data`` as sweeps do (:func:`fedjax_dp.sweep.run_configs`: those that
-  share a compiled round run as one vmapped program) and calls ``done(indices, results,
-  setups)`` as each group of them ends."""
+  share a compiled round run as one vmapped program, ``threads`` of them at once) and calls
+  ``done(indices, results, setups)`` as each group of them ends."""
   from fedjax_dp.sweep import run_configs
   run_configs([j.config for j in jobs], [data] * len(jobs),
-              output_dirs=[j.output_dir for j in jobs], on_group=done)
+              output_dirs=[j.output_dir for j in jobs], on_group=done, threads=threads)
 
 
 def history(result, diagnostics: Optional[Sequence[str]] = None) -> list:
@@ -99,7 +99,7 @@ def run_jobs(jobs: Sequence[Job], record: Callable[[Job, Any], dict], *, data=No
              load_data: Optional[Callable[[Any], Any]] = None, execute: Callable = simulate_jobs,
              runs_path=None, append: bool = False, diagnostics: Optional[Sequence[str]] = None,
              on_record: Optional[Callable[[list], None]] = None, log=print,
-             compilation_cache: bool = True) -> list:
+             compilation_cache: bool = True, threads: Optional[int] = None) -> list:
   """Runs ``jobs`` and returns their records, in the jobs' order.
 
   Jobs that follow one another on one data set are run together by ``execute``
@@ -114,8 +114,8 @@ def run_jobs(jobs: Sequence[Job], record: Callable[[Job, Any], dict], *, data=No
     data: the loaded data set every job runs on; or
     load_data: ``key -> data set``, called when a job's ``data`` key differs from the previous
       job's (one data set is held at a time).
-    execute: ``(jobs, data, done)`` runs jobs on one data set and calls ``done(indices,
-      results, setups)`` as some of them end (default: :func:`simulate_jobs`).
+    execute: ``(jobs, data, done, threads=)`` runs jobs on one data set and calls
+      ``done(indices, results, setups)`` as some of them end (default: :func:`simulate_jobs`).
     runs_path: the ``runs.jsonl`` each record is appended to as its run ends (none: not written).
     append: keep the records already in ``runs_path`` (else it starts empty).
     diagnostics: the diagnostics kept in each round of the history (default: all).
@@ -123,6 +123,8 @@ def run_jobs(jobs: Sequence[Job], record: Callable[[Job, Any], dict], *, data=No
     log: where the progress lines go.
     compilation_cache: turn on JAX's persistent compilation cache
       (:func:`enable_compilation_cache`).
+    threads: compiled programs run at once (``fedjax-dp reproduce --threads``;
+      :func:`fedjax_dp.sweep.threads_for`; default: one per core on one CPU device, else one).
   """
   check((data is None) != (load_data is None), "data", None,
         "give either a loaded data set or load_data")
@@ -164,7 +166,7 @@ def run_jobs(jobs: Sequence[Job], record: Callable[[Job, Any], dict], *, data=No
       if on_record is not None:
         on_record(list(finished))
 
-    execute([jobs[i] for i in segment], data, done)
+    execute([jobs[i] for i in segment], data, done, threads=threads)
   return records
 
 

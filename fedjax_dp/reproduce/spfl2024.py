@@ -115,7 +115,7 @@ def _train_error(model, params, data, n: int):
   return 1.0 - float(acc), float(loss)
 
 
-def _execute(jobs, data, done, train_eval: int):
+def _execute(jobs, data, done, train_eval: int, threads=None):
   """Runs ``jobs`` as sweeps do (:func:`simulate_jobs`) and adds each final model's train error
   and loss and its noise multiplier to its summary (also to its ``summary.json``)."""
 
@@ -132,7 +132,7 @@ def _execute(jobs, data, done, train_eval: int):
           json.dumps(res.summary, indent=2, default=str) + "\n")
     done(indices, results, setups)
 
-  simulate_jobs(jobs, data, finish)
+  simulate_jobs(jobs, data, finish, threads=threads)
 
 
 # The rows' raw statistics (runner.release).
@@ -383,7 +383,7 @@ def render(output_dir) -> int:
 
 
 def run(scale: str = "small", output_dir: str = "runs/spfl2024", data_dir=None, seeds=None,
-        methods=METHODS) -> int:
+        methods=METHODS, threads=None) -> int:
   """Runs the reproduction at ``scale`` ("tiny", "small" or "medium"); returns 0."""
   check_choice("scale", scale, sorted(SCALES))
   for m in methods:
@@ -432,7 +432,7 @@ def run(scale: str = "small", output_dir: str = "runs/spfl2024", data_dir=None, 
   runs = run_jobs(jobs, _record, load_data=load,
                   execute=functools.partial(_execute, train_eval=p["train_eval"]),
                   runs_path=out / "runs.jsonl", on_record=partial,
-                  log=lambda line: print(f"[spfl2024] {line}", flush=True))
+                  log=lambda line: print(f"[spfl2024] {line}", flush=True), threads=threads)
   rows = _rows(runs, settings, n_seeds)
   result = {"paper": "Wu and Li 2024, SP-FL", "scale": scale, "settings": p,
             "spfl_options": SPFL_OPTIONS, "privacy_unit":

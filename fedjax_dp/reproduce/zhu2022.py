@@ -285,7 +285,7 @@ def _markdown(rows, scale_name) -> str:
 
 
 def reproduce(scale: str = "small", output_dir: str = "runs/zhu2022", data_dir=None, seeds=None,
-              settings=SETTINGS, methods=METHODS, progress: bool = True) -> int:
+              settings=SETTINGS, methods=METHODS, progress: bool = True, threads=None) -> int:
   """Runs the experiments of ``scale``, writes results.json (as runs end) and runs.jsonl, then
   results.md and the plots through :func:`render` (returns 0)."""
   check_choice("scale", scale, sorted(SCALES))
@@ -306,7 +306,7 @@ def reproduce(scale: str = "small", output_dir: str = "runs/zhu2022", data_dir=N
   records = run_jobs(jobs, _record, load_data=lambda partition: load_data(sc, partition, data_dir),
                      runs_path=out / "runs.jsonl",
                      on_record=lambda rs: _write(out, scale, sc, *_results(rs, n_seeds), t_start),
-                     log=log)
+                     log=log, threads=threads)
   _write(out, scale, sc, *_results(records, n_seeds), t_start)
   render(out)
   log(f"wrote {out / 'results.json'}, {out / 'results.md'} and the plots in "
@@ -353,6 +353,7 @@ def _write(out, scale_name, sc, rows, curves, t_start):
   write_text_atomic(out / "results.json", json.dumps(doc, indent=1, default=str) + "\n")
 
 
-def run(scale: str, output_dir: str, data_dir=None, seeds=None) -> int:
+def run(scale: str, output_dir: str, data_dir=None, seeds=None, threads=None) -> int:
   """Entry point of ``fedjax-dp reproduce zhu2022``."""
-  return reproduce(scale=scale, output_dir=output_dir, data_dir=data_dir, seeds=seeds)
+  return reproduce(scale=scale, output_dir=output_dir, data_dir=data_dir, seeds=seeds,
+                   threads=threads)
