@@ -53,7 +53,9 @@ import functools
 import math
 import pathlib
 import secrets
+import threading
 import time
+import weakref
 from typing import Any, Callable, Optional
 
 import jax
@@ -641,6 +643,33 @@ def _check_tensorboard(experiments) -> None:
             "needs the tensorboardX package: pip install 'fedjax_dp[tensorboard]'")
 
 
+# Device copies of data sets' arrays, by the host arrays they copy: weak references both ways, so
+# an entry lives only while a program still holds the copy (placed_arrays).
+_PLACED: dict = {}
+_PLACED_LOCK = threading.Lock()
+
+
+def placed_arrays(host: tuple, place: Optional[Callable[[], tuple]] = None) -> tuple:
+  """The device arrays ``place()`` makes from the arrays ``host`` (default: ``host`` as they are,
+  on the default device), shared with any program that still holds them: a sweep's programs
+  running at once in threads (:func:`fedjax_dp.sweep.run_configs`) read one device copy of their
+  data sets instead of one each, and the copy goes when the last program holding it ends
+  (programs one after another place it again, as a run alone does)."""
+  key = tuple(id(a) for a in host)
+  with _PLACED_LOCK:
+    for k in [k for k, (src, dev) in _PLACED.items()
+              if any(r() is None for r in src + dev)]:
+      del _PLACED[k]  # its host arrays or its last program are gone
+    if key in _PLACED:
+      src, dev = _PLACED[key]
+      arrays = tuple(r() for r in dev)
+      if all(s() is a for s, a in zip(src, host)) and all(a is not None for a in arrays):
+        return arrays
+    arrays = place() if place is not None else tuple(jnp.asarray(a) for a in host)
+    _PLACED[key] = (tuple(weakref.ref(a) for a in host), tuple(weakref.ref(a) for a in arrays))
+    return arrays
+
+
 def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progress: bool = True,
               placement: str = "device", release: str = "all",
               client_chunk: Optional[int] = None, devices: Optional[int] = None,
@@ -728,15 +757,18 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
       check(type(d).rows is FederatedData.rows, "placement", placement,
             f"'device' needs the clients' arrays, but data set {d.name!r} generates its rows on "
             "demand: use placement='host'")
+    fields = ("x", "y", "counts")
     if mode == "stacked":  # each distinct data set once, and which one each experiment reads
       distinct = list({id(d): d for d in datas}.values())
       which = {id(d): i for i, d in enumerate(distinct)}
-      arrays = DataSets(tuple(jnp.asarray(np.stack([getattr(d, f) for d in distinct]))
-                              for f in ("x", "y", "counts")),
-                        jnp.asarray([which[id(d)] for d in datas], jnp.int32))
+      arrays = DataSets(
+          placed_arrays(tuple(getattr(d, f) for d in distinct for f in fields),
+                        lambda: tuple(jnp.asarray(np.stack([getattr(d, f) for d in distinct]))
+                                      for f in fields)),
+          jnp.asarray([which[id(d)] for d in datas], jnp.int32))
       del distinct
     else:
-      arrays = tuple(jnp.asarray(getattr(datas[0], f)) for f in ("x", "y", "counts"))
+      arrays = placed_arrays(tuple(getattr(datas[0], f) for f in fields))
     del datas
 
     def inputs(cohorts):

@@ -332,3 +332,22 @@ def test_one_thread_runs_the_programs_in_the_callers_thread(monkeypatch):
   assert seen == [threading.get_ident()]
   sweep(_base(rounds=1), {"clip": ["0.3", "0.6"]}, threads=2)
   assert len(seen) == 3 and threading.get_ident() not in seen[1:]
+
+
+def test_programs_at_once_share_one_device_copy_of_their_data():
+  import concurrent.futures
+  import gc
+  import weakref
+  from fedjax_dp.engine import placed_arrays
+  host = (np.arange(6.0).reshape(2, 3), np.array([1, 2], np.int32))
+  with concurrent.futures.ThreadPoolExecutor(4) as pool:  # programs starting at once
+    placed = list(pool.map(lambda _: placed_arrays(host), range(4)))
+  assert all(p[0] is placed[0][0] and p[1] is placed[0][1] for p in placed)
+  np.testing.assert_array_equal(placed[0][0], host[0])
+  assert placed_arrays((host[0].copy(), host[1]))[0] is not placed[0][0]  # other host arrays
+  ref = weakref.ref(placed[0][0])
+  del placed
+  gc.collect()
+  assert ref() is None  # the last program holding the copy let it go: nothing else keeps it
+  again = placed_arrays(host)
+  np.testing.assert_array_equal(again[0], host[0])
