@@ -660,11 +660,10 @@ def placed_arrays(host: tuple, place: Optional[Callable[[], tuple]] = None) -> t
     for k in [k for k, (src, dev) in _PLACED.items()
               if any(r() is None for r in src + dev)]:
       del _PLACED[k]  # its host arrays or its last program are gone
-    if key in _PLACED:
-      src, dev = _PLACED[key]
-      arrays = tuple(r() for r in dev)
-      if all(s() is a for s, a in zip(src, host)) and all(a is not None for a in arrays):
-        return arrays
+    # A kept entry's host arrays are alive, so the ids in ``key`` are theirs: ``host`` itself.
+    arrays = tuple(r() for r in _PLACED[key][1]) if key in _PLACED else ()
+    if arrays and all(a is not None for a in arrays):  # its last program may just have ended
+      return arrays
     arrays = place() if place is not None else tuple(jnp.asarray(a) for a in host)
     _PLACED[key] = (tuple(weakref.ref(a) for a in host), tuple(weakref.ref(a) for a in arrays))
     return arrays

@@ -23,7 +23,8 @@ seed, up to floating-point reassociation.
 Memory: a group holds one copy of the clients' data when its experiments share
 a data set and one per distinct data set otherwise (seeds partition the data
 differently), plus one model state per experiment; programs running at once in
-threads hold theirs each (``threads=1`` holds one group's at a time).
+threads share one device copy of a data set (:func:`fedjax_dp.engine.placed_arrays`)
+and hold their states each (``threads=1`` holds one group's at a time).
 """
 
 from __future__ import annotations
