@@ -44,11 +44,42 @@ def test_difference_pairs_seeds_and_selects_each_claims_settings():
   # one seed: no spread
   assert spfl2024.difference(rows, [r for r in records if r["seed"] == 0], "spfl", "dp-fl",
                              None)[1] is None
-  verdicts = {c.claim: c for c in spfl2024.claims(rows, records, "tiny")}
+  verdicts = {c.claim: c for c in spfl2024.claims(rows, records)}
   assert set(verdicts) == {c[0] for c in spfl2024.CLAIMS}
   t2 = verdicts["Table 2: SP-FL's training error below DP-FL's (base runs)"]
   assert t2.sign_only and t2.paper_gain < 0 and t2.measured == pytest.approx(-15.0)
   assert verdicts["SP-FL over ADP-FL, mean of all settings (abstract)"].measured is None
+  # rows without the runs' traces (a results.json written before them) give no measured reason
+  assert verdicts["Fig. 3: SP-FL above DP-FL over epsilon (mean of its points)"].reason \
+      .startswith("not measured")
+
+
+def _history(noise, norm, loss):
+  return [{"round": i + 1, "diagnostics": {"noise_std": n, "update_norm": {"q50": u},
+                                           "train_loss": l}}
+          for i, (n, u, l) in enumerate(zip(noise, norm, loss))]
+
+
+def test_reasons_quote_each_runs_noise_norms_and_runaway():
+  # spfl runs away in round 3 (loss above 10 x round 1's): its medians are over rounds 1-2 only
+  spfl = spfl2024._trace(_history([4.0, 6.0, 0.0], [10.0, 14.0, 0.0], [2.0, 3.0, 25.0]))
+  assert spfl == {"noise_std_median": 5.0, "update_norm_median": 12.0, "train_loss_last": 25.0,
+                  "runaway_round": 3}
+  assert spfl2024._trace(_history([1.0], [2.0], [float("nan")]))["runaway_round"] == 1
+  dpfl = spfl2024._trace(_history([2.0, 2.0, 2.0], [7.0, 7.0, 7.0], [2.0, 1.5, 1.25]))
+  assert dpfl["runaway_round"] is None and dpfl["train_loss_last"] == 1.25
+  rows = [dict(_row(m, "mnist", s, v, 0.5, 0.5), trace=[t])
+          for s, v in (("base", None), ("epsilon", 1.0))
+          for m, t in (("spfl", spfl), ("dp-fl", dpfl))]
+  text = spfl2024.reason(rows, "spfl", "dp-fl", "epsilon")
+  # one part per point of the figure, in order of the setting's value
+  assert text.split(". ")[0].startswith("epsilon 1: noise std spfl 5 vs dp-fl 2 (2.5x), "
+                                        "update norm 12 vs 7, last train loss - vs 1.25; spfl "
+                                        "ran away in 1 of 1 runs (round 3)")
+  assert text.split(". ")[1].startswith("epsilon 4: ")
+  whole = spfl2024.reason(rows, "spfl", "dp-fl", None)
+  assert "spfl ran away in 2 of 2 runs (round 3)" in whole and ". " not in whole
+  assert spfl2024.reason(rows, "spfl", "adp-fl", None) == ""  # no adp-fl rows
 
 
 @pytest.mark.slow
@@ -65,6 +96,12 @@ def test_render_rewrites_the_runs_results_md_and_figures(shared_data_dir, tmp_pa
   # The train error is a raw statistic of the clients' data: labelled so wherever it appears.
   assert "train error (raw)" in md
   assert "train_error_mean, train_loss_mean (Table 2's train error)" in result["release"]["diagnostics"]
+  # each row keeps its runs' traces, which the reasons quote (labelled raw)
+  assert all(len(r["trace"]) == 1 and r["trace"][0]["noise_std_median"] is not None
+             for r in result["rows"] if r["method"] != "nodp-fl")
+  assert any(k.startswith("trace") for k in result["release"]["diagnostics"])
+  assert "| not reproduced | noise std spfl " in md or "| reproduced | noise std spfl " in md \
+      or "| partly | noise std spfl " in md
   run_dir = next(d for d in (out / "runs").rglob("summary.json"))
   assert "train_error" in json.loads(run_dir.read_text())["diagnostics"]
   fig3 = (out / "spfl2024_fig3.png").read_bytes()
