@@ -8,7 +8,8 @@ import pytest
 
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.plots import Curve, plot_curves, plot_quantiles
-from fedjax_dp.reproduce.runner import Job, group_by, num_seeds, run_jobs, seed_stats
+from fedjax_dp.reproduce.runner import (Job, group_by, num_seeds, read_records, run_jobs,
+                                        seed_stats)
 from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference, verdict,
                                        verdict_table)
 
@@ -111,6 +112,12 @@ def test_run_jobs(tmp_path):
   assert lines[0].startswith("[1/8] method=y seed=0: acc=0.2500 (group of 2:")
   groups = group_by(records, ("method",))
   assert list(groups) == [("x",), ("y",)] and len(groups[("x",)]) == 4
+  # read back, the records come in the rows' order, each row's by seed (seeds pair by position)
+  rows = [{"method": "x", "seeds": 4}, {"method": "y", "seeds": 4}]
+  assert [(r["method"], r["seed"]) for r in read_records(tmp_path, rows, ("method",))] == [
+      (m, s) for m in "xy" for s in (0, 0, 1, 1)]
+  # a setting without a row comes last
+  assert [r["method"] for r in read_records(tmp_path, rows[1:], ("method",))] == ["y"] * 4 + ["x"] * 4
   with pytest.raises(ConfigError):
     run_jobs(jobs, dict, execute=_fake_run, compilation_cache=False)
 

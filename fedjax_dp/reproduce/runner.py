@@ -208,10 +208,14 @@ def read_records(output_dir, rows: Sequence[dict], keys: Sequence[str],
   against ``rows`` (its ``results.json``'s): a row, told apart by its values at ``keys``,
   summarizes exactly ``row["seeds"]`` records. A truncated, doubled or mixed ``runs.jsonl``
   would render tables and verdicts that disagree with the rows, so it is refused (field
-  ``--output-dir``) before anything is written. Records of a setting without a row (one an
-  interrupted run had not finished) are kept for the module to skip."""
+  ``--output-dir``) before anything is written. The records come in the rows' order, each row's
+  by seed (``runs.jsonl`` holds them as the runs ended, which programs running at once reorder),
+  so that tables keep the rows' order and seeds pair by position; records of a setting without
+  a row (one an interrupted run had not finished) come last, kept for the module to skip."""
   path = pathlib.Path(output_dir) / "runs.jsonl"
   records = [prepare(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+  order = {tuple(row[k] for k in keys): i for i, row in enumerate(rows)}
+  records.sort(key=lambda r: (order.get(tuple(r[k] for k in keys), len(order)), r.get("seed", 0)))
   found = group_by(records, keys)
   for row in rows:
     key = tuple(row[k] for k in keys)
