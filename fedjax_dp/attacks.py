@@ -215,3 +215,14 @@ def get(name: str, *, sigma: float = 1e4, scale: float = -5.0, alie_z: Optional[
             "sample_duplication": sample_duplication, "alie": lambda: alie(alie_z),
             "ipm": lambda: ipm(ipm_epsilon), "nonfinite": lambda: nonfinite(nonfinite_value)}
   return makers[name]()
+
+
+def knowledge_of_unreleased(attack: str, byzantine: int) -> Optional[str]:
+  """A run's ``attacker_knowledge`` where the regular clients' uploads are not released (only a
+  noised aggregate is: DP-FedAvg, DDGauss, a hand-built round): None without Byzantine clients;
+  else "omniscient" when the attack reads the regular rows (they are unprotected data then,
+  whatever the configuration's ``attacker_knowledge`` says), "released" when it does not."""
+  if not byzantine:
+    return None
+  return "omniscient" if get(attack).reads_honest else "released"
+

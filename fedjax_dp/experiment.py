@@ -154,8 +154,11 @@ def as_model(model, data):
 
 def custom_setup(rnd, hparams: Optional[dict], config: RunConfig, data):
   """The :class:`fedjax_dp.algorithms.Setup` of a hand-built round: sampler and accounting from
-  the configuration, privacy from the round's pieces."""
+  the configuration, privacy from the round's pieces; with Byzantine clients (``hparams``'
+  ``byzantine``) an attack that reads the regular rows reads their unreleased updates, which
+  voids the guarantee (``attacker_knowledge: "omniscient"``), as in DP-FedAvg."""
   from fedjax_dp.algorithms import Setup, as_hparams
+  from fedjax_dp.attacks import knowledge_of_unreleased
   from fedjax_dp.errors import check
   from fedjax_dp.privacy.accounting import LedgerAccounting
   from fedjax_dp.privacy.mechanisms import user_level_mechanism
@@ -167,4 +170,6 @@ def custom_setup(rnd, hparams: Optional[dict], config: RunConfig, data):
   hp = as_hparams(hp)
   mechanism = user_level_mechanism(rnd, hp, config.sampling, config.sampling_prob,
                                    data.num_clients, config.cohort_size)
-  return Setup(rnd, sampler, LedgerAccounting(mechanism, config.delta, config.accountant), hp)
+  knowledge = knowledge_of_unreleased(rnd.attack, int(hp["byzantine"]))
+  return Setup(rnd, sampler, LedgerAccounting(mechanism, config.delta, config.accountant,
+                                              attacker_knowledge=knowledge), hp)

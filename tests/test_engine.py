@@ -236,6 +236,10 @@ def test_a_round_whose_pieces_do_not_add_noise_claims_no_guarantee(digits):
   median = dataclasses.replace(setup.program, aggregator=lambda hp: robust.get("coordinate_median"))
   mech = user_level_mechanism(median, setup.hparams, "poisson", 0.2)
   assert not mech.formal_guarantee and "without noise" in mech.guarantee_note
+  # Hand-built with a server rule: it reads the clients' raw per-client values (aux).
+  ruled = dataclasses.replace(setup.program, server_rule=lambda server, hp, aux, mask, ids: server)
+  mech = user_level_mechanism(ruled, setup.hparams, "poisson", 0.2)
+  assert not mech.formal_guarantee and "server rule" in mech.guarantee_note
   # From the configuration: --aggregator coordinate_median with a target epsilon.
   s = build(_config(algorithm="dp_fedavg", noise_multiplier=None, target_epsilon=4.0,
                     aggregator="coordinate_median"), digits)
@@ -243,6 +247,22 @@ def test_a_round_whose_pieces_do_not_add_noise_claims_no_guarantee(digits):
   rep = s.accounting.report()
   assert rep["formal_guarantee"] is False and rep["epsilon"] is None
   assert "coordinate_median" in rep["guarantee_note"]
+
+
+def test_a_hand_built_round_whose_attack_reads_the_regular_rows_claims_no_guarantee(digits):
+  # The regular clients' clipped updates are not released: attackers copying them (sample
+  # duplication) multiply a client's weight in the noised sum, as in DP-FedAvg.
+  from fedjax_dp.experiment import custom_setup
+  config = _config(algorithm="dp_fedavg", noise_multiplier=1.0)
+  setup = build(config, digits)
+  for attack, byzantine, knowledge, formal in (("sample_duplication", 5, "omniscient", False),
+                                               ("gaussian", 5, "released", True),
+                                               ("sample_duplication", 0, None, True)):
+    rnd = dataclasses.replace(setup.program, attack=attack)
+    custom = custom_setup(rnd, {**setup.hparams, "byzantine": byzantine}, config, digits)
+    custom.accounting.on_round(None)
+    rep = custom.accounting.report()
+    assert rep.get("attacker_knowledge") == knowledge and rep["formal_guarantee"] is formal
 
 
 def test_dp_fedavg_with_byzantine_clients_and_a_robust_aggregator_from_the_cli(tmp_path, capsys):

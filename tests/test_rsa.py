@@ -57,6 +57,11 @@ def test_sign_gaussian_clips():
   assert stats.binomtest(int(jnp.sum(out < 0)), n, stats.norm.cdf(-0.5)).pvalue > 1e-3
   out = _apply(sign_gaussian(1.0, clip=0.5 * math.sqrt(n), norm="l2"), big)  # ||u|| = 5 sqrt(n)
   assert stats.binomtest(int(jnp.sum(out < 0)), n, stats.norm.cdf(-0.5)).pvalue > 1e-3
+  # A NaN coordinate (a diverged worker) is bounded too: it is sent as a clipped 0 would be, a
+  # fair coin (the sign of NaN plus noise would be fixed, breaking the per-coordinate guarantee).
+  for norm, c in (("linf", 0.5), ("l2", 0.5 * math.sqrt(n))):
+    out = _apply(sign_gaussian(1.0, clip=c, norm=norm), jnp.full((n,), jnp.nan))
+    assert stats.binomtest(int(jnp.sum(out < 0)), n, 0.5).pvalue > 1e-3
   # Salted: the flip and the Gaussian draw independently from the same key.
   assert not np.array_equal(_apply(sign_flip(0.6), jnp.ones(1000)), _apply(sign_gaussian(0.25), jnp.ones(1000) * 0.1))
 

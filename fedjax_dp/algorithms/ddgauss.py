@@ -178,7 +178,7 @@ def round_mechanism(rnd: Round, hparams: dict, dim: int):
 def build_ddgauss(config, data) -> Setup:
   """DDGauss on the FedAvg family's client (see the module docstring)."""
   from fedjax_dp.algorithms.dp_fedavg import make_model
-  from fedjax_dp.attacks import get as get_attack
+  from fedjax_dp.attacks import knowledge_of_unreleased
   from fedjax_dp.privacy import ddgauss as pdd
   from fedjax_dp.privacy.accounting import LedgerAccounting
   from fedjax_dp.sampling import make_sampler
@@ -227,8 +227,7 @@ def build_ddgauss(config, data) -> Setup:
       beta=mech.beta, bits=opts["bits"], rounding_tries=opts["rounding_tries"],
       rotation_seed=config.seed % 2 ** 24)
   # Reading the clients' rows reads their noisy shares, which secure aggregation never releases.
-  reads = get_attack(config.attack).reads_honest
-  knowledge = "omniscient" if config.byzantine and reads else "released"
   accounting = LedgerAccounting(round_mechanism(rnd, hparams, dim), config.delta, config.accountant,
-                                attacker_knowledge=knowledge if config.byzantine else None)
+                                attacker_knowledge=knowledge_of_unreleased(config.attack,
+                                                                           config.byzantine))
   return Setup(rnd, sampler, accounting, hparams)

@@ -119,13 +119,10 @@ def build_fedavg_family(config, data, *, private: bool, regularizer: str = "none
                                               "sparsity": opts.get("sparsity", 0.0)})
   mechanism = user_level_mechanism(rnd, hparams, config.sampling, config.sampling_prob,
                                    data.num_clients, config.cohort_size)
-  # The clients' clipped updates are not released (only the noisy sum is): an attack that
-  # reads the regular clients' rows reads unprotected data, whatever attacker_knowledge says.
-  from fedjax_dp.attacks import get as get_attack
-  reads = get_attack(config.attack).reads_honest
-  knowledge = "omniscient" if config.byzantine and reads else "released"
-  accounting = LedgerAccounting(mechanism, config.delta, config.accountant,
-                                attacker_knowledge=knowledge if config.byzantine else None)
+  # The clients' clipped updates are not released (only the noisy sum is).
+  from fedjax_dp.attacks import knowledge_of_unreleased
+  accounting = LedgerAccounting(mechanism, config.delta, config.accountant, attacker_knowledge=
+                                knowledge_of_unreleased(config.attack, config.byzantine))
   return Setup(rnd, sampler, accounting, hparams)
 
 

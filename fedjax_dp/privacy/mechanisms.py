@@ -128,7 +128,7 @@ def user_level_mechanism(rnd, hparams: dict, sampling: str, sampling_prob=None,
   otherwise it is :class:`NonPrivate` with the reason, whatever the
   configuration says about noise or target epsilon (a median of clipped
   updates, noise on unbounded updates, a hand-built aggregator that declares
-  nothing, and so on).
+  nothing, a server rule reading the clients' per-client values, and so on).
   """
   bound = getattr(rnd.client, "bound", None)
   noise = getattr(rnd.aggregator, "noise", None)
@@ -140,6 +140,10 @@ def user_level_mechanism(rnd, hparams: dict, sampling: str, sampling_prob=None,
   if bound is None or noise != bound:
     return NonPrivate(guarantee_note="noise is added but it is not scaled to an L2 bound the clients' "
                                      "released updates satisfy: unbounded sensitivity, no guarantee")
+  if getattr(rnd, "server_rule", None) is not None:
+    return NonPrivate(guarantee_note="a server rule computes the server's state from the "
+                                     "clients' per-client values (aux), which no noise covers: no "
+                                     "guarantee")
   if rnd.weighting != "uniform":
     return NonPrivate(guarantee_note="clients are weighted by their example counts: the sum's "
                                      "sensitivity is not the clip bound, no guarantee")

@@ -76,12 +76,16 @@ def sign_flip(keep_prob: float) -> optax.GradientTransformationExtraArgs:
 
 
 def clip_linf(bound: float) -> optax.GradientTransformationExtraArgs:
-  """Clamps every coordinate to ``[-bound, bound]``."""
+  """Clamps every coordinate to ``[-bound, bound]``; a NaN coordinate (a diverged worker) becomes
+  0, so the bound holds for every input (a clamped NaN stays NaN, and the sign of NaN plus noise
+  is not random: the per-coordinate guarantee would fail for it)."""
   check(bound is not None and bound > 0, "sign_clip", bound, "must be > 0")
 
   def update(updates, state, params=None, **extra):
     del params, extra
-    return jax.tree_util.tree_map(lambda u: jnp.clip(u, -bound, bound), updates), state
+    return jax.tree_util.tree_map(
+        lambda u: jnp.where(jnp.isnan(u), jnp.zeros_like(u), jnp.clip(u, -bound, bound)),
+        updates), state
 
   return _stateless(update)
 
