@@ -102,7 +102,8 @@ def seeds_composed(epsilon: Optional[float], delta: Optional[float], seeds: int,
             "seeds_composition": None, "seeds_privacy_unit": None}
   unit = {"seeds_privacy_unit": "the runs' own" if same_data else
           "one example (the seeds split the data into clients differently)"}
-  if not same_data and relation != "replace_one":
+  # Example-level runs report "replace_one (one example of one client; ...)": their neighbour.
+  if not same_data and not str(relation).startswith("replace_one"):
     return {"epsilon_seeds_composed": seeds * 2 * epsilon,
             "delta_seeds_composed": seeds * (1 + math.exp(epsilon)) * delta,
             "seeds_composition": "basic, group of 2", **unit}

@@ -206,6 +206,10 @@ def test_seeds_without_one_ledger_each_compose_by_basic_composition():
   other = seeds_composed(1.5, 1e-5, 3, same_data=False, relation="replace_one")
   assert other["seeds_composition"] == "basic" and other["epsilon_seeds_composed"] == 4.5
   assert other["seeds_privacy_unit"].startswith("one example")
+  # example-level runs (SP-FL): the example replaced is one example of one client in each run
+  from fedjax_dp.privacy.example_level import REPORTED_RELATION
+  example = seeds_composed(1.5, 1e-5, 3, same_data=False, relation=REPORTED_RELATION)
+  assert example["seeds_composition"] == "basic" and example["epsilon_seeds_composed"] == 4.5
   group = seeds_composed(1.5, 1e-5, 3, same_data=False, relation="add_remove")
   assert group["seeds_composition"] == "basic, group of 2"
   assert group["epsilon_seeds_composed"] == 9.0

@@ -52,6 +52,8 @@ from fedjax_dp.privacy.mechanisms import SAMPLINGS, calibrate
 
 PRIVACY_UNIT = "one example of one client (example-level DP, local to each client)"
 RELATION = "replace_one"
+# What a report's neighbouring_relation says.
+REPORTED_RELATION = RELATION + " (one example of one client; its example count is public)"
 FIXED_BATCHES = "or fixed-size batches (--set example_sampling=fixed) with rdp"
 
 
@@ -332,7 +334,7 @@ class ExampleLevelAccounting:
         "accountant": None if unaccounted else self.accountant,
         "formal_guarantee": all_formal,
         "privacy_unit": PRIVACY_UNIT,
-        "neighbouring_relation": RELATION + " (one example of one client; its example count is public)",
+        "neighbouring_relation": REPORTED_RELATION,
         "guarantee_note": note,
         "classes": per_class,
         **flat,
