@@ -338,7 +338,10 @@ def _report(s: dict, config, seconds: Optional[float], out: pathlib.Path,
   diverged = "diverged (non-finite test loss)  " if s["diverged"] else ""
   _warn_noise(s.get("noise_multiplier"), f"calibrated for target_epsilon={config.target_epsilon:g}"
               if config.target_epsilon is not None else "as given")
-  took = "" if seconds is None else f"  seconds={seconds:.1f}"
+  # The wall time follows the realized cohorts (blocks of absent clients are skipped): a raw
+  # diagnostic, which a private run keeps out of what it prints, as out of what it writes.
+  private = (s.get("release") or {}).get("mode") == "private"
+  took = "" if seconds is None or private else f"  seconds={seconds:.1f}"
   print(f"final test accuracy={acc:.4f}  {diverged}{eps_text}  rounds={s['rounds']}{took}")
   if wrote:
     print(f"wrote {out / METRICS} and {out / SUMMARY}")

@@ -130,7 +130,11 @@ class RunResult:
   Attributes:
     history: one record per round (as written to ``metrics.jsonl``).
     summary: the run's summary (as written to ``summary.json``).
-    state: the final :class:`fedjax_dp.round.RoundState` (``state.params``: the model).
+    state: the final :class:`fedjax_dp.round.RoundState` (``state.params``: the model). It is
+      the simulation's whole state, released or not, under either ``release``: besides the
+      model it holds every client's raw per-client state rows (``state.rows``: DP-RSA's
+      workers' local models, which no mechanism protects) and the server's state; what a run
+      releases is its model and what it writes.
   """
 
   history: list
@@ -836,8 +840,8 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
         log = logs[0]
         post = {"acc": f"{log.accuracy:.4f}" if log.accuracy is not None else "-"}
         diag = log.history[-1].get("diagnostics", {})
-        if diag.get("train_loss") is not None:
-          post["loss"] = f"{diag['train_loss']:.3f}"
+        if diag.get("train_loss") is not None:  # the clients' raw loss, a diagnostic
+          post["raw loss"] = f"{diag['train_loss']:.3f}"
         if log.history[-1].get("epsilon") is not None:
           post["eps"] = f"{log.history[-1]['epsilon']:.2f}"
         if not single:

@@ -134,6 +134,9 @@ def test_release_private_writes_only_covered_and_public_fields(tmp_path, capsys)
     assert f'"{raw}"' not in rows_text
   for raw in ("capacity_grew", "cohort_capacity", "seconds_total"):
     assert f'"{raw}"' not in summary_text
+  # nor in what it prints: the wall time follows the realized cohorts
+  printed = capsys.readouterr().out
+  assert "final test accuracy=" in printed and "seconds=" not in printed
 
 
 def test_a_private_release_draws_its_noise_from_secret_entropy(tmp_path):
