@@ -275,7 +275,9 @@ def _markdown(rows, scale_name) -> str:
   lines += ["", "Verdicts on the paper's Fig. 1 claims (accuracy differences in points; the paper "
             "gives no numbers in its text, so each claimed size is nominal and says so; "
             "reproduced: the claimed sign and at least half the claimed size; the reasons were "
-            "measured at the small scale, 400 iterations):", ""]
+            "measured at the small scale, 400 iterations, by runs beside the reproduction, one "
+            "seed each (README, DP-RSA: \"Why SignSGD beats DP-RSA and RSA\"), not read from "
+            "this run):", ""]
   lines += verdict_table(claims(rows))
   close = _close_to_rsa(rows)
   if close:
