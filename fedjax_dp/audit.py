@@ -399,12 +399,15 @@ class Audit:
     covers: the relation, the number of rounds/steps and the canary, in words.
     formal: whether the library claims a guarantee (False: audited over ``--scales``).
     trials: the default number of releases per neighbour.
+    max_noise_factor: the largest ``noise_factor`` the mechanism can run with (Sign-Flipping's
+      flip probability, which the factor scales, is at most 1/2).
   """
 
   run: Callable
   covers: str
   formal: bool = True
   trials: int = 20000
+  max_noise_factor: float = math.inf
 
 
 _FEDAVG = ("user-level, one round, population 8 (4 examples each), clip 1; canary: one client "
@@ -438,7 +441,7 @@ AUDITS = {
                             _DPSGD + "; fixed batches of 48, spfl-sound's low class, sigma 3: gradients scaled by "
                             "beta_low 0.9 under the cap low_cap = clip"),
     "dp-rsa-f": Audit(_sign("dp-rsa-f", {"keep_prob": 0.6}, "keep_prob", True),
-                      _SIGN + "; Sign-Flipping, keep probability 0.6"),
+                      _SIGN + "; Sign-Flipping, keep probability 0.6", max_noise_factor=1.25),
     "dp-rsa-g": Audit(_sign("dp-rsa-g", {"sign_sigma": 1.5, "sign_clip": 0.5}, "sign_sigma", False),
                       _SIGN.replace("- 1 in", "- 100 in").replace("+ 1 in", "+ 100 in")
                       + "; Sign-Gaussian, sigma 1.5, coordinates clipped to [-0.5, 0.5]"),
@@ -454,7 +457,7 @@ AUDITS = {
         _omniscient, "DP-RSA(F), keep probability 0.6, 4 regular workers and 1 Byzantine running "
         "IPM (epsilon 1) on the regular workers' raw models; release: every message the master "
         "receives in one iteration; worker 0's model is -/+ 0.01 x scale in every coordinate", formal=False,
-        trials=10000),
+        trials=10000, max_noise_factor=1.25),
 }
 # The canary's distance per scale step of the no-guarantee audits.
 BASE_SCALE = {"spfl": 1.0 / CANARY, "dp-rsa-g-unclipped": 0.25, "dp-rsa-f-omniscient": 0.01}
@@ -479,6 +482,9 @@ def audit(mechanism: str, trials: Optional[int] = None, seed: int = 0, confidenc
   check(0 < confidence < 1, "confidence", confidence, "must be in (0, 1)")
   check(math.isfinite(noise_factor) and noise_factor > 0, "noise_factor", noise_factor,
         "must be a finite number > 0")
+  check(noise_factor <= a.max_noise_factor, "noise_factor", noise_factor,
+        f"must be <= {a.max_noise_factor:g} for {mechanism}: it scales the flip probability 0.4 "
+        "(keep probability 0.6), which cannot pass 1/2")
   key = jax.random.PRNGKey(seed)
   t0 = time.perf_counter()
   out = {"mechanism": mechanism, "covers": a.covers, "trials": trials, "confidence": confidence,
@@ -524,8 +530,8 @@ def add_parser(sub):
                  help="joint confidence of the two Clopper-Pearson bounds (default 0.95)")
   p.add_argument("--noise-factor", type=float, default=1.0,
                  help="multiply the noise the release runs with (the ledger keeps the nominal "
-                 "one); below 1 simulates a mis-calibrated mechanism, which the audit must catch "
-                 "(default: 1.0)")
+                 "one); below 1 simulates a mis-calibrated mechanism, which the audit must catch; "
+                 "at most 1.25 for the Sign-Flipping audits (default: 1.0)")
   p.add_argument("--scales", help="no-guarantee mechanisms: comma-separated canary scales "
                  "(default 1,10,100)")
   p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -86,6 +86,9 @@ def test_list(capsys):
     (["--mechanism", "dp-rsa-f", "--confidence", "1.5"], "confidence"),
     (["--mechanism", "dp-rsa-f", "--noise-factor", "0"], "noise_factor"),
     (["--mechanism", "dp-rsa-f", "--noise-factor", "nan"], "noise_factor"),
+    # more flips than 1/2 is no longer Sign-Flipping: refused, not reported as a failed audit
+    (["--mechanism", "dp-rsa-f", "--noise-factor", "2"], "noise_factor"),
+    (["--mechanism", "dp-rsa-f-omniscient", "--noise-factor", "1.3"], "noise_factor"),
     (["--mechanism", "dp-rsa-f", "--scales", "1,10"], "scales"),
     (["--mechanism", "spfl", "--scales", "1,x"], "scales"),
     (["--mechanism", "spfl", "--scales", "1,-2"], "scales"),
