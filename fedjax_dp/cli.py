@@ -431,7 +431,7 @@ def _cmd_sweep(args) -> int:
                  progress=not args.no_progress, release=args.release,
                  log=lambda line: print(line, file=sys.stderr))
   for row in result.rows:
-    values = " ".join(f"{k}={row[k]}" for k in grid)
+    values = " ".join(f"{k}={row['grid'][k]}" for k in grid)
     eps = row["epsilon"]
     std = row["accuracy_std"]
     spread = "" if std is None else f" ± {std:.4f}"
@@ -444,8 +444,9 @@ def _cmd_sweep(args) -> int:
           f"({row['seeds']} seeds)  epsilon={'none' if eps is None else format(eps, '.3f')}"
           f"{seeds}")
   threads = "1 thread" if result.threads == 1 else f"{result.threads} threads"
+  took = "" if args.release == "private" else f", {result.seconds:.1f}s"  # raw, as in _report
   print(f"{len(result.experiments)} experiments in {len(result.groups)} compiled programs "
-        f"({threads}), {result.seconds:.1f}s; wrote {out / 'results.json'}")
+        f"({threads}){took}; wrote {out / 'results.json'}")
   return 0
 
 

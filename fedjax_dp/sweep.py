@@ -66,8 +66,9 @@ SWEEP_RELEASE = {
                          "experiments' seed: secret under release 'all' (it fixes the noise; "
                          "each summary's release.randomness)"],
     "diagnostics": ["groups (experiments per compiled program and their seconds, which overlap "
-                    "where programs ran at once)", "seconds: raw timings, not covered by any "
-                    "guarantee", "threads (programs run at once)"],
+                    "where programs ran at once)", "seconds: raw timings (they follow the "
+                    "realized cohorts), not covered by any guarantee; left out under release "
+                    "'private'", "threads (programs run at once)"],
 }
 # The RunConfig fields that choose and split the data set (load_data's arguments).
 DATA_FIELDS = ("dataset", "num_clients", "partition", "split_seed", "data_dir", "dirichlet_alpha",
@@ -265,6 +266,7 @@ class SweepResult:
     seconds: the whole sweep's.
     points: the plan (:func:`plan`), in order.
     threads: how many programs ran at once (:func:`run_configs`).
+    release: the experiments' release ("all" or "private").
   """
 
   rows: list
@@ -273,14 +275,20 @@ class SweepResult:
   seconds: float
   points: list
   threads: int
+  release: str = "all"
 
   def to_json(self) -> dict:
-    """``results.json``'s content: the rows, each experiment's summary and per-round metrics."""
+    """``results.json``'s content: the rows, each experiment's summary and per-round metrics;
+    under release "private" without the timings (raw diagnostics, as the experiments' own)."""
     exps = [{k: v for k, v in e.items() if k != "result"}
             | {"summary": e["result"].summary, "metrics": e["result"].history}
             for e in self.experiments]
-    return {"rows": self.rows, "experiments": exps, "groups": self.groups, "seconds": self.seconds,
-            "threads": self.threads, "release": SWEEP_RELEASE}
+    private = self.release == "private"
+    groups = [{k: v for k, v in g.items() if not (private and k == "seconds")}
+              for g in self.groups]
+    return {"rows": self.rows, "experiments": exps, "groups": groups,
+            **({} if private else {"seconds": self.seconds}), "threads": self.threads,
+            "release": SWEEP_RELEASE}
 
 
 MAX_AUTO_THREADS = 8
@@ -395,9 +403,9 @@ def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Seq
       results[i] = res
     records[g] = {"experiments": list(members), "seconds": seconds,
                   "side_by_side": len(members) > 1 and experiments_vmapped(first.devices)}
-    if log is not None:
-      log(f"[group {g + 1}/{len(groups)}] {len(members)} experiments of {first.algorithm}: "
-          f"{seconds:.1f}s")
+    if log is not None:  # a private release prints no timing (a raw diagnostic)
+      log(f"[group {g + 1}/{len(groups)}] {len(members)} experiments of {first.algorithm}"
+          + ("" if release == "private" else f": {seconds:.1f}s"))
     if on_group is not None:
       on_group(members, done, [built[i] for i in members])
 
@@ -509,7 +517,7 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
                        summaries[0].get("neighbouring_relation")),
                    "grid": dict(block[0]["values"])})
     result = SweepResult(rows, experiments, group_records, time.perf_counter() - t0, points,
-                         threads)
+                         threads, release)
     if out is not None:
       out.mkdir(parents=True, exist_ok=True)
       outputs.write_text_atomic(out / "results.json",

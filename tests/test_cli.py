@@ -3,6 +3,7 @@
 import json
 import math
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -551,6 +552,24 @@ def test_a_setting_given_twice_is_refused(tmp_path, capsys):
   assert main(["sweep", *TINY, "--grid", "clip=0.1,0.1", "--output-dir", out]) == 2
   assert "names a value twice" in capsys.readouterr().err
   assert not (tmp_path / "o").exists()
+
+
+def test_a_private_sweep_keeps_timings_out_and_rows_show_their_grid_values(tmp_path, capsys):
+  # DP-RSA's epsilon option as an axis: a row's "epsilon" is the run's whole-run epsilon, and the
+  # printed row shows the grid's value. A private release prints and writes no timing.
+  out = tmp_path / "s"
+  assert main(["sweep", "--num-clients", "10", "--rounds", "2", "--model", "mlp", "--no-progress",
+               "--algorithm", "dp-rsa-f", "--sampling", "fixed", "--cohort-size", "5",
+               "--client-lr", "0.01", "--batch-size", "8", "--grid", "epsilon=0.5,1",
+               "--release", "private", "--threads", "1", "--output-dir", str(out)]) == 0
+  captured = capsys.readouterr()
+  assert "epsilon=0.5: accuracy=" in captured.out and "epsilon=1: accuracy=" in captured.out
+  assert "2 experiments in 1 compiled programs (1 thread); wrote" in captured.out
+  assert "experiments of dp-rsa-f" in captured.err
+  assert not re.search(r"\d\.\ds\b", captured.out + captured.err)  # no "12.3s" anywhere
+  doc = json.loads((out / "results.json").read_text())
+  assert "seconds" not in doc and all("seconds" not in g for g in doc["groups"])
+  assert [r["grid"]["epsilon"] for r in doc["rows"]] == [0.5, 1.0]
 
 
 def test_a_sweep_axis_may_give_a_field_the_base_run_needs(tmp_path, capsys):
