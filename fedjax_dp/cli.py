@@ -218,8 +218,9 @@ def _settings(args) -> tuple:
 def _config_from_args(args, grid: Optional[dict] = None):
   """The :class:`RunConfig` of ``--config``, the field flags and ``--set``; a setting given that
   the algorithm does not read is refused. ``grid`` (a sweep's): a field that only its axis gives
-  takes the axis's first value (each experiment sets its own), so the base run is checked as the
-  experiments will be."""
+  takes the axis's first value (each experiment sets its own), and a setting given is refused
+  only when no grid point reads it (:func:`fedjax_dp.sweep.plan` refuses an axis that a point
+  does not read)."""
   from fedjax_dp.algorithms import refuse_unused
   from fedjax_dp.config import field_types, make_config, parse_value
   base, overrides, options = _settings(args)
@@ -233,7 +234,11 @@ def _config_from_args(args, grid: Optional[dict] = None):
       overrides[other] = None
   given = set(base) | {k for k, v in overrides.items() if v is not None}
   config = make_config(base, options=options, **overrides)
-  refuse_unused(config, given)
+  if grid:  # a setting given beside the grid is refused only where no grid point reads it
+    from fedjax_dp.sweep import plan
+    refuse_unused(config, given - set(grid), [p.config for p in plan(config, grid)])
+  else:
+    refuse_unused(config, given)
   return config
 
 

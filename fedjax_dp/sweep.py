@@ -195,7 +195,7 @@ def plan(config, grid: Mapping[str, Sequence], seeds: int = 1) -> list:
   checked by the algorithm when built); a name that is neither is refused here. Giving ``target_epsilon`` unsets ``noise_multiplier``
   and the other way round, as on the command line.
   """
-  from fedjax_dp.algorithms import option_table
+  from fedjax_dp.algorithms import option_table, unread_fields
   from fedjax_dp.config import field_types, parse_option, parse_value
   types = field_types()
   check(isinstance(seeds, int) and not isinstance(seeds, bool) and seeds >= 1, "seeds", seeds,
@@ -233,6 +233,11 @@ def plan(config, grid: Mapping[str, Sequence], seeds: int = 1) -> list:
       values[name] = v
     with _naming(_grid_point(values)):
       point = config.replace(**fields, options=options)
+    unread = unread_fields(point)
+    for name in fields:  # an axis this point does not read would run it once per value
+      check(name not in grid or name not in unread or fields[name] is None, "grid", name,
+            f"{unread.get(name)}: at the {_grid_point(values)} its values would run the same "
+            "experiment; sweep the points that read it separately")
     out += [Point(values, config.seed + s, point.replace(seed=config.seed + s))
             for s in range(seeds)]
   return out
@@ -453,18 +458,14 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
     threads: programs run at once (:func:`threads_for`; default: one per core on one CPU
       device, else one).
   """
-  from fedjax_dp.algorithms import option_table, options, unused_fields
+  from fedjax_dp.algorithms import option_table, options
   from fedjax_dp.config import make_config
   from fedjax_dp.experiment import load_data
   from fedjax_dp.jsonio import dumps
   from fedjax_dp.reproduce.runner import seed_stats
   from fedjax_dp.round import check_devices
   config = make_config() if config is None else config
-  points = plan(config, grid or {}, seeds)
-  unused = set(unused_fields(points[0].config)) if points else set()
-  for name in grid or {}:
-    check(name not in unused, name, (grid or {})[name],
-          f"is not used by algorithm {config.algorithm!r}: it cannot be a grid axis")
+  points = plan(config, grid or {}, seeds)  # it refuses an axis a point does not read
   for p in points:  # options and device counts are checked before any data set loads
     options.read(p.config, option_table(p.config.algorithm))
     check_devices(p.config.devices)

@@ -572,6 +572,28 @@ def test_a_private_sweep_keeps_timings_out_and_rows_show_their_grid_values(tmp_p
   assert [r["grid"]["epsilon"] for r in doc["rows"]] == [0.5, 1.0]
 
 
+def test_a_sweep_refuses_what_no_point_reads_whatever_the_grids_order(tmp_path, capsys):
+  from fedjax_dp.cli import _config_from_args, build_parser
+  from fedjax_dp.sweep import parse_grid
+
+  def check(grid, *flags):
+    args = build_parser().parse_args(["sweep", "--grid", grid, *flags, "--output-dir", "x"])
+    return _config_from_args(args, parse_grid(grid))
+
+  # a flag that some grid point reads is accepted in either order
+  for grid in ("sampling=poisson,fixed", "sampling=fixed,poisson"):
+    assert check(grid, "--cohort-size", "10").cohort_size == 10
+  # one that no point reads is refused
+  with pytest.raises(ConfigError, match="cohort_size"):
+    check("clip=0.1,0.2", "--cohort-size", "10")
+  # an axis that some points do not read would run their experiments twice: refused, either order
+  for grid in ("aggregator=coordinate_median,mean noise_multiplier=1,2",
+               "aggregator=mean,coordinate_median noise_multiplier=1,2"):
+    with pytest.raises(ConfigError, match="grid point aggregator=coordinate_median") as e:
+      check(grid)
+    assert e.value.field == "grid" and e.value.value == "noise_multiplier"
+
+
 def test_a_sweep_axis_may_give_a_field_the_base_run_needs(tmp_path, capsys):
   # cohort_size is needed with fixed sampling; the grid gives it (the base run used to be refused
   # with "invalid cohort_size=None").

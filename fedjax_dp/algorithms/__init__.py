@@ -217,20 +217,29 @@ def unused_fields(config) -> list:
   return sorted(SPECIFIC - USES[config.algorithm])
 
 
-def refuse_unused(config, given) -> None:
+def unread_fields(config) -> dict:
+  """The fields ``config`` leaves unread, each with why: not read by its algorithm
+  (:func:`unused_fields`) or by the run's other settings (:func:`unread_by_settings`)."""
+  out = {name: f"is not used by algorithm {config.algorithm!r}: leave it out (of its own "
+               f"settings it reads {sorted(USES[config.algorithm]) or 'none'})"
+         for name in unused_fields(config)}
+  out.update({name: f"is not used: {why}; leave it out"
+              for name, why in unread_by_settings(config).items()})
+  return out
+
+
+def refuse_unused(config, given, others=()) -> None:
   """Refuses a setting given (a flag, a config file's key, a keyword of
   :func:`fedjax_dp.simulate`) that ``config.algorithm`` does not read: it would otherwise run as
   if it applied (``clip`` for DP-RSA, ``target_epsilon`` for FedAvg). ``given``: the names of
-  the fields given; unsetting one (None) is always allowed.
+  the fields given; unsetting one (None) is always allowed. ``others``: the configurations the
+  same settings also run with (a sweep's grid points): a setting counts as read when one of
+  them reads it.
   """
   from fedjax_dp.errors import check
-  for name in unused_fields(config):
-    check(name not in given or getattr(config, name) is None, name, getattr(config, name),
-          f"is not used by algorithm {config.algorithm!r}: leave it out (of its own settings it "
-          f"reads {sorted(USES[config.algorithm]) or 'none'})")
-  for name, why in unread_by_settings(config).items():
-    check(name not in given or getattr(config, name) is None, name,
-          getattr(config, name), f"is not used: {why}; leave it out")
+  for name, why in unread_fields(config).items():
+    check(name not in given or getattr(config, name) is None
+          or any(name not in unread_fields(c) for c in others), name, getattr(config, name), why)
 
 
 def unread_by_settings(config) -> dict:
