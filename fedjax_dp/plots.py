@@ -175,7 +175,8 @@ def _check_out(out) -> pathlib.Path:
       " (it is a file)" if out.parent.is_file() else ""))
   check(not out.is_dir(), "out", str(out), "is a folder: name the image file to write")
   from matplotlib.backend_bases import FigureCanvasBase
-  formats = sorted(FigureCanvasBase.get_supported_filetypes())
+  # pgf needs a LaTeX installation to write, which nothing here installs
+  formats = sorted(set(FigureCanvasBase.get_supported_filetypes()) - {"pgf"})
   check(out.suffix[1:].lower() in formats, "out", str(out),
         f"must end in an image format's suffix: one of {['.' + f for f in formats]}")
   return out
@@ -200,8 +201,12 @@ def read_metrics(folder) -> list:
   not JSON lines, or a line without an integer ``round`` or with a non-numeric
   ``test_accuracy`` or ``epsilon``)."""
   path = _file_in(folder, "metrics.jsonl")
+  try:
+    text = path.read_text(encoding="utf-8")
+  except UnicodeDecodeError:
+    raise ConfigError("dir", str(folder), "its metrics.jsonl is not UTF-8 text") from None
   rows = []
-  for i, line in enumerate(path.read_text().splitlines(), 1):
+  for i, line in enumerate(text.splitlines(), 1):
     try:
       row = json.loads(line)
     except json.JSONDecodeError:
@@ -275,8 +280,8 @@ def plot_norms(folder, out):
 def _frontier_lines(path: pathlib.Path) -> dict:
   """``label -> [(epsilon or None, accuracy_mean, accuracy_std)]`` from one ``results.json``."""
   try:
-    doc = json.loads(path.read_text())
-  except json.JSONDecodeError:
+    doc = json.loads(path.read_text(encoding="utf-8"))
+  except (json.JSONDecodeError, UnicodeDecodeError):
     raise ConfigError("dir", str(path), "is not a JSON file") from None
   rows = doc.get("rows") if isinstance(doc, dict) else None
   check(isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows), "dir",

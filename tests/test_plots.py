@@ -224,6 +224,13 @@ def test_plot_refusals(runs, tmp_path, capsys):
   _refused(["plot", str(empty), "--out", out], capsys, "dir", "no row with a numeric epsilon")
   (empty / "results.json").write_text(json.dumps({"rows": [{"method": "x", "epsilon": 1.0}]}))
   _refused(["plot", str(empty), "--out", out], capsys, "dir", "'accuracy_mean'")
+  # binary files, and a format that needs LaTeX to write, are refused in one line too
+  (empty / "results.json").write_bytes(b"\xff\xfe\x00binary")
+  _refused(["plot", str(empty), "--kind", "frontier", "--out", out], capsys, "dir",
+           "is not a JSON file")
+  (empty / "metrics.jsonl").write_bytes(b"\xff\xfe\x00binary")
+  _refused(["plot", str(empty), "--kind", "runs", "--out", out], capsys, "dir", "not UTF-8 text")
+  _refused(["plot", str(runs["all"]), "--out", str(tmp_path / "x.pgf")], capsys, "out", ".png")
   assert not (tmp_path / "x.png").exists()
 
 
