@@ -372,6 +372,9 @@ def _privacy_report(args) -> dict:
   check_noise_multiplier(args.noise_multiplier)
   check_choice("mechanism", args.mechanism, ("gaussian", "sign-flip"))
   check_choice("accountant", args.accountant, ACCOUNTANTS)
+  if args.mechanism == "gaussian":  # before the flags it decides are checked against it
+    from fedjax_dp.sampling import SAMPLINGS
+    check_choice("sampling", args.sampling, SAMPLINGS)
   # A flag the chosen mechanism and sampling do not read is refused, not ignored.
   reads = ({"keep_prob", "dimension"} if args.mechanism == "sign-flip" else
            {"noise_multiplier", "target_epsilon", "sampling"}
