@@ -274,15 +274,18 @@ def _resumed(args) -> tuple:
       same = normal(config.replace(**{name: value}).to_dict()) == loaded
     except ConfigError:
       same = False
-    check(same, name, value, f"conflicts with the resumed run's {name}={stored[name]!r} ({where}): "
-          "leave it out to continue that run")
+    check(same, name, value, f"conflicts with the resumed run's {name}={loaded.get(name)!r} "
+          f"({where}): leave it out to continue that run")
   from fedjax_dp.algorithms import option_table
-  known = sorted(o.name for o in option_table(config.algorithm))
+  # An option the run left unset ran with its default: repeating that default is no conflict.
+  defaults = {o.name: o.default for o in option_table(config.algorithm)}
+  known = sorted(defaults)
   for name, value in options.items():
     check(name in known, name, value, f"is not an option of the resumed run's algorithm "
           f"{config.algorithm!r} (its options: {', '.join(known)})")
-    check(normal(value) == stored["options"].get(name), name, value, "conflicts with the resumed "
-          f"run's option {name}={stored['options'].get(name)!r} ({where}): leave it out")
+    used = normal(stored.get("options", {}).get(name, defaults[name]))
+    check(normal(value) == used, name, value, "conflicts with the resumed run's option "
+          f"{name}={used!r} ({where}): leave it out")
   check(args.release in (None, meta["release"]), "release", args.release,
         f"conflicts with the resumed run's release={meta['release']!r}: leave it out")
   return config, meta["release"], meta["round"]

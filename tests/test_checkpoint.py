@@ -298,6 +298,15 @@ def test_a_checkpoint_older_than_a_new_field_resumes_with_its_settings_repeated(
   assert main(["run", "--resume", str(checkpointed), "--rounds", "8", "--num-clients", "60"]) == 0
   printed = capsys.readouterr().out
   assert "nothing to resume" in printed and "wrote" not in printed  # its files are as they were
+  # another value of the field it lacks is refused in one line, naming the value it ran with
+  assert main(["run", "--resume", str(checkpointed), "--data-seed", "5"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "invalid data_seed=5" in err[0] and "data_seed=None" in err[0]
+  # an option the run left unset, given at its default, is what it ran with: no conflict
+  assert main(["run", "--resume", str(checkpointed), "--set", "trim_beta=0.1"]) == 0
+  assert "nothing to resume" in capsys.readouterr().out
+  assert main(["run", "--resume", str(checkpointed), "--set", "trim_beta=0.2"]) == 2
+  assert "resumed run's option trim_beta=0.1" in capsys.readouterr().err
 
 
 def test_a_checkpoint_whose_state_does_not_match_its_hash_is_refused(checkpointed, tmp_path,
