@@ -395,8 +395,10 @@ def _markdown(rows, verdicts, header):
   lines += ["", "The paper's claims beside ours (points; ± the std over seeds of the paired "
             "difference; `spfl` has no formal DP guarantee, its epsilon is nominal"
             + ("; the likely reasons are this run's raw diagnostics, ours vs the baseline: "
-               "the noise std and update norm (medians over rounds and runs), the last round's "
-               "train loss and the runs whose loss ran away; docs/spfl2024.md analyses why"
+               "the noise std and update norm (medians over the rounds before a runaway, then "
+               "over runs), the last round's train loss (median over the runs that did not run "
+               "away) and the runs whose loss ran away (above 10 times round 1's); "
+               "docs/spfl2024.md analyses why"
                if any(v.reason for v in verdicts) else "") + "):", ""]
   return "\n".join(lines + verdict_table(verdicts)) + "\n"
 
