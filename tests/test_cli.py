@@ -533,6 +533,12 @@ def test_multi_krum_larger_than_the_cohort_is_refused(tmp_path, capsys):
     # Only the PLD accountant's epsilons go to workers.
     (["--accounting-workers", "2"], "invalid accounting_workers=2: is not used: the rdp "
                                     "accountant's epsilons take milliseconds"),
+    # A partition's settings, under another partition.
+    (["--partition", "dirichlet", "--min-labels-per-client", "3"],
+     "invalid min_labels_per_client=3: is not used: partition is dirichlet (only shards reads it)"),
+    (["--shards-per-client", "3"], "invalid shards_per_client=3: is not used: partition is iid"),
+    (["--partition", "shards", "--dirichlet-alpha", "0.3"],
+     "invalid dirichlet_alpha=0.3: is not used: partition is shards (only dirichlet reads it)"),
 ])
 def test_settings_the_run_would_ignore_are_refused(extra, message, tmp_path, capsys):
   assert main(["run", *TINY, *extra, "--output-dir", str(tmp_path / "o")]) == 2

@@ -254,6 +254,8 @@ def unread_by_settings(config) -> dict:
                  "accounted" if ABOUT[config.algorithm][1] == _NONE else unnoised)
   workers_unused = ("the rdp accountant's epsilons take milliseconds and are computed in the "
                     "run's process" if config.accountant == "rdp" else None)
+  only = lambda partition: (f"partition is {config.partition} (only {partition} reads it)"
+                            if config.partition != partition else None)
   reasons = (("cohort_size", "sampling is poisson (clients join with sampling_prob)"
               if config.sampling == "poisson" else None),
              ("sampling_prob", "sampling is fixed (cohort_size clients a round)"
@@ -262,7 +264,9 @@ def unread_by_settings(config) -> dict:
              ("attacker_knowledge", no_attack),
              ("noise_multiplier", unnoised), ("target_epsilon", unnoised),
              ("delta", unaccounted), ("accountant", unaccounted),
-             ("accounting_workers", unaccounted or workers_unused))
+             ("accounting_workers", unaccounted or workers_unused),
+             ("dirichlet_alpha", only("dirichlet")), ("shards_per_client", only("shards")),
+             ("min_labels_per_client", only("shards")))
   return {name: why for name, why in reasons if why is not None}
 
 
