@@ -299,9 +299,10 @@ def run_clients(rnd: Round, hp: dict, params, batch: CohortBatch, rows, chp, key
   for all, and masked where padded). ``accumulate``: ``(prepare, weighting)``
   of a linear aggregator (:class:`fedjax_dp.aggregators.Aggregator`): each
   block adds its masked, prepared uploads to a running weighted sum, and the
-  uploads themselves are not kept. Returns ``(out, total, weight)``; ``out``
+  uploads themselves are not kept. Returns ``(out, total, weight, nonfinite)``; ``out``
   holds every client's outputs (its ``upload`` None when accumulating) and
-  ``total``, ``weight`` the weighted sum and total weight (None otherwise).
+  ``total``, ``weight`` the weighted sum and total weight, ``nonfinite`` the real uploads holding
+  a NaN or Inf (:func:`nonfinite_rows`, as the whole cohort's would count; None otherwise).
   """
   client = rnd.client(hp)
 
@@ -310,12 +311,14 @@ def run_clients(rnd: Round, hp: dict, params, batch: CohortBatch, rows, chp, key
       x, y, counts = gather_clients(data, ids)
     out = jax.vmap(client, in_axes=(None, 0, 0, 0, 0, 0, 0))(params, x, y, counts, rows, chp, keys)
     if accumulate is None:
-      return out, None, None
+      return out, None, None, None
     prepare, weighting = accumulate
-    u, m = prepare(mask_rows(out.upload, mask), mask)
+    uploads = mask_rows(out.upload, mask)
+    u, m = prepare(uploads, mask)
     w = client_weights(weighting, CohortBatch(None, None, counts, ids, mask))
     from fedjax_dp.aggregators import weighted_sum
-    return out._replace(upload=None), weighted_sum(u, w, m), jnp.sum(w * m)
+    return (out._replace(upload=None), weighted_sum(u, w, m), jnp.sum(w * m),
+            nonfinite_rows(uploads, mask))
 
   args = (batch.ids, batch.mask, batch.x, batch.y, batch.counts, rows, chp, keys)
   size = batch.ids.shape[0]
@@ -333,14 +336,14 @@ def run_clients(rnd: Round, hp: dict, params, batch: CohortBatch, rows, chp, key
     live = jnp.any(blk[1] > 0)
     if axis_name is not None:
       live = jax.lax.pmax(live.astype(jnp.int32), axis_name) > 0
-    out, total, weight = jax.lax.cond(live, block, zeros, *blk)
+    out, *sums = jax.lax.cond(live, block, zeros, *blk)
     if accumulate is not None:
-      carry = (jax.tree_util.tree_map(jnp.add, carry[0], total), carry[1] + weight)
+      carry = jax.tree_util.tree_map(jnp.add, carry, tuple(sums))
     return carry, out
 
-  init = (zeros()[1], jnp.zeros((), jnp.float32)) if accumulate is not None else (None, None)
-  (total, weight), out = jax.lax.scan(body, init, blocks)
-  return _unblocks(out, size), total, weight
+  init = tuple(zeros()[1:]) if accumulate is not None else (None, None, None)
+  (total, weight, nonfinite), out = jax.lax.scan(body, init, blocks)
+  return _unblocks(out, size), total, weight, nonfinite
 
 
 def round_keys(key: jax.Array) -> tuple:
@@ -361,14 +364,15 @@ def _messages(rnd, state, hp, batch, key, data, chunk, accumulate, axis_name=Non
   keys = client_keys(k_clients, batch.ids)
   rows = gather_rows(state.rows, batch.ids)
   chp = () if rnd.client_hparams is None else rnd.client_hparams(state.server, hp, batch.ids)
-  out, total, weight = run_clients(rnd, hp, state.params, batch, rows, chp, keys, data=data,
-                                   chunk=chunk, accumulate=accumulate, axis_name=axis_name)
+  out, total, weight, nonfinite = run_clients(rnd, hp, state.params, batch, rows, chp, keys,
+                                              data=data, chunk=chunk, accumulate=accumulate,
+                                              axis_name=axis_name)
   byz = attacks_lib.byzantine_mask(batch.ids, rnd.num_clients, hp["byzantine"])
   sent = None
   if accumulate is None:
     sent = rnd.attack_step(rnd, state, out, mask_rows(out.upload, batch.mask), byz, batch.mask,
                            hp, k_attack)
-  return out, sent, byz, (total, weight)
+  return out, sent, byz, (total, weight, nonfinite)
 
 
 def messages(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.Array):
@@ -405,8 +409,8 @@ def step(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.A
         state.agg_state, k_agg)
     nonfinite = nonfinite_rows(sent, batch.mask)
   else:
-    aggregate, agg_state = aggregator.finish(*summed, state.agg_state, k_agg)
-    nonfinite = jnp.sum(batch.mask * ~jnp.isfinite(out.norm))
+    total, weight, nonfinite = summed
+    aggregate, agg_state = aggregator.finish(total, weight, state.agg_state, k_agg)
   if rnd.server_step is None:
     params, opt_state = server_update(rnd, state, aggregate, hp)
   else:

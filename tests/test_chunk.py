@@ -37,6 +37,19 @@ def test_blocks_of_clients_equal_the_full_vmap(algorithm, extra):
     np.testing.assert_allclose(got.metrics[name], full.metrics[name], rtol=1e-5, atol=1e-6)
 
 
+def test_blocks_count_non_finite_uploads_as_the_full_vmap():
+  # Every update diverges (client_lr 1e30); DP-FedAvg's clip sends them as zeros, so no upload is
+  # non-finite, in blocks as in the whole cohort (blocks counted the raw updates).
+  config = make_config(num_clients=20, sampling="fixed", cohort_size=5, rounds=2, local_steps=2,
+                       batch_size=4, model="mlp", max_test=100, algorithm="dp_fedavg", clip=0.5,
+                       noise_multiplier=1.0, target_epsilon=None, client_lr=1e30)
+  data = load_data(config)
+  full, got = _run(config, data, None), _run(config, data, 2)
+  for run_ in (full, got):
+    assert run_.metrics["nonfinite_updates"].tolist() == [5, 5]
+    assert run_.metrics["nonfinite_rows"].tolist() == [0, 0]
+
+
 def _temp_bytes(program, hparams, capacity: int, population: int, chunk):
   """Device scratch memory of the compiled round (XLA's own analysis; nothing is allocated)."""
   hp = {k: jnp.asarray(v) for k, v in hparams.items()}
