@@ -152,6 +152,20 @@ def test_geometric_median_collinear_is_median():
   np.testing.assert_allclose(run(robust.geometric_median(1e-10, 1000), rows)[0], 2.0, atol=1e-3)
 
 
+def test_geometric_median_leaves_a_row_that_is_not_the_median():
+  # The coordinate median, where the iterations start, is the row (0, 0), and the median is not
+  # there (the angle at (0, 0) is under 120 degrees): the iterations must leave it.
+  from scipy.optimize import minimize
+  plane = np.array([[0.0, 0.0], [5.0, 1.0], [-1.0, -5.0]])
+  cost = lambda z: np.linalg.norm(plane - z, axis=1).sum()
+  best = minimize(cost, plane.mean(0), method="Nelder-Mead",
+                  options={"xatol": 1e-9, "fatol": 1e-12}).x
+  rows = np.concatenate([plane, np.zeros((3, 5))], axis=1)  # the helpers' trees take 7 columns
+  z = run(robust.geometric_median(), rows)  # the defaults (tol 1e-6): plain Weiszfeld's first
+  np.testing.assert_allclose(z[:2], best, atol=1e-4)  # step off the row was under tol: it stayed
+  assert cost(z[:2]) < cost(plane[0]) - 0.02
+
+
 def test_krum_selects_an_honest_row():
   rows = honest()
   attacked = rows.copy()

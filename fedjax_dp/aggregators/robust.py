@@ -196,9 +196,13 @@ def weiszfeld(values: jax.Array, w: jax.Array, tol: float = 1e-6, max_iter: int 
               eps: float = 1e-8):
   """Geometric median of the rows of ``[N, D]`` with weights ``w`` (zero weight: excluded).
 
-  Weiszfeld's iterations ``z <- sum_i (w_i / max(||x_i - z||, eps)) x_i / sum_i (...)``
-  from the coordinate-wise median, until the step's relative size
-  ``||z' - z|| <= tol * max(||z||, 1)`` or ``max_iter`` iterations.
+  Weiszfeld's iterations ``z <- sum_i (w_i / ||x_i - z||) x_i / sum_i (...)`` from the
+  coordinate-wise median, until the step's relative size ``||z' - z|| <= tol * max(||z||, 1)``
+  or ``max_iter`` iterations. An iterate on rows (within ``eps``; the coordinate median often is
+  one) takes Vardi and Zhang's (2000) step, which leaves it only if it is not the median: with
+  ``T`` the step over the other rows, ``r = ||sum_i w_i (x_i - z) / ||x_i - z||||`` over them and
+  ``eta`` the weight of the rows at ``z``, ``z <- (1 - g) T + g z``, ``g = min(1, eta / r)``
+  (plain Weiszfeld stays on any row it reaches).
 
   Returns:
     ``(z, iterations)``.
@@ -214,8 +218,14 @@ def weiszfeld(values: jax.Array, w: jax.Array, tol: float = 1e-6, max_iter: int 
   def body(carry):
     z, it, _ = carry
     d = jnp.sqrt(jnp.sum(jnp.square(values - z), axis=1))
-    a = jnp.where(real, w / jnp.maximum(d, eps), 0.0)
-    z_new = jnp.where(jnp.sum(a) > 0, a @ values / jnp.maximum(jnp.sum(a), 1e-30), z)
+    at = real & (d <= eps)
+    a = jnp.where(real & ~at, w / jnp.maximum(d, eps), 0.0)
+    total = jnp.sum(a)
+    t = jnp.where(total > 0, a @ values / jnp.maximum(total, 1e-30), z)
+    eta = jnp.sum(jnp.where(at, w, 0.0))
+    r = jnp.linalg.norm(a @ values - total * z)
+    g = jnp.where(eta > 0, jnp.minimum(1.0, eta / jnp.maximum(r, 1e-30)), 0.0)
+    z_new = (1.0 - g) * t + g * z
     step = jnp.linalg.norm(z_new - z) / jnp.maximum(jnp.linalg.norm(z), 1.0)
     return z_new, it + 1, step
 
