@@ -241,8 +241,11 @@ def summarize_round(metrics: dict, clip: Optional[float], released_metrics=()) -
 
   ``released`` holds the scalar metrics named in ``released_metrics``;
   ``diagnostics`` the realized cohort size, the real clients' mean loss, the
-  quantiles of their pre-clip update norms, the fraction clipped and every
-  other scalar metric (raw, not covered by any guarantee).
+  quantiles of their pre-clip update norms (``ClientOut.norm``: the raw local update, before
+  any transform), the fraction of those above the clip bound (``fraction_clipped``; where a
+  transform precedes the clip, LUS's sparsification, the clip sees a smaller norm, so this is
+  an upper bound on the fraction it scales down) and every other scalar metric (raw, not
+  covered by any guarantee).
   """
   mask = np.asarray(metrics["mask"]) > 0
   diag = {"cohort_size": int(mask.sum())}
