@@ -504,6 +504,17 @@ def test_commands_do_not_write_into_each_others_folders(tmp_path, capsys):
   assert "holds experiments of a sweep" in capsys.readouterr().err
 
 
+def test_krum_with_more_byzantine_clients_than_its_cohort_tolerates_is_refused(tmp_path, capsys):
+  # f = 4 Byzantine clients need cohorts of more than 2f + 2 = 10 rows; with 10 each row would be
+  # scored by one neighbour, and two identical attackers would win.
+  assert main(["run", "--num-clients", "40", "--rounds", "1", "--model", "mlp", "--no-progress",
+               "--algorithm", "krum", "--sampling", "fixed", "--cohort-size", "10",
+               "--byzantine", "4", "--attack", "ipm", "--output-dir", str(tmp_path / "o")]) == 2
+  err = capsys.readouterr().err
+  assert "invalid byzantine=4: is too many for Krum with cohorts of 10 clients" in err
+  assert not (tmp_path / "o").exists()
+
+
 def test_multi_krum_larger_than_the_cohort_is_refused(tmp_path, capsys):
   # krum_m rows out of a cohort of 3 would silently be the plain mean.
   assert main(["run", "--num-clients", "40", "--rounds", "1", "--model", "mlp", "--no-progress",

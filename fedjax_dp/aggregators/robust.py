@@ -258,7 +258,9 @@ def krum(num_byzantine: int, multi: int = 1) -> Aggregator:
 
   Each real row's score is the sum of squared distances to its
   ``n - f - 2`` nearest real rows (``f = num_byzantine``, at least 1 neighbour);
-  the mean of the ``multi`` lowest-scoring rows is returned.
+  the mean of the ``multi`` lowest-scoring rows is returned. A run passes the population's
+  Byzantine count as ``f`` (any of them may be in a cohort) and refuses cohorts of
+  ``n <= 2f + 2`` rows, outside Krum's assumption (:func:`fedjax_dp.algorithms.read_options`).
   """
   check(num_byzantine >= 0, "krum_f", num_byzantine, "must be >= 0")
   check(int(multi) >= 1, "krum_m", multi, "must be >= 1")

@@ -127,6 +127,15 @@ def read_options(config, table, byzantine: bool = False) -> dict:
               "aggregator": config.aggregator or AGGREGATORS.get(config.algorithm,
                                                                  "the algorithm's own")}
     options.refuse_inapplicable(config.options or {}, in_use)
+    if in_use["aggregator"] == "krum" and config.byzantine:
+      # Krum's f is the population's Byzantine count (any of them may be sampled); with a cohort
+      # of n <= 2f + 2 rows it scores each row by one neighbour, and identical attackers win.
+      n = (config.cohort_size if config.sampling == "fixed"
+           else round(config.sampling_prob * config.num_clients))
+      check(n > 2 * config.byzantine + 2, "byzantine", config.byzantine,
+            f"is too many for Krum with cohorts of {n} clients: it needs more than 2f + 2 = "
+            f"{2 * config.byzantine + 2} rows (f: the Byzantine clients, any of whom may be in a "
+            "cohort); lower byzantine or raise the cohort")
   return opts
 
 
