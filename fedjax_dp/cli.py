@@ -447,7 +447,8 @@ def _cmd_sweep(args) -> int:
     std = row["accuracy_std"]
     spread = "" if std is None else f" ± {std:.4f}"
     both = row["epsilon_seeds_composed"]
-    seeds = ("" if both is None or row["seeds"] == 1 else
+    seeds = ("" if eps is None or row["seeds"] == 1 else
+             " (all seeds: no bound, see seeds_composition)" if both is None else
              f" (all seeds: {both:.3f} at delta {row['delta_seeds_composed']:.3g}, "
              f"{row['seeds_composition']}"
              + ("" if row["seeds_privacy_unit"] == "the runs' own" else ", per example") + ")")

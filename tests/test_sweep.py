@@ -97,6 +97,10 @@ def test_seeds_on_the_same_clients_are_composed_by_their_accountant():
   assert row["epsilon"] < row["epsilon_seeds_composed"] < 2 * row["epsilon"]
   params = [e["result"].state.params for e in result.experiments]
   assert not all(np.array_equal(a, b) for a, b in zip(*map(jax.tree_util.tree_leaves, params)))
+  # The same seeds on the shards partition (a split by labels) and no data_seed: no bound.
+  shards = sweep(_base(partition="shards", rounds=1), {"clip": ["0.5"]}, seeds=2, threads=1)
+  assert shards.rows[0]["epsilon"] > 0 and shards.rows[0]["epsilon_seeds_composed"] is None
+  assert shards.rows[0]["seeds_composition"].startswith("none: ")
 
 
 def test_target_epsilon_axis_calibrates_each_experiment():
@@ -210,6 +214,14 @@ def test_seeds_without_one_ledger_each_compose_by_basic_composition():
   from fedjax_dp.privacy.example_level import REPORTED_RELATION
   example = seeds_composed(1.5, 1e-5, 3, same_data=False, relation=REPORTED_RELATION)
   assert example["seeds_composition"] == "basic" and example["epsilon_seeds_composed"] == 4.5
+  # a split that reads the labels (shards, dirichlet, a class-balanced subset): no bound follows
+  for relation in ("add_remove", "replace_one"):
+    none = seeds_composed(1.5, 1e-5, 3, same_data=False, relation=relation,
+                          split_reads_labels=True)
+    assert none["epsilon_seeds_composed"] is None and none["delta_seeds_composed"] is None
+    assert none["seeds_composition"].startswith("none: ") and "data_seed" in none["seeds_composition"]
+  # on one split the labels do not matter
+  assert seeds_composed(1.5, 1e-5, 3, split_reads_labels=True)["epsilon_seeds_composed"] == 4.5
   group = seeds_composed(1.5, 1e-5, 3, same_data=False, relation="add_remove")
   assert group["seeds_composition"] == "basic, group of 2"
   assert group["epsilon_seeds_composed"] == 9.0

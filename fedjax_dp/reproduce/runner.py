@@ -191,7 +191,9 @@ def release(diagnostics: Mapping[str, str]) -> dict:
           "splits the data differently (data_seed unset) the unit common to them is one "
           "example, which replaces one client's data in each run: the same for runs under "
           "replace-one, and under add/remove group privacy for 2 composed the same way (2k "
-          "epsilon, k (1 + e^epsilon) delta) (fedjax_dp.sweep.seeds_composed)"],
+          "epsilon, k (1 + e^epsilon) delta); only where the split ignores the labels (the iid "
+          "partition of the whole data set): a split by labels gives no bound "
+          "(fedjax_dp.sweep.seeds_composed)"],
       "public_by_design": ["the settings but the seeds, the paper's numbers, each run's epsilon "
                            "and noise multiplier (functions of the public settings)"],
       "randomness": "the seeds are secret, not public: a run's seed fixes every draw of its "
