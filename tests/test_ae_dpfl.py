@@ -88,6 +88,18 @@ def _random_data(num_clients=8, examples=6, seed=0):
                        np.arange(8) % 10, 10)
 
 
+def test_the_vote_norm_is_never_below_the_votes_sensitivity_in_float32():
+  # sqrt(m) rounded to float32 may fall below sqrt(m), and the noise is scaled to it.
+  from fedjax_dp.algorithms.ae_dpfl import _float32_at_least
+  import math
+  below = [m for m in range(1, 5000) if float(np.float32(math.sqrt(m))) < math.sqrt(m)]
+  assert below  # the plain cast does round down for some m
+  for m in range(1, 5000):
+    v = _float32_at_least(math.sqrt(m))
+    assert v >= math.sqrt(m) and float(np.float32(v)) == v
+    assert v - math.sqrt(m) <= 2.5e-7 * math.sqrt(m)
+
+
 def test_votes_are_one_hot_per_public_example_and_padding_votes_nothing():
   data = _random_data()
   # A vanishing client rate: each local model is the global one, so every client's vote is the

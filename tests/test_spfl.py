@@ -289,6 +289,22 @@ def test_split_noise_multiplier_keeps_the_total():
     split_noise_multiplier(z, 0.6)
 
 
+def test_the_ledger_accounts_the_float32_multipliers_the_steps_run_with():
+  # Each float32 multiplier is rounded on its own: where the combined multiplier they give is
+  # below float32(z), the step event accounts it, never more noise than runs.
+  found = 0
+  for z in np.linspace(0.5, 3.0, 400):
+    z32 = float(np.float32(z))
+    zd, stat = (float(np.float32(v)) for v in (split_noise_multiplier(z32, 5 * z32), 5 * z32))
+    combined = (zd ** -2 + (2 * stat) ** -2) ** -0.5
+    mech = ExampleDPSGDMechanism(z32, 16, 1, grad_noise_multiplier=zd, stat_noise=stat)
+    assert mech.accounted_multiplier == min(z32, combined)
+    assert mech.step_event(600).event.noise_multiplier == pytest.approx(min(z32, combined) / 2,
+                                                                         rel=1e-15)
+    found += combined < z32
+  assert found  # float32 rounding does make it smaller for some z
+
+
 def _direct(event, count, delta, accountant="rdp"):
   rel = dp_accounting.NeighboringRelation.REPLACE_ONE
   acc = (rdp.RdpAccountant(neighboring_relation=rel) if accountant == "rdp"

@@ -164,6 +164,13 @@ def ae_dpfl_round(model, num_clients: int, *, local_steps: int, batch_size: int,
                                   server_steps=server_steps, server_batch=server_batch))
 
 
+def _float32_at_least(x: float) -> float:
+  """The smallest float32 >= ``x``: the round runs in float32, and a vote norm rounded down would
+  scale the noise to less than the votes' sensitivity ``sqrt(m)``."""
+  f = np.float32(x)
+  return float(f if float(f) >= x else np.nextafter(f, np.float32(np.inf)))
+
+
 def build_ae_dpfl(config, data) -> Setup:
   """AE-DPFL (see the module docstring)."""
   from fedjax_dp.algorithms.dp_fedavg import make_model, resolve_noise_multiplier
@@ -194,7 +201,8 @@ def build_ae_dpfl(config, data) -> Setup:
       server_optimizer=config.server_optimizer, server_steps=opts["server_steps"],
       server_batch=opts["server_batch"]))
   hparams = common_hparams(config, opts, client_lr=config.client_lr, noise_multiplier=z,
-                           vote_norm=math.sqrt(opts["public_size"]), public_x=public_x)
+                           vote_norm=_float32_at_least(math.sqrt(opts["public_size"])),
+                           public_x=public_x)
   mechanism = user_level_mechanism(rnd, hparams, config.sampling, config.sampling_prob,
                                    population.num_clients, config.cohort_size)
   if isinstance(mechanism, GaussianSumMechanism):

@@ -124,6 +124,16 @@ class ExampleDPSGDMechanism:
     return RELATION
 
   @property
+  def accounted_multiplier(self) -> float:
+    """``noise_multiplier``, or with a norm statistic the combined multiplier of the two (float32)
+    multipliers the steps run with where that is smaller (float32 rounding, about 1e-7 relative):
+    the ledger never accounts more noise than runs."""
+    z = float(self.noise_multiplier)
+    if self.stat_noise and self.grad_noise_multiplier:
+      z = min(z, float((self.grad_noise_multiplier ** -2 + (2.0 * self.stat_noise) ** -2) ** -0.5))
+    return z
+
+  @property
   def guarantee_note(self) -> str:
     if self.noise_multiplier == 0:
       return "noise_multiplier=0: clipping only, no differential privacy guarantee"
@@ -139,7 +149,7 @@ class ExampleDPSGDMechanism:
           f"must be <= the client's examples ({n}) with fixed-size sampling")
     if self.noise_multiplier == 0:
       return dp_accounting.NonPrivateDpEvent()
-    z = float(self.noise_multiplier)
+    z = self.accounted_multiplier
     if self.sampling == "fixed":
       # Replacing one example moves the clipped sum by up to 2C.
       return dp_accounting.SampledWithoutReplacementDpEvent(n, L, dp_accounting.GaussianDpEvent(z / 2.0))
