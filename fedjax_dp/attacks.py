@@ -225,4 +225,3 @@ def knowledge_of_unreleased(attack: str, byzantine: int) -> Optional[str]:
   if not byzantine:
     return None
   return "omniscient" if get(attack).reads_honest else "released"
-

@@ -99,9 +99,9 @@ def seeds_composed(epsilon: Optional[float], delta: Optional[float], seeds: int,
   ignores the examples' labels (``split_reads_labels`` False: the iid partition of the whole
   data set): a split by labels (shards, dirichlet) or of a class-balanced subset (``max_train``)
   moves examples between many clients when one example's label changes (measured on 6,000
-  labels: 20-21 of 100 clients' data sets under shards, 93-99 under dirichlet, none under iid), so no bound follows from the runs' guarantees and the
-  epsilon and delta are None, ``seeds_composition`` saying why. All None for a row without a
-  guarantee.
+  labels: 20-21 of 100 clients' data sets under shards, 93-99 under dirichlet, none under iid),
+  so no bound follows from the runs' guarantees and the epsilon and delta are None,
+  ``seeds_composition`` saying why. All None for a row without a guarantee.
   """
   if epsilon is None or delta is None:
     return {"epsilon_seeds_composed": None, "delta_seeds_composed": None,
