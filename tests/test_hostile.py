@@ -456,6 +456,9 @@ def valid_configs(draw):
     d["sampling"], d["cohort_size"] = "fixed", draw(st.integers(1, n))
   else:
     d["sampling_prob"] = draw(st.floats(0.01, 1.0))
+  if algorithm == "krum":  # Krum needs cohorts of more than 2f + 2 clients
+    rows = d.get("cohort_size") or round(d["sampling_prob"] * n)
+    d["byzantine"] = min(d["byzantine"], max((rows - 3) // 2, 0))
   if algorithm == "dp-rsa-f":
     d["options"] = {"epsilon": draw(st.floats(0.01, 5))}
   if algorithm == "dp-rsa-g":
