@@ -7,6 +7,16 @@ import pytest
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 
+# Property-based tests (tests/test_hostile.py) try the same examples every run, so a suite's
+# result does not depend on the draw; FEDJAX_DP_HYPOTHESIS=explore draws new ones (a failure
+# prints the seed that replays it, --hypothesis-seed N).
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("fixed", derandomize=True, database=None)
+settings.register_profile("explore")
+settings.load_profile("explore" if os.environ.get("FEDJAX_DP_HYPOTHESIS") == "explore"
+                      else "fixed")
+
 
 def pytest_configure(config):
   """A relative ``$FEDJAX_DP_DATA`` is made absolute once, from the directory pytest started in:
