@@ -215,12 +215,13 @@ def _settings(args) -> tuple:
   return base, overrides, options
 
 
-def _config_from_args(args, grid: Optional[dict] = None):
+def _config_from_args(args, grid: Optional[dict] = None, seeds: int = 1):
   """The :class:`RunConfig` of ``--config``, the field flags and ``--set``; a setting given that
   the algorithm does not read is refused. ``grid`` (a sweep's): a field that only its axis gives
   takes the axis's first value (each experiment sets its own), and a setting given is refused
-  only when no grid point reads it (:func:`fedjax_dp.sweep.plan` refuses an axis that a point
-  does not read)."""
+  only when no grid point reads it; the plan of ``grid`` x ``seeds`` refuses bad axes, values
+  and seeds, and an axis that a point does not read (:func:`fedjax_dp.sweep.plan`), before any
+  folder is touched."""
   from fedjax_dp.algorithms import refuse_unused
   from fedjax_dp.config import field_types, make_config, parse_value
   base, overrides, options = _settings(args)
@@ -236,7 +237,7 @@ def _config_from_args(args, grid: Optional[dict] = None):
   config = make_config(base, options=options, **overrides)
   if grid:  # a setting given beside the grid is refused only where no grid point reads it
     from fedjax_dp.sweep import plan
-    refuse_unused(config, given - set(grid), [p.config for p in plan(config, grid)])
+    refuse_unused(config, given - set(grid), [p.config for p in plan(config, grid, seeds)])
   else:
     refuse_unused(config, given)
   return config
@@ -426,7 +427,7 @@ def _privacy_report(args) -> dict:
 
 
 def _cmd_sweep(args) -> int:
-  from fedjax_dp.sweep import check_axes, parse_grid, plan, sweep
+  from fedjax_dp.sweep import check_axes, parse_grid, sweep
   check(args.checkpoint_every is None, "checkpoint_every", args.checkpoint_every,
         "a sweep is not checkpointed (its experiments run as one vmapped program): run an "
         "experiment alone with fedjax-dp run --checkpoint-every K")
@@ -434,8 +435,7 @@ def _cmd_sweep(args) -> int:
         "it (axes separated by spaces)")
   grid = parse_grid(args.grid[0])
   check_axes(grid)
-  config = _config_from_args(args, grid)
-  plan(config, grid, args.seeds)  # refuses bad axes and values before the folder is touched
+  config = _config_from_args(args, grid, args.seeds)  # planned: bad axes refused before the folder
   out = pathlib.Path(args.output_dir)
   result = sweep(config, grid, args.seeds, output_dir=str(out), overwrite=args.overwrite,
                  group_size=args.group_size, threads=args.threads,
