@@ -246,9 +246,10 @@ def refuse_unused(config, given, others=()) -> None:
   them reads it.
   """
   from fedjax_dp.errors import check
+  unread_elsewhere = [unread_fields(c) for c in others]
   for name, why in unread_fields(config).items():
     check(name not in given or getattr(config, name) is None
-          or any(name not in unread_fields(c) for c in others), name, getattr(config, name), why)
+          or any(name not in u for u in unread_elsewhere), name, getattr(config, name), why)
 
 
 def unread_by_settings(config) -> dict:
