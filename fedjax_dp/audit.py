@@ -483,8 +483,8 @@ def audit(mechanism: str, trials: Optional[int] = None, seed: int = 0, confidenc
   check(math.isfinite(noise_factor) and noise_factor > 0, "noise_factor", noise_factor,
         "must be a finite number > 0")
   check(noise_factor <= a.max_noise_factor, "noise_factor", noise_factor,
-        f"must be <= {a.max_noise_factor:g} for {mechanism}: it scales the flip probability 0.4 "
-        "(keep probability 0.6), which cannot pass 1/2")
+        f"must be <= {a.max_noise_factor:g} for {mechanism}: it scales the mechanism's flip "
+        "probability, which cannot pass 1/2")
   key = jax.random.PRNGKey(seed)
   t0 = time.perf_counter()
   out = {"mechanism": mechanism, "covers": a.covers, "trials": trials, "confidence": confidence,
