@@ -8,6 +8,7 @@ the command line (``--field-name VALUE``); algorithm-specific settings go in
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import json
 import math
@@ -216,7 +217,7 @@ class RunConfig:
   def __post_init__(self):
     # Every field has its type and every numeric field is finite, checked before anything else.
     from fedjax_dp.models import Model, check_conv_dtype
-    hints = typing.get_type_hints(RunConfig)
+    hints = type_hints()
     for f in dataclasses.fields(self):
       value = getattr(self, f.name)
       if f.name != "options" and not isinstance(value, Model):
@@ -333,9 +334,16 @@ def field_help(name: str) -> str:
 _FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 
 
+@functools.cache
+def type_hints() -> dict:
+  """Field name -> :class:`RunConfig`'s annotation, evaluated once (not per configuration built:
+  a sweep builds one per grid point and seed)."""
+  return typing.get_type_hints(RunConfig)
+
+
 def field_types() -> dict:
   """Field name -> the Python type a string value converts to."""
-  hints = typing.get_type_hints(RunConfig)
+  hints = type_hints()
   out = {}
   for f in dataclasses.fields(RunConfig):
     t = hints[f.name]
