@@ -407,6 +407,11 @@ def load_config_file(path: str) -> dict:
   check(isinstance(d.get("options", {}), (dict, type(None))), "options", d.get("options"),
         "must be a JSON object of algorithm settings, e.g. {\"lambda\": 0.4}")
   known = {f.name for f in dataclasses.fields(RunConfig)}
+  # A run's summary.json lists under config.not_used the settings it left unread; that object is
+  # a config file as written, and the list sets nothing.
+  unread = d.pop("not_used", [])
+  check(isinstance(unread, list) and all(k in known for k in unread), "not_used", unread,
+        "must be a list of setting names (as a summary's config records them); it sets nothing")
   for k in d:
     check(k in known, "config key", k, f"must be one of {sorted(known)}")
   return d

@@ -76,7 +76,8 @@ def test_a_composition_too_long_to_tabulate_is_accounted_without_the_exact_check
     ({"eval_every": 1.5}, "eval_every"), ({"target_epsilon": True}, "target_epsilon"),
     ({"clip": "0.5"}, "clip"), ({"download": "yes"}, "download"), ({"seed": -1}, "seed"),
     ({"seed": 2 ** 70}, "seed"), ({"options": [1, 2]}, "options"), ({"options": "abc"}, "options"),
-    ({"options": 3}, "options"), (b'{"rounds": 2, "dataset": "\xff\xfe"}', "config"),
+    ({"options": 3}, "options"), ({"not_used": "clip"}, "not_used"),
+    ({"not_used": ["clipp"]}, "not_used"), (b'{"rounds": 2, "dataset": "\xff\xfe"}', "config"),
     (b"\xff\xfe\x00\x00", "config"), ([1, 2], "config"), (b"{", "config")])
 def test_config_files_are_refused_by_the_field_at_fault(content, field, capsys, tmp_path):
   cfg = tmp_path / "c.json"

@@ -337,16 +337,22 @@ def test_the_sign_mechanism_is_the_one_the_perturbation_piece_declares(digits):
 @pytest.mark.parametrize("settings", [dict(sampling="fixed", cohort_size=5),
                                       dict(sampling="poisson", sampling_prob=0.2),
                                       dict(attack="sign-flip", byzantine=2, aggregator="coordinate_median")])
-def test_a_summarys_configuration_is_a_valid_config_file(settings):
-  """What summary.json records (less ``not_used``) is accepted back as a ``--config`` file: the
+def test_a_summarys_configuration_is_a_valid_config_file(settings, tmp_path):
+  """What summary.json records is accepted back as a ``--config`` file as written: the
   settings that the others leave unread (attacker_knowledge without an attack, cohort_size under
-  Poisson sampling, ...) are listed as not used instead of recorded."""
+  Poisson sampling, ...) are listed as not used instead of recorded, and that list sets nothing."""
   from fedjax_dp.algorithms import refuse_unused
-  from fedjax_dp.config import make_config
+  from fedjax_dp.config import load_config_file, make_config
   from fedjax_dp.experiment import recorded_config
   config = make_config(num_clients=20, **settings)
-  recorded = {k: v for k, v in recorded_config(config).items() if k != "not_used"}
+  path = tmp_path / "config.json"
+  path.write_text(json.dumps(recorded_config(config)))
+  recorded = load_config_file(str(path))
+  assert "not_used" not in recorded
   refuse_unused(make_config(**recorded), given=set(recorded))
+  assert make_config(**recorded).to_dict() == {
+      **config.to_dict(), **{k: make_config().to_dict()[k] for k in recorded_config(config)["not_used"]},
+      "model": recorded["model"]}
   unread = {"fixed": "sampling_prob", "poisson": "cohort_size"}[config.sampling]
   assert unread in recorded_config(config)["not_used"] and unread not in recorded
   assert ("attacker_knowledge" in recorded) == (config.attack != "none")
