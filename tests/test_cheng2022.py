@@ -240,3 +240,31 @@ def test_render_rewrites_a_run(tmp_path):
   (tmp_path / "results.md").unlink()
   assert cheng2022.render(str(tmp_path)) == 0
   assert (tmp_path / "results.md").read_bytes() == before["results.md"]
+
+
+def test_table3_rows_average_the_ablations_own_seeds():
+  """Table 3's c = 0 and default-c rows are Table 1's runs, which ran more seeds than the
+  ablation: every row of Table 3 averages the ablation's seeds only (else one seed more lifts
+  two of its rows)."""
+  runs = []
+  for table, method, c, accs in [("table1", "dp_fedavg", None, (0.70, 0.72, 0.90)),
+                                 ("table1", "dp_fedavg+blur", None, (0.71, 0.73, 0.91)),
+                                 ("table1", "dp_fedavg+lus", 0.7, (0.69, 0.71, 0.89)),
+                                 ("table1", "blur+lus", 0.7, (0.68, 0.70, 0.88)),
+                                 ("table3", "dp_fedavg+lus", 0.1, (0.60, 0.62)),
+                                 ("table3", "blur+lus", 0.1, (0.61, 0.63))]:
+    for seed, acc in enumerate(accs):
+      runs.append({"table": table, "model": "cnn2", "alpha": None, "method": method,
+                   "target_epsilon": 6.0, "seed": seed, "sparsity": c, "lambda": None,
+                   "local_steps": 30, "sampling_prob": 0.06, "epsilon": 6.0, "delta": 1e-5,
+                   "noise_multiplier": 1.0, "sampling": "poisson", "cohort_size": None,
+                   "accuracy": acc, "fraction_clipped": 1.0, "update_norm_q50_last": 0.5,
+                   "history": []})
+  settings = dict(_SETTINGS, table="table1", seeds=3, runs=[("cnn2", None)], sparsities=[0.1, 0.7],
+                  figures=None)
+  md = cheng2022.markdown(cheng2022._summarize(runs), runs, settings)
+  table3 = md[md.index("### Table 3"):].split("\n\n")[:2]
+  assert "over seeds 0, 1)" in table3[0]
+  assert "| 0 (no LUS) | 71.00 ± 1.41 | 72.00 ± 1.41 |" in table3[1]
+  assert "| 0.1 | 61.00 ± 1.41 | 62.00 ± 1.41 |" in table3[1]
+  assert "| 0.7 | 70.00 ± 1.41 | 69.00 ± 1.41 |" in table3[1]

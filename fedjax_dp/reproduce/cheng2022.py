@@ -341,6 +341,14 @@ def _key(record) -> tuple:
 _REUSED = {"table3": ("table1",), "fig3": ("table2",), "fig4": ("table2",)}
 
 
+def _by_seed(runs: list) -> dict:
+  """Row key (:data:`ROW_KEYS`) -> {seed: test accuracy} of the runs' records."""
+  acc = {}
+  for r in runs:
+    acc.setdefault(_key(r), {})[r["seed"]] = r["accuracy"]
+  return acc
+
+
 def _finder(keys, settings: dict):
   """``find(table, model, alpha, method, eps, c=None, local_steps=None, sampling_prob=None)``:
   the key (:data:`ROW_KEYS`) among ``keys`` of that run, or None. ``c`` None is LUS's default;
@@ -413,16 +421,26 @@ def markdown(rows: list, runs: list, settings: dict) -> str:
     (model, alpha), ae = settings["runs"][0], settings["ablation_epsilon"]
     base = {"dp_fedavg+lus": get("table1", model, alpha, "dp_fedavg", ae),
             "blur+lus": get("table1", model, alpha, "dp_fedavg+blur", ae)}
+    # Every row over the ablation's own seeds: the rows it reuses from Table 1 (c = 0, and the
+    # default c) ran more seeds.
+    per_seed = _by_seed(runs)
+    seeds = sorted({r["seed"] for r in runs if r["table"] == "table3"} or {r["seed"] for r in runs})
+
+    def ablation_acc(r):
+      if r is None:
+        return "n/a"
+      s = seed_stats([per_seed[_key(r)].get(k) for k in seeds])
+      return mean_std(s["accuracy_mean"], s["accuracy_std"])
     table3 = []
     for c in (0.0,) + tuple(settings["sparsities"]):
       row = {"c": f"{c:g}" + (" (no LUS)" if c == 0 else "")}
       for m in ("dp_fedavg+lus", "blur+lus"):
-        row[m] = acc(base[m] if c == 0.0 else get("table3", model, alpha, m, ae, c))
+        row[m] = ablation_acc(base[m] if c == 0.0 else get("table3", model, alpha, m, ae, c))
         row[f"paper_{m}"] = (f"{PAPER_TABLE3[m][c]:.2f}" if c in PAPER_TABLE3[m] else
                              "illegible" if m == "blur+lus" else "")
       table3.append(row)
-    lines += ["", f"### Table 3: sparsity c of LUS at epsilon = {ae:g} (test accuracy %, mean ± std)",
-              ""]
+    lines += ["", f"### Table 3: sparsity c of LUS at epsilon = {ae:g} (test accuracy %, mean ± std "
+              f"over seeds {', '.join(map(str, seeds))})", ""]
     lines += markdown_table(
         ["c", ("dp_fedavg+lus", "DP-FedAvg+LUS"), ("blur+lus", "BLUR+LUS"),
          ("paper_dp_fedavg+lus", "paper DP-FedAvg+LUS (ResNet-18)"),
@@ -511,10 +529,7 @@ def claims(rows: list, runs: list, settings: dict) -> list:
   gain larger at the smaller epsilon or alpha, BLUR alone and LUS at each c (Table 3), and the
   figures' directions (Ours above DP-FedAvg at every Q and p, DP-FedAvg losing from Q = 30 to
   Q = 40 where Ours holds, Ours varying less over p)."""
-  by = {_key(r): r for r in rows}
-  acc = {}
-  for r in runs:
-    acc.setdefault(_key(r), {})[r["seed"]] = r["accuracy"]
+  by, acc = {_key(r): r for r in rows}, _by_seed(runs)
   find, clip, out = _finder(acc, settings), settings["clip"], []
 
   def claim(text, paper, keys, fn=_difference, why=None, sign_only=False, above=""):
