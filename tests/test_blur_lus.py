@@ -85,6 +85,7 @@ def test_kept_count():
   assert kept_count(10, 0.9) == 1
   assert kept_count(3, 0.9) == 1  # at least one element per layer
   assert kept_count(1000, 0.5) == 500
+  assert kept_count(35, 0.7) == 10 and kept_count(5, 0.5) == 2  # a Python number's half rounds down
 
 
 @pytest.mark.parametrize("jit", [False, True])

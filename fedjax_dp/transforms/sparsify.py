@@ -23,10 +23,12 @@ from fedjax_dp.errors import check
 def kept_count(size: int, sparsity) -> jax.Array:
   """``s_j``: elements kept in a leaf of ``size`` elements, ``round((1 - c) * d_j)``, at least 1.
 
-  Rounds half up after a small tolerance so that e.g. ``c = 0.7`` on 10
-  elements keeps exactly 3 (not 4 from ``(1 - 0.7) * 10 = 3.0000000000000004``).
-  ``sparsity`` may be a traced hyper-parameter; the count is an int32 array,
-  computed in float64 on the host when ``sparsity`` is a Python number.
+  A Python number is computed in float64 with a half rounding down (a tolerance of 1e-9 absorbs
+  the rounding of ``1 - c``: ``c = 0.7`` on 35 elements keeps 10, from ``10.500000000000002``).
+  A traced ``sparsity`` (the compiled round's float32 hyper-parameter) is computed in float32
+  with a tolerance of 1e-6, which does not cover float32's rounding of ``1 - c`` in every leaf:
+  there a count at an exact half may be either neighbour (one element of the leaf). An int32
+  array.
   """
   if isinstance(sparsity, (int, float)):
     return jnp.int32(min(size, max(1, math.floor((1.0 - sparsity) * size + 0.5 - 1e-9))))
@@ -76,7 +78,7 @@ def sparsify_by_utility(sparsity: float) -> optax.GradientTransformationExtraArg
 
   Called as ``update(delta, state, params, grad=g)``: ``grad`` is a pytree like
   ``delta`` holding the gradient of the local loss at ``w_{t,Q}`` (see
-  :func:`fedjax_dp.algorithms.blur_lus.lus_gradient`). Without ``grad`` it
+  :func:`fedjax_dp.algorithms.fedavg.lus_gradient`). Without ``grad`` it
   raises a TypeError.
 
   Privacy: the mask depends on the client's data, so it is not private by
