@@ -268,3 +268,13 @@ def test_table3_rows_average_the_ablations_own_seeds():
   assert "| 0 (no LUS) | 71.00 ± 1.41 | 72.00 ± 1.41 |" in table3[1]
   assert "| 0.1 | 61.00 ± 1.41 | 62.00 ± 1.41 |" in table3[1]
   assert "| 0.7 | 70.00 ± 1.41 | 69.00 ± 1.41 |" in table3[1]
+
+
+def test_paper_presets_describe_the_writer_partitioned_data():
+  """The paper scale's runs load federated EMNIST's writers; their configurations (and so each
+  summary and provenance record) say so, not the pooled EMNIST under an iid split."""
+  from fedjax_dp.config import make_config
+  for preset in cheng2022.PAPER_PRESETS.values():
+    for method in cheng2022.COLUMNS["table1"]:
+      config = make_config(cheng2022.method_config(dict(preset, num_clients=3400), method, 6.0))
+      assert (config.dataset, config.partition) == ("federated_emnist", "natural")

@@ -180,9 +180,10 @@ SCALES = {
 # The paper's Table 1 (Sec. 6): federated EMNIST, Q = 30 local steps, eta_g = 1, delta = 1e-5,
 # lambda = 0.4, c = 0.7. Accelerator scale; not run on the project's CPUs. (Table 2 is
 # --scale cifar.)
-_EMNIST = dict(dataset="emnist", model="cnn2", rounds=1000, sampling="poisson", sampling_prob=0.04,
-               local_steps=30, batch_size=64, client_lr=0.03, server_lr=1.0, clip=0.03,
-               denominator="expected", delta=DELTA, eval_every=50)
+_EMNIST = dict(dataset="federated_emnist", partition="natural", model="cnn2", rounds=1000,
+               sampling="poisson", sampling_prob=0.04, local_steps=30, batch_size=64,
+               client_lr=0.03, server_lr=1.0, clip=0.03, denominator="expected", delta=DELTA,
+               eval_every=50)
 PAPER_PRESETS = {
     # Federated EMNIST (3,400 writers): needs TFF's fed_emnist_{train,test}.h5 in --data-dir.
     "emnist_cnn2": dict(_EMNIST),
