@@ -676,6 +676,18 @@ def placed_arrays(host: tuple, place: Optional[Callable[[], tuple]] = None) -> t
     return arrays
 
 
+def secret_entropy(count: int) -> list:
+  """``count`` secret 128-bit integers (:mod:`secrets`) for a private release, the same on
+  every process of a multi-process run: process 0 draws them and broadcasts them, so every
+  process samples the same cohorts and adds the same noise, and the ledger describes that one
+  draw (each process drawing its own would mix several runs in one)."""
+  words = np.array([[secrets.randbits(32) for _ in range(4)] for _ in range(count)], np.uint32)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    words = np.asarray(multihost_utils.broadcast_one_to_all(words))
+  return [sum(int(w) << (32 * i) for i, w in enumerate(row)) for row in words.reshape(count, 4)]
+
+
 def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progress: bool = True,
               placement: str = "device", release: str = "all",
               client_chunk: Optional[int] = None, devices: Optional[int] = None,
@@ -726,7 +738,7 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
   hps = [{k: jnp.asarray(v) for k, v in e.hparams.items()} for e in experiments]
   hp = stack(hps)
   # A private release draws its rounds' keys and its cohorts from secret entropy (RANDOMNESS).
-  secrets_ = [secrets.randbits(128) if release == "private" else None for _ in experiments]
+  secrets_ = secret_entropy(len(experiments)) if release == "private" else [None] * len(experiments)
   for e, secret in zip(experiments, secrets_):
     if secret is not None:
       e.sampler.reseed(secret)

@@ -93,10 +93,13 @@ PROCESS = textwrap.dedent("""
                                    num_processes=2, process_id=int(sys.argv[1]))
     from fedjax_dp.experiment import simulate
     r = simulate(num_clients=60, rounds=2, max_test=100, local_steps=2, eval_every=1)
+    # a private release's secret entropy is drawn once and shared: the processes agree
+    private = simulate(num_clients=60, rounds=1, max_test=100, local_steps=2, release="private")
     print("RESULT " + json.dumps({"devices": len(jax.devices()), "processes": jax.process_count(),
                                   "accuracy": r.metrics["test_accuracy"].tolist(),
                                   "loss": r.metrics["test_loss"].tolist(),
-                                  "epsilon": r.summary["epsilon"]}))
+                                  "epsilon": r.summary["epsilon"],
+                                  "private_sha256": private.summary["params_sha256"]}))
 """)
 
 
@@ -119,6 +122,7 @@ def test_two_processes_agree_with_one():
                          timeout=600, env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert alone.returncode == 0, alone.stderr[-3000:]
   one = _result(alone.stdout)
+  assert _result(outs[0][0])["private_sha256"] == _result(outs[1][0])["private_sha256"]
   for out, _ in outs:
     got = _result(out)
     assert got["devices"] == 4 and got["processes"] == 2
