@@ -5,8 +5,10 @@ differential privacy", Application Research of Computers 41(5), 2024
 (SP-FL). Every algorithm here trains with client-side DP-SGD
 (:func:`fedjax_dp.client.dp_sgd`): per-example gradients clipped, Gaussian noise on
 each step's clipped sum, ``Q`` local steps with per-step sampling rate
-``L / |D_n|``; the server averages the uploaded models weighted by sample
-counts (Sec. 2.4 f; ``weighting="examples"``).
+``L / |D_n|``; the paper's server averages the uploaded models weighted by
+sample counts (Sec. 2.4 f): ``weighting="examples"``, which the reproduction
+sets (the configuration's default, ``"uniform"``, equals it only where clients
+hold equal counts).
 
 * ``spfl`` (as published): clients are split into a high and a low
   privacy-need class (``high_fraction``). High: adaptive clipping,
