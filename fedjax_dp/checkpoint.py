@@ -116,6 +116,16 @@ def _by_index(leaves) -> dict:
   return {f"{i:05d}": leaf for i, leaf in enumerate(leaves)}
 
 
+def _placed_like(host: np.ndarray, leaf):
+  """``host`` (a restored leaf) placed as ``leaf`` (the fresh run's) is: with its sharding (the
+  engine places the initial state replicated over the device mesh, where every round leaves
+  it), so the first resumed round reuses the step compiled for the later ones."""
+  sharding = getattr(leaf, "sharding", None)
+  if sharding is None:
+    return jax.numpy.asarray(host)
+  return jax.make_array_from_callback(np.shape(host), sharding, lambda index: host[index])
+
+
 def _kept_rows(path: pathlib.Path, rounds: int) -> list:
   """The first ``rounds`` rows of ``metrics.jsonl`` (rounds 1, 2, ...), to which the file is
   truncated: rows a killed run wrote after its checkpoint are recomputed."""
@@ -184,7 +194,7 @@ class Checkpointer:
     check(host["leaves"] == _leaves(state), "resume", str(folder / str(step)),
           "the checkpoint's state has other leaves (paths, shapes, dtypes) than this run's")
     leaves, treedef = jax.tree_util.tree_flatten(state)
-    # Restored into NumPy, then placed as the run's initial state was (jnp.asarray).
+    # Restored into NumPy, then placed as the run's initial state was (_placed_like).
     log_arrays = {k: np.zeros(shape, dtype) for k, (shape, dtype) in host["log_arrays"].items()}
     target = {"round_state": _by_index([np.zeros(np.shape(a), a.dtype) for a in leaves]),
               "log": log_arrays}
@@ -193,8 +203,8 @@ class Checkpointer:
     check(host.get("sha256", digest) == digest, "resume", str(folder / str(step)), "the checkpoint's state does not match the SHA-256 saved with "
           "it: its files were changed or damaged; delete that checkpoint to resume from the one "
           "before, or start again with --overwrite")
-    state = treedef.unflatten([jax.numpy.asarray(restored["round_state"][k])
-                               for k in _by_index(leaves)])
+    state = treedef.unflatten([_placed_like(restored["round_state"][k], leaf)
+                               for k, leaf in _by_index(leaves).items()])
     experiment.sampler.load_state(host["sampler"])
     if experiment.accounting is not None:
       experiment.accounting.load_state(host["accounting"])

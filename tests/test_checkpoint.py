@@ -63,6 +63,26 @@ def checkpointed(tmp_path_factory):
   return out
 
 
+@pytest.fixture(scope="module")
+def four_rounds(tmp_path_factory):
+  """A 4-round run with --checkpoint-every 2 and --tensorboard (checkpoints at rounds 2 and 4)."""
+  out = tmp_path_factory.mktemp("four_rounds") / "run"
+  at = TINY.index("--rounds")
+  assert main(["run", *TINY[:at], *TINY[at + 2:], "--rounds", "4", "--checkpoint-every", "2", "--tensorboard",
+               "--output-dir", str(out)]) == 0
+  return out
+
+
+def _killed_before_its_last_checkpoint(run, tmp_path):
+  """A copy of ``run`` (:func:`four_rounds`) as a run killed after writing its last row but
+  before saving its last checkpoint leaves it: ``--resume`` recomputes rounds 3 and 4."""
+  out = tmp_path / "run"
+  shutil.copytree(run, out)
+  shutil.rmtree(out / "checkpoints" / "4")
+  (out / "summary.json").unlink()
+  return out
+
+
 def test_a_run_is_deterministic_and_checkpointing_changes_nothing(reference, checkpointed):
   s = _summary(reference)
   assert len(s["params_sha256"]) == 64
@@ -156,6 +176,24 @@ def test_ctrl_c_says_how_to_resume_and_resuming_twice_is_the_same_run(reference,
   assert main(["run", "--resume", str(out), "--no-progress"]) == 0
   assert _rows(out) == _rows(reference) and _same_norms(out, reference)
   assert _summary(out)["params_sha256"] == _summary(reference)["params_sha256"]
+
+
+def test_a_resumed_run_compiles_its_round_once(four_rounds, tmp_path, monkeypatch, capsys):
+  import fedjax_dp.round
+  out = _killed_before_its_last_checkpoint(four_rounds, tmp_path)
+  real, steps = fedjax_dp.round.compiled_step, []
+
+  def compiled_step(*args, **kwargs):
+    steps.append(real(*args, **kwargs))
+    return steps[-1]
+
+  monkeypatch.setattr(fedjax_dp.round, "compiled_step", compiled_step)
+  assert main(["run", "--resume", str(out), "--no-progress"]) == 0
+  # Rounds 3 and 4 ran one compilation: the restored state is placed as a fresh run's initial
+  # state is (replicated over the device mesh, where every round leaves it).
+  assert len(steps) == 1 and steps[0]._cache_size() == 1
+  assert _rows(out) == _rows(four_rounds)
+  assert _summary(out)["params_sha256"] == _summary(four_rounds)["params_sha256"]
 
 
 def test_resuming_a_finished_run_recomputes_and_rewrites_nothing(checkpointed, reference, capsys):
