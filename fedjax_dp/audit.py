@@ -461,6 +461,14 @@ AUDITS = {
 }
 # The canary's distance per scale step of the no-guarantee audits.
 BASE_SCALE = {"spfl": 1.0 / CANARY, "dp-rsa-g-unclipped": 0.25, "dp-rsa-f-omniscient": 0.01}
+# The largest scale each no-guarantee audit computes in float32 without overflowing (past it the
+# releases hold inf or NaN and the bound is a meaningless 0): the sign audits' models hold
+# ``scale * BASE_SCALE`` itself; SP-FL's canary example holds ``CANARY * scale * BASE_SCALE`` and
+# its noise scales with the canary gradient's squared norm, the square of that value.
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+MAX_SCALE = {"spfl": math.sqrt(_FLOAT32_MAX) / (CANARY * BASE_SCALE["spfl"]),
+             "dp-rsa-g-unclipped": _FLOAT32_MAX / BASE_SCALE["dp-rsa-g-unclipped"],
+             "dp-rsa-f-omniscient": _FLOAT32_MAX / BASE_SCALE["dp-rsa-f-omniscient"]}
 FORMAL_SCALE = {"dp-rsa-g": 100.0}
 
 
@@ -485,6 +493,12 @@ def audit(mechanism: str, trials: Optional[int] = None, seed: int = 0, confidenc
   check(noise_factor <= a.max_noise_factor, "noise_factor", noise_factor,
         f"must be <= {a.max_noise_factor:g} for {mechanism}: it scales the mechanism's flip "
         "probability, which cannot pass 1/2")
+  if not a.formal:
+    check(len(scales) >= 1 and all(math.isfinite(s) and s > 0 for s in scales), "scales", scales,
+          "must be one or more finite numbers > 0")
+    check(max(scales) <= MAX_SCALE[mechanism], "scales", scales,
+          f"must be at most {MAX_SCALE[mechanism]:.4g} for {mechanism}: a larger canary "
+          "overflows float32 (the releases would hold inf or NaN and bound nothing)")
   key = jax.random.PRNGKey(seed)
   t0 = time.perf_counter()
   out = {"mechanism": mechanism, "covers": a.covers, "trials": trials, "confidence": confidence,
@@ -496,8 +510,6 @@ def audit(mechanism: str, trials: Optional[int] = None, seed: int = 0, confidenc
     out.update(bound, epsilon_claimed=eps,
                tightness=bound["epsilon_lower_bound"] / eps if eps else None)
   else:
-    check(len(scales) >= 1 and all(math.isfinite(s) and s > 0 for s in scales), "scales", scales,
-          "must be one or more finite numbers > 0")
     by_scale, claim = {}, None
     for s in scales:
       r0, r1, claim, coords = a.run(trials, jax.random.fold_in(key, len(by_scale)), noise_factor,

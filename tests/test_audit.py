@@ -92,6 +92,12 @@ def test_list(capsys):
     (["--mechanism", "dp-rsa-f", "--scales", "1,10"], "scales"),
     (["--mechanism", "spfl", "--scales", "1,x"], "scales"),
     (["--mechanism", "spfl", "--scales", "1,-2"], "scales"),
+    # a canary past float32's range: refused, not reported as a meaningless bound of 0
+    (["--mechanism", "dp-rsa-g-unclipped", "--scales", "1e308"], "scales"),
+    (["--mechanism", "dp-rsa-f-omniscient", "--scales", "1,1e308"], "scales"),
+    (["--mechanism", "spfl", "--scales", "1e308"], "scales"),
+    # SP-FL's noise scales with the canary gradient's squared norm, which overflows past ~1.8e19
+    (["--mechanism", "spfl", "--scales", "1e20"], "scales"),
 ])
 def test_bad_input_exits_2_naming_the_field(args, field, capsys):
   assert main(["audit"] + args) == 2
