@@ -25,9 +25,33 @@ def test_seed_stats_sample_std():
 
 
 def test_num_seeds():
+  from fedjax_dp.sweep import MAX_EXPERIMENTS
   assert num_seeds(None, 3) == 3 and num_seeds(2, 3) == 2
+  assert num_seeds(MAX_EXPERIMENTS, 3) == MAX_EXPERIMENTS
   with pytest.raises(ConfigError):
     num_seeds(-1, 3)
+
+
+@pytest.mark.parametrize("seeds,words", [
+    (100_000_001, "at most 100000"),  # would plan GBs of runs before the first one ran
+    (2 ** 32 + 1, "past the largest seed 2**32 - 1"),
+    (5_000_000_000, "past the largest seed 2**32 - 1"),
+    (2.5, "integer"), (True, "integer"), ("3", "integer"),
+])
+def test_num_seeds_refuses_what_no_run_can_use(seeds, words):
+  with pytest.raises(ConfigError, match="invalid seeds=") as e:
+    num_seeds(seeds, 3)
+  assert words in str(e.value)
+
+
+@pytest.mark.parametrize("seeds", ["100000001", "5000000000"])
+def test_reproduce_refuses_too_many_seeds_before_anything_runs(seeds, tmp_path, capsys):
+  from fedjax_dp.cli import main
+  out = tmp_path / "out"
+  assert main(["reproduce", "zhu2022", "--seeds", seeds, "--output-dir", str(out)]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and f"invalid seeds={seeds}" in err, err
+  assert not out.exists()
 
 
 def test_mean_std_and_table():
