@@ -312,6 +312,7 @@ def _cmd_run(args) -> int:
                            overwrite=args.overwrite)
   from fedjax_dp.experiment import simulate
   rounds = []
+  before = _run_files(out) if args.resume is None else None
   t0 = time.perf_counter()
   try:  # simulate checks the device count, then loads the data set
     result = simulate(config, output_dir=str(out), progress=not args.no_progress,
@@ -321,6 +322,10 @@ def _cmd_run(args) -> int:
   except KeyboardInterrupt:
     from fedjax_dp.checkpoint import latest_round
     kept = done + len(rounds)
+    changed = bool(kept) or _run_files(out) != before
+    if changed and not kept and (out / METRICS).is_file():
+      # Interrupted after the first round's row was written, before the run was told of it.
+      kept = (out / METRICS).read_bytes().count(b"\n")
     saved = latest_round(out) if kept else None
     if saved is not None:
       what = (f"{kept} rounds kept in {out / METRICS}, no {SUMMARY}; continue from the checkpoint "
@@ -328,11 +333,37 @@ def _cmd_run(args) -> int:
     elif kept:
       what = (f"{kept} rounds kept in {out / METRICS}, no {SUMMARY}; rerun with --overwrite to "
               "start again")
+    elif changed:
+      began = (f"removing the earlier run's files from {out}" if before
+               else f"beginning to write {out}")
+      what = (f"in the first round, after {began}: no round kept, no {SUMMARY}; rerun with "
+              "--overwrite to start again")
     else:
       what = f"before the first round: {out} is as it was"
     print(f"fedjax-dp: interrupted {what}", file=sys.stderr)
     return EXIT_INTERRUPTED
   return _report(result.summary, config, time.perf_counter() - t0, out)
+
+
+def _run_files(folder: pathlib.Path) -> Optional[dict]:
+  """What a run may change in ``folder``: each path of its files
+  (:data:`fedjax_dp.outputs.RUN_FILES`, with what their folders hold) and its kind, size,
+  modification time and inode; None when ``folder`` does not exist. Taken before a run and
+  after it is interrupted: whether it changed the folder (an ``--overwrite`` removes the
+  earlier run's files when it writes its first row)."""
+  from fedjax_dp.outputs import RUN_FILES
+  if not folder.is_dir():
+    return None
+  found = {}
+  for name in RUN_FILES:
+    top = folder / name
+    for path in [top, *(sorted(top.rglob("*")) if top.is_dir() and not top.is_symlink() else ())]:
+      try:
+        st = path.lstat()
+      except OSError:
+        continue
+      found[str(path.relative_to(folder))] = (st.st_mode, st.st_size, st.st_mtime_ns, st.st_ino)
+  return found
 
 
 def _report(s: dict, config, seconds: Optional[float], out: pathlib.Path,

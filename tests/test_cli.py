@@ -641,3 +641,37 @@ def test_out_of_memory_is_one_line_with_what_to_lower(tmp_path, capsys):
   err = capsys.readouterr().err.strip()
   assert len(err.splitlines()) == 1 and "out of memory" in err and "batch_size" in err
   assert "Traceback" not in err
+
+
+def test_ctrl_c_in_the_first_round_of_an_overwrite_says_what_it_removed(tmp_path, monkeypatch,
+                                                                        capsys):
+  import fedjax_dp.outputs
+  out = tmp_path / "o"
+  out.mkdir()
+  (out / "metrics.jsonl").write_text('{"round": 1}\n')  # an earlier run's files
+  (out / "summary.json").write_text("{}")
+  real_remove = fedjax_dp.outputs.remove
+
+  def remove(*args):  # Ctrl-C just after the first row's write removed the earlier run's files
+    real_remove(*args)
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(fedjax_dp.outputs, "remove", remove)
+  assert main(["run", *TINY, "--output-dir", str(out), "--overwrite"]) == 130
+  err = capsys.readouterr().err.strip().splitlines()
+  assert not (out / "summary.json").exists() and not (out / "metrics.jsonl").exists()
+  assert len(err) == 1 and "as it was" not in err[0], err
+  assert f"removing the earlier run's files from {out}" in err[0] and "no round kept" in err[0]
+  # Ctrl-C after the first round's row was written, before the run was told of it: one row kept.
+  monkeypatch.undo()
+  real_flush = fedjax_dp.outputs.MetricsFile.flush
+
+  def flush(self):
+    real_flush(self)
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(fedjax_dp.outputs.MetricsFile, "flush", flush)
+  assert main(["run", *TINY, "--output-dir", str(out), "--overwrite"]) == 130
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "1 rounds kept" in err[0], err
+  assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
