@@ -23,7 +23,9 @@ checkpoint's round and recomputes the rounds after it: round ``r``'s key is
 ``fold_in(k_run, r)`` (:func:`fedjax_dp.engine.run_keys`) and the sampler
 continues from its saved state, so on the same machine a resumed run ends with
 the same parameters, bit for bit, as an uninterrupted one
-(:func:`params_sha256`), and ``metrics.jsonl`` has every round once.
+(:func:`params_sha256`), and ``metrics.jsonl`` has every round once. A resumed run that writes
+TensorBoard events drops those past the checkpoint's round from ``tensorboard/``'s files in the
+same way, and writes the rounds after it to a file of its own, so each step is there once.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import contextlib
 import hashlib
 import json
 import pathlib
+import struct
 from typing import Optional
 
 import jax
@@ -146,6 +149,34 @@ def _kept_rows(path: pathlib.Path, rounds: int) -> list:
   return rows
 
 
+def _kept_events(folder: pathlib.Path, rounds: int) -> None:
+  """Drops from the TensorBoard event files in ``folder`` every event past step ``rounds`` and
+  what follows a partial record (a killed run's last write), as :func:`_kept_rows` truncates
+  ``metrics.jsonl``: the resumed run writes the rounds after its checkpoint again, each once.
+
+  An event file is a sequence of records (a little-endian uint64 length, its CRC, an ``Event``
+  protobuf, its CRC); the records kept are copied byte for byte."""
+  from google.protobuf.message import DecodeError
+  from tensorboardX.proto import event_pb2
+  for path in sorted(folder.glob("events.out.tfevents.*")) if folder.is_dir() else []:
+    data, i, kept = path.read_bytes(), 0, []
+    while i + 12 <= len(data):
+      (n,) = struct.unpack("<Q", data[i:i + 8])
+      end = i + 12 + n + 4
+      if end > len(data):
+        break
+      try:
+        step = event_pb2.Event.FromString(data[i + 12:i + 12 + n]).step
+      except DecodeError:
+        break
+      if step <= rounds:
+        kept.append(data[i:end])
+      i = end
+    new = b"".join(kept)
+    if new != data:
+      outputs.write_atomic(path, lambda tmp, new=new: tmp.write_bytes(new))
+
+
 class Checkpointer:
   """The engine's checkpoint hook for one run (:func:`fedjax_dp.engine.run_group`).
 
@@ -209,6 +240,8 @@ class Checkpointer:
     if experiment.accounting is not None:
       experiment.accounting.load_state(host["accounting"])
     log.resume(_kept_rows(log.out_dir / outputs.METRICS, step), host["log"], restored["log"])
+    if experiment.tensorboard:  # the resumed run writes the rounds after ``step`` again
+      _kept_events(log.out_dir / outputs.TENSORBOARD, step)
     return state, step
 
   def close(self) -> None:

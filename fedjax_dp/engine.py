@@ -485,6 +485,7 @@ class _Log:
       self.file = outputs.MetricsFile(self.out_dir)
     self.norms = [] if self.out_dir is not None and release == "all" else None
     self.writer = None
+    self.resumed_from = None  # the checkpoint's round, once resumed (:meth:`resume`)
 
   def account(self, cohort, ahead=None) -> dict:
     """Composes a round of ``cohort`` in the experiment's accounting and returns the epsilon
@@ -529,7 +530,11 @@ class _Log:
     with a histogram of the clients' update norms)."""
     if self.writer is None:  # after metrics.jsonl: its first write removed an earlier run's files
       from tensorboardX import SummaryWriter
-      self.writer = SummaryWriter(str(self.out_dir / outputs.TENSORBOARD), flush_secs=10)
+      # A resumed run's file has a name of its own: tensorboardX names a file by the second it
+      # opens it and truncates a file of that name (one the checkpoint's run opened that second).
+      suffix = "" if self.resumed_from is None else f".resumed-{self.resumed_from}"
+      self.writer = SummaryWriter(str(self.out_dir / outputs.TENSORBOARD), flush_secs=10,
+                                  filename_suffix=suffix)
     step = rec["round"]
     scalars = _flat({k: v for k, v in rec.items() if k not in ("round", "diagnostics")})
     if "diagnostics" in rec:
@@ -553,6 +558,7 @@ class _Log:
     """Continues from a checkpoint: ``rows`` (those ``metrics.jsonl`` keeps) and :meth:`state`'s
     parts; new rows are appended to ``metrics.jsonl``."""
     self.history = list(rows)
+    self.resumed_from = len(rows)
     self.accuracy, self.loss, self.diverged = host["accuracy"], host["loss"], host["diverged"]
     if self.norms is not None:
       self.norms = np.split(arrays["norms"], np.cumsum(arrays["norm_counts"])[:-1])

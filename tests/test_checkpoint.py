@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -194,6 +195,34 @@ def test_a_resumed_run_compiles_its_round_once(four_rounds, tmp_path, monkeypatc
   assert len(steps) == 1 and steps[0]._cache_size() == 1
   assert _rows(out) == _rows(four_rounds)
   assert _summary(out)["params_sha256"] == _summary(four_rounds)["params_sha256"]
+
+
+def _events(folder) -> list:
+  """``(tag, step)`` of every value in the TensorBoard event files in ``folder``, read as
+  TFRecords (a length, its CRC, an ``Event`` protobuf, its CRC), each file whole."""
+  from tensorboardX.proto import event_pb2
+  found = []
+  for f in sorted(folder.glob("events.out.tfevents.*")):
+    data, i = f.read_bytes(), 0
+    while i < len(data):
+      (n,) = struct.unpack("<Q", data[i:i + 8])
+      assert i + 16 + n <= len(data), f"{f} ends with a partial record"
+      event = event_pb2.Event.FromString(data[i + 12:i + 12 + n])
+      found += [(v.tag, event.step) for v in event.summary.value]
+      i += 16 + n
+  return sorted(found)
+
+
+def test_a_resumed_run_writes_each_tensorboard_step_once(four_rounds, tmp_path, capsys):
+  out = _killed_before_its_last_checkpoint(four_rounds, tmp_path)
+  [events] = (out / "tensorboard").glob("events.out.tfevents.*")
+  with open(events, "ab") as f:  # killed while writing an event: a partial record
+    f.write(struct.pack("<Q", 200) + b"\0" * 30)
+  assert main(["run", "--resume", str(out), "--tensorboard", "--no-progress"]) == 0
+  steps = _events(out / "tensorboard")
+  assert {step for _, step in steps} == {1, 2, 3, 4}
+  assert steps == _events(four_rounds / "tensorboard")  # every value once
+  assert len(list((out / "tensorboard").glob("events.out.tfevents.*"))) == 2
 
 
 def test_resuming_a_finished_run_recomputes_and_rewrites_nothing(checkpointed, reference, capsys):
