@@ -292,6 +292,34 @@ def _resumed(args) -> tuple:
   return config, meta["release"], meta["round"]
 
 
+def _finished_summary(path: pathlib.Path) -> dict:
+  """The summary of a finished run that ``--resume`` names, checked to hold what :func:`_report`
+  prints; :class:`ConfigError` naming the file when it is not JSON or lacks it (damaged)."""
+  number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+  try:
+    s, why = json.loads(path.read_bytes()), None
+  except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+    s, why = None, f"{type(e).__name__}: {str(e)[:120]}"
+  if why is None:
+    if not isinstance(s, dict):
+      why = f"a JSON {type(s).__name__}, not an object"
+    else:
+      bad = [k for k, ok in (("final_accuracy", number(s.get("final_accuracy"))),
+                             ("rounds", number(s.get("rounds"))),
+                             ("diverged", isinstance(s.get("diverged"), bool)),
+                             ("epsilon", s.get("epsilon") is None or number(s.get("epsilon"))),
+                             ("delta", s.get("epsilon") is None or number(s.get("delta"))),
+                             ("noise_multiplier", s.get("noise_multiplier") is None
+                              or number(s.get("noise_multiplier"))),
+                             ("diagnostics", isinstance(s.get("diagnostics") or {}, dict)),
+                             ("release", isinstance(s.get("release") or {}, dict))) if not ok]
+      why = f"lacks a valid {', '.join(bad)}" if bad else None
+  check(why is None, "resume", str(path), f"is not a finished run's summary ({why}): it was "
+        "changed or damaged; remove it and run --resume again to write it from the run's last "
+        "checkpoint")
+  return s
+
+
 def _cmd_run(args) -> int:
   from fedjax_dp.outputs import METRICS, SUMMARY, check_output_dir, check_writable
   check(args.checkpoint_every is None or args.checkpoint_every >= 1, "checkpoint_every",
@@ -302,7 +330,7 @@ def _cmd_run(args) -> int:
     config, release, done = _resumed(args)
     out = check_writable(args.resume)
     if done >= config.rounds and (out / SUMMARY).is_file():  # finished: nothing to redo or rewrite
-      s = json.loads((out / SUMMARY).read_text())
+      s = _finished_summary(out / SUMMARY)
       print(f"{out} holds a finished run: nothing to resume, its files are as they were")
       return _report(s, config, (s.get("diagnostics") or {}).get("seconds_total"), out,
                      wrote=False)

@@ -238,6 +238,22 @@ def test_resuming_a_finished_run_recomputes_and_rewrites_nothing(checkpointed, r
   assert s["final_accuracy"] == _summary(reference)["final_accuracy"]
 
 
+def test_a_finished_run_whose_summary_is_damaged_is_refused_in_one_line(checkpointed, tmp_path,
+                                                                        capsys):
+  run = tmp_path / "run"
+  shutil.copytree(checkpointed, run)
+  for damaged in (b'{"final_accuracy": 0.5, "rou', b"\xff\xfe{}", b"[]", b'{"rounds": 8}'):
+    (run / "summary.json").write_bytes(damaged)
+    assert main(["run", "--resume", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"invalid resume='{run / 'summary.json'}'" in err[0], err
+    assert "remove it and run --resume again" in err[0]
+  (run / "summary.json").unlink()  # as the message says: written again from the last checkpoint
+  assert main(["run", "--resume", str(run), "--no-progress"]) == 0
+  assert _summary(run)["params_sha256"] == _summary(checkpointed)["params_sha256"]
+  assert _rows(run) == _rows(checkpointed)
+
+
 @pytest.mark.parametrize("args,field", [
     (["--rounds", "9"], "rounds"),
     (["--clip", "0.3"], "clip"),
