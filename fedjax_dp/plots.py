@@ -25,6 +25,7 @@ import pathlib
 from typing import Optional, Sequence
 
 from fedjax_dp.errors import ConfigError, check
+from fedjax_dp.jsonio import NONFINITE_SUFFIX
 
 KINDS = ("runs", "norms", "frontier")
 # Sweep grid axes that move a method along its frontier (not part of its line's label).
@@ -226,6 +227,17 @@ def _is_number(v) -> bool:
   return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _check_file(cond, path: pathlib.Path, field: str, value, allowed: str) -> None:
+  """Refuses a field read from the file ``path``, named as ``NAME FIELD`` (``results.json
+  experiments``, ``norms.npz offsets``), with the file's path in what is allowed."""
+  check(cond, f"{path.name} {field}", value, f"{allowed} (in {path})")
+
+
+def _shown(a):
+  """An array read from a file as an error shows it: its values when few, else its type."""
+  return a.tolist() if a.size <= 8 else f"{a.dtype} array of shape {a.shape}"
+
+
 def plot_runs(dirs: Sequence, out):
   """Test accuracy (evaluated rounds) and, when any run has one, epsilon against rounds: one line
   per run folder of ``dirs``; writes ``out`` and returns the figure."""
@@ -247,18 +259,32 @@ def plot_runs(dirs: Sequence, out):
 
 def read_norms(folder) -> dict:
   """A run folder's ``norms.npz``: ``round``, ``norms`` (a list of one array per round) and
-  ``clip`` (None without a clip bound)."""
+  ``clip`` (None without a clip bound). ``ConfigError`` if it is missing or not an npz file,
+  lacks one of these arrays, or one of them has a type or shape a run does not write (the field
+  is named ``norms.npz FIELD``)."""
   import zipfile
   import numpy as np
   path = _file_in(folder, "norms.npz")
   try:
     with np.load(path, allow_pickle=False) as z:
-      offsets, flat = z["offsets"], z["norms"]
-      clip = float(z["clip"])
-      rounds = z["round"]
+      rounds, offsets, flat, clip = (z[k] for k in ("round", "offsets", "norms", "clip"))
   except (ValueError, KeyError, OSError, EOFError, zipfile.BadZipFile) as e:
     raise ConfigError("dir", str(folder), f"its norms.npz is not one a run writes "
                       f"(round, offsets, norms, clip): {type(e).__name__}") from None
+  real = "iuf"  # integers and floats (not booleans, complex numbers or strings)
+  _check_file(clip.size == 1 and clip.dtype.kind in real, path, "clip", _shown(clip),
+              "must be one number, the clip bound (NaN: none)")
+  _check_file(flat.ndim == 1 and flat.dtype.kind in real, path, "norms", _shown(flat),
+              "must be a 1-D array of numbers: every round's clients' norms, one after another")
+  _check_file(offsets.ndim == 1 and offsets.dtype.kind in "iu" and len(offsets) >= 1
+              and offsets[0] == 0 and bool(np.all(offsets[1:] >= offsets[:-1]))
+              and offsets[-1] == len(flat), path, "offsets", _shown(offsets),
+              f"must be a 1-D array of integers rising from 0 to the number of norms "
+              f"({len(flat)}): where each round's norms start, then their end")
+  _check_file(rounds.ndim == 1 and rounds.dtype.kind in real and len(rounds) == len(offsets) - 1,
+              path, "round", _shown(rounds), f"must be a 1-D array of numbers, one per round "
+              f"({len(offsets) - 1} by offsets)")
+  clip = float(clip.item())
   return {"round": rounds, "norms": [flat[a:b] for a, b in zip(offsets[:-1], offsets[1:])],
           "clip": None if math.isnan(clip) else clip}
 
@@ -277,8 +303,30 @@ def plot_norms(folder, out):
   return quantiles_figure([(title, z["round"], q)], out, clip=z["clip"], ylabel="update norm")
 
 
+def _sweep_algorithms(path: pathlib.Path, experiments) -> set:
+  """The algorithms (their names; None where a summary names none) of a sweep's
+  ``experiments``, each ``{"summary": {"config": {"algorithm": NAME}}}``."""
+  _check_file(isinstance(experiments, list), path, "experiments", experiments,
+              "must be a list of the sweep's experiments (objects)")
+  out = set()
+  for i, e in enumerate(experiments):
+    _check_file(isinstance(e, dict), path, f"experiments[{i}]", e, "must be an object")
+    summary = e.get("summary", {})
+    _check_file(isinstance(summary, dict), path, f"experiments[{i}].summary", summary,
+                "must be an object")
+    config = summary.get("config") or {}
+    _check_file(isinstance(config, dict), path, f"experiments[{i}].summary.config", config,
+                "must be an object or null")
+    algorithm = config.get("algorithm")
+    _check_file(algorithm is None or isinstance(algorithm, str), path,
+                f"experiments[{i}].summary.config.algorithm", algorithm, "must be a name or null")
+    out.add(algorithm)
+  return out
+
+
 def _frontier_lines(path: pathlib.Path) -> dict:
-  """``label -> [(epsilon or None, accuracy_mean, accuracy_std)]`` from one ``results.json``."""
+  """``label -> [(epsilon or None, accuracy_mean, accuracy_std)]`` from one ``results.json``
+  (an accuracy written as null, a diverged point's NaN, is NaN: no point drawn)."""
   try:
     doc = json.loads(path.read_text(encoding="utf-8"))
   except (json.JSONDecodeError, UnicodeDecodeError):
@@ -288,10 +336,15 @@ def _frontier_lines(path: pathlib.Path) -> dict:
         str(path), "needs 'rows' (a sweep's or a reproduction's results.json)")
   for field in ("epsilon", "accuracy_mean", "accuracy_std"):
     check(all(field in r for r in rows), "dir", str(path), f"every row needs {field!r}")
+  for i, r in enumerate(rows):
+    for field, allowed in (("accuracy_mean", "must be a number or null (NaN)"),
+                           ("accuracy_std", "must be a number or null (one seed, or NaN)")):
+      _check_file(r[field] is None or _is_number(r[field]), path, f"rows[{i}].{field}", r[field],
+                  allowed)
   if "experiments" in doc:  # a sweep: rows hold the grid values, the algorithm is in the configs
-    keys = [k for k in rows[0] if k not in _ROW_VALUES and k not in PRIVACY_AXES]
-    algorithms = {(e.get("summary", {}).get("config") or {}).get("algorithm")
-                  for e in doc["experiments"]}
+    keys = [k for k in rows[0] if k not in _ROW_VALUES and k not in PRIVACY_AXES
+            and not k.endswith(NONFINITE_SUFFIX)]
+    algorithms = _sweep_algorithms(path, doc["experiments"])
     base = [str(a) for a in sorted(algorithms - {None})] if "algorithm" not in keys else []
     plain = "algorithm"
   else:  # a reproduction: the setting fields that vary among its rows
@@ -304,7 +357,8 @@ def _frontier_lines(path: pathlib.Path) -> dict:
     label = ", ".join(base + named) or "run"
     e = r["epsilon"]
     if e is None or _is_number(e):
-      lines.setdefault(label, []).append((e, r["accuracy_mean"], r["accuracy_std"]))
+      mean = math.nan if r["accuracy_mean"] is None else r["accuracy_mean"]
+      lines.setdefault(label, []).append((e, mean, r["accuracy_std"]))
   return lines
 
 

@@ -266,3 +266,72 @@ def test_plot_refuses_metrics_it_cannot_draw(line, message, tmp_path, capsys):
   assert main(["plot", "--kind", "runs", "--out", str(tmp_path / "p.png"), str(run)]) == 2
   assert message in capsys.readouterr().err
   assert not (tmp_path / "p.png").exists()
+
+
+_ROW = {"method": "a", "epsilon": 1.0, "accuracy_mean": 0.5, "accuracy_std": 0.1}
+
+
+@pytest.mark.parametrize("doc,field,value", [
+    ({"experiments": 5, "rows": [_ROW]}, "experiments", "5"),
+    ({"experiments": [1], "rows": [_ROW]}, "experiments[0]", "1"),
+    ({"experiments": [{"summary": 3}], "rows": [_ROW]}, "experiments[0].summary", "3"),
+    ({"experiments": [{"summary": {"config": [1]}}], "rows": [_ROW]},
+     "experiments[0].summary.config", "[1]"),
+    ({"experiments": [{"summary": {"config": {"algorithm": 1}}}], "rows": [_ROW]},
+     "experiments[0].summary.config.algorithm", "1"),
+    ({"rows": [dict(_ROW, accuracy_mean="x")]}, "rows[0].accuracy_mean", "'x'"),
+    ({"rows": [dict(_ROW, accuracy_mean=[1, 2])]}, "rows[0].accuracy_mean", "[1, 2]"),
+    ({"rows": [_ROW, dict(_ROW, accuracy_std="a")]}, "rows[1].accuracy_std", "'a'"),
+    ({"rows": [_ROW, dict(_ROW, epsilon=None, accuracy_mean="x")]}, "rows[1].accuracy_mean", "'x'"),
+])
+def test_plot_refuses_a_badly_typed_results_json(doc, field, value, tmp_path, capsys):
+  (tmp_path / "results.json").write_text(json.dumps(doc))
+  _refused(["plot", str(tmp_path), "--out", str(tmp_path / "f.png")], capsys,
+            f"results.json {field}", f"={value}:")
+  assert not (tmp_path / "f.png").exists()
+
+
+def test_frontier_draws_a_diverged_point_on_its_methods_line(tmp_path):
+  """A diverged grid point's accuracy is written as null beside ``accuracy_mean_nonfinite``
+  (fedjax_dp.jsonio): drawn as NaN on its method's line, not refused or labelled apart."""
+  rows = [{"clip": 0.1, "target_epsilon": 1.0, "accuracy_mean": None,
+           "accuracy_mean_nonfinite": "NaN", "accuracy_std": None, "accuracy_std_nonfinite": "NaN",
+           "seeds": 2, "epsilon": 1.0, "grid": {"clip": 0.1, "target_epsilon": 1.0}},
+          {"clip": 0.1, "target_epsilon": 2.0, "accuracy_mean": 0.5, "accuracy_std": 0.1,
+           "seeds": 2, "epsilon": 2.0, "grid": {"clip": 0.1, "target_epsilon": 2.0}}]
+  exps = [{"summary": {"config": {"algorithm": "dp_fedavg"}}}] * 4
+  f = tmp_path / "results.json"
+  f.write_text(json.dumps({"rows": rows, "experiments": exps}))
+  lines = plots._frontier_lines(f)
+  assert list(lines) == ["dp_fedavg, clip=0.1"]
+  (e0, m0, s0), point = lines["dp_fedavg, clip=0.1"]
+  assert e0 == 1.0 and np.isnan(m0) and s0 is None and point == (2.0, 0.5, 0.1)
+  plots.plot_frontier([f], tmp_path / "f.png")
+  assert (tmp_path / "f.png").is_file()
+
+
+_NORMS = {"round": np.array([1, 2], np.int32), "offsets": np.array([0, 2, 4], np.int64),
+          "norms": np.arange(4.0), "clip": np.float64(1.0)}
+
+
+@pytest.mark.parametrize("name,bad,value", [
+    ("clip", np.array([1.0, 2.0]), "[1.0, 2.0]"),
+    ("clip", np.array("x"), "'x'"),
+    ("offsets", np.array([0.0, 2.0, 4.0]), "[0.0, 2.0, 4.0]"),
+    ("offsets", np.array([[0, 2, 4]]), "[[0, 2, 4]]"),
+    ("offsets", np.array([0, 5, 4], np.uint64), "[0, 5, 4]"),  # unsigned: a fall must not wrap round
+    ("offsets", np.array([0, 2, 5]), "[0, 2, 5]"),  # past the norms
+    ("round", np.array([1, 2, 3, 4]), "[1, 2, 3, 4]"),  # longer than offsets
+    ("round", np.array(["a", "b"]), "['a', 'b']"),
+    ("norms", np.array(["a", "b", "c", "d"]), "['a', 'b', 'c', 'd']"),
+    ("norms", np.zeros(20, bool), "'bool array of shape (20,)'"),
+])
+def test_plot_refuses_a_badly_typed_norms_file(name, bad, value, tmp_path, capsys):
+  run = tmp_path / "run"
+  run.mkdir()
+  np.savez(run / "norms.npz", **dict(_NORMS, **{name: bad}))
+  _refused(["plot", str(run), "--kind", "norms", "--out", str(tmp_path / "n.png")], capsys,
+            f"norms.npz {name}", f"={value}:")
+  assert not (tmp_path / "n.png").exists()
+  np.savez(run / "norms.npz", **_NORMS)  # the same file, well typed, is drawn
+  assert main(["plot", str(run), "--kind", "norms", "--out", str(tmp_path / "n.png")]) == 0
