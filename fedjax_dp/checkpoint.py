@@ -131,13 +131,14 @@ def _placed_like(host: np.ndarray, leaf):
 
 def _kept_rows(path: pathlib.Path, rounds: int) -> list:
   """The first ``rounds`` rows of ``metrics.jsonl`` (rounds 1, 2, ...), to which the file is
-  truncated: rows a killed run wrote after its checkpoint are recomputed."""
-  lines = path.read_text().splitlines(keepends=True)[:rounds] if path.exists() else []
+  truncated: rows a killed run wrote after its checkpoint are recomputed. Read as bytes: what
+  follows them (a partial row, bytes that are not UTF-8) is dropped, never decoded."""
+  lines = path.read_bytes().split(b"\n")[:-1][:rounds] if path.exists() else []
   rows = []
   for i, line in enumerate(lines):
     try:
-      row = json.loads(line) if line.endswith("\n") else None
-    except json.JSONDecodeError:
+      row = json.loads(line.decode("utf-8"))
+    except ValueError:  # json.JSONDecodeError, UnicodeDecodeError
       row = None
     if not isinstance(row, dict) or row.get("round") != i + 1:
       break
@@ -145,7 +146,8 @@ def _kept_rows(path: pathlib.Path, rounds: int) -> list:
   check(len(rows) == rounds, "resume", str(path),
         f"holds {len(rows)} complete rows of rounds 1, 2, ... but the checkpoint is at round "
         f"{rounds}: the folder's files are not one run's")
-  outputs.write_text_atomic(path, "".join(lines))
+  kept = b"".join(line + b"\n" for line in lines)
+  outputs.write_atomic(path, lambda tmp: tmp.write_bytes(kept))
   return rows
 
 

@@ -74,10 +74,10 @@ def four_rounds(tmp_path_factory):
   return out
 
 
-def _killed_before_its_last_checkpoint(run, tmp_path):
+def _killed_before_its_last_checkpoint(run, tmp_path, name="run"):
   """A copy of ``run`` (:func:`four_rounds`) as a run killed after writing its last row but
   before saving its last checkpoint leaves it: ``--resume`` recomputes rounds 3 and 4."""
-  out = tmp_path / "run"
+  out = tmp_path / name
   shutil.copytree(run, out)
   shutil.rmtree(out / "checkpoints" / "4")
   (out / "summary.json").unlink()
@@ -223,6 +223,26 @@ def test_a_resumed_run_writes_each_tensorboard_step_once(four_rounds, tmp_path, 
   assert {step for _, step in steps} == {1, 2, 3, 4}
   assert steps == _events(four_rounds / "tensorboard")  # every value once
   assert len(list((out / "tensorboard").glob("events.out.tfevents.*"))) == 2
+
+
+def test_rows_past_the_checkpoint_that_are_not_utf8_are_dropped_on_resume(four_rounds, tmp_path,
+                                                                          capsys):
+  out = _killed_before_its_last_checkpoint(four_rounds, tmp_path)
+  rows = (out / "metrics.jsonl").read_bytes().split(b"\n")
+  # Killed while writing round 4's row, inside a character of two bytes in UTF-8.
+  (out / "metrics.jsonl").write_bytes(b"\n".join(rows[:3]) + b'\n{"round": 4, "x": "\xc3')
+  assert main(["run", "--resume", str(out), "--no-progress"]) == 0
+  assert _rows(out) == _rows(four_rounds)
+  assert _summary(out)["params_sha256"] == _summary(four_rounds)["params_sha256"]
+  # Bytes that are not UTF-8 in a row the checkpoint keeps: refused in one line, nothing changed.
+  out = _killed_before_its_last_checkpoint(four_rounds, tmp_path, "damaged")
+  damaged = b"\n".join([rows[0], rows[1][:-1] + b"\xff}", *rows[2:]])
+  (out / "metrics.jsonl").write_bytes(damaged)
+  capsys.readouterr()
+  assert main(["run", "--resume", str(out), "--no-progress"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "holds 1 complete rows" in err[0] and "metrics.jsonl" in err[0], err
+  assert (out / "metrics.jsonl").read_bytes() == damaged
 
 
 def test_resuming_a_finished_run_recomputes_and_rewrites_nothing(checkpointed, reference, capsys):
