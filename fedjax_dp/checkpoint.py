@@ -95,10 +95,43 @@ def _restore(manager, step: int, **items):
                       f"read ({type(e).__name__}: {str(e)[:200]})") from None
 
 
+# What resuming reads of a checkpoint's ``host`` item, and its JSON type.
+_HOST = {"round": int, "config": dict, "release": str, "checkpoint_every": int, "sampler": dict,
+         "accounting": (dict, type(None)), "log": dict, "leaves": list, "log_arrays": dict}
+_HOST_LOG = ("accuracy", "loss", "diverged")  # what _Log.resume reads of ``host["log"]``
+
+
+def _damaged(where: str, what: str) -> ConfigError:
+  return ConfigError("resume", where, f"{what}: its files were changed or damaged; delete that "
+                     "checkpoint to resume from the one before, or start again with --overwrite")
+
+
+def _read_host(manager, step: int) -> dict:
+  """The ``host`` item of checkpoint ``step``, checked to hold what resuming reads (:data:`_HOST`):
+  a damaged one is refused naming the checkpoint and what it lacks."""
+  import orbax.checkpoint as ocp
+  host = _restore(manager, step, host=ocp.args.JsonRestore()).host
+  where = str(manager.directory / str(step))
+  if not isinstance(host, dict):
+    raise _damaged(where, f"its host item is a JSON {type(host).__name__}, not an object")
+  missing = [k for k in _HOST if k not in host]
+  if missing:
+    raise _damaged(where, f"its host item lacks {missing}")
+  bounds = {"round": lambda v: v == step, "checkpoint_every": lambda v: v >= 1}
+  wrong = [k for k, kind in _HOST.items()
+           if not isinstance(host[k], kind) or kind is int and isinstance(host[k], bool)
+           or not bounds.get(k, lambda v: True)(host[k])]
+  if wrong:
+    raise _damaged(where, f"its host item has an invalid {wrong}")
+  missing = [f"log.{k}" for k in _HOST_LOG if k not in host["log"]]
+  if missing:
+    raise _damaged(where, f"its host item lacks {missing}")
+  return host
+
+
 def read_meta(output_dir) -> dict:
   """The ``host`` item of the latest checkpoint in ``output_dir`` (its ``config``, ``release``,
   ``checkpoint_every``, ``round``, ...); :class:`ConfigError` when there is none."""
-  import orbax.checkpoint as ocp
   check(pathlib.Path(output_dir).is_dir(), "resume", str(output_dir),
         "is not an existing folder: name the folder of the run to continue")
   step = latest_round(output_dir)
@@ -106,7 +139,7 @@ def read_meta(output_dir) -> dict:
         f"holds no complete checkpoint in {outputs.CHECKPOINTS}/: nothing to resume (a run saves "
         "one every --checkpoint-every K rounds)")
   with _opened(pathlib.Path(output_dir) / outputs.CHECKPOINTS) as manager:
-    return _restore(manager, step, host=ocp.args.JsonRestore()).host
+    return _read_host(manager, step)
 
 
 def _leaves(state) -> list:
@@ -216,7 +249,7 @@ class Checkpointer:
     check(step is not None, "resume", str(log.out_dir),
           f"holds no complete checkpoint in {outputs.CHECKPOINTS}/: nothing to resume")
     self._manager = _manager(folder)
-    host = _restore(self._manager, step, host=ocp.args.JsonRestore()).host
+    host = _read_host(self._manager, step)
     differ = sorted(k for k in set(host["config"]) | set(self.config)
                     if host["config"].get(k) != self.config.get(k))
     check(not differ, "resume", str(folder / str(step)),
@@ -228,7 +261,11 @@ class Checkpointer:
           "the checkpoint's state has other leaves (paths, shapes, dtypes) than this run's")
     leaves, treedef = jax.tree_util.tree_flatten(state)
     # Restored into NumPy, then placed as the run's initial state was (_placed_like).
-    log_arrays = {k: np.zeros(shape, dtype) for k, (shape, dtype) in host["log_arrays"].items()}
+    try:
+      log_arrays = {k: np.zeros(shape, dtype) for k, (shape, dtype) in host["log_arrays"].items()}
+    except (TypeError, ValueError) as e:
+      raise _damaged(str(folder / str(step)), "its host item's log_arrays cannot be read "
+                     f"({type(e).__name__}: {str(e)[:200]})") from None
     target = {"round_state": _by_index([np.zeros(np.shape(a), a.dtype) for a in leaves]),
               "log": log_arrays}
     restored = _restore(self._manager, step, state=ocp.args.StandardRestore(target)).state
@@ -238,9 +275,15 @@ class Checkpointer:
           "before, or start again with --overwrite")
     state = treedef.unflatten([_placed_like(restored["round_state"][k], leaf)
                                for k, leaf in _by_index(leaves).items()])
-    experiment.sampler.load_state(host["sampler"])
-    if experiment.accounting is not None:
-      experiment.accounting.load_state(host["accounting"])
+    try:
+      experiment.sampler.load_state(host["sampler"])
+      if experiment.accounting is not None:
+        experiment.accounting.load_state(host["accounting"])
+    except ConfigError:
+      raise
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+      raise _damaged(str(folder / str(step)), "its host item's sampler or accounting state "
+                     f"cannot be loaded ({type(e).__name__}: {str(e)[:200]})") from None
     log.resume(_kept_rows(log.out_dir / outputs.METRICS, step), host["log"], restored["log"])
     if experiment.tensorboard:  # the resumed run writes the rounds after ``step`` again
       _kept_events(log.out_dir / outputs.TENSORBOARD, step)

@@ -430,6 +430,36 @@ def test_a_checkpoint_whose_state_does_not_match_its_hash_is_refused(checkpointe
   assert len(err) == 1 and "SHA-256" in err[0] and "checkpoints/8" in err[0]
 
 
+@pytest.mark.parametrize("damage,what", [
+    (lambda host: host.pop("sampler"), "lacks ['sampler']"),
+    (lambda host: host["log"].pop("diverged"), "lacks ['log.diverged']"),
+    (lambda host: host.update(round="8"), "invalid ['round']"),
+    (lambda host: host["sampler"].pop("bit_generator"), "KeyError: 'bit_generator'"),
+], ids=["no sampler", "no log.diverged", "round not a number", "no sampler bit_generator"])
+def test_a_checkpoint_whose_host_item_is_damaged_is_refused(checkpointed, tmp_path, capsys,
+                                                            damage, what):
+  """A checkpoint's ``host`` item (JSON) that lacks what resuming reads is refused in one line
+  naming the checkpoint, by the command line and by the Python API, and nothing is changed."""
+  run = tmp_path / "run"
+  shutil.copytree(checkpointed, run)
+  (run / "summary.json").unlink()  # unfinished: --resume restores the state
+  meta = run / "checkpoints" / "8" / "host" / "metadata"
+  host = json.loads(meta.read_text())
+  damage(host)
+  meta.write_text(json.dumps(host))
+  rows = (run / "metrics.jsonl").read_bytes()
+  assert main(["run", "--resume", str(run), "--no-progress"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "invalid resume=" in err[0] and "checkpoints/8" in err[0], err
+  assert what in err[0] and "changed or damaged" in err[0]
+  from fedjax_dp.config import make_config
+  from fedjax_dp.experiment import simulate
+  config = make_config(num_clients=60, rounds=8, local_steps=2, model="mlp", eval_every=3)
+  with pytest.raises(ConfigError, match="checkpoints/8"):
+    simulate(config, output_dir=str(run), resume=True)
+  assert (run / "metrics.jsonl").read_bytes() == rows
+
+
 def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path, monkeypatch, capsys):
   import os
   import signal
