@@ -228,6 +228,10 @@ class Checkpointer:
   def __init__(self, every: Optional[int], config: dict, resume: bool = False):
     check(every is None and resume or isinstance(every, int) and not isinstance(every, bool)
           and every >= 1, "checkpoint_every", every, "must be an integer >= 1")
+    check(jax.process_count() == 1, "checkpoint_every" if every else "resume",
+          every if every else resume, f"is single-process, and this run has "
+          f"{jax.process_count()} processes: orbax's save is collective (every process in one "
+          "shared folder) and the runs' outputs are written by one process; run without it")
     self.every = every
     self.config = json.loads(json.dumps(config))  # as the JSON item stores it
     self.resume = resume

@@ -95,7 +95,14 @@ PROCESS = textwrap.dedent("""
     r = simulate(num_clients=60, rounds=2, max_test=100, local_steps=2, eval_every=1)
     # a private release's secret entropy is drawn once and shared: the processes agree
     private = simulate(num_clients=60, rounds=1, max_test=100, local_steps=2, release="private")
-    print("RESULT " + json.dumps({"devices": len(jax.devices()), "processes": jax.process_count(),
+    import tempfile
+    from fedjax_dp.errors import ConfigError
+    try:  # checkpoints are single-process: refused in every process, before anything runs
+        simulate(num_clients=60, rounds=1, output_dir=tempfile.mkdtemp(), checkpoint_every=1)
+        refused = None
+    except ConfigError as e:
+        refused = str(e)
+    print("RESULT " + json.dumps({"checkpoint_refused": refused,"devices": len(jax.devices()), "processes": jax.process_count(),
                                   "accuracy": r.metrics["test_accuracy"].tolist(),
                                   "loss": r.metrics["test_loss"].tolist(),
                                   "epsilon": r.summary["epsilon"],
@@ -123,6 +130,10 @@ def test_two_processes_agree_with_one():
   assert alone.returncode == 0, alone.stderr[-3000:]
   one = _result(alone.stdout)
   assert _result(outs[0][0])["private_sha256"] == _result(outs[1][0])["private_sha256"]
+  assert _result(alone.stdout)["checkpoint_refused"] is None
+  for out, _ in outs:
+    assert "checkpoint_every=1: is single-process, and this run has 2 processes" in \
+        _result(out)["checkpoint_refused"]
   for out, _ in outs:
     got = _result(out)
     assert got["devices"] == 4 and got["processes"] == 2
