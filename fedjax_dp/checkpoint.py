@@ -274,9 +274,9 @@ class Checkpointer:
               "log": log_arrays}
     restored = _restore(self._manager, step, state=ocp.args.StandardRestore(target)).state
     digest = params_sha256(restored)
-    check(host.get("sha256", digest) == digest, "resume", str(folder / str(step)), "the checkpoint's state does not match the SHA-256 saved with "
-          "it: its files were changed or damaged; delete that checkpoint to resume from the one "
-          "before, or start again with --overwrite")
+    if host.get("sha256", digest) != digest:
+      raise _damaged(str(folder / str(step)), "the checkpoint's state does not match the SHA-256 "
+                     "saved with it")
     state = treedef.unflatten([_placed_like(restored["round_state"][k], leaf)
                                for k, leaf in _by_index(leaves).items()])
     try:
