@@ -10,7 +10,8 @@ DP-RSA, which then sends ``sign(x_0 - z_j)`` (Zhu and Ling, IJCAI 2022, Eq. 7).
 
 Attacks of Zhu and Ling (2022, Sec. "Numerical experiments"):
 
-* ``gaussian``: each element from N(0, sigma_b^2), sigma_b = 1e4.
+* ``gaussian``: each element from N(0, sigma_b^2), sigma_b = 1e4 (``attack_shared``: one draw
+  for every attacker, as the authors' released code does).
 * ``sign_flip``: the worker's true row times -5.
 * ``sample_duplication``: every attacker copies one regular worker's row.
 
@@ -100,18 +101,27 @@ def none() -> Attack:
   return Attack("none", False, attack)
 
 
-def gaussian(sigma: float = 1e4) -> Attack:
-  """Attackers send N(0, sigma^2) in every element (Zhu and Ling 2022, attack (i))."""
+def gaussian(sigma: float = 1e4, shared=0) -> Attack:
+  """Attackers send N(0, sigma^2) in every element (Zhu and Ling 2022, attack (i)): a draw per
+  attacker, or with ``shared`` (1; a hyper-parameter, so it may be traced) one draw that every
+  attacker sends, as the DP-RSA authors' released code does (aligned rows: a stronger attack on
+  a sum of signs, where independent rows partly cancel)."""
   check(sigma > 0, "attack_sigma", sigma, "must be > 0")
 
   def attack(updates, byz, key, mask=None):
     del mask
     # A draw per leaf, not one for the tree (transforms.sample_like): the rows are the stacked
     # cohort, padded to a multiple of the device count, and a row's values must not depend on
-    # that padding (per leaf they do not: a row's counters are its index in the leaf).
+    # that padding (per leaf they do not: a row's counters are its index in the leaf; the
+    # shared draw has no client axis).
     leaves, treedef = jax.tree_util.tree_flatten(updates)
     keys = jax.random.split(key, len(leaves))
-    noise = [sigma * jax.random.normal(k, u.shape, jnp.float32) for k, u in zip(keys, leaves)]
+
+    def draw(k, shape):
+      own = jax.random.normal(k, shape, jnp.float32)
+      one = jax.random.normal(jax.random.fold_in(k, 1), shape[1:], jnp.float32)
+      return sigma * jnp.where(jnp.asarray(shared) > 0, one, own)
+    noise = [draw(k, u.shape) for k, u in zip(keys, leaves)]
     return _replace(updates, byz, jax.tree_util.tree_unflatten(treedef, noise))
   return Attack("gaussian", False, attack)
 
@@ -191,8 +201,8 @@ def nonfinite(value: str = "nan") -> Attack:
   return Attack("nonfinite", False, attack)
 
 
-ATTACK_HPARAMS = {"attack_sigma": 1e4, "attack_scale": -5.0, "alie_z": float("nan"),
-                  "ipm_epsilon": 0.1}
+ATTACK_HPARAMS = {"attack_sigma": 1e4, "attack_shared": 0, "attack_scale": -5.0,
+                  "alie_z": float("nan"), "ipm_epsilon": 0.1}
 
 
 def from_hparams(name: str, hp: dict, nonfinite_value: str = "nan") -> Attack:
@@ -202,17 +212,18 @@ def from_hparams(name: str, hp: dict, nonfinite_value: str = "nan") -> Attack:
   NaN means the paper's ``z_max``); a strength missing from ``hp`` takes its default.
   """
   v = {k: hp.get(k, d) for k, d in ATTACK_HPARAMS.items()}
-  return get(name, sigma=v["attack_sigma"], scale=v["attack_scale"], alie_z=v["alie_z"],
-             ipm_epsilon=v["ipm_epsilon"], nonfinite_value=nonfinite_value)
+  return get(name, sigma=v["attack_sigma"], shared=v["attack_shared"], scale=v["attack_scale"],
+             alie_z=v["alie_z"], ipm_epsilon=v["ipm_epsilon"], nonfinite_value=nonfinite_value)
 
 
-def get(name: str, *, sigma: float = 1e4, scale: float = -5.0, alie_z: Optional[float] = None,
-        ipm_epsilon: float = 0.1, nonfinite_value: str = "nan") -> Attack:
+def get(name: str, *, sigma: float = 1e4, shared=0, scale: float = -5.0,
+        alie_z: Optional[float] = None, ipm_epsilon: float = 0.1,
+        nonfinite_value: str = "nan") -> Attack:
   """An attack by name (one of :data:`ATTACKS`); "-" may stand for "_" (``sign-flip``)."""
   name = str(name).replace("-", "_")
   check_choice("attack", name, ATTACKS)
-  makers = {"none": none, "gaussian": lambda: gaussian(sigma), "sign_flip": lambda: sign_flip(scale),
-            "sample_duplication": sample_duplication, "alie": lambda: alie(alie_z),
+  makers = {"none": none, "gaussian": lambda: gaussian(sigma, shared),
+            "sign_flip": lambda: sign_flip(scale), "sample_duplication": sample_duplication, "alie": lambda: alie(alie_z),
             "ipm": lambda: ipm(ipm_epsilon), "nonfinite": lambda: nonfinite(nonfinite_value)}
   return makers[name]()
 

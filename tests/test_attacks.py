@@ -65,6 +65,16 @@ def test_gaussian_scale():
   # 124 samples: the sample sd is within 25% of sigma with overwhelming probability.
   assert abs(v.std() / 1e4 - 1) < 0.25 and abs(v.mean()) < 4 * 1e4 / np.sqrt(v.size)
   assert not np.allclose(out[6], out[7])  # independent rows
+  # attack_shared: every attacker sends one draw (the DP-RSA authors' code), traced or not
+  for shared in (1, jnp.float32(1)):
+    _, same = apply(attacks.get("gaussian", sigma=1e4, shared=shared))
+    np.testing.assert_array_equal(same[6], same[7])
+    np.testing.assert_array_equal(same[BYZ == 0], x[BYZ == 0])
+    assert abs(same[6].std() / 1e4 - 1) < 0.35
+  # by default a row's draw is its own: each leaf's normal draw under that leaf's key
+  kb, kw = jax.random.split(jax.random.PRNGKey(7), 2)  # the leaves in tree order: "b", "w"
+  own = flat({"b": 1e4 * jax.random.normal(kb, (N, 4, 3)), "w": 1e4 * jax.random.normal(kw, (N, 50))})
+  np.testing.assert_allclose(out[BYZ == 1], own[BYZ == 1], rtol=1e-6)
 
 
 def test_sign_flip_is_minus_five_times_true_row():

@@ -108,6 +108,8 @@ def describe(table: Sequence[Option]) -> list:
 # counts and nonfinite_value a choice, part of the round's structure).
 BYZANTINE = (
     Option("attack_sigma", 1e4, "std of the gaussian attack's rows", low=0, low_open=True),
+    Option("attack_shared", 0, "gaussian: 1 sends one draw from every attacker (the DP-RSA "
+           "authors' code), 0 a draw per attacker", kind="int", low=0, high=1),
     Option("attack_scale", -5.0, "factor of the sign_flip attack (the attacker's true row times it)"),
     Option("alie_z", None, "ALIE's shift in standard deviations; unset: the paper's z_max"),
     Option("ipm_epsilon", 0.1, "IPM's factor: attackers send -epsilon * the regular mean",
@@ -127,7 +129,8 @@ AGGREGATOR = (
 )
 STATIC_AGGREGATOR = ("gm_max_iter", "krum_m", "cc_iters")
 # Which attack or aggregator reads each of those options.
-OWNERS = {"attack_sigma": ("attack", "gaussian"), "attack_scale": ("attack", "sign_flip"),
+OWNERS = {"attack_sigma": ("attack", "gaussian"), "attack_shared": ("attack", "gaussian"),
+          "attack_scale": ("attack", "sign_flip"),
           "alie_z": ("attack", "alie"), "ipm_epsilon": ("attack", "ipm"),
           "nonfinite_value": ("attack", "nonfinite"), "trim_beta": ("aggregator", "trimmed_mean"),
           "gm_tol": ("aggregator", "geometric_median"),
