@@ -54,7 +54,8 @@ def blur(objective: Objective, lam: float, radius: float) -> Objective:
   vector. The gradient of the regulariser is 0 while the local update is inside
   the ball of radius S and ``lam * (w - w_t)`` outside it (on the sphere itself
   it is 0), so an SGD step outside the ball discounts the accumulated update by
-  ``(1 - lam * eta_l)`` (Lemma 2).
+  ``(1 - lam * eta_l)`` (Lemma 2, which assumes ``lam * eta_l < 1``; not checked here: past
+  it a step outside the ball jumps beyond the anchor, and past 2 the update grows).
 
   Privacy: BLUR only changes local training; ``S`` and ``w_t`` are public. It
   does not bound the update's norm (clipping still does): it makes updates
