@@ -25,7 +25,7 @@ PRESETS = {
             ("cnn2", 200, 30, 64, "lax", True), ("mlp", 1000, 30, 64, "im2col", True),
             ("mlp", 5000, 30, 64, "im2col", True), ("cnn2", 500, 30, 64, "im2col", True)],
     # Client blocks on a CPU: blocks small enough that a block's models and gradients stay in
-    # the core's cache (the MLP is 0.6 MB a client, the 2 MB L2 holds about two).
+    # the core's cache (the MLP is 0.8 MB a client, the 2 MB L2 holds about two models).
     "cpu-chunk": [("mlp", 50, 30, 64, "im2col", True, None), ("mlp", 50, 30, 64, "im2col", True, 1),
                   ("mlp", 50, 30, 64, "im2col", True, 2), ("mlp", 50, 30, 64, "im2col", True, 5),
                   ("mlp", 10, 30, 64, "im2col", True, 2)],
@@ -39,7 +39,7 @@ def _fmt(v, spec):
 def table(path: str) -> str:
   """A Markdown table of the JSON lines in ``path``."""
   lines = ["| model | clients/round | conv | client chunk | engine s/round | loop s/round | centralized s/round "
-           "| loop / engine | engine / centralized | client steps/s | peak RSS GB |",
+           "| loop / engine | engine / centralized | client steps/s | process peak RSS GB (so far) |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
   for line in open(path):
     r = json.loads(line)
