@@ -223,8 +223,8 @@ def get(name: str, *, sigma: float = 1e4, shared=0, scale: float = -5.0,
   name = str(name).replace("-", "_")
   check_choice("attack", name, ATTACKS)
   makers = {"none": none, "gaussian": lambda: gaussian(sigma, shared),
-            "sign_flip": lambda: sign_flip(scale), "sample_duplication": sample_duplication, "alie": lambda: alie(alie_z),
-            "ipm": lambda: ipm(ipm_epsilon), "nonfinite": lambda: nonfinite(nonfinite_value)}
+            "sign_flip": lambda: sign_flip(scale), "sample_duplication": sample_duplication,
+            "alie": lambda: alie(alie_z), "ipm": lambda: ipm(ipm_epsilon), "nonfinite": lambda: nonfinite(nonfinite_value)}
   return makers[name]()
 
 

@@ -5,8 +5,8 @@ Adaptive Clipping", NeurIPS 2021 (Alg. 1 and Sec. 3), standing in for the ADP-FL
 baseline of SP-FL (Wu and Li 2024): the paper cites as ADP-FL its ref. [15], a
 scheme for clients that do or do not trust the server (Sec. 2.5.1), and its
 experiments describe ADP-FL only as DP federated learning with adaptive clipping
-(Sec. 3.2), whose standard method this is. Here at the example level: every local DP-SGD step
-of every cohort client also releases ``sum_i (1[||g_i|| <= C] - 1/2) +
+(Sec. 3.2), whose standard method this is. Here at the example level: every local
+DP-SGD step of every cohort client also releases ``sum_i (1[||g_i|| <= C] - 1/2) +
 N(0, stat_noise^2)`` over its sampled batch; after the round the server
 forms the noisy fraction of per-example norms under ``C``,
 ``b~ = 1/2 + sum / (n_cohort Q L)``, and moves the shared bound
