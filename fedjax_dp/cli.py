@@ -374,23 +374,21 @@ def _cmd_run(args) -> int:
 
 
 def _run_files(folder: pathlib.Path) -> Optional[dict]:
-  """What a run may change in ``folder``: each path of its files
-  (:data:`fedjax_dp.outputs.RUN_FILES`, with what their folders hold) and its kind, size,
-  modification time and inode; None when ``folder`` does not exist. Taken before a run and
-  after it is interrupted: whether it changed the folder (an ``--overwrite`` removes the
-  earlier run's files when it writes its first row)."""
+  """What a run may change in ``folder``: each of its files and folders
+  (:data:`fedjax_dp.outputs.RUN_FILES`) there, with its kind, size, modification time and
+  inode; None when ``folder`` does not exist. Taken before a run and after it is interrupted:
+  whether it changed the folder (an ``--overwrite`` removes the earlier run's files, folders
+  whole, when it writes its first row, and only then writes into them)."""
   from fedjax_dp.outputs import RUN_FILES
   if not folder.is_dir():
     return None
   found = {}
   for name in RUN_FILES:
-    top = folder / name
-    for path in [top, *(sorted(top.rglob("*")) if top.is_dir() and not top.is_symlink() else ())]:
-      try:
-        st = path.lstat()
-      except OSError:
-        continue
-      found[str(path.relative_to(folder))] = (st.st_mode, st.st_size, st.st_mtime_ns, st.st_ino)
+    try:
+      st = (folder / name).lstat()
+    except OSError:
+      continue
+    found[name] = (st.st_mode, st.st_size, st.st_mtime_ns, st.st_ino)
   return found
 
 
