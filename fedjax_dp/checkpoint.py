@@ -253,30 +253,29 @@ class Checkpointer:
     check(step is not None, "resume", str(log.out_dir),
           f"holds no complete checkpoint in {outputs.CHECKPOINTS}/: nothing to resume")
     self._manager = _manager(folder)
-    host = _read_host(self._manager, step)
+    host, where = _read_host(self._manager, step), str(folder / str(step))
     differ = sorted(k for k in set(host["config"]) | set(self.config)
                     if host["config"].get(k) != self.config.get(k))
-    check(not differ, "resume", str(folder / str(step)),
+    check(not differ, "resume", where,
           f"the checkpoint was written by another configuration (it differs in {differ})")
     check(host["release"] == log.release, "release", log.release,
           f"the checkpoint's run wrote release={host['release']!r} records")
     self.every = self.every or host["checkpoint_every"]
-    check(host["leaves"] == _leaves(state), "resume", str(folder / str(step)),
+    check(host["leaves"] == _leaves(state), "resume", where,
           "the checkpoint's state has other leaves (paths, shapes, dtypes) than this run's")
     leaves, treedef = jax.tree_util.tree_flatten(state)
     # Restored into NumPy, then placed as the run's initial state was (_placed_like).
     try:
       log_arrays = {k: np.zeros(shape, dtype) for k, (shape, dtype) in host["log_arrays"].items()}
     except (TypeError, ValueError) as e:
-      raise _damaged(str(folder / str(step)), "its host item's log_arrays cannot be read "
+      raise _damaged(where, "its host item's log_arrays cannot be read "
                      f"({type(e).__name__}: {str(e)[:200]})") from None
     target = {"round_state": _by_index([np.zeros(np.shape(a), a.dtype) for a in leaves]),
               "log": log_arrays}
     restored = _restore(self._manager, step, state=ocp.args.StandardRestore(target)).state
     digest = params_sha256(restored)
     if host.get("sha256", digest) != digest:
-      raise _damaged(str(folder / str(step)), "the checkpoint's state does not match the SHA-256 "
-                     "saved with it")
+      raise _damaged(where, "the checkpoint's state does not match the SHA-256 saved with it")
     state = treedef.unflatten([_placed_like(restored["round_state"][k], leaf)
                                for k, leaf in _by_index(leaves).items()])
     try:
@@ -286,8 +285,8 @@ class Checkpointer:
     except ConfigError:
       raise
     except (KeyError, TypeError, ValueError, IndexError) as e:
-      raise _damaged(str(folder / str(step)), "its host item's sampler or accounting state "
-                     f"cannot be loaded ({type(e).__name__}: {str(e)[:200]})") from None
+      raise _damaged(where, "its host item's sampler or accounting state cannot be loaded "
+                     f"({type(e).__name__}: {str(e)[:200]})") from None
     log.resume(_kept_rows(log.out_dir / outputs.METRICS, step), host["log"], restored["log"])
     if experiment.tensorboard:  # the resumed run writes the rounds after ``step`` again
       _kept_events(log.out_dir / outputs.TENSORBOARD, step)
