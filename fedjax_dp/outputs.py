@@ -3,7 +3,8 @@
 * :func:`check_output_dir` refuses, with one :class:`ConfigError` naming
   ``output_dir``, a path that is a file, that cannot be created (a parent is a
   file) or where no file can be written (``/proc``, ``/sys``, read-only), and,
-  unless overwriting, a folder that holds an earlier result.
+  unless overwriting, a folder that holds an earlier result; with or without
+  overwriting, a folder holding the ``.earlier-*/`` files a killed command set aside.
 * :class:`MetricsFile` creates ``metrics.jsonl`` only when the first round's
   record is written, and removes the earlier run's files at that moment: a run
   that stops before its first round leaves the folder as it was, and an
@@ -33,6 +34,8 @@ RUN_FILES = (METRICS, SUMMARY, NORMS, TENSORBOARD, CHECKPOINTS)  # everything a 
 # The files that mark each command's folder. A folder holds one kind: a sweep or a reproduction
 # is never written beside a run (or each other), even with --overwrite, which replaces only a
 # command's own files.
+# The hidden folder where :func:`replacing` keeps the earlier files until the new ones are whole.
+ASIDE_PREFIX = ".earlier-"
 KIND_MARKERS = {"a run": (METRICS, SUMMARY), "a sweep": ("experiments",),
                 "a reproduction": ("runs.jsonl", "results.md")}
 
@@ -76,6 +79,11 @@ def check_output_dir(path, *, overwrite: bool, results: Sequence[str] = RUN_FILE
   """:func:`check_writable`; no other command's results (:data:`KIND_MARKERS`) and, unless
   ``overwrite``, no earlier result among ``results`` (the command's own files)."""
   out = check_writable(path)
+  aside = min(out.glob(f"{ASIDE_PREFIX}*"), default=None) if out.is_dir() else None
+  if aside is not None:
+    raise ConfigError("output_dir", str(out),
+                      f"holds {aside.name}/, an earlier result set aside by a command killed while "
+                      f"replacing it: move its files back into {out} and remove it, or remove it")
   for kind, markers in KIND_MARKERS.items():
     for name in markers:
       check(name in results or not holds_result(out / name), "output_dir", str(out),
@@ -111,7 +119,7 @@ def replacing(folder, names: Sequence[str], whole: bool = False):
   folder = pathlib.Path(folder)
   created = not folder.exists()
   earlier = [n for n in names if os.path.lexists(folder / n)]
-  aside = pathlib.Path(tempfile.mkdtemp(prefix=".earlier-", dir=folder)) if earlier else None
+  aside = pathlib.Path(tempfile.mkdtemp(prefix=ASIDE_PREFIX, dir=folder)) if earlier else None
   for n in earlier:
     os.replace(folder / n, aside / n)
   try:

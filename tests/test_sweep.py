@@ -197,6 +197,23 @@ def test_sweep_command_writes_rows_and_protects_earlier_results(tmp_path, capsys
   assert "is given once" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["run", "sweep", "reproduce"])
+def test_files_a_killed_overwrite_set_aside_are_named_not_buried(command, tmp_path, capsys):
+  from fedjax_dp.cli import main
+  out = tmp_path / "s"
+  aside = out / ".earlier-x1"  # what a sweep killed outright (SIGKILL) while replacing leaves
+  aside.mkdir(parents=True)
+  (aside / "results.json").write_text('{"rows": []}')
+  args = {"run": ["run"], "sweep": ["sweep", "--grid", "clip=0.3"],
+          "reproduce": ["reproduce", "cheng2022"]}[command]
+  for overwrite in ([], ["--overwrite"]):
+    assert main([*args, "--output-dir", str(out), *overwrite]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ".earlier-x1/" in err and "move its files back" in err
+  assert sorted(p.relative_to(out) for p in out.rglob("*")) == [
+      aside.relative_to(out), (aside / "results.json").relative_to(out)]
+
+
 def test_seeds_without_one_ledger_each_compose_by_basic_composition():
   """A run whose epsilon is not one ledger's (SP-FL's largest over clients): (k eps, k delta)."""
   assert seeds_composed(1.5, 1e-5, 3) == {"epsilon_seeds_composed": 4.5,
