@@ -265,6 +265,24 @@ def test_a_hand_built_round_whose_attack_reads_the_regular_rows_claims_no_guaran
     assert rep.get("attacker_knowledge") == knowledge and rep["formal_guarantee"] is formal
 
 
+@pytest.mark.parametrize("algorithm", ["dp_fedavg", "ddgauss"])
+def test_fixed_cohorts_with_byzantine_clients_are_accounted_over_the_regular_ones(digits,
+                                                                                  algorithm):
+  # 6 of the 60 clients Byzantine: they know when they are sampled, so the ledger samples the
+  # cohort's regular clients from the 54 regular ones, and a target epsilon is met that way.
+  def report(byzantine, **kw):
+    setup = build(_config(algorithm=algorithm, sampling="fixed", cohort_size=12, byzantine=byzantine,
+                          attack="gaussian" if byzantine else "none", **kw), digits)
+    setup.accounting.on_round(None)
+    return setup.accounting.report()
+  rep, plain = report(6), report(0)
+  assert rep["formal_guarantee"] and rep["epsilon"] > plain["epsilon"]
+  assert "12 of the 54 regular clients" in rep["guarantee_note"] if algorithm == "ddgauss" else (
+      "source_dataset_size=54, sample_size=12" in rep["dp_event"])
+  target = report(6, noise_multiplier=None, target_epsilon=3.0, rounds=1)
+  assert 3.0 - 1e-3 < target["epsilon"] <= 3.0
+
+
 def test_dp_fedavg_with_byzantine_clients_and_a_robust_aggregator_from_the_cli(tmp_path, capsys):
   import json
   from fedjax_dp.cli import main

@@ -65,6 +65,32 @@ def test_fixed_size_uses_replace_one_with_doubled_sensitivity():
   assert acc.report()["epsilon"] == pytest.approx(direct, rel=1e-9)
 
 
+def test_fixed_cohorts_with_byzantine_clients_are_sampled_from_the_regular_ones():
+  # The Byzantine clients know when they are sampled: a cohort's regular clients are then a
+  # sample of the N - b regular ones, accounted at the largest rate, min(M, N - b) / (N - b).
+  def epsilon(byzantine, sampling="fixed"):
+    mech = GaussianSumMechanism(1.0, 1.0, sampling, 0.1, 100, 10, byzantine)
+    led = PrivacyLedger(1e-5, relation=mech.relation)
+    led.compose(mech.round_event(), 50)
+    return led.epsilon(), mech
+  plain, _ = epsilon(0)
+  eps, mech = epsilon(50)
+  assert mech.round_event() == dp_accounting.SampledWithoutReplacementDpEvent(
+      50, 10, dp_accounting.GaussianDpEvent(0.5))
+  assert eps > plain and "over the 50 regular clients, cohorts of 10" in mech.guarantee_note
+  assert GaussianSumMechanism(1.0, 1.0, "fixed", None, 100, 60, 50).round_event() == (
+      dp_accounting.SampledWithoutReplacementDpEvent(50, 50, dp_accounting.GaussianDpEvent(0.5)))
+  assert epsilon(50, "poisson")[0] == epsilon(0, "poisson")[0]  # each client drawn apart
+  # Calibrated to the same accounting: the target is met against the Byzantine clients too.
+  z = calibrate_noise_multiplier(4.0, 1e-5, 50, "fixed", None, 100, 10, byzantine=50)
+  led = PrivacyLedger(1e-5, relation="replace_one")
+  led.compose(GaussianSumMechanism(1.0, z, "fixed", None, 100, 10, 50).round_event(), 50)
+  assert 4.0 - 1e-3 < led.epsilon() <= 4.0
+  assert z > calibrate_noise_multiplier(4.0, 1e-5, 50, "fixed", None, 100, 10)
+  with pytest.raises(ConfigError, match="byzantine"):
+    GaussianSumMechanism(1.0, 1.0, "fixed", None, 100, 10, 100)
+
+
 def test_epsilon_grows_with_rounds_and_shrinks_with_noise():
   def eps(z, t):
     led = PrivacyLedger(1e-5)

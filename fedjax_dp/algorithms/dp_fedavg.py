@@ -57,7 +57,8 @@ def resolve_noise_multiplier(config, data) -> float:
   if config.target_epsilon is not None:
     return calibrate_noise_multiplier(
         config.target_epsilon, config.delta, config.rounds, config.sampling,
-        config.sampling_prob, data.num_clients, config.cohort_size, config.accountant)
+        config.sampling_prob, data.num_clients, config.cohort_size, config.accountant,
+        config.byzantine)
   if config.noise_multiplier is None:
     raise ConfigError("noise_multiplier", None, "set noise_multiplier >= 0 or target_epsilon > 0")
   return float(config.noise_multiplier)

@@ -173,6 +173,9 @@ class DDGaussMechanism:
     num_clients: ``N``, the population.
     noise_shares: the shares the accounting counts (``M`` minus the Byzantine clients).
     sampling: "fixed" (the guarantee) or "poisson" (simulated, no guarantee).
+    byzantine: the Byzantine clients among the ``N``. They know when they are sampled, so the
+      cohort's regular clients are a sample of the ``N - byzantine`` regular ones: the
+      amplification is by sampling ``min(M, N - byzantine)`` of ``N - byzantine``.
   """
 
   clip: float
@@ -185,6 +188,7 @@ class DDGaussMechanism:
   num_clients: int
   noise_shares: int
   sampling: str = "fixed"
+  byzantine: int = 0
   relation: str = "replace_one"
   privacy_unit: str = PRIVACY_UNIT
 
@@ -207,11 +211,15 @@ class DDGaussMechanism:
       return "noise_multiplier=0: rounding only, no differential privacy guarantee"
     if self.noise_shares < 1:
       return "no formal guarantee: every client of the cohort may be Byzantine (no honest noise share)"
+    regular = self.num_clients - self.byzantine
+    sampled = (f"{min(int(self.cohort_size), regular)} of the {regular} regular clients (the "
+               f"{self.byzantine} Byzantine ones know when they are sampled)" if self.byzantine
+               else "the cohort")
     return (f"user-level DP; replace one client (population N={self.num_clients} and cohort "
             f"M={int(self.cohort_size)} public); the integer sum has L2 sensitivity 2B={2 * self.bound:.6g} "
             f"(scale s={self.scale:.6g}) and {self.noise_shares} discrete Gaussian shares of std "
             f"{self.sigma:.6g}: Kairouz et al. 2021 Thm. 1, amplified by sampling without replacement "
-            "(Wang et al. 2019, Thm. 9), composed over rounds (RDP)")
+            f"(Wang et al. 2019, Thm. 9) of {sampled}, composed over rounds (RDP)")
 
   def rdp(self, orders=ORDERS) -> np.ndarray:
     """The round's RDP curve at ``orders`` (:func:`ddgauss_rdp`, :func:`subsampled_rdp`)."""
@@ -220,7 +228,8 @@ class DDGaussMechanism:
 
     def one_cohort(a):
       return ddgauss_rdp(a, l2, l1, self.sigma, self.noise_shares, self.dim)
-    return subsampled_rdp(orders, self.cohort_size / self.num_clients, one_cohort)
+    regular = self.num_clients - self.byzantine
+    return subsampled_rdp(orders, min(self.cohort_size, regular) / regular, one_cohort)
 
   def round_event(self):
     import dp_accounting
@@ -232,7 +241,8 @@ class DDGaussMechanism:
 
 def mechanism_for(noise_multiplier: float, *, clip: float, bits: int, beta: float, dim: int,
                   cohort_size: float, num_clients: int, noise_shares: int, sampling: str,
-                  scale: Optional[float] = None, k_stddevs: float = 4.0) -> DDGaussMechanism:
+                  scale: Optional[float] = None, k_stddevs: float = 4.0,
+                  byzantine: int = 0) -> DDGaussMechanism:
   """The round's :class:`DDGaussMechanism` for noise multiplier ``z``, its numbers as float32
   (what the compiled round reads): the scale from ``bits`` (:func:`scale_for_bits`) unless
   given, ``sigma = s z c / sqrt(M)``. Checks that the integers stay exact in float32 and that
@@ -243,7 +253,7 @@ def mechanism_for(noise_multiplier: float, *, clip: float, bits: int, beta: floa
   mech = DDGaussMechanism(f32(clip), f32(noise_multiplier), s,
                           f32(s * f32(noise_multiplier) * f32(clip) / math.sqrt(f32(cohort_size))),
                           f32(beta), int(dim), f32(cohort_size), int(num_clients), int(noise_shares),
-                          sampling)
+                          sampling, int(byzantine))
   field = "scale" if scale is not None else "bits"
   check(mech.bound + 64 * mech.sigma < 2 ** 23, field, scale if scale is not None else bits,
         f"gives integers up to {mech.bound + 64 * mech.sigma:.3g} per client, beyond float32's "

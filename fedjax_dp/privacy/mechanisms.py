@@ -61,7 +61,13 @@ class GaussianSumMechanism:
   without replacement (``cohort_size`` of ``num_clients``) the population size
   is public and the relation is replace-one client: replacing a client moves
   the sum by up to ``2 * clip``, so the event is
-  ``SampledWithoutReplacementDpEvent(N, M, GaussianDpEvent(z / 2))``.
+  ``SampledWithoutReplacementDpEvent(N, M, GaussianDpEvent(z / 2))``. With ``byzantine``
+  clients among the ``N`` (the last ids), who know whenever they are sampled, a cohort's
+  regular clients are a uniform sample of the ``N - byzantine`` regular ones, of
+  ``M - K`` for the ``K`` Byzantine clients it holds: the event is accounted over
+  ``N - byzantine`` clients with cohorts of ``min(M, N - byzantine)`` (the largest rate,
+  ``K = 0``), the guarantee a regular client has against the Byzantine clients' knowledge
+  (:func:`gaussian_round_event`). Poisson sampling draws each client apart, so nothing changes.
   The guarantee covers the released noisy sums; everything computed from them
   (the model, metrics on it) is post-processing. It does not cover statistics
   reported from the raw updates (pre-clip norms in the run's metrics are for
@@ -74,6 +80,7 @@ class GaussianSumMechanism:
   sampling_prob: Optional[float] = None
   num_clients: Optional[int] = None
   cohort_size: Optional[int] = None
+  byzantine: int = 0
   privacy_unit: str = "client (all of one client's examples)"
   formal_guarantee: bool = True
 
@@ -90,6 +97,8 @@ class GaussianSumMechanism:
             "num_clients", self.num_clients, "must be >= 1")
       check(self.cohort_size is not None and 1 <= self.cohort_size <= self.num_clients,
             "cohort_size", self.cohort_size, f"must be in [1, num_clients={self.num_clients}]")
+    check(0 <= self.byzantine < (self.num_clients or math.inf), "byzantine", self.byzantine,
+          f"must be in [0, num_clients={self.num_clients})")
 
   @property
   def relation(self) -> str:
@@ -104,14 +113,19 @@ class GaussianSumMechanism:
   def guarantee_note(self) -> str:
     if self.noise_multiplier == 0:
       return "noise_multiplier=0: clipping only, no differential privacy guarantee"
+    honest = ""
+    if self.byzantine and self.sampling == "fixed":
+      honest = (f"; sampling accounted over the {self.num_clients - self.byzantine} regular "
+                f"clients, cohorts of {min(self.cohort_size, self.num_clients - self.byzantine)} "
+                f"(the {self.byzantine} Byzantine clients know when they are sampled)")
     return (f"user-level DP; neighbouring relation: {RELATION_WORDS[self.relation]}; L2 "
-            "sensitivity of the sum bounded by clip")
+            f"sensitivity of the sum bounded by clip{honest}")
 
   def round_event(self) -> dp_accounting.DpEvent:
     if self.noise_multiplier == 0:
       return dp_accounting.NonPrivateDpEvent()
     return gaussian_round_event(self.noise_multiplier, self.sampling, self.sampling_prob,
-                                self.num_clients, self.cohort_size)
+                                self.num_clients, self.cohort_size, self.byzantine)
 
 
 def user_level_mechanism(rnd, hparams: dict, sampling: str, sampling_prob=None,
@@ -151,17 +165,23 @@ def user_level_mechanism(rnd, hparams: dict, sampling: str, sampling_prob=None,
     return NonPrivate(guarantee_note="the realized cohort size divides the noisy sum: an unnoised "
                                      "statistic of the Poisson draw is released, no guarantee")
   return GaussianSumMechanism(float(hparams[bound]), float(hparams["noise_multiplier"]), sampling,
-                              sampling_prob, num_clients, cohort_size)
+                              sampling_prob, num_clients, cohort_size,
+                              int(hparams.get("byzantine", 0)))
 
 
 def gaussian_round_event(z: float, sampling: str, sampling_prob=None, num_clients=None,
-                         cohort_size=None) -> dp_accounting.DpEvent:
-  """One round's event for a sum of clipped updates with noise multiplier ``z``."""
+                         cohort_size=None, byzantine: int = 0) -> dp_accounting.DpEvent:
+  """One round's event for a sum of clipped updates with noise multiplier ``z``.
+
+  Fixed-size cohorts are sampled from the ``num_clients - byzantine`` regular clients: the
+  Byzantine ones know when they are in a cohort, and given that a cohort's regular clients are
+  a uniform sample of the regular population (at most ``cohort_size`` of them)."""
   if sampling == "poisson":
     return dp_accounting.PoissonSampledDpEvent(sampling_prob, dp_accounting.GaussianDpEvent(z))
+  regular = num_clients - byzantine
   # Replace-one sensitivity of a sum of updates clipped to S is 2S.
   return dp_accounting.SampledWithoutReplacementDpEvent(
-      num_clients, cohort_size, dp_accounting.GaussianDpEvent(z / 2.0))
+      regular, min(cohort_size, regular), dp_accounting.GaussianDpEvent(z / 2.0))
 
 
 def calibrate(make_event: Callable[[float], dp_accounting.DpEvent], count: int, relation: str,
@@ -281,10 +301,11 @@ def calibrate(make_event: Callable[[float], dp_accounting.DpEvent], count: int, 
 def calibrate_noise_multiplier(target_epsilon: float, delta: float, rounds: int,
                                sampling: str = "poisson", sampling_prob=None,
                                num_clients=None, cohort_size=None,
-                               accountant: str = "rdp") -> float:
+                               accountant: str = "rdp", byzantine: int = 0) -> float:
   """Smallest noise multiplier of :class:`GaussianSumMechanism` meeting (epsilon, delta) after ``rounds``."""
   # Validate the sampling description before searching.
-  GaussianSumMechanism(1.0, 1.0, sampling, sampling_prob, num_clients, cohort_size)
+  GaussianSumMechanism(1.0, 1.0, sampling, sampling_prob, num_clients, cohort_size, byzantine)
   return calibrate(
-      lambda z: gaussian_round_event(z, sampling, sampling_prob, num_clients, cohort_size),
+      lambda z: gaussian_round_event(z, sampling, sampling_prob, num_clients, cohort_size,
+                                     byzantine),
       rounds, RELATIONS[sampling], target_epsilon, delta, accountant)
