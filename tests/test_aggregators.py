@@ -91,12 +91,27 @@ def test_all_rows_rejected_gives_zero_step(name):
   np.testing.assert_array_equal(out, np.zeros(7))
 
 
+def test_a_stateful_aggregator_with_no_usable_row_takes_no_step_and_keeps_its_state():
+  agg = make("centered_clipping")
+  u = tree(honest())
+  state = agg.init(jax.tree_util.tree_map(lambda x: x[0], u))
+  first, state = agg.aggregate(u, jnp.ones(10), jnp.ones(10), state, jax.random.PRNGKey(0))
+  assert np.linalg.norm(flat(first)) > 0.1
+  for rows, mask in ((np.full((10, 7), np.nan), np.ones(10)), (honest(), np.zeros(10))):
+    out, after = agg.aggregate(tree(rows), jnp.ones(10), jnp.asarray(mask, jnp.float32), state,
+                               jax.random.PRNGKey(0))
+    np.testing.assert_array_equal(flat(out), np.zeros(7))
+    np.testing.assert_array_equal(flat(after), flat(state))
+
+
 @pytest.mark.parametrize("name", robust.NAMES)
-def test_large_norm_attackers(name):
-  """b=2 of 10 rows at norm ~1e4: robust aggregators stay near the honest rows, the mean does not."""
+@pytest.mark.parametrize("scale", [1e4, 1e30])
+def test_large_norm_attackers(name, scale):
+  """b=2 of 10 rows at norm ~1e4, or finite rows whose squared norm overflows float32 (1e30):
+  robust aggregators stay near the honest rows, the mean does not."""
   rows = honest()
   attacked = rows.copy()
-  attacked[-2:] = 1e4 * np.random.default_rng(3).normal(size=(2, 7))
+  attacked[-2:] = scale * np.random.default_rng(3).normal(size=(2, 7))
   out = run(make(name), attacked)
   if name in ("sign_vote",):
     np.testing.assert_array_equal(out, np.ones(7))  # the 8 honest +1 votes win every coordinate

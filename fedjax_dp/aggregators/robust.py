@@ -259,8 +259,11 @@ def krum(num_byzantine: int, multi: int = 1) -> Aggregator:
   Each real row's score is the sum of squared distances to its
   ``n - f - 2`` nearest real rows (``f = num_byzantine``, at least 1 neighbour);
   the mean of the ``multi`` lowest-scoring rows is returned. A run passes the population's
-  Byzantine count as ``f`` (any of them may be in a cohort) and refuses cohorts of
-  ``n <= 2f + 2`` rows, outside Krum's assumption (:func:`fedjax_dp.algorithms.read_options`).
+  Byzantine count as ``f`` (any of them may be in a cohort) and refuses configurations whose
+  expected cohort has ``n <= 2f + 2`` rows, outside Krum's assumption
+  (:func:`fedjax_dp.algorithms.read_options`); a smaller realized Poisson cohort is scored with
+  what it has (at least 1 neighbour). Distances are computed on the rows divided by their
+  largest entry (the same order, no float32 overflow from a finite row of huge entries).
   """
   check(num_byzantine >= 0, "krum_f", num_byzantine, "must be >= 0")
   check(int(multi) >= 1, "krum_m", multi, "must be >= 1")
@@ -270,8 +273,9 @@ def krum(num_byzantine: int, multi: int = 1) -> Aggregator:
     m = finite_rows(updates, mask)
     x = jnp.where(m[:, None] > 0, _rows(updates), 0.0)
     n = jnp.sum(m > 0).astype(jnp.int32)
-    sq = jnp.sum(x * x, axis=1)
-    d = jnp.maximum(sq[:, None] + sq[None, :] - 2.0 * x @ x.T, 0.0)
+    unit = x / jnp.maximum(jnp.max(jnp.abs(x)), jnp.finfo(x.dtype).tiny)
+    sq = jnp.sum(unit * unit, axis=1)
+    d = jnp.maximum(sq[:, None] + sq[None, :] - 2.0 * unit @ unit.T, 0.0)
     real = m > 0
     pair_ok = real[:, None] & real[None, :] & ~jnp.eye(x.shape[0], dtype=bool)
     d = jnp.sort(jnp.where(pair_ok, d, jnp.inf), axis=1)
@@ -292,7 +296,8 @@ def centered_clipping(tau: float = 1.0, iters: int = 1) -> Aggregator:
 
   ``v <- v + (1/n) sum_i (x_i - v) min(1, tau / ||x_i - v||)``, ``iters``
   times, from the previous round's aggregate (kept in the state; zeros at
-  first). Each row moves the result by at most ``tau / n``. Weights are ignored.
+  first). Each row moves the result by at most ``tau / n``. Weights are ignored. A cohort with
+  no usable row aggregates to zero (no step) and keeps the state.
   """
   check(tau > 0, "cc_tau", tau, "must be > 0")
   check(int(iters) >= 1, "cc_iters", iters, "must be >= 1")
@@ -311,8 +316,9 @@ def centered_clipping(tau: float = 1.0, iters: int = 1) -> Aggregator:
       norm = jnp.sqrt(jnp.sum(diff * diff, axis=1))
       scale = jnp.minimum(1.0, tau / jnp.maximum(norm, 1e-30)) * m
       v = v + scale @ diff / n
-    out = _unrows(v, updates)
-    return out, jax.tree_util.tree_map(lambda o, s: o.astype(s.dtype), out, state)
+    kept = _unrows(v, updates)
+    out = jax.tree_util.tree_map(lambda o: jnp.where(jnp.sum(m) > 0, o, 0.0), kept)
+    return out, jax.tree_util.tree_map(lambda o, s: o.astype(s.dtype), kept, state)
 
   return Aggregator(init, aggregate)
 
