@@ -487,6 +487,26 @@ def test_byzantine_clients_and_robust_aggregators_keep_the_example_level_guarant
     build(_config("spfl-sound", aggregator="trimmed_mean", options={"trim_beta": 0.7}), data)
 
 
+@pytest.mark.parametrize("algorithm,attack,why", [
+    ("dp-fl", "sample_duplication", "algorithm 'dp-fl' fixes what its attacks read"),
+    ("dp_fedavg", "ipm", "algorithm 'dp_fedavg' fixes what its attacks read"),
+    ("gm", "alie", "algorithm 'gm' fixes what its attacks read"),
+    ("dp-rsa-f", "gaussian", "attack 'gaussian' reads no regular client"),
+    ("dp-rsa-f", "ipm", None)])
+def test_attacker_knowledge_is_refused_where_nothing_reads_it(algorithm, attack, why):
+  # Only RSA's family lets an attack that reads the regular workers read their raw state; given
+  # anywhere else, --attacker-knowledge would be ignored, so it is refused.
+  from fedjax_dp.algorithms import refuse_unused
+  from fedjax_dp.config import make_config
+  config = make_config(algorithm=algorithm, byzantine=2, attack=attack,
+                       attacker_knowledge="omniscient")
+  if why is None:
+    refuse_unused(config, given={"attacker_knowledge"})
+  else:
+    with pytest.raises(ConfigError, match=f"attacker_knowledge='omniscient': is not used: {why}"):
+      refuse_unused(config, given={"attacker_knowledge"})
+
+
 def test_runs_differing_only_in_numbers_share_one_compilation(count_compiles):
   # Same shapes and pieces (local_steps=3 is used by no other test, so the first run compiles).
   data = _data()

@@ -252,10 +252,25 @@ def refuse_unused(config, given, others=()) -> None:
           or any(name not in u for u in unread_elsewhere), name, getattr(config, name), why)
 
 
+# The algorithms whose attacks read what the regular workers release or, if told, their raw
+# state (attacker_knowledge); the others fix it: the FedAvg family releases only a noised
+# aggregate, so its attackers read raw updates, and the DP-SGD family and the robust baselines
+# upload what they release.
+CHOOSES_KNOWLEDGE = ("rsa", "dp-rsa-f", "dp-rsa-g")
+
+
 def unread_by_settings(config) -> dict:
   """The fields that the run's other settings leave unread, each with the reason."""
   no_byzantine = "there are no Byzantine clients (byzantine 0)" if config.byzantine == 0 else None
   no_attack = "there is no attack (attack none)" if config.attack == "none" else no_byzantine
+  from fedjax_dp.attacks import get as get_attack
+  knowledge = no_attack or (
+      f"attack {config.attack!r} reads no regular client"
+      if not get_attack(config.attack).reads_honest else
+      None if config.algorithm in CHOOSES_KNOWLEDGE else
+      f"algorithm {config.algorithm!r} fixes what its attacks read (only "
+      f"{', '.join(CHOOSES_KNOWLEDGE)} let it be chosen; the summary's attacker_knowledge says "
+      "what was read)")
   unnoised = (f"the aggregator {config.aggregator!r} adds no noise (only the noised mean does, "
               "and the run has no guarantee)"
               if config.algorithm in CENTRAL_NOISE and config.aggregator not in (None, "mean")
@@ -271,7 +286,7 @@ def unread_by_settings(config) -> dict:
              ("sampling_prob", "sampling is fixed (cohort_size clients a round)"
               if config.sampling == "fixed" else None),
              ("attack", no_byzantine if config.attack != "none" else None),
-             ("attacker_knowledge", no_attack),
+             ("attacker_knowledge", knowledge),
              ("noise_multiplier", unnoised), ("target_epsilon", unnoised),
              ("delta", unaccounted), ("accountant", unaccounted),
              ("accounting_workers", unaccounted or workers_unused),
