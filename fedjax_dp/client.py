@@ -176,14 +176,14 @@ def dp_sgd(objective: Callable, local_steps: int, batch_size: int, max_examples:
 
     def step(carry, k):
       params, opt_state = carry
-      k_batch, k_noise = jax.random.split(k)
+      k_batch, k_noise, k_stat = jax.random.split(k, 3)
       if sampling == "poisson":
         idx, mask, overflow = poisson_indices(count, rate, cap, max_examples, k_batch)
       else:
         idx, mask, overflow = fixed_indices(count, cap, max_examples, k_batch)
       if private:
         g, info = dp_gradient(objective, params, params0, x[idx], y[idx], mask, args, k_noise, L,
-                              statistic, data_dependent_noise)
+                              statistic, data_dependent_noise, k_stat)
       else:
         g, info = plain_gradient(objective, params, params0, x[idx], y[idx], mask, k_noise, L)
       upd, opt_state = optimizer.update(g, opt_state, params)

@@ -118,6 +118,24 @@ def test_noise_std_is_sigma_times_bound_in_force():
   assert math.isinf(float(info["noise_std"]))
 
 
+def test_the_statistics_noise_has_a_key_of_its_own():
+  # The gradient's noise is drawn from its key and nothing else is derived from that key: the
+  # statistic's noise comes from a key split beside it (its draws changed nothing of the
+  # gradient's), and a statistic without one is refused.
+  _, objective, params = _setup()
+  x, y = _batch(6)
+  args = dp_args(0.5, 1.0, 1.0, stat_noise=3.0)
+  fn = jax.jit(lambda k, ks: dp_gradient(objective, params, params, x, y, jnp.ones(6), args, k,
+                                         6.0, "norm", stat_key=ks))
+  k = jax.random.PRNGKey(1)
+  (g1, i1), (g2, i2) = fn(k, jax.random.PRNGKey(2)), fn(k, jax.random.PRNGKey(3))
+  for a, b in zip(jax.tree_util.tree_leaves(g1), jax.tree_util.tree_leaves(g2)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert float(i1["stat"]) != float(i2["stat"])
+  with pytest.raises(ConfigError, match="stat_key"):
+    dp_gradient(objective, params, params, x, y, jnp.ones(6), args, k, 6.0, "norm")
+
+
 def test_nonfinite_example_gradient_is_zeroed_before_clipping():
   _, objective, params = _setup()
   x, y = _batch(6)

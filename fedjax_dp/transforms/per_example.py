@@ -38,16 +38,15 @@ returned beside the gradient are diagnostics, not covered.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 
-from fedjax_dp.errors import check_choice
-from fedjax_dp.transforms.core import gaussian_like, global_norm, salted
+from fedjax_dp.errors import check, check_choice
+from fedjax_dp.transforms.core import gaussian_like, global_norm
 
 STATISTICS = ("none", "below", "norm")
-SALT_STAT = 0x57A7
 
 
 class DPArgs(NamedTuple):
@@ -97,7 +96,8 @@ def clip_factors(norms: jax.Array, clip: jax.Array, scale: jax.Array) -> jax.Arr
 
 def dp_gradient(objective: Callable, params, anchor, x: jax.Array, y: jax.Array,
                 mask: jax.Array, args: DPArgs, key: jax.Array, expected_batch: float,
-                statistic: str = "none", data_dependent_noise: bool = False):
+                statistic: str = "none", data_dependent_noise: bool = False,
+                stat_key: Optional[jax.Array] = None):
   """One DP-SGD gradient: ``(sum_i mask_i clip(g_i) + N(0, (sigma C)^2 I)) / L``.
 
   Args:
@@ -107,11 +107,12 @@ def dp_gradient(objective: Callable, params, anchor, x: jax.Array, y: jax.Array,
     x, y: the sampled batch (``[K, ...]``, ``[K]``).
     mask: ``[K]`` 1.0 for sampled examples (0 for the capacity's padding).
     args: this client's :class:`DPArgs`.
-    key: noise key.
+    key: the gradient noise's key (drawn from, nothing derived from it).
     expected_batch: ``L``, the public denominator.
     statistic: "none", "below" or "norm" (module docstring).
     data_dependent_noise: SP-FL's published rule (a static choice): where
       ``C = inf``, scale the noise by the batch's mean gradient norm.
+    stat_key: the statistic's noise key, independent of ``key`` (needed with a statistic).
 
   Returns:
     ``(gradient, info)`` with ``info`` a dict of scalars: ``loss_sum``,
@@ -127,6 +128,8 @@ def dp_gradient(objective: Callable, params, anchor, x: jax.Array, y: jax.Array,
   into NaN and void the bound.
   """
   check_choice("statistic", statistic, STATISTICS)
+  check(statistic == "none" or stat_key is not None, "stat_key", stat_key,
+        f"must be given with statistic {statistic!r}")
   losses, grads = per_example_grads(objective, params, anchor, x, y)
   norms = jax.vmap(global_norm)(grads)
   finite = jnp.isfinite(norms)
@@ -153,7 +156,7 @@ def dp_gradient(objective: Callable, params, anchor, x: jax.Array, y: jax.Array,
     else:
       s = jnp.minimum(norms, args.stat_bound) / args.stat_bound
     stat = jnp.sum((s - 0.5) * mask) + args.stat_noise * jax.random.normal(
-        salted(key, SALT_STAT), (), jnp.float32)
+        stat_key, (), jnp.float32)
   info = {"loss_sum": jnp.sum(losses * mask), "norm_sum": jnp.sum(norms * mask),
           "examples": examples, "clipped": jnp.sum((factors < 1.0) * mask),
           "noise_std": noise_std, "stat": stat,
