@@ -55,7 +55,13 @@ SWEEP_RELEASE = {
         "one example where the seeds split the data into clients differently), not by one run's "
         "rows.epsilon; each experiment's own results are covered by its summary's. Not on a "
         "natural partition, whose test set is the clients' own held-out data: there the "
-        "accuracies are raw (each summary's release block says so)"],
+        "accuracies are raw (each summary's release block says so)",
+        "rows one at a time, not together: under release 'all' the experiments of one seed "
+        "share its draws (cohorts, and noise scaled by each one's multiplier), so rows can be "
+        "combined to cancel the noise (two noise levels give back the noise-free model) and "
+        "no composition of the rows' guarantees covers the whole file; under release "
+        "'private' every experiment draws its own secret randomness, and the experiments "
+        "compose (basic composition over all of them covers the file)"],
     "public_by_design": ["rows' grid values and grid", "rows.seeds",
                          "rows.epsilon (each run's own, the largest over the seeds)",
                          "rows.epsilon_seeds_composed, rows.delta_seeds_composed, "

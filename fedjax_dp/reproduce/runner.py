@@ -199,7 +199,11 @@ def release(diagnostics: Mapping[str, str]) -> dict:
           "replace-one, and under add/remove group privacy for 2 composed the same way (2k "
           "epsilon, k (1 + e^epsilon) delta); only where the split ignores the labels (the iid "
           "partition of the whole data set): a split by labels gives no bound "
-          "(fedjax_dp.sweep.seeds_composed)"],
+          "(fedjax_dp.sweep.seeds_composed)",
+          "rows one at a time, not together: the runs of one seed in different rows share its "
+          "draws (cohorts, and noise scaled by each run's multiplier), so rows can be combined "
+          "to cancel the noise and no composition of the rows' guarantees covers the whole "
+          "file"],
       "public_by_design": ["the settings but the seeds, the paper's numbers, each run's epsilon "
                            "and noise multiplier (functions of the public settings)"],
       "randomness": "the seeds are secret, not public: a run's seed fixes every draw of its "
