@@ -31,11 +31,11 @@ NORMS = "norms.npz"
 TENSORBOARD = "tensorboard"  # a folder of TensorBoard event files
 CHECKPOINTS = "checkpoints"  # a folder of orbax checkpoints (fedjax_dp.checkpoint)
 RUN_FILES = (METRICS, SUMMARY, NORMS, TENSORBOARD, CHECKPOINTS)  # everything a run writes
+# The hidden folder where :func:`replacing` keeps the earlier files until the new ones are whole.
+ASIDE_PREFIX = ".earlier-"
 # The files that mark each command's folder. A folder holds one kind: a sweep or a reproduction
 # is never written beside a run (or each other), even with --overwrite, which replaces only a
 # command's own files.
-# The hidden folder where :func:`replacing` keeps the earlier files until the new ones are whole.
-ASIDE_PREFIX = ".earlier-"
 KIND_MARKERS = {"a run": (METRICS, SUMMARY), "a sweep": ("experiments",),
                 "a reproduction": ("runs.jsonl", "results.md")}
 
