@@ -505,6 +505,26 @@ def test_byzantine_clients_and_robust_aggregators_keep_the_example_level_guarant
     build(_config("spfl-sound", aggregator="trimmed_mean", options={"trim_beta": 0.7}), data)
 
 
+@pytest.mark.parametrize("algorithm,option", [
+    ("dp-fl", "beta_high"), ("dp-fl", "target_quantile"), ("nodp-fl", "high_fraction"),
+    ("adp-fl", "beta_low"), ("spfl", "clip_lr"), ("spfl-sound", "init_norm_examples"),
+    ("spfl", "stat_noise_ratio")])
+def test_an_option_of_another_algorithm_of_the_family_is_refused(algorithm, option):
+  # Each algorithm reads its own options: another's would run ignored, recorded as applied.
+  from fedjax_dp.algorithms import option_table
+  data = _data()
+  with pytest.raises(ConfigError, match=f"option='{option}': must be one of .* for algorithm "
+                                       f"'{algorithm}'"):
+    build(_config(algorithm, options={option: 0.3}), data)
+  assert option not in {o.name for o in option_table(algorithm)}  # nor listed by `algorithms`
+
+
+def test_nodp_fl_reads_no_clip():
+  from fedjax_dp.algorithms import refuse_unused
+  with pytest.raises(ConfigError, match="clip=7.0: is not used by algorithm 'nodp-fl'"):
+    refuse_unused(make_config(algorithm="nodp-fl", clip=7.0), given={"clip"})
+
+
 @pytest.mark.parametrize("algorithm,attack,why", [
     ("dp-fl", "sample_duplication", "algorithm 'dp-fl' fixes what its attacks read"),
     ("dp_fedavg", "ipm", "algorithm 'dp_fedavg' fixes what its attacks read"),

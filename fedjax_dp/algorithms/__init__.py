@@ -150,11 +150,11 @@ ABOUT = {
     "dp_fedavg+blur": ("Cheng et al., CVPR 2022 (BLUR)", _USER, "blur_lus:OPTIONS[dp_fedavg+blur]"),
     "dp_fedavg+lus": ("Cheng et al., CVPR 2022 (LUS)", _USER, "blur_lus:OPTIONS[dp_fedavg+lus]"),
     "blur+lus": ("Cheng et al., CVPR 2022, Alg. 2", _USER, "blur_lus:OPTIONS[blur+lus]"),
-    "spfl": ("Wu and Li 2024 (SP-FL as published: no formal guarantee)", _EXAMPLE, "spfl:OPTIONS"),
-    "spfl-sound": ("Wu and Li 2024, thresholds from noisy statistics", _EXAMPLE, "spfl:OPTIONS"),
-    "dp-fl": ("client-side DP-SGD (SP-FL's baseline)", _EXAMPLE, "spfl:OPTIONS"),
-    "adp-fl": ("Andrew et al., NeurIPS 2021 (SP-FL's baseline)", _EXAMPLE, "spfl:OPTIONS"),
-    "nodp-fl": ("non-private DP-SGD steps (SP-FL's baseline)", _NONE, "spfl:OPTIONS"),
+    "spfl": ("Wu and Li 2024 (SP-FL as published: no formal guarantee)", _EXAMPLE, "spfl:OPTIONS[spfl]"),
+    "spfl-sound": ("Wu and Li 2024, thresholds from noisy statistics", _EXAMPLE, "spfl:OPTIONS[spfl-sound]"),
+    "dp-fl": ("client-side DP-SGD (SP-FL's baseline)", _EXAMPLE, "spfl:OPTIONS[dp-fl]"),
+    "adp-fl": ("Andrew et al., NeurIPS 2021 (SP-FL's baseline)", _EXAMPLE, "spfl:OPTIONS[adp-fl]"),
+    "nodp-fl": ("non-private DP-SGD steps (SP-FL's baseline)", _NONE, "spfl:OPTIONS[nodp-fl]"),
     "rsa": ("Li et al., AAAI 2019", _NONE, "rsa:OPTIONS[rsa]"),
     "dp-rsa-f": ("Zhu and Ling, IJCAI 2022, Sign-Flipping", _WORKER, "rsa:OPTIONS[dp-rsa-f]"),
     "dp-rsa-g": ("Zhu and Ling, IJCAI 2022, Sign-Gaussian", _WORKER, "rsa:OPTIONS[dp-rsa-g]"),
@@ -213,7 +213,7 @@ CENTRAL_NOISE = ("dp_fedavg", "dp_fedavg+blur", "dp_fedavg+lus", "blur+lus")
 USES = {name: _LOCAL | _NOISE | {"denominator"} for name in CENTRAL_NOISE}
 USES["fedavg"] = _LOCAL
 USES.update({name: _LOCAL | _NOISE for name in ("spfl", "spfl-sound", "dp-fl", "adp-fl")})
-USES["nodp-fl"] = _LOCAL | {"clip"}  # clip: the default of low_cap and stat_bound
+USES["nodp-fl"] = _LOCAL
 USES.update({name: frozenset() for name in ("rsa", "dp-rsa-f", "dp-rsa-g", "sgd", "signsgd", "gm",
                                             "median", "trimmed_mean", "krum", "centered_clipping")})
 USES["ddgauss"] = _LOCAL | _NOISE

@@ -89,7 +89,7 @@ HIGH, LOW = 0, 1
 _CLASS_TAG = 0x5BF1
 
 POSITIVE = dict(low=0, low_open=True)
-OPTIONS = (
+_ALL = (
     Option("high_fraction", 0.5, "fraction of clients in the high privacy-need class", low=0, high=1),
     Option("beta_high", 1.0, "SP-FL: the high class's bound is beta_high times a mean norm", **POSITIVE),
     Option("beta_low", 0.9, "SP-FL: the low class scales every gradient by beta_low", **POSITIVE),
@@ -110,6 +110,20 @@ OPTIONS = (
     Option("clip_lr", 0.2, "adp-fl: the bound's geometric learning rate", **POSITIVE),
 )
 
+
+def _pick(*names) -> tuple:
+  return tuple(o for o in _ALL if o.name in ("example_sampling",) + names)
+
+
+# Each algorithm's own options: the ones its builder reads (a setting it would ignore is refused).
+OPTIONS = {
+    "spfl": _pick("high_fraction", "beta_high", "beta_low", "init_norm_examples"),
+    "spfl-sound": _pick("high_fraction", "beta_high", "beta_low", "low_cap", "stat_bound",
+                        "stat_noise_ratio", "min_clip"),
+    "dp-fl": _pick(), "nodp-fl": _pick(),
+    "adp-fl": _pick("stat_noise_ratio", "min_clip", "max_clip", "target_quantile", "clip_lr"),
+}
+
 REASON_LOW = ("proportional clipping C_{t,l} = beta * ||g_t(x_i)||_2 (Eq. 7) only scales each "
               "example's gradient by beta, so a step's L2 sensitivity is unbounded, and the noise "
               "scale sigma * beta * mean ||g_i|| is itself computed from the raw batch")
@@ -119,13 +133,15 @@ REASON_HIGH = ("the clip threshold C_{t,h} = beta * (mean per-example gradient n
 
 
 def options(config) -> dict:
-  """The run's SP-FL family options, validated (unknown names are errors)."""
-  opts = read_options(config, OPTIONS, byzantine=True)
-  opts["low_cap"] = config.clip if opts["low_cap"] is None else opts["low_cap"]
-  opts["stat_bound"] = 4.0 * config.clip if opts["stat_bound"] is None else opts["stat_bound"]
-  opts["max_clip"] = 1e3 * config.clip if opts["max_clip"] is None else opts["max_clip"]
-  check(opts["max_clip"] > opts["min_clip"], "max_clip", opts["max_clip"],
-        f"must be > min_clip={opts['min_clip']}")
+  """The run's options of its algorithm in the SP-FL family, validated (unknown names, and
+  names of another algorithm of the family, are errors); unset bounds from ``clip``."""
+  opts = read_options(config, OPTIONS[config.algorithm], byzantine=True)
+  for name, times in (("low_cap", 1.0), ("stat_bound", 4.0), ("max_clip", 1e3)):
+    if name in opts and opts[name] is None:
+      opts[name] = times * config.clip
+  if "max_clip" in opts:
+    check(opts["max_clip"] > opts["min_clip"], "max_clip", opts["max_clip"],
+          f"must be > min_clip={opts['min_clip']}")
   return opts
 
 
