@@ -146,7 +146,7 @@ def _cmd_algorithms(args) -> int:
   if args.json:
     print(dumps(out))
     return 0
-  from fedjax_dp.algorithms import options
+  from fedjax_dp.algorithms import CHOOSES_KNOWLEDGE, NO_BYZANTINE, options
   common = {o.name for o in options.BYZANTINE + options.AGGREGATOR}
 
   def show(opts):
@@ -156,8 +156,9 @@ def _cmd_algorithms(args) -> int:
   for name, info in out.items():
     print(f"{name}: {info['paper']}\n  privacy unit: {info['privacy_unit']}")
     show([o for o in info["options"] if o["name"] not in common])
-  print("every algorithm also takes --byzantine K --attack NAME --attacker-knowledge K "
-        "--aggregator NAME and:")
+  print(f"every algorithm but {', '.join(sorted(NO_BYZANTINE))} also takes --byzantine K "
+        f"--attack NAME --aggregator NAME ({', '.join(CHOOSES_KNOWLEDGE)} also "
+        "--attacker-knowledge released|omniscient) and:")
   show(describe(options.BYZANTINE + options.AGGREGATOR))
   return 0
 

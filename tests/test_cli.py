@@ -335,7 +335,7 @@ def test_read_options_refuses_non_finite_values_but_keeps_named_choices():
 
 @pytest.mark.parametrize("algorithm,option,value", [
     ("trimmed_mean", "trim_beta", "abc"), ("gm", "gm_max_iter", 2.5), ("krum", "krum_m", "two"),
-    ("blur+lus", "lus_batches", 1.5), ("blur+lus", "lambda", [0.4]), ("dp-fl", "high_fraction", "x"),
+    ("blur+lus", "lus_batches", 1.5), ("blur+lus", "lambda", [0.4]), ("spfl", "high_fraction", "x"),
     ("adp-fl", "target_quantile", True), ("dp-rsa-f", "keep_prob", "0.7"),
     ("spfl", "example_sampling", "bernoulli"), ("dp-rsa-g", "sign_clip_norm", "l1")])
 def test_wrong_typed_options_are_refused_in_one_line(algorithm, option, value, capsys, tmp_path):
@@ -365,7 +365,8 @@ def test_algorithms_lists_every_algorithm_with_its_paper_unit_and_options(capsys
   assert [o.name for o in option_table("blur+lus")] == [o["name"] for o in out["blur+lus"]["options"]]
   assert main(["algorithms"]) == 0
   text = capsys.readouterr().out
-  assert "--set sparsity=VALUE" in text and "every algorithm also takes" in text
+  assert "--set sparsity=VALUE" in text and "every algorithm but ae-dpfl also takes" in text
+  assert "(rsa, dp-rsa-f, dp-rsa-g also --attacker-knowledge released|omniscient)" in text
 
 
 def test_an_option_of_another_variant_is_refused(tmp_path, capsys):
