@@ -30,6 +30,8 @@ TINY = ["--num-clients", "40", "--rounds", "2", "--local-steps", "2", "--model",
     (["run", "--sampling", "fixed", "--cohort-size", "800", "--num-clients", "700"], "cohort_size"),
     (["run", "--rounds", "ten"], "rounds"),
     (["run", "--dataset", "mnist", "--data-dir", "/nonexistent/dir"], "data_dir"),
+    (["run", "--data-dir", "/some/dir"], "data_dir='/some/dir': is not used: dataset 'digits'"),
+    (["run", "--download", "true"], "download=True: is not used: dataset 'digits' has no "),
     (["run", "--algorithm", "fedsgd"], "algorithm"),
     (["run", "--release", "private", "--checkpoint-every", "1"], "checkpoint_every"),
     (["run", "--clip", "1e308"], "clip"),          # finite, but inf in float32

@@ -281,6 +281,12 @@ def unread_by_settings(config) -> dict:
                     "run's process" if config.accountant == "rdp" else None)
   only = lambda partition: (f"partition is {config.partition} (only {partition} reads it)"
                             if config.partition != partition else None)
+  from fedjax_dp.data.specs import BY_NAME
+  spec = BY_NAME.get(config.dataset)
+  no_files = (f"dataset {config.dataset!r} is bundled with scikit-learn (no files are read)"
+              if spec is not None and not spec.files else None)
+  no_download = (f"dataset {config.dataset!r} has no tensorflow-datasets download"
+                 if spec is not None and spec.tfds_name is None else None)
   reasons = (("cohort_size", "sampling is poisson (clients join with sampling_prob)"
               if config.sampling == "poisson" else None),
              ("sampling_prob", "sampling is fixed (cohort_size clients a round)"
@@ -291,7 +297,8 @@ def unread_by_settings(config) -> dict:
              ("delta", unaccounted), ("accountant", unaccounted),
              ("accounting_workers", unaccounted or workers_unused),
              ("dirichlet_alpha", only("dirichlet")), ("shards_per_client", only("shards")),
-             ("min_labels_per_client", only("shards")))
+             ("min_labels_per_client", only("shards")),
+             ("data_dir", no_files), ("download", no_download))
   return {name: why for name, why in reasons if why is not None}
 
 
