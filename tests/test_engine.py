@@ -246,6 +246,7 @@ def test_a_round_whose_pieces_do_not_add_noise_claims_no_guarantee(digits):
   s.accounting.on_round(None)
   rep = s.accounting.report()
   assert rep["formal_guarantee"] is False and rep["epsilon"] is None
+  assert rep["delta"] is None and rep["accountant"] is None and rep["neighbouring_relation"] is None
   assert "coordinate_median" in rep["guarantee_note"]
 
 

@@ -68,7 +68,8 @@ class LedgerAccounting:
     if eps is not None and not math.isfinite(eps):
       eps, formal = None, False
     extra = {} if self.attacker_knowledge is None else {"attacker_knowledge": self.attacker_knowledge}
-    # A release with no mechanism is not accounted: no delta or accountant applies to it.
+    # A release with no mechanism is not accounted: no delta, accountant or neighbouring
+    # relation applies to it.
     unaccounted = isinstance(self._event, dp_accounting.NonPrivateDpEvent)
     return {
         "epsilon": eps,
@@ -76,7 +77,7 @@ class LedgerAccounting:
         "accountant": None if unaccounted else self.ledger.accountant,
         "formal_guarantee": formal,
         "privacy_unit": self.mechanism.privacy_unit,
-        "neighbouring_relation": self.mechanism.relation,
+        "neighbouring_relation": None if unaccounted else self.mechanism.relation,
         "guarantee_note": note,
         "dp_event": repr(self._event),
         **extra,
