@@ -100,8 +100,9 @@ def curves_figure(panels: Sequence[tuple], path, *, xlabel: str, ylabel="test ac
   fig, axes = _panels(len(panels), size, sharey)
   for ax, (title, curves) in zip(axes, panels):
     for c in curves:
-      if c.err is None:
-        ax.plot(c.x, c.y, c.style, label=c.label, lw=1.3)
+      if c.err is None:  # a curve of one point (a run evaluated once) is drawn as a mark
+        ax.plot(c.x, c.y, c.style, label=c.label, lw=1.3, **({"marker": "o"} if len(c.x) == 1
+                                                             else {}))
       else:
         ax.errorbar(c.x, c.y, yerr=_bars(c.err), marker="o", capsize=2, label=c.label,
                     linestyle=c.style)

@@ -310,6 +310,15 @@ def test_frontier_draws_a_diverged_point_on_its_methods_line(tmp_path):
   assert (tmp_path / "f.png").is_file()
 
 
+def test_a_curve_of_one_point_is_drawn_as_a_mark(tmp_path):
+  # A short run evaluated once has one accuracy: a line alone would draw nothing.
+  fig = plots.curves_figure([("t", [plots.Curve("one", [2], [0.2]),
+                                    plots.Curve("two", [1, 2], [0.1, 0.3])])],
+                            tmp_path / "c.png", xlabel="round")
+  one, two = fig.axes[0].get_lines()
+  assert one.get_marker() == "o" and two.get_marker() in ("None", "", None)
+
+
 _NORMS = {"round": np.array([1, 2], np.int32), "offsets": np.array([0, 2, 4], np.int64),
           "norms": np.arange(4.0), "clip": np.float64(1.0)}
 
