@@ -225,11 +225,20 @@ def plan(config, grid: Mapping[str, Sequence], seeds: int = 1) -> list:
   check(isinstance(seeds, int) and not isinstance(seeds, bool) and seeds >= 1, "seeds", seeds,
         "must be an integer >= 1")
   check_axes(grid)
-  own = sorted(o.name for o in option_table(config.algorithm))
+  algorithms = list(grid.get("algorithm", [config.algorithm]))
+  own = {a: {o.name for o in option_table(a)} for a in algorithms}
   for name in grid:
-    check(name in types or name in own, "grid", name,
+    if name in types:
+      continue
+    which = ("algorithm " + repr(algorithms[0]) if len(algorithms) == 1 else
+             "the grid's algorithms " + ", ".join(map(repr, algorithms)))
+    check(any(name in o for o in own.values()), "grid", name,
           f"is neither a run setting (a field of `fedjax-dp run`: see its --help) nor an option "
-          f"of algorithm {config.algorithm!r} (one of {own})")
+          f"of {which} (one of {sorted(set().union(*own.values()))})")
+    unread = [a for a in algorithms if name not in own[a]]
+    check(not unread, "grid", name, f"is not an option of {', '.join(map(repr, unread))}: "
+          "its values would run the same experiment of those algorithms once per value; sweep them "
+          "separately")
   check(config.seed + seeds <= 2 ** 32, "seeds", seeds, f"runs seeds {config.seed} to "
         f"{config.seed + seeds - 1}, past the largest seed 2**32 - 1: lower seed or seeds")
   grid = {k: [(parse_value(k, v, types[k]) if isinstance(v, str) else v) if k in types

@@ -151,6 +151,14 @@ def test_options_as_grid_axes_and_bad_axes_are_refused_before_running():
   with pytest.raises(ConfigError, match=r"'clpi'.*neither a run setting.*nor an option of "
                      r"algorithm 'blur\+lus' \(one of \[.*'lambda'"):  # a misspelt axis
     sweep(base, {"clpi": ["0.1"]}, load=lambda cfg: pytest.fail("loaded data"))
+  # An option axis beside an algorithm axis: read against every algorithm of the grid.
+  with pytest.raises(ConfigError, match=r"grid='lambda': is not an option of 'dp_fedavg', "
+                     r"'fedavg': its values would run the same experiment"):
+    plan(base, {"algorithm": ["dp_fedavg", "fedavg", "blur+lus"], "lambda": [0.1, 0.4]})
+  with pytest.raises(ConfigError, match=r"nor an option of the grid's algorithms 'fedavg', "
+                     r"'dp-fl' \(one of \["):
+    plan(base, {"algorithm": ["fedavg", "dp-fl"], "lambda": [0.1, 0.4]})
+  assert len(plan(base, {"algorithm": ["dp_fedavg+blur", "blur+lus"], "lambda": [0.1, 0.4]})) == 4
 
 
 def test_sweep_command_writes_rows_and_protects_earlier_results(tmp_path, capsys):
