@@ -152,14 +152,17 @@ class RunResult:
             for k in names}
 
   def to_dataframe(self):
-    """The per-round metrics as a pandas ``DataFrame`` indexed by round (needs pandas)."""
+    """The per-round metrics as a pandas ``DataFrame`` indexed by round, an integer (needs
+    pandas)."""
     try:
       import pandas as pd
     except ImportError as e:
       raise ImportError("RunResult.to_dataframe needs pandas (pip install pandas); "
                         "RunResult.metrics has the same columns as NumPy arrays") from e
     m = self.metrics
-    return pd.DataFrame(m).set_index("round") if "round" in m else pd.DataFrame(m)
+    if "round" not in m:
+      return pd.DataFrame(m)
+    return pd.DataFrame(m).astype({"round": np.int64}).set_index("round")
 
 
 @functools.lru_cache(maxsize=64)

@@ -59,6 +59,7 @@ def test_python_api_example_runs_with_a_flax_module():
   assert acc.shape == (2,) and 0 <= acc[-1] <= 1
   df = result.to_dataframe()
   assert list(df.index) == [1, 2] and "epsilon" in df.columns and "train_loss" in df.columns
+  assert df.index.dtype == "int64"
 
 
 # Files the README's commands assume the reader has.
