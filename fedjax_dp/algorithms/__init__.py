@@ -229,8 +229,9 @@ def unused_fields(config) -> list:
 def unread_fields(config) -> dict:
   """The fields ``config`` leaves unread, each with why: not read by its algorithm
   (:func:`unused_fields`) or by the run's other settings (:func:`unread_by_settings`)."""
-  out = {name: f"is not used by algorithm {config.algorithm!r}: leave it out (of its own "
-               f"settings it reads {sorted(USES[config.algorithm]) or 'none'})"
+  out = {name: f"is not used by algorithm {config.algorithm!r}: leave it out (of the settings "
+               "that depend on the algorithm, it reads "
+               f"{sorted(USES[config.algorithm]) or 'none'})"
          for name in unused_fields(config)}
   out.update({name: f"is not used: {why}; leave it out"
               for name, why in unread_by_settings(config).items()})
