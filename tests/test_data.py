@@ -1,5 +1,6 @@
 """Tests for fedjax_dp.data: partitioners, padded arrays, loaders, TFF HDF5."""
 
+import re
 import subprocess
 import sys
 
@@ -403,6 +404,32 @@ def test_missing_files_message_from_spec(tmp_path, name):
   assert f"no local {name} files found; searched {', '.join(searched)} for" in msg
   assert all(f in msg for f in spec.files)
   assert "pip install 'fedjax_dp[tfds]'" in msg
+
+
+def test_incomplete_files_named(tmp_path):
+  """A folder holding some of a set's files: the message names the files it lacks."""
+  d = tmp_path / "mnist"
+  d.mkdir()
+  (d / "train-images-idx3-ubyte.gz").write_bytes(b"")  # either form counts as present
+  (d / "train-labels-idx1-ubyte").write_bytes(b"")
+  with pytest.raises(ConfigError) as e:
+    data.load_central("mnist", data_dir=str(tmp_path))
+  msg = str(e.value)
+  assert e.value.field == "data_dir" and "no local mnist files found" not in msg
+  assert (f"incomplete local mnist files: {d} lacks t10k-images-idx3-ubyte[.gz], "
+          "t10k-labels-idx1-ubyte[.gz] (searched") in msg
+  assert "lacks train" not in msg and "download=True" in msg and len(msg.splitlines()) == 1
+  (tmp_path / "t10k-labels-idx1-ubyte.gz").write_bytes(b"")  # a second partial folder
+  with pytest.raises(ConfigError, match=re.escape(f"; {tmp_path} lacks train-images-idx3-ubyte")):
+    data.load_central("mnist", data_dir=str(tmp_path))
+  for name, present, absent in [("cifar10", "train.tar.gz", "test.tar.gz"),
+                                ("shakespeare", "shakespeare_test.h5", "shakespeare_train.h5")]:
+    sub = tmp_path / specs.get(name).subdirs[0]
+    sub.mkdir()
+    (sub / present).write_bytes(b"")
+    with pytest.raises(ConfigError,
+                       match=re.escape(f"incomplete local {name} files: {sub} lacks {absent} ")):
+      data.load_central(name, data_dir=str(tmp_path))
 
 
 def test_missing_tfds(tmp_path, monkeypatch):

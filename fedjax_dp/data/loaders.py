@@ -21,8 +21,8 @@ from fedjax_dp.data import sources
 from fedjax_dp.data import specs
 from fedjax_dp.data.federated import CentralDataset, FederatedData
 from fedjax_dp.data.sources.common import (
-    DATA_ENV,
     Request,
+    absent_files_message,
     resolve_data_dir,
     subset,
 )
@@ -42,18 +42,13 @@ def _natural_needs_ids() -> str:
 
 
 def _missing_files_error(spec: specs.DatasetSpec, data_dir) -> ConfigError:
-  searched = spec.search_dirs(data_dir)
-  expected = sources.LOCAL[spec.source].expected_files(spec)
-  where = ", ".join(str(s) for s in searched) if searched else "(none)"
-  hint = ("" if data_dir is not None else
-          f"no data directory given: pass data_dir (--data-dir) or set "
-          f"${DATA_ENV}; ")
+  source = sources.LOCAL[spec.source]
+  head = absent_files_message(spec, data_dir, source.expected_files(spec),
+                              lambda d: source.missing_files(spec, d))
   return ConfigError(
       "data_dir", str(data_dir) if data_dir is not None else None,
-      f"{hint}no local {spec.name} files found; searched {where} for "
-      f"{', '.join(expected)}; pass download=True (CLI --download) to fetch "
-      "with tensorflow-datasets (needs network and "
-      f"{sources.tfds.INSTALL_HINT})")
+      f"{head}; pass download=True (CLI --download) to fetch with "
+      f"tensorflow-datasets (needs network and {sources.tfds.INSTALL_HINT})")
 
 
 def _check_max(field: str, value: Optional[int]) -> None:

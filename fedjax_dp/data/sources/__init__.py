@@ -2,8 +2,9 @@
 
 A local source (:data:`LOCAL`, keyed by :attr:`DatasetSpec.source`) has
 ``load(spec, request)``, returning ``(train_x, train_y, test_x, test_y)`` or
-``None`` when the files are absent, and ``expected_files(spec)`` for the error
-message. :mod:`~fedjax_dp.data.sources.tff` (TFF's HDF5 sets) also has
+``None`` when the files are absent, and ``expected_files(spec)`` and
+``missing_files(spec, folder)`` (those a folder lacks) for the error message.
+:mod:`~fedjax_dp.data.sources.tff` (TFF's HDF5 sets) also has
 ``load_natural``, the sets' own clients, and raises when its files are absent:
 it has no download fallback. :mod:`~fedjax_dp.data.sources.tfds` is the
 download fallback of the others. Heavy libraries (scikit-learn, PIL,

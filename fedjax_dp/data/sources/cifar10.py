@@ -145,3 +145,8 @@ def load(spec: DatasetSpec,
 def expected_files(spec: DatasetSpec) -> list[str]:
   """The file names searched for, as the error message lists them."""
   return list(spec.files)
+
+
+def missing_files(spec: DatasetSpec, folder: pathlib.Path) -> list[str]:
+  """The names of :func:`expected_files` that ``folder`` lacks."""
+  return [f for f in spec.files if not (folder / f).is_file()]

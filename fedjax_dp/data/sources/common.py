@@ -13,7 +13,7 @@ import os
 import pathlib
 import tarfile
 import zlib
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -63,6 +63,34 @@ def resolve_data_dir(data_dir: Optional[str]) -> Optional[pathlib.Path]:
   """Returns ``data_dir``, else ``$FEDJAX_DP_DATA``, else ``None``."""
   d = data_dir if data_dir else os.environ.get(DATA_ENV) or None
   return pathlib.Path(d).expanduser() if d else None
+
+
+def absent_files_message(spec, data_dir: Optional[pathlib.Path], expected: Sequence[str],
+                         missing: Callable[[pathlib.Path], Sequence[str]]) -> str:
+  """The head of the error when no folder searched for ``spec``'s files holds all of them.
+
+  Args:
+    spec: The set's :class:`~fedjax_dp.data.specs.DatasetSpec`.
+    data_dir: Resolved data directory, or ``None``.
+    expected: The file names searched for, as the message shows them.
+    missing: ``missing(folder)``: the names of ``expected`` that ``folder`` lacks.
+
+  Returns:
+    For the searched folders that hold some of the files, which of ``expected`` each lacks;
+    when none holds any, "no local <set> files found" with the folders and names searched
+    (after how to give a data directory, when none is given).
+  """
+  searched = spec.search_dirs(data_dir)
+  where = ", ".join(str(s) for s in searched) if searched else "(none)"
+  partial = [(d, lacks) for d in searched for lacks in [list(missing(d))]
+             if 0 < len(lacks) < len(expected)]
+  if partial:
+    lacking = "; ".join(f"{d} lacks {', '.join(lacks)}" for d, lacks in partial)
+    return (f"incomplete local {spec.name} files: {lacking} (searched {where}; all "
+            f"{len(expected)} files must be in one folder)")
+  hint = ("" if data_dir is not None else
+          f"no data directory given: pass data_dir (--data-dir) or set ${DATA_ENV}; ")
+  return f"{hint}no local {spec.name} files found; searched {where} for {', '.join(expected)}"
 
 
 def resolve_cache_dir(cache_dir: Optional[str]) -> pathlib.Path:

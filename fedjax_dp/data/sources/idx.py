@@ -126,6 +126,15 @@ def load(spec: DatasetSpec, request: Request) -> Optional[Arrays]:
   return None
 
 
+def _shown(stem: str) -> str:
+  return f"{stem}[.gz]"
+
+
 def expected_files(spec: DatasetSpec) -> list[str]:
   """The file names searched for, as the error message lists them."""
-  return [f"{f}[.gz]" for f in spec.files]
+  return [_shown(f) for f in spec.files]
+
+
+def missing_files(spec: DatasetSpec, folder: pathlib.Path) -> list[str]:
+  """The names of :func:`expected_files` that ``folder`` holds in neither form."""
+  return [_shown(f) for f in spec.files if _find_file(folder, f) is None]

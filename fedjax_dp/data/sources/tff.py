@@ -10,12 +10,13 @@ fallback: the files are those ``tff.simulation.datasets`` downloads.
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 
 import numpy as np
 
 from fedjax_dp.data import tff_h5
 from fedjax_dp.data.federated import FederatedData
-from fedjax_dp.data.sources.common import DATA_ENV, Arrays, Request, subset
+from fedjax_dp.data.sources.common import Arrays, Request, absent_files_message, subset
 from fedjax_dp.data.specs import DatasetSpec
 from fedjax_dp.errors import ConfigError, check
 
@@ -25,19 +26,22 @@ def expected_files(spec: DatasetSpec) -> list[str]:
   return list(spec.files)
 
 
+def missing_files(spec: DatasetSpec, folder: pathlib.Path) -> list[str]:
+  """The names of :func:`expected_files` that ``folder`` lacks."""
+  return [f for f in spec.files if not (folder / f).is_file()]
+
+
 def _paths(spec: DatasetSpec, data_dir):
   searched = spec.search_dirs(data_dir)
   for d in searched:
     train, test = (d / f for f in spec.files)
     if train.is_file() and test.is_file():
       return train, test
-  hint = ("" if data_dir is not None else
-          f"no data directory given: pass data_dir (--data-dir) or set ${DATA_ENV}; ")
+  head = absent_files_message(spec, data_dir, expected_files(spec),
+                              lambda d: missing_files(spec, d))
   raise ConfigError(
       "data_dir", str(data_dir) if data_dir is not None else None,
-      f"{hint}no local {spec.name} files found; searched "
-      f"{', '.join(str(s) for s in searched) or '(none)'} for "
-      f"{', '.join(spec.files)} (TensorFlow Federated's HDF5 files, as "
+      f"{head} (TensorFlow Federated's HDF5 files, as "
       "tff.simulation.datasets downloads them; tensorflow-datasets has none)")
 
 
