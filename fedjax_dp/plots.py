@@ -357,6 +357,9 @@ def _frontier_lines(path: pathlib.Path) -> dict:
     named = [str(r[k]) if k == plain else f"{k}={r[k]}" for k in keys if r.get(k) is not None]
     label = ", ".join(base + named) or "run"
     e = r["epsilon"]
+    if isinstance(e, dict):  # SP-FL's per-class epsilons: the largest over classes and clients
+      worst = [v.get("max") if isinstance(v, dict) else None for v in e.values()]
+      e = max(worst) if worst and all(_is_number(w) for w in worst) else "several"
     if e is None or _is_number(e):
       mean = math.nan if r["accuracy_mean"] is None else r["accuracy_mean"]
       lines.setdefault(label, []).append((e, mean, r["accuracy_std"]))
@@ -366,9 +369,9 @@ def _frontier_lines(path: pathlib.Path) -> dict:
 def plot_frontier(paths: Sequence, out):
   """Accuracy against epsilon, one line per method (error bars: std over seeds), from
   ``results.json`` files (a path or the folder holding it) of ``fedjax-dp sweep`` or a
-  reproduction. Rows whose epsilon is null (no guarantee) are dotted horizontal lines; rows
-  whose epsilon is not one number (SP-FL's per-class epsilons) are left out. Writes ``out`` and
-  returns the figure."""
+  reproduction. Rows whose epsilon is null (no guarantee) are dotted horizontal lines; a row
+  with per-class epsilons (SP-FL's ``{class: {"max", "median"}}``) is drawn at the largest, its
+  worst-case client's. Writes ``out`` and returns the figure."""
   check(len(paths) >= 1, "dir", list(paths), "give at least one results.json or its folder")
   out = _check_out(out)
   files = [pathlib.Path(p) if pathlib.Path(p).is_file() else _file_in(p, "results.json")
@@ -381,7 +384,7 @@ def plot_frontier(paths: Sequence, out):
       if private:
         curves.append(Curve(label, *zip(*private)))
       baselines += [(f"{label} (no DP)", acc) for e, acc, _ in points if e is None]
-  check(curves, "dir", [str(f) for f in files],
+  check(curves, "dir", ", ".join(str(f) for f in files),
         "holds no row with a numeric epsilon: nothing to draw against epsilon")
   import matplotlib
   fig, axes = _panels(1, (6.0, 4.2), True)

@@ -219,8 +219,8 @@ def test_plot_refusals(runs, tmp_path, capsys):
   (empty / "metrics.jsonl").write_text('{"round": 1}\n{"round"\n')
   _refused(["plot", str(empty), "--out", out], capsys, "dir", "line 2 of metrics.jsonl")
   (empty / "results.json").write_text(json.dumps({"rows": [
-      {"method": "spfl", "epsilon": {"all": {"max": 3.0}}, "accuracy_mean": 0.5,
-       "accuracy_std": 0.0}]}))
+      {"method": "spfl", "epsilon": {"all": {"median": 3.0}}, "accuracy_mean": 0.5,
+       "accuracy_std": 0.0}]}))  # per-class epsilons without their worst case
   _refused(["plot", str(empty), "--out", out], capsys, "dir", "no row with a numeric epsilon")
   (empty / "results.json").write_text(json.dumps({"rows": [{"method": "x", "epsilon": 1.0}]}))
   _refused(["plot", str(empty), "--out", out], capsys, "dir", "'accuracy_mean'")
@@ -308,6 +308,21 @@ def test_frontier_draws_a_diverged_point_on_its_methods_line(tmp_path):
   assert e0 == 1.0 and np.isnan(m0) and s0 is None and point == (2.0, 0.5, 0.1)
   plots.plot_frontier([f], tmp_path / "f.png")
   assert (tmp_path / "f.png").is_file()
+
+
+def test_frontier_draws_per_class_epsilons_at_the_worst_case_client(tmp_path):
+  # SP-FL's rows carry an epsilon per privacy class (max and median over its clients).
+  rows = [{"method": "spfl-sound", "setting": "epsilon", "accuracy_mean": acc,
+           "accuracy_std": 0.01, "epsilon": {"high": {"max": hi, "median": 0.5},
+                                             "low": {"max": lo, "median": 0.5}}}
+          for acc, hi, lo in ((0.2, 0.9, 1.1), (0.4, 4.2, 3.9))]
+  rows.append({"method": "spfl", "setting": "epsilon", "accuracy_mean": 0.3, "accuracy_std": None,
+               "epsilon": None})
+  f = tmp_path / "results.json"
+  f.write_text(json.dumps({"rows": rows}))
+  lines = plots._frontier_lines(f)
+  assert [p[0] for p in lines["spfl-sound"]] == [1.1, 4.2] and lines["spfl"][0][0] is None
+  plots.plot_frontier([f], tmp_path / "f.png")
 
 
 def test_a_curve_of_one_point_is_drawn_as_a_mark(tmp_path):
