@@ -303,6 +303,7 @@ class RunConfig:
     return getattr(self.model, "name", None) or self.model or DEFAULT_MODELS[self.dataset]
 
   def replace(self, **changes) -> "RunConfig":
+    check_keys(changes)
     return dataclasses.replace(self, **changes)
 
   def to_dict(self) -> dict:
@@ -392,6 +393,15 @@ def _unique_keys(pairs) -> dict:
   return out
 
 
+def check_keys(keys) -> None:
+  """Refuses a setting name that is not a :class:`RunConfig` field (a config file's key, a keyword
+  of :func:`make_config`, :meth:`RunConfig.replace` or ``fedjax_dp.simulate``), naming the
+  unknown one(s) and the field names."""
+  unknown = [k for k in keys if k not in _FIELDS]
+  check(not unknown, "config key", unknown[0] if len(unknown) == 1 else unknown,
+        f"must be one of {sorted(_FIELDS)}")
+
+
 def load_config_file(path: str) -> dict:
   p = pathlib.Path(path)
   check(p.is_file(), "config", path, "must be an existing JSON file")
@@ -412,8 +422,7 @@ def load_config_file(path: str) -> dict:
   unread = d.pop("not_used", [])
   check(isinstance(unread, list) and all(k in known for k in unread), "not_used", unread,
         "must be a list of setting names (as a summary's config records them); it sets nothing")
-  for k in d:
-    check(k in known, "config key", k, f"must be one of {sorted(known)}")
+  check_keys(d)
   return d
 
 
@@ -421,6 +430,7 @@ def make_config(base: Optional[Mapping] = None, **overrides) -> RunConfig:
   """A validated :class:`RunConfig` from a base mapping plus overrides."""
   d = dict(base or {})
   d.update({k: v for k, v in overrides.items()})
+  check_keys(d)
   try:
     return RunConfig(**d)
   except TypeError as e:

@@ -89,6 +89,25 @@ def test_config_files_are_refused_by_the_field_at_fault(content, field, capsys, 
   assert not (tmp_path / "o").exists()
 
 
+def test_unknown_setting_names_from_python_are_refused_as_in_a_config_file(capsys, tmp_path):
+  """An unknown keyword of simulate, make_config or RunConfig.replace is refused as a config
+  file's unknown key is: naming that key and the field names, not every key passed."""
+  import fedjax_dp
+  cfg = tmp_path / "c.json"
+  cfg.write_text(json.dumps({"foo": 1}))
+  assert main(["run", "--config", str(cfg), "--output-dir", str(tmp_path / "o")]) == 2
+  from_file = _one_error_line(capsys, "config key").removeprefix("fedjax-dp: error: ")
+  for call in (lambda: fedjax_dp.simulate(foo=1, rounds=1), lambda: make_config(foo=1),
+               lambda: fedjax_dp.simulate(RunConfig(), foo=1), lambda: RunConfig().replace(foo=1)):
+    with pytest.raises(ConfigError) as e:
+      call()
+    assert (e.value.field, e.value.value, str(e.value)) == ("config key", "foo", from_file)
+  assert "'rounds', 'sampling'" in from_file and "RunConfig" not in from_file
+  with pytest.raises(ConfigError) as e:
+    make_config({"rounds": 1, "foo": 1}, bar=2, seed=3)
+  assert e.value.value == ["foo", "bar"] and e.value.allowed == from_file.split(": ", 1)[1]
+
+
 def _every_option():
   """(algorithm, option) with one algorithm per option name: every --set option there is."""
   from fedjax_dp.algorithms import ALGORITHMS, option_table
