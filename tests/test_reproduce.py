@@ -169,3 +169,90 @@ def test_plots(tmp_path):
   assert path.read_bytes()[:4] == b"\x89PNG"
   with pytest.raises(ConfigError):
     plot_curves([], tmp_path / "none.png", xlabel="round")
+
+
+def _saved_reproduction(paper, out, monkeypatch):
+  """Writes in ``out`` the files of an earlier ``paper`` reproduction from the paper's own test
+  fixtures (nothing trains) and returns the figures its ``--render`` draws, in order."""
+  out.mkdir()
+  if paper == "cheng2022":
+    from fedjax_dp.reproduce import cheng2022
+    from test_cheng2022 import _SETTINGS, _fake_runs
+    runs = _fake_runs()
+    (out / "results.json").write_text(json.dumps(
+        {"settings": _SETTINGS, "rows": cheng2022._summarize(runs)}))
+    (out / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
+    return ["cheng2022_update_norms.png", "cheng2022_accuracy.png", "cheng2022_fig3.png",
+            "cheng2022_fig4.png"]
+  if paper == "zhu2022":
+    from test_zhu2022 import _records, _saved_run
+    _saved_run(out, _records())
+    return ["zhu2022_iid_gaussian.png"]
+  if paper == "cheng2022-norms":
+    from fedjax_dp.reproduce import blur_norms
+    from test_blur_norms import synthetic_results
+    results = synthetic_results()
+    (out / "results.json").write_text(json.dumps(results))
+    (out / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results["runs"]))
+    return [blur_norms.FIGURE]
+  return _fake_reproduction(paper, out, monkeypatch)  # spfl2024: its run, with fake training
+
+
+def _fake_reproduction(paper, out, monkeypatch):
+  """``fedjax-dp reproduce PAPER --scale tiny`` into ``out`` with every run faked (accuracy
+  0.5), writing its results.json, runs.jsonl, results.md and figures; the figures, in order."""
+  from fedjax_dp.cli import main
+  from fedjax_dp.reproduce import spfl2024, zhu2022
+
+  def fake_run_jobs(jobs, record, *, runs_path, **kwargs):
+    if paper == "zhu2022":
+      from test_zhu2022 import _record
+      recs = [_record(*(j.labels[k] for k in ("partition", "attack", "method", "epsilon", "seed")),
+                      0.5) for j in jobs]
+    else:
+      recs = [{**j.labels, "accuracy": 0.5, "formal_guarantee": False, "epsilon": None,
+               "no_guarantee_reasons": None, "noise_multiplier": 1.0, "train_error": 0.5,
+               "train_loss": 1.0, "seconds": 1.0} for j in jobs]
+    runs_path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return recs
+
+  monkeypatch.setattr({"zhu2022": zhu2022, "spfl2024": spfl2024}[paper], "run_jobs",
+                      fake_run_jobs)
+  assert main(["reproduce", paper, "--scale", "tiny", "--output-dir", str(out),
+               "--overwrite"]) == 0
+  if paper == "zhu2022":
+    return [f"zhu2022_{p}_{a}.png" for p, a in zhu2022.SETTINGS]
+  return ["spfl2024_fig3.png"]  # tiny sweeps epsilon only
+
+
+@pytest.mark.parametrize("paper", ["cheng2022", "cheng2022-norms", "spfl2024", "zhu2022"])
+def test_render_ends_with_one_line_naming_the_files_it_wrote(paper, tmp_path, capsys,
+                                                             monkeypatch):
+  """Every paper's ``--render`` says what it wrote alike: ``wrote A, B, C``, the paths of
+  results.md and the figures in the order written (cheng2022 and zhu2022 said nothing; spfl2024
+  printed a Python list)."""
+  from fedjax_dp.cli import main
+  out = tmp_path / "out"
+  figures = _saved_reproduction(paper, out, monkeypatch)
+  capsys.readouterr()
+  assert main(["reproduce", paper, "--render", "--output-dir", str(out)]) == 0
+  printed = capsys.readouterr().out.splitlines()
+  wrote = [line for line in printed if line.startswith("wrote ")]
+  assert wrote == ["wrote " + ", ".join(str(out / n) for n in ["results.md"] + figures)], printed
+  assert printed[-1] == wrote[0]
+  assert all((out / n).is_file() for n in figures)
+
+
+@pytest.mark.parametrize("paper", ["spfl2024", "zhu2022"])
+def test_a_reproduction_ends_with_one_line_naming_the_files_it_wrote(paper, tmp_path, capsys,
+                                                                     monkeypatch):
+  """A reproduction's last line is its --render's, with results.json, runs.jsonl and the wall
+  time: ``wrote A, B, C in N s`` (no prefix, no Python list)."""
+  import re
+  out = tmp_path / "out"
+  figures = _fake_reproduction(paper, out, monkeypatch)
+  printed = capsys.readouterr().out.splitlines()
+  names = ["results.json", "runs.jsonl", "results.md"] + figures
+  assert re.fullmatch(re.escape("wrote " + ", ".join(str(out / n) for n in names)) + r" in \d+ s",
+                      printed[-1]), printed[-1]
+  assert [line for line in printed if "wrote" in line] == printed[-1:]

@@ -4,7 +4,9 @@ Each entry is ``"module:function"``; the function takes
 ``(scale, output_dir, data_dir, seeds, threads)`` and returns an exit status. Each module also has
 ``render(output_dir)``: it rewrites ``results.md`` and the figures from an earlier run's
 ``results.json`` and ``runs.jsonl`` without running anything (``fedjax-dp reproduce NAME
---render --output-dir DIR``), so new tables and verdicts apply to saved results.
+--render --output-dir DIR``), so new tables and verdicts apply to saved results. Both end with
+one line, alike for every paper, naming the files written
+(:func:`fedjax_dp.reproduce.runner.wrote`: ``wrote A, B, C``, a run's with ``in N s``).
 """
 
 from __future__ import annotations

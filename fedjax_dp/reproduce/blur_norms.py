@@ -89,7 +89,7 @@ from fedjax_dp.errors import check, check_choice
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import plot_histograms, read_norms
 from fedjax_dp.reproduce import cheng2022
-from fedjax_dp.reproduce.runner import Job, group_by, num_seeds, run_jobs, seed_stats
+from fedjax_dp.reproduce.runner import Job, group_by, num_seeds, run_jobs, seed_stats, wrote
 from fedjax_dp.reproduce.tables import Claim, markdown_table, mean_std, verdict_table
 
 # The paper's settings (Sec. 6): local lr eta_l, local steps Q, clip bound S (by grid search).
@@ -325,7 +325,9 @@ def run(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] = None,
                                          "noise_multiplier", "norms", "grad_minibatch",
                                          "grad_full", "seconds")} for r in runs]}
   write_text_atomic(out / "results.json", json.dumps(results) + "\n")
-  render(output_dir, log=log)
+  text, written = _render(output_dir)
+  log(text)
+  log(wrote([out / "results.json", out / "runs.jsonl"] + written, time.perf_counter() - t0))
   return 0
 
 
@@ -434,7 +436,17 @@ def _answer(rows: list, s: dict) -> str:
 
 def render(output_dir: str, log=print) -> int:
   """Rewrites ``results.md`` and the figure in ``output_dir`` from its ``results.json``, running
-  nothing."""
+  nothing, and logs results.md and the files written
+  (:func:`~fedjax_dp.reproduce.runner.wrote`); returns 0."""
+  text, written = _render(output_dir)
+  log(text)
+  log(wrote(written))
+  return 0
+
+
+def _render(output_dir) -> tuple:
+  """:func:`render`'s files, written: results.md's text and the paths (results.md, the
+  figure)."""
   out = pathlib.Path(output_dir)
   results = json.loads((out / "results.json").read_text())
   s = results["settings"]
@@ -511,6 +523,4 @@ def render(output_dir: str, log=print) -> int:
       panels.append((title, series))
   plot_histograms(panels, out / FIGURE, clip=radius, xlabel="pre-clip update norm ||Delta||",
                   bins=25)
-  log(text)
-  log(f"wrote {out / 'results.md'} and {out / FIGURE}")
-  return 0
+  return text, [out / "results.md", out / FIGURE]

@@ -56,7 +56,7 @@ from fedjax_dp.errors import check, check_choice
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import Curve, plot_curves, plot_quantiles
 from fedjax_dp.reproduce.runner import (Job, group_by, num_seeds, read_records, release, run_jobs,
-                                        seed_stats)
+                                        seed_stats, wrote)
 from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference, verdict,
                                        verdict_table)
 
@@ -701,11 +701,18 @@ def _with_defaults(record: dict, settings: dict) -> dict:
           "sampling_prob": settings["config"]["sampling_prob"], **record}
 
 
-def render(output_dir: str) -> int:
+def render(output_dir: str, log=print) -> int:
   """Writes ``results.md`` and the figures of a reproduction in ``output_dir`` from its
   ``results.json`` (settings, rows) and ``runs.jsonl`` (each run's seed, accuracy and history),
-  running nothing. Reads the files of earlier versions of this module too (no ``figures`` in
-  the settings, no Q or p in the records: the scale's)."""
+  running nothing, and logs the files written (:func:`~fedjax_dp.reproduce.runner.wrote`).
+  Reads the files of earlier versions of this module too (no ``figures`` in the settings, no Q
+  or p in the records: the scale's)."""
+  log(wrote(_render(output_dir)))
+  return 0
+
+
+def _render(output_dir) -> list:
+  """:func:`render`'s files, written; their paths (results.md, then the figures)."""
   out = pathlib.Path(output_dir)
   results = json.loads((out / "results.json").read_text())
   check("settings" in results, "--output-dir", output_dir,
@@ -714,8 +721,7 @@ def render(output_dir: str) -> int:
   rows = [_with_defaults(r, settings) for r in results["rows"]]
   runs = read_records(out, rows, ROW_KEYS, lambda r: _with_defaults(r, settings))
   write_text_atomic(out / "results.md", markdown(rows, runs, settings))
-  plot(rows, runs, settings, out)
-  return 0
+  return [out / "results.md"] + plot(rows, runs, settings, out)
 
 
 PRIVACY = (
@@ -801,9 +807,9 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
        "paper_table3": {m: {str(k): v for k, v in t.items()} for m, t in PAPER_TABLE3.items()},
        "release": release(RAW), "reproduction": "cheng2022"},
       indent=2) + "\n")
-  render(out)
+  written = _render(out)
   log((out / "results.md").read_text())
-  log(f"wrote {out / 'results.json'}, {out / 'results.md'} and the figures in {out} in {wall:.0f}s")
+  log(wrote([out / "results.json", out / "runs.jsonl"] + written, wall))
   return {"rows": rows, "settings": settings, "runs": runs}
 
 
@@ -819,6 +825,7 @@ def run_paper(output_dir: str, data_dir=None, seeds: Optional[int] = None, prese
   from fedjax_dp.data import load_federated_emnist
   out = pathlib.Path(output_dir)
   out.mkdir(parents=True, exist_ok=True)
+  t0 = time.perf_counter()
   n_seeds = num_seeds(seeds, SCALES["paper"]["seeds"])
   d = pathlib.Path(data_dir or ".")
   train, test = d / "fed_emnist_train.h5", d / "fed_emnist_test.h5"
@@ -840,6 +847,7 @@ def run_paper(output_dir: str, data_dir=None, seeds: Optional[int] = None, prese
   keys = ("preset", "method", "target_epsilon", "seed", "epsilon", "accuracy")
   write_text_atomic(out / "results.json", json.dumps({"runs": [{k: r[k] for k in keys} for r in runs]},
                                                indent=2) + "\n")
+  log(wrote([out / "results.json", out / "runs.jsonl"], time.perf_counter() - t0))
   return 0
 
 

@@ -184,6 +184,14 @@ def group_by(records: Sequence[dict], keys: Sequence[str]) -> dict:
   return groups
 
 
+def wrote(paths: Sequence, seconds: Optional[float] = None) -> str:
+  """The line that a reproduction and its ``--render`` end with, alike for every paper:
+  ``wrote A, B, C``, the paths of the files written in the order written (None, a figure with
+  nothing to draw, is left out), then `` in N s`` for a reproduction that ran for ``seconds``."""
+  line = "wrote " + ", ".join(str(p) for p in paths if p is not None)
+  return line if seconds is None else f"{line} in {seconds:.0f} s"
+
+
 def release(diagnostics: Mapping[str, str]) -> dict:
   """A reproduction's ``results.json`` ``release`` block: what its private runs' guarantees
   cover, what is public by design and, from ``diagnostics`` (field -> what it is), the raw

@@ -52,7 +52,7 @@ from fedjax_dp.errors import check_choice
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import Curve, plot_curves
 from fedjax_dp.reproduce.runner import (Job, group_by, num_seeds, read_records, release, run_jobs,
-                                        seed_stats, simulate_jobs)
+                                        seed_stats, simulate_jobs, wrote)
 from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference,
                                        verdict_table)
 
@@ -408,10 +408,20 @@ FIGURES = (("epsilon", "target epsilon (nominal for spfl)", "spfl2024_fig3.png",
            ("local_steps", "local iterations Q", "spfl2024_fig5.png", False))
 
 
-def render(output_dir) -> int:
+def render(output_dir, log=print) -> int:
   """Rewrites ``results.md`` and the figures in ``output_dir`` from its ``results.json`` and
-  ``runs.jsonl`` (the seeds' records; without it the rows' means, no spread), running nothing;
-  :func:`run` writes its outputs through this. Returns 0."""
+  ``runs.jsonl`` (the seeds' records; without it the rows' means, no spread), running nothing,
+  and logs results.md and the files written (:func:`~fedjax_dp.reproduce.runner.wrote`);
+  :func:`run` writes its outputs as this does. Returns 0."""
+  md, written = _render(output_dir)
+  log(md)
+  log(wrote(written))
+  return 0
+
+
+def _render(output_dir) -> tuple:
+  """:func:`render`'s files, written: results.md's text and the paths (results.md, then the
+  figures drawn)."""
   out = pathlib.Path(output_dir)
   result = json.loads((out / "results.json").read_text())
   rows = result["rows"]
@@ -422,9 +432,7 @@ def render(output_dir) -> int:
   md = _markdown(rows, verdicts, f"SP-FL reproduction, scale {result['scale']}, {seeds} seed(s), "
                  f"wall {result['wall_seconds']:.0f} s")
   write_text_atomic(out / "results.md", md)
-  print(md)
-  print(f"[spfl2024] wrote {out / 'results.md'} and {[x for x in plots if x]}")
-  return 0
+  return md, [out / "results.md"] + [x for x in plots if x]
 
 
 def run(scale: str = "small", output_dir: str = "runs/spfl2024", data_dir=None, seeds=None,
@@ -487,4 +495,7 @@ def run(scale: str = "small", output_dir: str = "runs/spfl2024", data_dir=None, 
             "release": release(RAW), "reproduction": "spfl2024",
             "wall_seconds": time.perf_counter() - t0}
   write_text_atomic(out / "results.json", json.dumps(result, indent=2, default=str) + "\n")
-  return render(out)
+  md, written = _render(out)
+  print(md)
+  print(wrote([out / "results.json", out / "runs.jsonl"] + written, time.perf_counter() - t0))
+  return 0

@@ -41,7 +41,7 @@ from fedjax_dp.errors import check_choice
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import Curve, plot_curves
 from fedjax_dp.reproduce.runner import (Job, group_by, num_seeds, read_records, release, run_jobs,
-                                        seed_stats)
+                                        seed_stats, wrote)
 from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference,
                                        verdict_table)
 
@@ -289,7 +289,8 @@ def _markdown(rows, scale_name) -> str:
 def reproduce(scale: str = "small", output_dir: str = "runs/zhu2022", data_dir=None, seeds=None,
               settings=SETTINGS, methods=METHODS, progress: bool = True, threads=None) -> int:
   """Runs the experiments of ``scale``, writes results.json (as runs end) and runs.jsonl, then
-  results.md and the plots through :func:`render` (returns 0)."""
+  results.md and the plots as :func:`render` does, and ends with the line naming them
+  (``progress``; returns 0)."""
   check_choice("scale", scale, sorted(SCALES))
   n_seeds = num_seeds(seeds, SCALES[scale]["seeds"])
   sc = dict(SCALES[scale], seeds=n_seeds)  # results.json's settings: the seeds this run used
@@ -310,15 +311,23 @@ def reproduce(scale: str = "small", output_dir: str = "runs/zhu2022", data_dir=N
                      on_record=lambda rs: _write(out, scale, sc, *_results(rs, n_seeds), t_start),
                      log=log, threads=threads)
   _write(out, scale, sc, *_results(records, n_seeds), t_start)
-  render(out)
-  log(f"wrote {out / 'results.json'}, {out / 'results.md'} and the plots in "
-      f"{time.perf_counter() - t_start:.0f} s")
+  written = _render(out)
+  if progress:  # the command's result, as --render's: no [zhu2022] prefix
+    print(wrote([out / "results.json", out / "runs.jsonl"] + written,
+                time.perf_counter() - t_start), flush=True)
   return 0
 
 
-def render(output_dir) -> int:
+def render(output_dir, log=print) -> int:
   """Rewrites ``results.md`` and the plots in ``output_dir`` from its ``results.json`` (scale
-  and settings) and ``runs.jsonl`` (every run's record), running nothing (returns 0)."""
+  and settings) and ``runs.jsonl`` (every run's record), running nothing, and logs the files
+  written (:func:`~fedjax_dp.reproduce.runner.wrote`); returns 0."""
+  log(wrote(_render(output_dir)))
+  return 0
+
+
+def _render(output_dir) -> list:
+  """:func:`render`'s files, written; their paths (results.md, then the plots)."""
   out = pathlib.Path(output_dir)
   doc = json.loads((out / "results.json").read_text())
   records = read_records(out, doc["rows"], ROW_KEYS)
@@ -327,16 +336,18 @@ def render(output_dir) -> int:
   write_text_atomic(out / "results.md", _markdown(rows, doc["scale"]))
   sc = doc["settings"]
   dataset = {"mnist": "MNIST", "cifar10": "CIFAR-10"}[sc["dataset"]]
+  written = [out / "results.md"]
   for setting, cs in curves.items():
     partition, attack = setting.split("/")
-    plot_curves([(f"{dataset} {partition}, {attack} attack, K={sc['num_clients']}, "
-                  f"b={sc['byzantine']}",
-                  [Curve(label, xs, ys, style="--" if label.startswith("dp-rsa-g") else
-                         "-." if label.startswith("dp-rsa-f") else "-")
-                   for label, (xs, ys) in cs.items()])],
-                out / f"zhu2022_{partition}_{attack}.png", xlabel="iteration", ylim=(0, 1),
-                size=(5.2, 3.6), legend_columns=2, legend_size=6)
-  return 0
+    title = (f"{dataset} {partition}, {attack} attack, K={sc['num_clients']}, "
+             f"b={sc['byzantine']}")
+    lines = [Curve(label, xs, ys, style="--" if label.startswith("dp-rsa-g") else
+                   "-." if label.startswith("dp-rsa-f") else "-")
+             for label, (xs, ys) in cs.items()]
+    written.append(plot_curves([(title, lines)], out / f"zhu2022_{partition}_{attack}.png",
+                               xlabel="iteration", ylim=(0, 1), size=(5.2, 3.6),
+                               legend_columns=2, legend_size=6))
+  return written
 
 
 def _write(out, scale_name, sc, rows, curves, t_start):
