@@ -334,6 +334,19 @@ def test_the_sign_mechanism_is_the_one_the_perturbation_piece_declares(digits):
   assert rsa_client(lambda *a: None, lambda hp: to_sign()).mechanism is None
 
 
+def test_sign_gaussian_without_a_clip_reads_no_delta():
+  # No guarantee without sign_clip: delta and the accountant would be recorded unread.
+  from fedjax_dp.algorithms import refuse_unused
+  from fedjax_dp.config import make_config
+  for name in ("delta", "accountant"):
+    value = {"delta": 1e-6, "accountant": "pld"}[name]
+    with pytest.raises(ConfigError, match=f"{name}=.*dp-rsa-g without sign_clip has no guarantee"):
+      refuse_unused(make_config(algorithm="dp-rsa-g", options={"sign_sigma": 0.1}, **{name: value}),
+                    given={name})
+    refuse_unused(make_config(algorithm="dp-rsa-g", options={"sign_sigma": 0.1, "sign_clip": 0.01},
+                              **{name: value}), given={name})
+
+
 @pytest.mark.parametrize("settings", [dict(sampling="fixed", cohort_size=5),
                                       dict(sampling="poisson", sampling_prob=0.2),
                                       dict(attack="sign-flip", byzantine=2, aggregator="coordinate_median")])

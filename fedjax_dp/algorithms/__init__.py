@@ -277,7 +277,10 @@ def unread_by_settings(config) -> dict:
               if config.algorithm in CENTRAL_NOISE and config.aggregator not in (None, "mean")
               else None)
   unaccounted = (f"algorithm {config.algorithm!r} has no privacy mechanism, so nothing is "
-                 "accounted" if ABOUT[config.algorithm][1] == _NONE else unnoised)
+                 "accounted" if ABOUT[config.algorithm][1] == _NONE else
+                 "dp-rsa-g without sign_clip has no guarantee, so nothing is accounted"
+                 if config.algorithm == "dp-rsa-g"
+                 and (config.options or {}).get("sign_clip") is None else unnoised)
   workers_unused = ("the rdp accountant's epsilons take milliseconds and are computed in the "
                     "run's process" if config.accountant == "rdp" else None)
   only = lambda partition: (f"partition is {config.partition} (only {partition} reads it)"
