@@ -369,7 +369,7 @@ def _cmd_run(args) -> int:
               "--overwrite to start again")
     else:
       what = f"before the first round: {out} is as it was"
-    print(f"fedjax-dp: interrupted {what}", file=sys.stderr)
+    print(f"fedjax-dp: interrupted: {what}", file=sys.stderr)
     return EXIT_INTERRUPTED
   return _report(result.summary, config, time.perf_counter() - t0, out)
 

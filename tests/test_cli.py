@@ -678,3 +678,13 @@ def test_ctrl_c_in_the_first_round_of_an_overwrite_says_what_it_removed(tmp_path
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "1 rounds kept" in err[0], err
   assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+def test_ctrl_c_line_reads_interrupted_then_a_colon_then_what_was_kept(tmp_path, capsys,
+                                                                       interrupt_at_round):
+  out = tmp_path / "o"
+  interrupt_at_round(3)
+  assert main(["run", *TINY, "--rounds", "4", "--output-dir", str(out)]) == 130
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == [f"fedjax-dp: interrupted: 2 rounds kept in {out / 'metrics.jsonl'}, no "
+                 "summary.json; rerun with --overwrite to start again"], err
