@@ -120,6 +120,10 @@ def _add_privacy(sub):
                  "needed with fixed)")
   p.add_argument("--cohort-size", type=int, help="fixed: clients per round (default: none; "
                  "needed with fixed)")
+  p.add_argument("--byzantine", type=int, help="fixed: Byzantine clients among the N, who know "
+                 "when they are sampled, so the regular clients are accounted as sampled from "
+                 "N - byzantine, as a run with --byzantine is (default: none, i.e. 0; an integer "
+                 "in [0, N))")
   p.add_argument("--noise-multiplier", type=float, help="noise std / clip: report its epsilon "
                  "(default: none; give exactly one of this and --target-epsilon)")
   p.add_argument("--target-epsilon", type=float, help="report the noise multiplier that reaches "
@@ -440,9 +444,10 @@ def _privacy_report(args) -> dict:
   # A flag the chosen mechanism and sampling do not read is refused, not ignored.
   reads = ({"keep_prob", "dimension"} if args.mechanism == "sign-flip" else
            {"noise_multiplier", "target_epsilon", "sampling"}
-           | ({"sampling_prob"} if args.sampling == "poisson" else {"num_clients", "cohort_size"}))
+           | ({"sampling_prob"} if args.sampling == "poisson"
+              else {"num_clients", "cohort_size", "byzantine"}))
   for name in ("keep_prob", "dimension", "sampling_prob", "num_clients", "cohort_size",
-               "noise_multiplier", "target_epsilon"):
+               "byzantine", "noise_multiplier", "target_epsilon"):
     check(name in reads or getattr(args, name) is None, name, getattr(args, name),
           f"is not used with --mechanism {args.mechanism}"
           + ("" if args.mechanism == "sign-flip" else f" --sampling {args.sampling}")
@@ -459,7 +464,7 @@ def _privacy_report(args) -> dict:
   check((args.noise_multiplier is None) != (args.target_epsilon is None), "noise_multiplier/target_epsilon",
         (args.noise_multiplier, args.target_epsilon), "give exactly one of --noise-multiplier and --target-epsilon")
   common = dict(sampling=args.sampling, sampling_prob=args.sampling_prob, num_clients=args.num_clients,
-                cohort_size=args.cohort_size)
+                cohort_size=args.cohort_size, byzantine=args.byzantine or 0)
   out = {"sampling": args.sampling, "rounds": args.rounds, "delta": args.delta, "accountant": args.accountant}
   if args.target_epsilon is not None:
     z = calibrate_noise_multiplier(args.target_epsilon, args.delta, args.rounds, accountant=args.accountant, **common)
