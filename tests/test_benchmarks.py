@@ -26,6 +26,7 @@ def test_round_speed_measures_engine_loop_and_centralized_at_a_tiny_size():
   assert r["loop_over_engine"] > 0 and r["client_steps_per_s"] > 0
 
 
+@pytest.mark.slow  # about 27 s of compilation: `make test-slow`
 def test_conv_speed_times_every_implementation_at_a_tiny_size(capsys):
   _load("conv_speed").main(["--tiny", "--impls", "im2col,winograd", "--repeats", "1"])
   records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]

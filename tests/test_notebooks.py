@@ -129,9 +129,10 @@ def test_every_notebook_is_checked():
   assert {p.stem for p in NOTEBOOKS} == set(CHECKS)
 
 
-# Notebooks whose tiny size still compiles many programs (about 2 minutes on 2 cores): run with
-# `make test-slow`.
-SLOW = {"privacy_utility"}
+# Notebooks whose tiny size still compiles many programs (1-2 minutes each on 2 cores): run with
+# `make test-slow`; `byzantine` stays in the suite, so a change that breaks notebooks' common
+# pieces (simulate, the plots, the key-numbers cell) fails in CI.
+SLOW = {"privacy_utility", "blur_lus", "spfl"}
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow) if p.stem in SLOW else p
