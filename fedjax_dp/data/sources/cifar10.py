@@ -147,6 +147,4 @@ def expected_files(spec: DatasetSpec) -> list[str]:
   return list(spec.files)
 
 
-def missing_files(spec: DatasetSpec, folder: pathlib.Path) -> list[str]:
-  """The names of :func:`expected_files` that ``folder`` lacks."""
-  return [f for f in spec.files if not (folder / f).is_file()]
+missing_files = common.missing_files  # the names of expected_files that a folder lacks

@@ -65,6 +65,12 @@ def resolve_data_dir(data_dir: Optional[str]) -> Optional[pathlib.Path]:
   return pathlib.Path(d).expanduser() if d else None
 
 
+def missing_files(spec, folder: pathlib.Path) -> list[str]:
+  """The names of ``spec.files`` that ``folder`` lacks, each looked for as written (a source
+  whose files may also be compressed, IDX, has its own)."""
+  return [f for f in spec.files if not (folder / f).is_file()]
+
+
 def absent_files_message(spec, data_dir: Optional[pathlib.Path], expected: Sequence[str],
                          missing: Callable[[pathlib.Path], Sequence[str]]) -> str:
   """The head of the error when no folder searched for ``spec``'s files holds all of them.

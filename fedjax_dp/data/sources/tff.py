@@ -10,13 +10,13 @@ fallback: the files are those ``tff.simulation.datasets`` downloads.
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 
 import numpy as np
 
 from fedjax_dp.data import tff_h5
 from fedjax_dp.data.federated import FederatedData
-from fedjax_dp.data.sources.common import Arrays, Request, absent_files_message, subset
+from fedjax_dp.data.sources.common import (Arrays, Request, absent_files_message, missing_files,
+                                           subset)
 from fedjax_dp.data.specs import DatasetSpec
 from fedjax_dp.errors import ConfigError, check
 
@@ -24,11 +24,6 @@ from fedjax_dp.errors import ConfigError, check
 def expected_files(spec: DatasetSpec) -> list[str]:
   """The train and test HDF5 file names, for error messages."""
   return list(spec.files)
-
-
-def missing_files(spec: DatasetSpec, folder: pathlib.Path) -> list[str]:
-  """The names of :func:`expected_files` that ``folder`` lacks."""
-  return [f for f in spec.files if not (folder / f).is_file()]
 
 
 def _paths(spec: DatasetSpec, data_dir):
