@@ -45,6 +45,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import special
 
 from fedjax_dp.errors import ConfigError, check
+from fedjax_dp.privacy.mechanisms import regular_sampling
 
 ORDERS = tuple(float(a) for a in rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
 PRIVACY_UNIT = "client (all of one client's examples)"
@@ -173,9 +174,8 @@ class DDGaussMechanism:
     num_clients: ``N``, the population.
     noise_shares: the shares the accounting counts (``M`` minus the Byzantine clients).
     sampling: "fixed" (the guarantee) or "poisson" (simulated, no guarantee).
-    byzantine: the Byzantine clients among the ``N``. They know when they are sampled, so the
-      cohort's regular clients are a sample of the ``N - byzantine`` regular ones: the
-      amplification is by sampling ``min(M, N - byzantine)`` of ``N - byzantine``.
+    byzantine: the Byzantine clients among the ``N``: the amplification is by sampling the
+      regular clients (:func:`fedjax_dp.privacy.mechanisms.regular_sampling`).
   """
 
   clip: float
@@ -211,10 +211,9 @@ class DDGaussMechanism:
       return "noise_multiplier=0: rounding only, no differential privacy guarantee"
     if self.noise_shares < 1:
       return "no formal guarantee: every client of the cohort may be Byzantine (no honest noise share)"
-    regular = self.num_clients - self.byzantine
-    sampled = (f"{min(int(self.cohort_size), regular)} of the {regular} regular clients (the "
-               f"{self.byzantine} Byzantine ones know when they are sampled)" if self.byzantine
-               else "the cohort")
+    regular, cohort = regular_sampling(self.num_clients, int(self.cohort_size), self.byzantine)
+    sampled = (f"{cohort} of the {regular} regular clients (the {self.byzantine} Byzantine ones "
+               "know when they are sampled)" if self.byzantine else "the cohort")
     return (f"user-level DP; replace one client (population N={self.num_clients} and cohort "
             f"M={int(self.cohort_size)} public); the integer sum has L2 sensitivity 2B={2 * self.bound:.6g} "
             f"(scale s={self.scale:.6g}) and {self.noise_shares} discrete Gaussian shares of std "
@@ -228,8 +227,8 @@ class DDGaussMechanism:
 
     def one_cohort(a):
       return ddgauss_rdp(a, l2, l1, self.sigma, self.noise_shares, self.dim)
-    regular = self.num_clients - self.byzantine
-    return subsampled_rdp(orders, min(self.cohort_size, regular) / regular, one_cohort)
+    regular, cohort = regular_sampling(self.num_clients, self.cohort_size, self.byzantine)
+    return subsampled_rdp(orders, cohort / regular, one_cohort)
 
   def round_event(self):
     import dp_accounting

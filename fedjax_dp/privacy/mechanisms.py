@@ -63,11 +63,10 @@ class GaussianSumMechanism:
   the sum by up to ``2 * clip``, so the event is
   ``SampledWithoutReplacementDpEvent(N, M, GaussianDpEvent(z / 2))``. With ``byzantine``
   clients among the ``N`` (the last ids), who know whenever they are sampled, a cohort's
-  regular clients are a uniform sample of the ``N - byzantine`` regular ones, of
-  ``M - K`` for the ``K`` Byzantine clients it holds: the event is accounted over
-  ``N - byzantine`` clients with cohorts of ``min(M, N - byzantine)`` (the largest rate,
-  ``K = 0``), the guarantee a regular client has against the Byzantine clients' knowledge
-  (:func:`gaussian_round_event`). Poisson sampling draws each client apart, so nothing changes.
+  regular clients are a uniform sample of the ``N - byzantine`` regular ones: the event is
+  accounted over them (:func:`regular_sampling`), the guarantee a regular client has against
+  the Byzantine clients' knowledge. Poisson sampling draws each client apart, so nothing
+  changes.
   The guarantee covers the released noisy sums; everything computed from them
   (the model, metrics on it) is post-processing. It does not cover statistics
   reported from the raw updates (pre-clip norms in the run's metrics are for
@@ -115,8 +114,8 @@ class GaussianSumMechanism:
       return "noise_multiplier=0: clipping only, no differential privacy guarantee"
     honest = ""
     if self.byzantine and self.sampling == "fixed":
-      honest = (f"; sampling accounted over the {self.num_clients - self.byzantine} regular "
-                f"clients, cohorts of {min(self.cohort_size, self.num_clients - self.byzantine)} "
+      regular, sampled = regular_sampling(self.num_clients, self.cohort_size, self.byzantine)
+      honest = (f"; sampling accounted over the {regular} regular clients, cohorts of {sampled} "
                 f"(the {self.byzantine} Byzantine clients know when they are sampled)")
     return (f"user-level DP; neighbouring relation: {RELATION_WORDS[self.relation]}; L2 "
             f"sensitivity of the sum bounded by clip{honest}")
@@ -169,19 +168,28 @@ def user_level_mechanism(rnd, hparams: dict, sampling: str, sampling_prob=None,
                               int(hparams.get("byzantine", 0)))
 
 
+def regular_sampling(num_clients: int, cohort_size, byzantine: int) -> tuple:
+  """``(N - b, min(M, N - b))``: the population and cohort size a fixed-size cohort's regular
+  clients are accounted with when ``b`` of the ``N`` clients are Byzantine.
+
+  The Byzantine clients know when they are in a cohort; given the ``K`` of them in one, its
+  regular clients are a uniform sample of ``M - K`` of the ``N - b`` regular clients. The rate
+  is largest at ``K = 0`` (at most ``N - b`` of them), and the sampled mechanisms' bounds grow
+  with the rate, so every round is accounted at it (conservative)."""
+  regular = num_clients - byzantine
+  return regular, min(cohort_size, regular)
+
+
 def gaussian_round_event(z: float, sampling: str, sampling_prob=None, num_clients=None,
                          cohort_size=None, byzantine: int = 0) -> dp_accounting.DpEvent:
-  """One round's event for a sum of clipped updates with noise multiplier ``z``.
-
-  Fixed-size cohorts are sampled from the ``num_clients - byzantine`` regular clients: the
-  Byzantine ones know when they are in a cohort, and given that a cohort's regular clients are
-  a uniform sample of the regular population (at most ``cohort_size`` of them)."""
+  """One round's event for a sum of clipped updates with noise multiplier ``z`` (fixed-size
+  cohorts: of the regular clients, :func:`regular_sampling`)."""
   if sampling == "poisson":
     return dp_accounting.PoissonSampledDpEvent(sampling_prob, dp_accounting.GaussianDpEvent(z))
-  regular = num_clients - byzantine
   # Replace-one sensitivity of a sum of updates clipped to S is 2S.
   return dp_accounting.SampledWithoutReplacementDpEvent(
-      regular, min(cohort_size, regular), dp_accounting.GaussianDpEvent(z / 2.0))
+      *regular_sampling(num_clients, cohort_size, byzantine),
+      dp_accounting.GaussianDpEvent(z / 2.0))
 
 
 def calibrate(make_event: Callable[[float], dp_accounting.DpEvent], count: int, relation: str,
