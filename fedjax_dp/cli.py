@@ -516,7 +516,8 @@ def _cmd_sweep(args) -> int:
              f"{row['seeds_composition']}"
              + ("" if row["seeds_privacy_unit"] == "the runs' own" else ", per example") + ")")
     print(f"{values}: accuracy={row['accuracy_mean']:.4f}{spread} "
-          f"({row['seeds']} seed{'' if row['seeds'] == 1 else 's'})  epsilon={'none' if eps is None else format(eps, '.3f')}"
+          f"({row['seeds']} seed{'' if row['seeds'] == 1 else 's'})  "
+          f"epsilon={'none' if eps is None else format(eps, '.3f')}"
           f"{seeds}")
   threads = "1 thread" if result.threads == 1 else f"{result.threads} threads"
   took = "" if args.release == "private" else f", {result.seconds:.1f}s"  # raw, as in _report

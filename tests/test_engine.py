@@ -272,8 +272,9 @@ def test_fixed_cohorts_with_byzantine_clients_are_accounted_over_the_regular_one
   # 6 of the 60 clients Byzantine: they know when they are sampled, so the ledger samples the
   # cohort's regular clients from the 54 regular ones, and a target epsilon is met that way.
   def report(byzantine, **kw):
-    setup = build(_config(algorithm=algorithm, sampling="fixed", cohort_size=12, byzantine=byzantine,
-                          attack="gaussian" if byzantine else "none", **kw), digits)
+    setup = build(_config(algorithm=algorithm, sampling="fixed", cohort_size=12,
+                          byzantine=byzantine, attack="gaussian" if byzantine else "none", **kw),
+                  digits)
     setup.accounting.on_round(None)
     return setup.accounting.report()
   rep, plain = report(6), report(0)
