@@ -602,6 +602,7 @@ class _Log:
     summary["params_sha256"] = params_sha256(state.params)
     summary.update(provenance(program.model, state, e.data))
     summary["data"]["partition"] = run_provenance.partition(e.config)
+    summary["data"]["data_dir"] = run_provenance.data_dir(e.config)
     # How the rounds ran: clients per vmapped block (None: the whole cohort at once), and the
     # implementation of each convolution layer as the compiled round traced it.
     summary["provenance"] = dict(run_provenance.environment(), client_block=self.client_block,

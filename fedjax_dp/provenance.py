@@ -3,7 +3,8 @@
 :func:`environment` is the ``provenance`` block of ``summary.json``;
 :func:`partition` the public description of the data's split into clients
 (the settings that made it, not the per-client counts, which are raw
-diagnostics under user-level DP). Neither reads the clients' data.
+diagnostics under user-level DP); :func:`data_dir` the folder the data files were looked for
+in. None of them reads the clients' data.
 """
 
 from __future__ import annotations
@@ -75,3 +76,17 @@ def partition(config: Optional[dict]) -> Optional[dict]:
   name = config["partition"]
   return {"name": name, "clients": config["num_clients"],
           **{k: config[k] for k in PARTITION_FIELDS.get(name, ())}}
+
+
+def data_dir(config: Optional[dict]) -> Optional[str]:
+  """The folder a recorded configuration's data files were looked for in: its ``data_dir``,
+  else ``$FEDJAX_DP_DATA`` (which the configuration does not record); None for the bundled
+  digits, without a configuration, or with neither set (tensorflow-datasets' own folder)."""
+  from fedjax_dp.data import specs
+  from fedjax_dp.data.sources.common import resolve_data_dir
+  if not config or config.get("dataset") not in specs.BY_NAME:
+    return None
+  if specs.get(config["dataset"]).source == "digits":
+    return None
+  folder = resolve_data_dir(config.get("data_dir"))
+  return None if folder is None else str(folder.resolve())

@@ -421,6 +421,7 @@ def test_summary_records_the_model_name_partition_and_provenance(tmp_path, capsy
   summary = json.loads(text)
   assert '"model": null' not in text and summary["config"]["model"] == "digits_cnn"
   assert summary["data"]["partition"] == {"name": "dirichlet", "clients": 40, "dirichlet_alpha": 0.3}
+  assert summary["data"]["data_dir"] is None  # the bundled digits: no folder
   per_client = summary["diagnostics"]["data"]["examples_per_client"]  # raw: diagnostics only
   assert per_client["min"] <= per_client["median"] <= per_client["max"]
   prov = summary["provenance"]
@@ -437,6 +438,17 @@ def test_summary_records_the_model_name_partition_and_provenance(tmp_path, capsy
   else:
     assert prov["git"] is None
   assert "provenance" in summary["release"]["public_by_design"]
+
+
+def test_the_data_folder_is_recorded_when_the_environment_gives_it(monkeypatch, tmp_path):
+  from fedjax_dp import provenance
+  monkeypatch.setenv("FEDJAX_DP_DATA", str(tmp_path))
+  assert provenance.data_dir({"dataset": "mnist", "data_dir": None}) == str(tmp_path.resolve())
+  assert provenance.data_dir({"dataset": "mnist", "data_dir": "elsewhere"}) == str(
+      pathlib.Path("elsewhere").resolve())
+  assert provenance.data_dir({"dataset": "digits", "data_dir": None}) is None
+  monkeypatch.delenv("FEDJAX_DP_DATA")
+  assert provenance.data_dir({"dataset": "mnist", "data_dir": None}) is None
 
 
 def test_provenance_without_git_is_none_not_an_error(monkeypatch):
