@@ -64,7 +64,7 @@ def base_config(data_dir, rounds: int, method: str):
 def fresh_privacy_caches() -> None:
   """Empties the per-process memos of noise calibrations and epsilons."""
   from fedjax_dp.privacy import ledger, mechanisms
-  for fn in (mechanisms.calibrate_noise_multiplier, ledger._event_rdp, ledger._event_pld,
+  for fn in (mechanisms.calibrate_noise_multiplier, ledger.event_rdp, ledger._event_pld,
              ledger._composed_epsilon):
     fn.cache_clear()
 

@@ -121,9 +121,9 @@ def _add_privacy(sub):
   p.add_argument("--cohort-size", type=int, help="fixed: clients per round (default: none; "
                  "needed with fixed)")
   p.add_argument("--byzantine", type=int, help="fixed: Byzantine clients among the N, who know "
-                 "when they are sampled, so the regular clients are accounted as sampled from "
-                 "N - byzantine, as a run with --byzantine is (default: none, i.e. 0; an integer "
-                 "in [0, N))")
+                 "when they are sampled, so a cohort's regular clients are accounted as M - K "
+                 "of the N - byzantine, mixed over the K Byzantine clients sampled, as a run "
+                 "with --byzantine is (default: none, i.e. 0; an integer in [0, N))")
   p.add_argument("--noise-multiplier", type=float, help="noise std / clip: report its epsilon "
                  "(default: none; give exactly one of this and --target-epsilon)")
   p.add_argument("--target-epsilon", type=float, help="report the noise multiplier that reaches "

@@ -211,7 +211,7 @@ def test_fine_scale_approaches_dp_fedavgs_fixed_cohort_epsilon():
   from fedjax_dp.privacy.mechanisms import gaussian_round_event
   n_pop, m, z, rounds, delta = 1000, 50, 1.0, 100, 1e-5
   mech = pdd.mechanism_for(z, clip=1.0, bits=24, beta=math.exp(-0.5), dim=2 ** 10,
-                           cohort_size=m, num_clients=n_pop, noise_shares=m, sampling="fixed",
+                           cohort_size=m, num_clients=n_pop, sampling="fixed",
                            scale=2000.0)
   ledger = PrivacyLedger(delta, "rdp", "replace_one")
   ledger.compose(mech.round_event(), rounds)
@@ -221,12 +221,38 @@ def test_fine_scale_approaches_dp_fedavgs_fixed_cohort_epsilon():
   assert gauss <= ours <= gauss * 1.02
 
 
+def test_byzantine_clients_leave_a_mixture_of_cohorts_and_noise_shares():
+  # A cohort holding K of the b Byzantine clients has M - K regular clients of the N - b and
+  # M - K noise shares (the Byzantine clients' are not counted): more than DP-FedAvg's mixture at
+  # the same noise (whose server adds all of it) and than no Byzantine client.
+  from fedjax_dp.privacy.ledger import PrivacyLedger, epsilon_for
+  from fedjax_dp.privacy.mechanisms import gaussian_round_event
+  n_pop, m, z, rounds, delta = 100, 10, 1.0, 20, 1e-5
+
+  def eps(byzantine):
+    mech = pdd.mechanism_for(z, clip=1.0, bits=24, beta=math.exp(-0.5), dim=2 ** 10,
+                             cohort_size=m, num_clients=n_pop, sampling="fixed", scale=2000.0,
+                             byzantine=byzantine)
+    ledger = PrivacyLedger(delta, "rdp", "replace_one")
+    ledger.compose(mech.round_event(), rounds)
+    return ledger.epsilon(), mech
+  plain, mixed = eps(0)[0], eps(3)[0]
+  gauss = epsilon_for(gaussian_round_event(z, "fixed", None, n_pop, m, 3), rounds, delta, "rdp",
+                      "replace_one")
+  assert plain < mixed and gauss <= mixed <= gauss * 1.1
+  # 95 of 100 Byzantine: every cohort holds 5 or more of them, the 5 regular clients keep a
+  # guarantee (a cohort of Byzantine clients only releases nothing of theirs).
+  many, mech = eps(95)
+  assert mech.formal_guarantee and 0 < many < math.inf
+  assert "M - K of the 5 regular clients" in mech.guarantee_note
+
+
 def test_calibration_meets_the_target_through_the_ledger():
   from fedjax_dp.privacy.ledger import PrivacyLedger
 
   def make(z):
     return pdd.mechanism_for(z, clip=0.5, bits=16, beta=math.exp(-0.5), dim=2 ** 12,
-                             cohort_size=10, num_clients=60, noise_shares=10, sampling="fixed")
+                             cohort_size=10, num_clients=60, sampling="fixed")
   z = pdd.calibrate_noise_multiplier(4.0, 1e-5, 30, make)
 
   def eps(zz):
@@ -311,7 +337,7 @@ def test_the_secure_sum_decodes_the_mean_of_the_clipped_updates():
 
   def decoded(z, bits, scale):
     mech = pdd.mechanism_for(z, clip=clip, bits=16, beta=math.exp(-0.5), dim=dim, cohort_size=m,
-                             num_clients=20, noise_shares=m, sampling="fixed", scale=scale)
+                             num_clients=20, sampling="fixed", scale=scale)
     hp = as_hparams(dict(client_lr=0.1, clip=clip, noise_multiplier=z, scale=mech.scale,
                          sigma=mech.sigma, bound=mech.bound, beta=mech.beta, bits=bits,
                          rounding_tries=32, rotation_seed=3, expected_size=m, byzantine=0,

@@ -269,19 +269,21 @@ def test_a_hand_built_round_whose_attack_reads_the_regular_rows_claims_no_guaran
 @pytest.mark.parametrize("algorithm", ["dp_fedavg", "ddgauss"])
 def test_fixed_cohorts_with_byzantine_clients_are_accounted_over_the_regular_ones(digits,
                                                                                   algorithm):
-  # 6 of the 60 clients Byzantine: they know when they are sampled, so the ledger samples the
-  # cohort's regular clients from the 54 regular ones, and a target epsilon is met that way.
+  # 2 of the 60 clients Byzantine: they know when they are sampled, so the ledger samples the
+  # cohort's M - K regular clients from the 58 regular ones (a mixture over the K Byzantine
+  # clients sampled), and a target epsilon is met that way.
   def report(byzantine, **kw):
     setup = build(_config(algorithm=algorithm, sampling="fixed", cohort_size=12,
                           byzantine=byzantine, attack="gaussian" if byzantine else "none", **kw),
                   digits)
     setup.accounting.on_round(None)
     return setup.accounting.report()
-  rep, plain = report(6), report(0)
+  rep, plain = report(2), report(0)
   assert rep["formal_guarantee"] and rep["epsilon"] > plain["epsilon"]
-  assert "12 of the 54 regular clients" in rep["guarantee_note"] if algorithm == "ddgauss" else (
-      "source_dataset_size=54, sample_size=12" in rep["dp_event"])
-  target = report(6, noise_multiplier=None, target_epsilon=3.0, rounds=1)
+  assert "M - K of the 58 regular clients" in rep["guarantee_note"] if algorithm == "ddgauss" else (
+      "58 regular clients, M - K" in rep["dp_event"])
+  assert "Hypergeometric(N=60, byzantine=2, M=12)" in rep["dp_event"] or algorithm == "ddgauss"
+  target = report(2, noise_multiplier=None, target_epsilon=3.0, rounds=1)
   assert 3.0 - 1e-3 < target["epsilon"] <= 3.0
 
 

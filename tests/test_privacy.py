@@ -3,6 +3,7 @@
 import math
 
 import dp_accounting
+import numpy as np
 import pytest
 from dp_accounting import pld, rdp
 
@@ -10,7 +11,7 @@ from fedjax_dp.errors import ConfigError
 from fedjax_dp.privacy import GaussianSumMechanism, NonPrivate, PrivacyLedger, calibrate_noise_multiplier
 from fedjax_dp.privacy import mechanisms
 from fedjax_dp.privacy.accounting import LedgerAccounting
-from fedjax_dp.privacy.ledger import epsilon_for
+from fedjax_dp.privacy.ledger import RdpCurveDpEvent, epsilon_for
 
 
 def _direct(event, count, delta, accountant):
@@ -65,28 +66,53 @@ def test_fixed_size_uses_replace_one_with_doubled_sensitivity():
   assert acc.report()["epsilon"] == pytest.approx(direct, rel=1e-9)
 
 
-def test_fixed_cohorts_with_byzantine_clients_are_sampled_from_the_regular_ones():
-  # The Byzantine clients know when they are sampled: a cohort's regular clients are then a
-  # sample of the N - b regular ones, accounted at the largest rate, min(M, N - b) / (N - b).
-  def epsilon(byzantine, sampling="fixed"):
-    mech = GaussianSumMechanism(1.0, 1.0, sampling, 0.1, 100, 10, byzantine)
+def _replace_one_rdp(n, m, z):
+  """dp_accounting's RDP curve of m of n sampled without replacement, noise z on a sum of 2."""
+  acc = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+  acc.compose(dp_accounting.SampledWithoutReplacementDpEvent(n, m, dp_accounting.GaussianDpEvent(z)))
+  return np.array(acc._rdp)  # pylint: disable=protected-access
+
+
+def test_fixed_cohorts_with_byzantine_clients_are_a_mixture_over_the_byzantine_clients_sampled():
+  # The Byzantine clients know how many of them, K, a cohort holds; given K = k its regular
+  # clients are M - k of the N - b regular ones. N = 4, M = 2, b = 1: K is 0 or 1 with
+  # probability C(3, 2) / C(4, 2) = 1/2 each, so the round's RDP at order a is
+  # log(e^((a-1) r(3, 2)) / 2 + e^((a-1) r(3, 1)) / 2) / (a - 1).
+  orders = np.array(rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
+  event = GaussianSumMechanism(1.0, 2.0, "fixed", None, 4, 2, 1).round_event()
+  assert isinstance(event, RdpCurveDpEvent) and "Hypergeometric(N=4, byzantine=1, M=2)" in repr(event)
+  two, one = _replace_one_rdp(3, 2, 1.0), _replace_one_rdp(3, 1, 1.0)
+  expected = (np.logaddexp((orders - 1) * two, (orders - 1) * one) - np.log(2)) / (orders - 1)
+  np.testing.assert_allclose(event.rdp, expected, rtol=1e-12)
+
+  def epsilon(byzantine, sampling="fixed", cohort=10, z=3.0):
+    mech = GaussianSumMechanism(1.0, z, sampling, 0.1, 100, cohort, byzantine)
     led = PrivacyLedger(1e-5, relation=mech.relation)
     led.compose(mech.round_event(), 50)
     return led.epsilon(), mech
   plain, _ = epsilon(0)
   eps, mech = epsilon(50)
-  assert mech.round_event() == dp_accounting.SampledWithoutReplacementDpEvent(
-      50, 10, dp_accounting.GaussianDpEvent(0.5))
-  assert eps > plain and "over the 50 regular clients, cohorts of 10" in mech.guarantee_note
-  assert GaussianSumMechanism(1.0, 1.0, "fixed", None, 100, 60, 50).round_event() == (
-      dp_accounting.SampledWithoutReplacementDpEvent(50, 50, dp_accounting.GaussianDpEvent(0.5)))
+  # Between the worst case every round (no Byzantine client sampled: 10 of the 50 regular
+  # clients) and the cohort alone (10 of 100).
+  worst = epsilon_for(dp_accounting.SampledWithoutReplacementDpEvent(
+      50, 10, dp_accounting.GaussianDpEvent(1.5)), 50, 1e-5, relation="replace_one")
+  assert plain < eps < worst and (round(plain, 2), round(eps, 2), round(worst, 2)) == (
+      5.6, 5.93, 11.84)
+  assert "over the 50 regular clients, cohorts of M - K" in mech.guarantee_note
+  # 95 of 100 Byzantine with cohorts of 10: at least 5 Byzantine clients in every cohort, and a
+  # guarantee for the 5 regular ones (a cohort of only Byzantine clients releases nothing of
+  # them), below the worst case of all 5 in every cohort.
+  many, _ = epsilon(95)
+  assert plain < many < epsilon_for(dp_accounting.SampledWithoutReplacementDpEvent(
+      5, 5, dp_accounting.GaussianDpEvent(1.5)), 50, 1e-5, relation="replace_one")
   assert epsilon(50, "poisson")[0] == epsilon(0, "poisson")[0]  # each client drawn apart
-  # Calibrated to the same accounting: the target is met against the Byzantine clients too.
-  z = calibrate_noise_multiplier(4.0, 1e-5, 50, "fixed", None, 100, 10, byzantine=50)
-  led = PrivacyLedger(1e-5, relation="replace_one")
-  led.compose(GaussianSumMechanism(1.0, z, "fixed", None, 100, 10, 50).round_event(), 50)
-  assert 4.0 - 1e-3 < led.epsilon() <= 4.0
-  assert z > calibrate_noise_multiplier(4.0, 1e-5, 50, "fixed", None, 100, 10)
+  # Calibrated to the same accounting: the target is met against the Byzantine clients too
+  # (cohorts of 2 of 20 clients, 5 Byzantine: a mixture of three curves).
+  z = calibrate_noise_multiplier(4.0, 1e-5, 20, "fixed", None, 20, 2, byzantine=5)
+  for byzantine, low, high in ((5, 4.0 - 1e-3, 4.0), (0, 0, 4.0 - 1e-2)):  # more than b = 0 needs
+    led = PrivacyLedger(1e-5, relation="replace_one")
+    led.compose(GaussianSumMechanism(1.0, z, "fixed", None, 20, 2, byzantine).round_event(), 20)
+    assert low < led.epsilon() <= high
   with pytest.raises(ConfigError, match="byzantine"):
     GaussianSumMechanism(1.0, 1.0, "fixed", None, 100, 10, 100)
 

@@ -68,7 +68,7 @@ def declared_mechanism(hp: dict, dim: int, *, num_clients: int, sampling: str):
   m = float(hp["expected_size"])
   return DDGaussMechanism(float(hp["clip"]), float(hp["noise_multiplier"]), float(hp["scale"]),
                           float(hp["sigma"]), float(hp["beta"]), int(dim), m, int(num_clients),
-                          int(round(m)) - int(hp["byzantine"]), sampling, int(hp["byzantine"]))
+                          sampling, int(hp["byzantine"]))
 
 
 def as_integers(rows):
@@ -211,7 +211,6 @@ def build_ddgauss(config, data) -> Setup:
     return pdd.mechanism_for(
         z, clip=config.clip, bits=opts["bits"], beta=opts["beta"], dim=dim,
         cohort_size=sampler.expected_size, num_clients=data.num_clients,
-        noise_shares=int(round(sampler.expected_size)) - config.byzantine,
         sampling=config.sampling, scale=opts["scale"], k_stddevs=opts["k_stddevs"],
         byzantine=config.byzantine)
 

@@ -14,12 +14,13 @@ its rounded vector and nothing else (every client's noise and the others'
 vectors are independent of its data), so the integer sum moves by ``Delta``
 with ``||Delta||_2 <= 2B`` and, being an integer vector,
 ``||Delta||_1 <= ||Delta||_2 min(sqrt(d), ||Delta||_2)``; the sum carries
-``n`` independent discrete Gaussian shares (``n = M`` minus the Byzantine
-clients, which may send anything). Per round the RDP of the sum is
+``n`` independent discrete Gaussian shares (``n = M``; with Byzantine clients, which may send
+anything, ``n = M - K`` for the ``K`` of them in the cohort). Per round the RDP of the sum is
 :func:`ddgauss_rdp` (the paper's Theorem 1 / Proposition 14); the
 subsampling of the cohort amplifies it by :func:`subsampled_rdp` (Wang,
 Balle and Kasiviswanathan, AISTATS 2019, Theorem 9: sampling without
-replacement, replace-one, any mechanism); rounds compose by adding RDP
+replacement, replace-one, any mechanism), with Byzantine clients as a mixture over ``K``
+(:func:`fedjax_dp.privacy.mechanisms.byzantine_mixture`); rounds compose by adding RDP
 curves, converted to (epsilon, delta) by dp_accounting
 (:class:`fedjax_dp.privacy.ledger.RdpCurveDpEvent`). The modular wrap-around,
 the decoding and everything computed from the sum are post-processing.
@@ -45,7 +46,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import special
 
 from fedjax_dp.errors import ConfigError, check
-from fedjax_dp.privacy.mechanisms import regular_sampling
+from fedjax_dp.privacy.mechanisms import byzantine_mixture
 
 ORDERS = tuple(float(a) for a in rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
 PRIVACY_UNIT = "client (all of one client's examples)"
@@ -172,10 +173,10 @@ class DDGaussMechanism:
     dim: ``d``, the padded (power-of-two) dimension.
     cohort_size: ``M``, clients per round (the noise is sized for ``M`` shares).
     num_clients: ``N``, the population.
-    noise_shares: the shares the accounting counts (``M`` minus the Byzantine clients).
     sampling: "fixed" (the guarantee) or "poisson" (simulated, no guarantee).
-    byzantine: the Byzantine clients among the ``N``: the amplification is by sampling the
-      regular clients (:func:`fedjax_dp.privacy.mechanisms.regular_sampling`).
+    byzantine: the Byzantine clients among the ``N``: a cohort holding ``K`` of them has
+      ``M - K`` regular clients, sampled from the ``N - byzantine`` regular ones, and as many
+      noise shares (:func:`fedjax_dp.privacy.mechanisms.byzantine_mixture`).
   """
 
   clip: float
@@ -186,7 +187,6 @@ class DDGaussMechanism:
   dim: int
   cohort_size: float
   num_clients: int
-  noise_shares: int
   sampling: str = "fixed"
   byzantine: int = 0
   relation: str = "replace_one"
@@ -199,7 +199,7 @@ class DDGaussMechanism:
 
   @property
   def formal_guarantee(self) -> bool:
-    return self.sampling == "fixed" and self.sigma > 0 and self.noise_shares >= 1
+    return self.sampling == "fixed" and self.sigma > 0
 
   @property
   def guarantee_note(self) -> str:
@@ -209,37 +209,41 @@ class DDGaussMechanism:
               "--sampling fixed --cohort-size M")
     if self.sigma == 0:
       return "noise_multiplier=0: rounding only, no differential privacy guarantee"
-    if self.noise_shares < 1:
-      return "no formal guarantee: every client of the cohort may be Byzantine (no honest noise share)"
-    regular, cohort = regular_sampling(self.num_clients, int(self.cohort_size), self.byzantine)
-    sampled = (f"{cohort} of the {regular} regular clients (the {self.byzantine} Byzantine ones "
-               "know when they are sampled)" if self.byzantine else "the cohort")
+    m = int(self.cohort_size)
+    shares, sampled = m, "the cohort"
+    if self.byzantine:
+      shares, sampled = "M - K", (
+          f"M - K of the {self.num_clients - self.byzantine} regular clients, K of the "
+          f"{self.byzantine} Byzantine ones sampled (they know when they are; a mixture over K)")
     return (f"user-level DP; replace one client (population N={self.num_clients} and cohort "
-            f"M={int(self.cohort_size)} public); the integer sum has L2 sensitivity 2B={2 * self.bound:.6g} "
-            f"(scale s={self.scale:.6g}) and {self.noise_shares} discrete Gaussian shares of std "
+            f"M={m} public); the integer sum has L2 sensitivity 2B={2 * self.bound:.6g} "
+            f"(scale s={self.scale:.6g}) and {shares} discrete Gaussian shares of std "
             f"{self.sigma:.6g}: Kairouz et al. 2021 Thm. 1, amplified by sampling without replacement "
             f"(Wang et al. 2019, Thm. 9) of {sampled}, composed over rounds (RDP)")
 
-  def rdp(self, orders=ORDERS) -> np.ndarray:
-    """The round's RDP curve at ``orders`` (:func:`ddgauss_rdp`, :func:`subsampled_rdp`)."""
+  def rdp(self) -> np.ndarray:
+    """The round's RDP curve at :data:`ORDERS` (:func:`ddgauss_rdp` of the cohort's shares,
+    :func:`subsampled_rdp`; with Byzantine clients, :func:`byzantine_mixture` of it)."""
     l2 = 2 * self.bound
     l1 = l2 * min(math.sqrt(self.dim), l2)
+    m, regular = int(self.cohort_size), self.num_clients - self.byzantine
 
-    def one_cohort(a):
-      return ddgauss_rdp(a, l2, l1, self.sigma, self.noise_shares, self.dim)
-    regular, cohort = regular_sampling(self.num_clients, self.cohort_size, self.byzantine)
-    return subsampled_rdp(orders, cohort / regular, one_cohort)
+    def cohort(shares):  # a cohort of `shares` regular clients (each adding a share)
+      return subsampled_rdp(ORDERS, shares / regular,
+                            lambda a: ddgauss_rdp(a, l2, l1, self.sigma, shares, self.dim))
+    return byzantine_mixture(self.num_clients, m, self.byzantine, cohort) if self.byzantine else (
+        cohort(m))
 
   def round_event(self):
     import dp_accounting
     from fedjax_dp.privacy.ledger import RdpCurveDpEvent
     if not self.formal_guarantee:
       return dp_accounting.NonPrivateDpEvent()
-    return RdpCurveDpEvent(repr(self), tuple(float(v) for v in self.rdp(ORDERS)))
+    return RdpCurveDpEvent(repr(self), tuple(float(v) for v in self.rdp()))
 
 
 def mechanism_for(noise_multiplier: float, *, clip: float, bits: int, beta: float, dim: int,
-                  cohort_size: float, num_clients: int, noise_shares: int, sampling: str,
+                  cohort_size: float, num_clients: int, sampling: str,
                   scale: Optional[float] = None, k_stddevs: float = 4.0,
                   byzantine: int = 0) -> DDGaussMechanism:
   """The round's :class:`DDGaussMechanism` for noise multiplier ``z``, its numbers as float32
@@ -251,7 +255,7 @@ def mechanism_for(noise_multiplier: float, *, clip: float, bits: int, beta: floa
                                                          dim, k_stddevs))
   mech = DDGaussMechanism(f32(clip), f32(noise_multiplier), s,
                           f32(s * f32(noise_multiplier) * f32(clip) / math.sqrt(f32(cohort_size))),
-                          f32(beta), int(dim), f32(cohort_size), int(num_clients), int(noise_shares),
+                          f32(beta), int(dim), f32(cohort_size), int(num_clients),
                           sampling, int(byzantine))
   field = "scale" if scale is not None else "bits"
   check(mech.bound + 64 * mech.sigma < 2 ** 23, field, scale if scale is not None else bits,

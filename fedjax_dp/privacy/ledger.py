@@ -62,9 +62,41 @@ _RELATIONS = {
 }
 
 
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class RdpCurveDpEvent(dp_accounting.DpEvent):
+  """A mechanism whose RDP curve its own record computes (dp_accounting has no event for it).
+
+  ``rdp`` holds its RDP at ``rdp_privacy_accountant.DEFAULT_RDP_ORDERS``; the
+  RDP accountant of :func:`make_accountant` composes it by adding the curve, as
+  dp_accounting's does for its own events, and converts with dp_accounting's
+  ``compute_epsilon``. Only the RDP accountant takes it. ``mechanism`` names the record and every
+  parameter the curve depends on (the event's repr; e.g. DDGauss,
+  :mod:`fedjax_dp.privacy.ddgauss`, or a fixed-size cohort with Byzantine clients,
+  :func:`fedjax_dp.privacy.mechanisms.byzantine_mixture`).
+  """
+
+  mechanism: str
+  rdp: tuple = attr.ib(repr=False)
+
+
+class RdpAccountant(rdp.RdpAccountant):
+  """dp_accounting's RDP accountant, which also composes :class:`RdpCurveDpEvent` (adding its
+  curve, at the default orders), so calibration and epsilon treat those events as its own."""
+
+  def _maybe_compose(self, event, count, do_compose):
+    if not isinstance(event, RdpCurveDpEvent):
+      return super()._maybe_compose(event, count, do_compose)
+    if len(event.rdp) != len(self._orders):
+      return self.CompositionErrorDetails(event, "a curve at other orders than the accountant's")
+    if do_compose:
+      self._rdp += count * np.asarray(event.rdp)
+    return None
+
+
 def make_accountant(accountant: str = "rdp", relation: str = "add_remove",
                     pld_interval: float = PLD_INTERVAL):
-  """A fresh dp_accounting accountant for ``relation`` ("add_remove" or "replace_one").
+  """A fresh dp_accounting accountant for ``relation`` ("add_remove" or "replace_one") (RDP:
+  :class:`RdpAccountant`, which also takes :class:`RdpCurveDpEvent`).
 
   ``pld_interval`` is the PLD accountant's ``value_discretization_interval``:
   every epsilon the ledger reports uses dp_accounting's default,
@@ -74,29 +106,11 @@ def make_accountant(accountant: str = "rdp", relation: str = "add_remove",
   check_choice("neighbouring relation", relation, tuple(_RELATIONS))
   rel = _RELATIONS[relation]
   if accountant == "rdp":
-    return rdp.RdpAccountant(neighboring_relation=rel)
+    return RdpAccountant(neighboring_relation=rel)
   return pld.PLDAccountant(neighboring_relation=rel, value_discretization_interval=pld_interval)
 
 
-@attr.s(frozen=True, slots=True, auto_attribs=True)
-class RdpCurveDpEvent(dp_accounting.DpEvent):
-  """A mechanism whose RDP curve its own record computes (dp_accounting has no event for it).
-
-  ``rdp`` holds its RDP at ``rdp_privacy_accountant.DEFAULT_RDP_ORDERS``; the
-  ledger composes it by adding curves, as dp_accounting's RDP accountant does,
-  and converts with dp_accounting's ``compute_epsilon``. Only the RDP
-  accountant takes it. ``mechanism`` names the record and every parameter the
-  curve depends on (the event's repr; e.g. DDGauss,
-  :mod:`fedjax_dp.privacy.ddgauss`).
-  """
-
-  mechanism: str
-  rdp: tuple = attr.ib(repr=False)
-
-
 def _supports(event: dp_accounting.DpEvent, accountant: str, relation: str) -> bool:
-  if isinstance(event, RdpCurveDpEvent):
-    return accountant == "rdp"
   return make_accountant(accountant, relation).supports(event)
 
 
@@ -119,11 +133,11 @@ def check_supported(event: dp_accounting.DpEvent, accountant: str, relation: str
 
 
 def check_accountable(event: dp_accounting.DpEvent, accountant: str, relation: str) -> None:
-  """Builds ``event``'s RDP curve or PLD (kept for the ledger, :func:`_event_rdp`,
+  """Builds ``event``'s RDP curve or PLD (kept for the ledger, :func:`event_rdp`,
   :func:`_event_pld`), so a setting dp_accounting cannot compute is refused before a run
   trains, not when its first epsilon is reported."""
   with accounting(accountant):
-    (_event_rdp if accountant == "rdp" else _event_pld)(event, relation)
+    (event_rdp if accountant == "rdp" else _event_pld)(event, relation)
 
 
 def epsilon_for(event: dp_accounting.DpEvent, count: int, delta: float,
@@ -136,18 +150,15 @@ def epsilon_for(event: dp_accounting.DpEvent, count: int, delta: float,
 
 
 @functools.lru_cache(maxsize=256)
-def _event_rdp(event: dp_accounting.DpEvent, relation: str) -> np.ndarray:
+def event_rdp(event: dp_accounting.DpEvent, relation: str) -> np.ndarray:
   """The RDP curve (at ``DEFAULT_RDP_ORDERS``) of one ``event``, computed by dp_accounting once.
 
   RDP composes by addition, so a ledger of many rounds adds ``count`` times
   this curve instead of asking the accountant to recompute the event's curve
   every time epsilon is reported (for a Poisson-sampled Gaussian that costs
   about 0.17 s; per round, it dominated short simulations). The curve is read
-  from a fresh ``RdpAccountant`` that composed the event once (a
-  :class:`RdpCurveDpEvent` carries its own).
+  from a fresh :class:`RdpAccountant` that composed the event once.
   """
-  if isinstance(event, RdpCurveDpEvent):
-    return np.array(event.rdp)
   acc = make_accountant("rdp", relation)
   with accounting("rdp"):
     acc.compose(event)
@@ -175,7 +186,7 @@ class PrivacyLedger:
   """Composes one ``DpEvent`` per round and reports epsilon at a fixed delta.
 
   Rounds with the same event are run-length encoded. With the RDP accountant
-  each distinct event's RDP curve is computed once (:func:`_event_rdp`) and
+  each distinct event's RDP curve is computed once (:func:`event_rdp`) and
   epsilon comes from ``rdp_privacy_accountant.compute_epsilon`` on the summed
   curve; with PLD each distinct event's distribution is built once
   (:func:`_event_pld`) and self-composed, so reporting epsilon after every
@@ -303,7 +314,7 @@ AHEAD: dict = {}
 def _composed_epsilon(runs: tuple, relation: str, accountant: str, target: float) -> float:
   """Epsilon at ``target`` of ``runs`` (``(event, count)`` pairs) composed in order."""
   if accountant == "rdp":
-    curve = sum(c * _event_rdp(e, relation) for e, c in runs)
+    curve = sum(c * event_rdp(e, relation) for e, c in runs)
     return float(rdp.rdp_privacy_accountant.compute_epsilon(
         rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS, curve, target)[0])
   plds = [_event_pld(e, relation) for e, _ in runs]

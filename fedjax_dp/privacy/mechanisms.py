@@ -14,10 +14,14 @@ import math
 from typing import Callable, Optional
 
 import dp_accounting
+import numpy as np
+from dp_accounting.rdp import rdp_privacy_accountant
+from scipy import special, stats
 
 from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit, check_positive
-from fedjax_dp.privacy.ledger import (ACCOUNTANTS, COARSE_PLD_INTERVAL, PLD_INTERVAL, accounting,
-                                      check_supported, make_accountant)
+from fedjax_dp.privacy.ledger import (ACCOUNTANTS, COARSE_PLD_INTERVAL, PLD_INTERVAL,
+                                      RdpCurveDpEvent, event_rdp, accounting, check_supported,
+                                      make_accountant)
 from fedjax_dp.sampling import SAMPLINGS
 
 RELATIONS = {"poisson": "add_remove", "fixed": "replace_one"}
@@ -62,11 +66,11 @@ class GaussianSumMechanism:
   is public and the relation is replace-one client: replacing a client moves
   the sum by up to ``2 * clip``, so the event is
   ``SampledWithoutReplacementDpEvent(N, M, GaussianDpEvent(z / 2))``. With ``byzantine``
-  clients among the ``N`` (the last ids), who know whenever they are sampled, a cohort's
-  regular clients are a uniform sample of the ``N - byzantine`` regular ones: the event is
-  accounted over them (:func:`regular_sampling`), the guarantee a regular client has against
-  the Byzantine clients' knowledge. Poisson sampling draws each client apart, so nothing
-  changes.
+  clients among the ``N`` (the last ids), who know whenever they are sampled, the ``K`` of them
+  in a cohort leave ``M - K`` places to a uniform sample of the ``N - byzantine`` regular
+  clients: the round is accounted as that mixture over K (:func:`byzantine_mixture`), the
+  guarantee a regular client has against the Byzantine clients' knowledge. Poisson sampling
+  draws each client apart, so nothing changes.
   The guarantee covers the released noisy sums; everything computed from them
   (the model, metrics on it) is post-processing. It does not cover statistics
   reported from the raw updates (pre-clip norms in the run's metrics are for
@@ -114,9 +118,9 @@ class GaussianSumMechanism:
       return "noise_multiplier=0: clipping only, no differential privacy guarantee"
     honest = ""
     if self.byzantine and self.sampling == "fixed":
-      regular, sampled = regular_sampling(self.num_clients, self.cohort_size, self.byzantine)
-      honest = (f"; sampling accounted over the {regular} regular clients, cohorts of {sampled} "
-                f"(the {self.byzantine} Byzantine clients know when they are sampled)")
+      honest = (f"; sampling accounted over the {self.num_clients - self.byzantine} regular "
+                f"clients, cohorts of M - K with K of the {self.byzantine} Byzantine clients "
+                "sampled (they know when they are)")
     return (f"user-level DP; neighbouring relation: {RELATION_WORDS[self.relation]}; L2 "
             f"sensitivity of the sum bounded by clip{honest}")
 
@@ -168,28 +172,54 @@ def user_level_mechanism(rnd, hparams: dict, sampling: str, sampling_prob=None,
                               int(hparams.get("byzantine", 0)))
 
 
-def regular_sampling(num_clients: int, cohort_size, byzantine: int) -> tuple:
-  """``(N - b, min(M, N - b))``: the population and cohort size a fixed-size cohort's regular
-  clients are accounted with when ``b`` of the ``N`` clients are Byzantine.
+def byzantine_mixture(num_clients: int, cohort_size: int, byzantine: int,
+                      cohort_rdp: Callable[[int], np.ndarray]) -> np.ndarray:
+  """The RDP curve of one fixed-size cohort round when ``b`` of the ``N`` clients are Byzantine.
 
-  The Byzantine clients know when they are in a cohort; given the ``K`` of them in one, its
-  regular clients are a uniform sample of ``M - K`` of the ``N - b`` regular clients. The rate
-  is largest at ``K = 0`` (at most ``N - b`` of them), and the sampled mechanisms' bounds grow
-  with the rate, so every round is accounted at it (conservative)."""
-  regular = num_clients - byzantine
-  return regular, min(cohort_size, regular)
+  The Byzantine clients (the last ids) know when they are sampled, so they know ``K``, how many
+  of the cohort's ``M`` places they hold: ``K`` is hypergeometric (``M`` drawn from ``N``, ``b``
+  of them Byzantine), drawn apart from every client's data, and given ``K = k`` the cohort's
+  regular clients are a uniform sample of ``M - k`` of the ``N - b`` regular ones, whose round
+  has the RDP curve ``cohort_rdp(M - k)`` (no regular client, ``k = M``: zero). What the
+  Byzantine clients see is the pair (K, the round's output); as K's law is the same on
+  neighbouring data sets, the pair's Renyi divergence of order ``a`` is exactly
+
+    1/(a - 1) log sum_k P(K = k) exp((a - 1) D_a(output | K = k)),
+
+  and each ``D_a`` is at most ``cohort_rdp(M - k)``, which bounds the round's RDP. Rounds compose
+  by adding curves (the attackers' updates may depend on earlier rounds' outputs, adaptive
+  composition; an attack that reads this round's regular updates voids the guarantee,
+  :data:`fedjax_dp.attacks.OMNISCIENT_REASON`). ``cohort_rdp`` returns the curve at
+  dp_accounting's ``DEFAULT_RDP_ORDERS``; it is called once per ``k`` of K's support.
+  """
+  orders = np.asarray(rdp_privacy_accountant.DEFAULT_RDP_ORDERS, np.float64)
+  ks = np.arange(max(0, cohort_size - (num_clients - byzantine)), min(cohort_size, byzantine) + 1)
+  weights = stats.hypergeom(num_clients, byzantine, cohort_size).pmf(ks)
+  curves = np.array([cohort_rdp(cohort_size - k) if k < cohort_size else np.zeros_like(orders)
+                     for k in ks])
+  return special.logsumexp((orders - 1) * curves, b=weights[:, None], axis=0) / (orders - 1)
 
 
 def gaussian_round_event(z: float, sampling: str, sampling_prob=None, num_clients=None,
                          cohort_size=None, byzantine: int = 0) -> dp_accounting.DpEvent:
   """One round's event for a sum of clipped updates with noise multiplier ``z`` (fixed-size
-  cohorts: of the regular clients, :func:`regular_sampling`)."""
+  cohorts with Byzantine clients: over the regular clients, :func:`byzantine_mixture`)."""
   if sampling == "poisson":
     return dp_accounting.PoissonSampledDpEvent(sampling_prob, dp_accounting.GaussianDpEvent(z))
   # Replace-one sensitivity of a sum of updates clipped to S is 2S.
-  return dp_accounting.SampledWithoutReplacementDpEvent(
-      *regular_sampling(num_clients, cohort_size, byzantine),
-      dp_accounting.GaussianDpEvent(z / 2.0))
+  noise = dp_accounting.GaussianDpEvent(z / 2.0)
+  if not byzantine:
+    return dp_accounting.SampledWithoutReplacementDpEvent(num_clients, cohort_size, noise)
+  regular = num_clients - byzantine
+
+  def cohort_rdp(m):
+    return event_rdp(dp_accounting.SampledWithoutReplacementDpEvent(regular, m, noise),
+                      "replace_one")
+  return RdpCurveDpEvent(
+      f"SampledWithoutReplacementDpEvent({regular} regular clients, M - K, {noise}) with "
+      f"K ~ Hypergeometric(N={num_clients}, byzantine={byzantine}, M={cohort_size}) known to "
+      "the Byzantine clients (mechanisms.byzantine_mixture)",
+      tuple(float(v) for v in byzantine_mixture(num_clients, cohort_size, byzantine, cohort_rdp)))
 
 
 def calibrate(make_event: Callable[[float], dp_accounting.DpEvent], count: int, relation: str,
