@@ -603,6 +603,9 @@ class _Log:
     summary.update(provenance(program.model, state, e.data))
     summary["data"]["partition"] = run_provenance.partition(e.config)
     summary["data"]["data_dir"] = run_provenance.data_dir(e.config)
+    from_clients = getattr(e.data, "test_from_clients", False)
+    # The natural partition's test set is the clients' own held-out data: its size is raw too.
+    test_examples = summary["data"].pop("test_examples") if from_clients else None
     # How the rounds ran: clients per vmapped block (None: the whole cohort at once), and the
     # implementation of each convolution layer as the compiled round traced it.
     summary["provenance"] = dict(run_provenance.environment(), client_block=self.client_block,
@@ -612,7 +615,7 @@ class _Log:
                if _any_guarantee(summary) else
                {"summary": [], "metrics_rows": [],
                 "note": "no formal guarantee holds for any client of this run: nothing is covered"})
-    if getattr(e.data, "test_from_clients", False) and covered["summary"]:
+    if from_clients and covered["summary"]:
       covered = {k: [f for f in v if f not in FROM_TEST_SET] for k, v in covered.items()}
       covered["note"] = (", ".join(FROM_TEST_SET) + ": computed on the clients' own held-out "
                          "examples (the natural partition's test set), so raw statistics of "
@@ -636,7 +639,8 @@ class _Log:
           "data": {"train_examples": int(counts.sum()),
                    "examples_per_client": {"min": int(counts.min()),
                                            "median": float(np.median(counts)),
-                                           "max": int(counts.max())}},
+                                           "max": int(counts.max())},
+                   **({"test_examples": test_examples} if from_clients else {})},
           **timing,
           "cohort_capacity": int(e.sampler.capacity),
           "capacity_grew": int(getattr(e.sampler, "capacity_grew", 0)),

@@ -278,3 +278,29 @@ def test_paper_presets_describe_the_writer_partitioned_data():
     for method in cheng2022.COLUMNS["table1"]:
       config = make_config(cheng2022.method_config(dict(preset, num_clients=3400), method, 6.0))
       assert (config.dataset, config.partition) == ("federated_emnist", "natural")
+
+
+def test_the_paper_scale_says_its_accuracies_are_raw(tmp_path, monkeypatch):
+  # Federated EMNIST's natural partition tests on the writers' own held-out examples: the
+  # paper scale's results.json says the accuracies are raw, as each run's summary.json does.
+  import h5py
+  import numpy as np
+  rng = np.random.default_rng(0)
+  for split, n in (("train", 6), ("test", 3)):
+    with h5py.File(tmp_path / f"fed_emnist_{split}.h5", "w") as f:
+      for w in range(8):
+        f[f"examples/w{w}/pixels"] = rng.random((n, 28, 28)).astype(np.float32)
+        f[f"examples/w{w}/label"] = rng.integers(0, 62, n).astype(np.int32)
+  monkeypatch.setattr(cheng2022, "PAPER_PRESETS", {"emnist_mlp": dict(
+      cheng2022._EMNIST, model="mlp", rounds=1, eval_every=1, local_steps=1, batch_size=2,
+      sampling_prob=0.5)})
+  monkeypatch.setattr(cheng2022, "EPSILONS", (8.0,))
+  monkeypatch.setattr(cheng2022, "COLUMNS", dict(cheng2022.COLUMNS, table1=("dp_fedavg",)))
+  out = tmp_path / "out"
+  assert cheng2022.run_paper(str(out), data_dir=str(tmp_path), seeds=1, log=lambda line: None) == 0
+  results = json.loads((out / "results.json").read_text())
+  assert results["release"]["covered_by_guarantee"] == []
+  assert "the clients' own held-out examples" in results["release"]["diagnostics"][
+      "accuracy (each run's test accuracy)"]
+  summary = json.loads((out / "emnist_mlp" / "dp_fedavg_eps8_seed0" / "summary.json").read_text())
+  assert summary["release"]["covered_by_guarantee"]["summary"] == ["params_sha256"]

@@ -94,6 +94,7 @@ def test_generated_shakespeare_file_loads_per_client(plays_dir):
     targets = y.reshape(-1)[y.reshape(-1) != IGNORE]
     assert _text(targets[targets < OOV]) == "".join(s.decode() for s in snippets)
   assert fd.test_x.shape == (4, 16)  # 12 characters + BOS + EOS - 1 = 13 inputs per client
+  assert fd.test_from_clients  # the same writers' held-out lines: their own data
   two = tff_h5.load_federated_shakespeare(train, test, max_clients=2, length=16)
   assert two.num_clients == 2 and two.test_x.shape == (4, 16)
 
@@ -216,6 +217,9 @@ def test_cli_runs_dp_fedavg_on_natural_shakespeare(plays_dir, tmp_path, capsys):
   covered = summary["release"]["covered_by_guarantee"]
   assert covered["summary"] == ["params_sha256"] and covered["metrics_rows"] == ["aggregate_norm"]
   assert "held-out" in covered["note"]
+  # So is the number of those examples: a diagnostic, not the public data block's.
+  assert "test_examples" not in summary["data"]
+  assert summary["diagnostics"]["data"]["test_examples"] == 4
   capsys.readouterr()
   # A private release would have to leave its accuracy out: refused, with the reason.
   assert main(["run", "--dataset", "shakespeare", "--partition", "natural",

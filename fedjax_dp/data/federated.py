@@ -117,7 +117,8 @@ class FederatedData:
   @classmethod
   def from_partition(cls, name: str, x: np.ndarray, y: np.ndarray,
                      client_indices: Sequence[np.ndarray], test_x: np.ndarray,
-                     test_y: np.ndarray, num_classes: int) -> "FederatedData":
+                     test_y: np.ndarray, num_classes: int,
+                     test_from_clients: bool = False) -> "FederatedData":
     """Builds padded client arrays from per-client example indices.
 
     Args:
@@ -130,6 +131,7 @@ class FederatedData:
       test_x: Centralized test inputs.
       test_y: Centralized test labels.
       num_classes: Number of classes.
+      test_from_clients: the test set is the clients' own held-out data (see the class).
 
     Returns:
       The padded :class:`FederatedData`.
@@ -162,7 +164,7 @@ class FederatedData:
     return cls(name=name, x=px, y=py, counts=counts,
                test_x=np.asarray(test_x, dtype=np.float32),
                test_y=np.asarray(test_y, dtype=np.int32),
-               num_classes=int(num_classes))
+               num_classes=int(num_classes), test_from_clients=test_from_clients)
 
   def client_examples(self, i: int) -> tuple[np.ndarray, np.ndarray]:
     """Returns client ``i``'s unpadded ``(x_i, y_i)`` (views, not copies)."""

@@ -109,7 +109,9 @@ def load_tff_h5_federated(train_path, test_path, features: Sequence[str],
       in file order; ``None`` keeps all. The test set is not reduced.
 
   Returns:
-    The padded :class:`FederatedData`, clients in file order.
+    The padded :class:`FederatedData`, clients in file order; its test set is the same
+    writers' held-out examples, their own data (``test_from_clients``: statistics on it are
+    raw, no guarantee covers them).
   """
   check(max_clients is None or (isinstance(max_clients, (int, np.integer))
                                 and max_clients >= 1),
@@ -130,7 +132,8 @@ def load_tff_h5_federated(train_path, test_path, features: Sequence[str],
   parts = [np.arange(bounds[k], bounds[k + 1]) for k in range(len(counts))]
   return FederatedData.from_partition(
       name, np.concatenate(xs).astype(np.float32), np.concatenate(ys), parts,
-      np.concatenate(tx).astype(np.float32), np.concatenate(ty), num_classes)
+      np.concatenate(tx).astype(np.float32), np.concatenate(ty), num_classes,
+      test_from_clients=True)
 
 
 def load_federated_emnist(train_path, test_path,

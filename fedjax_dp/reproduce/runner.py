@@ -192,10 +192,32 @@ def wrote(paths: Sequence, seconds: Optional[float] = None) -> str:
   return line if seconds is None else f"{line} in {seconds:.0f} s"
 
 
-def release(diagnostics: Mapping[str, str]) -> dict:
+# A run's test accuracy where the test set is the clients' own held-out data (a natural
+# partition, FederatedData.test_from_clients): raw, as the run's summary.json says.
+ACCURACY_FROM_CLIENTS = {
+    "accuracy (each run's test accuracy)": "computed on the clients' own held-out examples (the "
+                                           "natural partition's test file, the same writers): "
+                                           "a raw statistic of their data, not covered"}
+
+
+_RANDOMNESS = ("the seeds are secret, not public: a run's seed fixes every draw of its mechanism, "
+               "the noise included (fedjax_dp.engine.RANDOMNESS); they are recorded so that the "
+               "reproduction can be re-run")
+
+
+def release(diagnostics: Mapping[str, str], test_from_clients: bool = False) -> dict:
   """A reproduction's ``results.json`` ``release`` block: what its private runs' guarantees
   cover, what is public by design and, from ``diagnostics`` (field -> what it is), the raw
-  statistics that no guarantee covers."""
+  statistics that no guarantee covers. ``test_from_clients``: the runs' test set is their
+  clients' own data, so their accuracies are raw (:data:`ACCURACY_FROM_CLIENTS`) and nothing in
+  the file is covered."""
+  if test_from_clients:
+    return {"covered_by_guarantee": [],
+            "public_by_design": ["the settings but the seeds, the paper's numbers, each run's "
+                                 "epsilon (a function of the public settings)"],
+            "randomness": _RANDOMNESS,
+            "diagnostics": {"timings (seconds, wall_seconds)": "raw, as every run's",
+                            **ACCURACY_FROM_CLIENTS, **diagnostics}}
   return {
       "covered_by_guarantee": [
           "each run's test accuracies: post-processing of its released model; a row's mean and "
@@ -214,9 +236,7 @@ def release(diagnostics: Mapping[str, str]) -> dict:
           "file"],
       "public_by_design": ["the settings but the seeds, the paper's numbers, each run's epsilon "
                            "and noise multiplier (functions of the public settings)"],
-      "randomness": "the seeds are secret, not public: a run's seed fixes every draw of its "
-                    "mechanism, the noise included (fedjax_dp.engine.RANDOMNESS); they are "
-                    "recorded so that the reproduction can be re-run",
+      "randomness": _RANDOMNESS,
       # Raw, unnoised statistics: not covered by any guarantee.
       "diagnostics": {"timings (seconds, wall_seconds)": "raw, as every run's", **diagnostics},
   }
