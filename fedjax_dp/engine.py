@@ -473,10 +473,11 @@ class _Log:
   """
 
   def __init__(self, program, experiment: Experiment, release: str,
-               client_block: Optional[int] = None):
+               client_block: Optional[int] = None, checkpointed: bool = False):
     self.e = experiment
     self.release = release
     self.client_block = client_block
+    self.checkpointed = checkpointed  # the run saves checkpoints/ beside its outputs
     self.released_metrics = tuple(getattr(program, "released_metrics", ()))
     self.clip = clip_bound(program, experiment.hparams)
     self.history = []
@@ -632,6 +633,13 @@ class _Log:
                         + ("; norms.npz holds every sampled client's pre-clip update norm of "
                            "every round, raw" if self.norms is not None else "")),
     }
+    if self.checkpointed:
+      summary["release"]["checkpoints"] = (
+          "checkpoints/ holds the whole run at its last saves, to resume it: every client's raw "
+          "state rows (e.g. DP-RSA's workers' models), the server's state, the sampler's state "
+          "and the accounting's events: raw, not covered, and with config.seed they give every "
+          "draw of the rounds after a save; keep it private or remove it before sharing the "
+          "folder")
     if self.release == "all":
       counts = np.asarray(e.data.counts)
       summary["diagnostics"] = {
@@ -823,7 +831,7 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
     capacity = -(-max(len(c.ids) for c in cohorts) // n_devices) * n_devices
     return cohorts, inputs([_pad_cohort(c, capacity) for c in cohorts])
 
-  logs = [_Log(program, e, release, client_chunk) for e in experiments]
+  logs = [_Log(program, e, release, client_chunk, checkpoint is not None) for e in experiments]
   start = 0
   if checkpoint is not None:
     try:

@@ -92,6 +92,9 @@ def test_a_run_is_deterministic_and_checkpointing_changes_nothing(reference, che
   assert _rows(checkpointed) == _rows(reference)
   assert _summary(checkpointed)["params_sha256"] == s["params_sha256"]
   assert _steps(checkpointed) == [6, 8]  # every 3 rounds and after the last; the last 2 kept
+  # The release block says what the checkpoints hold (raw), only where there are some.
+  assert "raw, not covered" in _summary(checkpointed)["release"]["checkpoints"]
+  assert "checkpoints" not in s["release"]
 
 
 def test_the_same_run_in_another_process_is_identical(reference, tmp_path):
