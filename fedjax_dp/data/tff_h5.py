@@ -195,8 +195,9 @@ def shakespeare_windows(snippets: Sequence[bytes],
   and the stream without its first token into the aligned targets ``y``
   (``y[i, t]`` is the token after ``x[i, t]``), so every token but the first
   is a target exactly once (FedJAX's split; TFF's drops the last token of each
-  window of ``length + 1``). The last window is padded: inputs with
-  :data:`PAD`, targets with :data:`IGNORE`. For example,
+  window of ``length + 1``), and window ``i``'s last target is window ``i + 1``'s first
+  input: under example-level DP one character belongs to two examples. The last window is
+  padded: inputs with :data:`PAD`, targets with :data:`IGNORE`. For example,
   with ``length=3``, ``[b"ABCD", b"E"]`` gives ``x = [[BOS, A, B], [C, D,
   EOS], [BOS, E, PAD]]`` and ``y = [[A, B, C], [D, EOS, BOS], [E, EOS,
   IGNORE]]``.
