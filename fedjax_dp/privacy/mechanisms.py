@@ -194,10 +194,11 @@ def byzantine_mixture(num_clients: int, cohort_size: int, byzantine: int,
   """
   orders = np.asarray(rdp_privacy_accountant.DEFAULT_RDP_ORDERS, np.float64)
   ks = np.arange(max(0, cohort_size - (num_clients - byzantine)), min(cohort_size, byzantine) + 1)
-  weights = stats.hypergeom(num_clients, byzantine, cohort_size).pmf(ks)
+  # In logs: a tail probability below float64's smallest still weighs its term.
+  log_p = stats.hypergeom(num_clients, byzantine, cohort_size).logpmf(ks)
   curves = np.array([cohort_rdp(cohort_size - k) if k < cohort_size else np.zeros_like(orders)
                      for k in ks])
-  return special.logsumexp((orders - 1) * curves, b=weights[:, None], axis=0) / (orders - 1)
+  return special.logsumexp(log_p[:, None] + (orders - 1) * curves, axis=0) / (orders - 1)
 
 
 def gaussian_round_event(z: float, sampling: str, sampling_prob=None, num_clients=None,
