@@ -17,8 +17,10 @@ run to ``OUTPUT_DIR/checkpoints/<round>/``, two orbax items:
 
 Orbax writes a checkpoint into a temporary folder and renames it when it is
 complete, so a run killed while saving leaves a temporary folder that is never
-loaded (it is removed when the folder is next opened); the last
-:data:`KEEP` checkpoints are kept. Resuming truncates ``metrics.jsonl`` to the
+loaded (it is removed when the run next saves one); Ctrl-C or SIGTERM during a save takes
+effect when the save has finished (:func:`_uninterrupted`); the last
+:data:`KEEP` checkpoints are kept. The ``host`` item is saved with the SHA-256 of the state and
+of itself, and a resume whose files do not match them is refused. Resuming truncates ``metrics.jsonl`` to the
 checkpoint's round and recomputes the rounds after it: round ``r``'s key is
 ``fold_in(k_run, r)`` (:func:`fedjax_dp.engine.run_keys`) and the sampler
 continues from its saved state, so on the same machine a resumed run ends with
@@ -34,7 +36,9 @@ import contextlib
 import hashlib
 import json
 import pathlib
+import signal
 import struct
+import threading
 from typing import Optional
 
 import jax
@@ -60,21 +64,48 @@ def params_sha256(params) -> str:
   return h.hexdigest()
 
 
-def _manager(folder: pathlib.Path):
+def _manager(folder: pathlib.Path, saves: bool = True):
+  """Orbax's manager of ``folder``: one that ``saves`` removes the temporary folders of saves
+  that never finished (awaited by its first save); one that only reads starts no such thread."""
   import orbax.checkpoint as ocp
   return ocp.CheckpointManager(folder.absolute(), options=ocp.CheckpointManagerOptions(
       max_to_keep=KEEP, enable_async_checkpointing=False, create=False,
-      cleanup_tmp_directories=True))
+      cleanup_tmp_directories=saves))
 
 
 @contextlib.contextmanager
 def _opened(folder: pathlib.Path):
-  """A :func:`_manager` closed when the block ends (its threads stopped)."""
-  manager = _manager(folder)
+  """A :func:`_manager` that only reads, closed when the block ends."""
+  manager = _manager(folder, saves=False)
   try:
     yield manager
   finally:
     manager.close()
+
+
+@contextlib.contextmanager
+def _uninterrupted():
+  """Ctrl-C and SIGTERM during the block (a checkpoint being saved, which orbax's threads write)
+  take effect as a KeyboardInterrupt when it ends, so a save is never cut off half written."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  caught = []
+  signals = (signal.SIGINT, signal.SIGTERM)
+  previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in signals}
+  try:
+    yield
+  finally:
+    for s, handler in previous.items():
+      signal.signal(s, handler)
+  if caught:
+    raise KeyboardInterrupt
+
+
+def _host_sha256(host: dict) -> str:
+  """SHA-256 of a ``host`` item's JSON (keys sorted), its own digests left out."""
+  body = {k: v for k, v in host.items() if k not in ("sha256", "host_sha256")}
+  return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def latest_round(output_dir) -> Optional[int]:
@@ -126,6 +157,9 @@ def _read_host(manager, step: int) -> dict:
   missing = [f"log.{k}" for k in _HOST_LOG if k not in host["log"]]
   if missing:
     raise _damaged(where, f"its host item lacks {missing}")
+  if host.get("host_sha256", _host_sha256(host)) != _host_sha256(host):  # older: none saved
+    raise _damaged(where, "its host item (configuration, sampler, privacy accounting) does not "
+                   "match the SHA-256 saved with it")
   return host
 
 
@@ -240,7 +274,6 @@ class Checkpointer:
   def begin(self, state, experiment, log) -> tuple:
     """``(state, rounds done)``: the run's initial state and 0, or, with ``resume``, the latest
     checkpoint's state and round, with the sampler, the accounting and ``log`` restored."""
-    import orbax.checkpoint as ocp
     check(log.out_dir is not None, "checkpoint_every", self.every,
           "needs an output_dir: checkpoints go to OUTPUT_DIR/checkpoints/")
     for part in (experiment.sampler, experiment.accounting):
@@ -252,14 +285,23 @@ class Checkpointer:
     step = latest_round(log.out_dir)
     check(step is not None, "resume", str(log.out_dir),
           f"holds no complete checkpoint in {outputs.CHECKPOINTS}/: nothing to resume")
-    self._manager = _manager(folder)
-    host, where = _read_host(self._manager, step), str(folder / str(step))
+    with _opened(folder) as manager:
+      return self._resume(manager, step, state, experiment, log)
+
+  def _resume(self, manager, step: int, state, experiment, log) -> tuple:
+    """:meth:`begin` from checkpoint ``step`` of ``manager``."""
+    import orbax.checkpoint as ocp
+    host, where = _read_host(manager, step), str(manager.directory / str(step))
     differ = sorted(k for k in set(host["config"]) | set(self.config)
                     if host["config"].get(k) != self.config.get(k))
     check(not differ, "resume", where,
           f"the checkpoint was written by another configuration (it differs in {differ})")
     check(host["release"] == log.release, "release", log.release,
           f"the checkpoint's run wrote release={host['release']!r} records")
+    check(host.get("tensorboard", experiment.tensorboard) == experiment.tensorboard,
+          "tensorboard", experiment.tensorboard,
+          f"the checkpoint's run wrote tensorboard={host.get('tensorboard')} (TensorBoard events "
+          "of every round or of none): resume it as it ran")
     self.every = self.every or host["checkpoint_every"]
     check(host["leaves"] == _leaves(state), "resume", where,
           "the checkpoint's state has other leaves (paths, shapes, dtypes) than this run's")
@@ -272,7 +314,7 @@ class Checkpointer:
                      f"({type(e).__name__}: {str(e)[:200]})") from None
     target = {"round_state": _by_index([np.zeros(np.shape(a), a.dtype) for a in leaves]),
               "log": log_arrays}
-    restored = _restore(self._manager, step, state=ocp.args.StandardRestore(target)).state
+    restored = _restore(manager, step, state=ocp.args.StandardRestore(target)).state
     digest = params_sha256(restored)
     if host.get("sha256", digest) != digest:
       raise _damaged(where, "the checkpoint's state does not match the SHA-256 saved with it")
@@ -303,17 +345,25 @@ class Checkpointer:
     import orbax.checkpoint as ocp
     if done % self.every and done != rounds:
       return
-    if self._manager is None:  # now: the first round's record removed an earlier run's folder
+    # Opened at the first save: a new run's first record has removed an earlier run's folder,
+    # and a resumed run's begin only read.
+    if self._manager is None:
       (log.out_dir / outputs.CHECKPOINTS).mkdir(parents=True, exist_ok=True)
       self._manager = _manager(log.out_dir / outputs.CHECKPOINTS)
     log_host, log_arrays = log.state()
     accounting = experiment.accounting
     host = {"round": done, "config": self.config, "release": log.release,
-            "checkpoint_every": self.every, "sampler": experiment.sampler.state(),
+            "checkpoint_every": self.every, "tensorboard": bool(experiment.tensorboard),
+            "sampler": experiment.sampler.state(),
             "accounting": None if accounting is None else accounting.state(),
             "log": log_host, "leaves": _leaves(state),
             "log_arrays": {k: [list(v.shape), str(v.dtype)] for k, v in log_arrays.items()}}
     tree = {"round_state": _by_index(jax.tree_util.tree_leaves(state)), "log": log_arrays}
-    host["sha256"] = params_sha256(tree)  # checked on resume: a damaged state is refused
-    self._manager.save(done, args=ocp.args.Composite(state=ocp.args.StandardSave(tree),
-                                                     host=ocp.args.JsonSave(host)))
+    # Checked on resume: a changed or damaged state or host item is refused.
+    host["sha256"] = params_sha256(tree)
+    host["host_sha256"] = _host_sha256(host)
+    if log.writer is not None:  # the events of the rounds this checkpoint holds are on disk
+      log.writer.flush()
+    with _uninterrupted():
+      self._manager.save(done, args=ocp.args.Composite(state=ocp.args.StandardSave(tree),
+                                                       host=ocp.args.JsonSave(host)))

@@ -49,10 +49,10 @@ def _add_run(sub):
                  "--seed (recorded: secret, it reproduces the noise); private: write only what the "
                  "privacy guarantee covers and what is public by design, the mechanism's draws from "
                  "the operating system's entropy (not reproducible; no checkpoints)")
-  p.add_argument("--tensorboard", action="store_true",
+  p.add_argument("--tensorboard", action="store_true", default=None,
                  help="also write TensorBoard event files to OUTPUT_DIR/tensorboard/ (needs "
                  "tensorboardX: pip install 'fedjax_dp[tensorboard]'); with --release private only "
-                 "the released values, no diagnostics")
+                 "the released values, no diagnostics; --resume continues as the run began")
   _add_config_flags(p)
 
 
@@ -258,8 +258,9 @@ def _warn_noise(z, why: str) -> None:
 
 
 def _resumed(args) -> tuple:
-  """``(config, release, rounds done)`` of the run ``--resume`` names, from its latest checkpoint;
-  a setting given (flag, ``--config``, ``--set``) that differs from the stored one is refused."""
+  """``(config, release, tensorboard, rounds done)`` of the run ``--resume`` names, from its
+  latest checkpoint; a setting given (flag, ``--config``, ``--set``) that differs from the stored
+  one is refused."""
   from fedjax_dp.checkpoint import read_meta
   from fedjax_dp.config import make_config
   check(not args.overwrite, "overwrite", True, "cannot be combined with --resume, which continues "
@@ -271,13 +272,16 @@ def _resumed(args) -> tuple:
   normal = lambda x: json.loads(json.dumps(x))
   stored, where = meta["config"], f"stored in {pathlib.Path(args.resume) / 'checkpoints'}"
   config = make_config(stored)
+
+  def effective(c):  # a run without a model ran its data set's (summary.json's config.model)
+    return normal(dict(c.to_dict(), model=c.model_name))
   # Compared with the stored configuration as it loads (a field added since it was written takes
   # its default), so that repeating a stored setting is never a conflict.
-  loaded = normal(config.to_dict())
+  loaded = effective(config)
   base, overrides, options = _settings(args)
   for name, value in {**base, **overrides}.items():
     try:
-      same = normal(config.replace(**{name: value}).to_dict()) == loaded
+      same = effective(config.replace(**{name: value})) == loaded
     except ConfigError:
       same = False
     check(same, name, value, f"conflicts with the resumed run's {name}={loaded.get(name)!r} "
@@ -294,7 +298,11 @@ def _resumed(args) -> tuple:
           f"{name}={used!r} ({where}): leave it out")
   check(args.release in (None, meta["release"]), "release", args.release,
         f"conflicts with the resumed run's release={meta['release']!r}: leave it out")
-  return config, meta["release"], meta["round"]
+  tensorboard = meta.get("tensorboard", bool(args.tensorboard))  # older checkpoints: as given
+  check(args.tensorboard in (None, tensorboard), "tensorboard", args.tensorboard,
+        "conflicts with the resumed run, which wrote no TensorBoard events (a resume writes "
+        "those of every round or of none): leave it out")
+  return config, meta["release"], tensorboard, meta["round"]
 
 
 def _finished_summary(path: pathlib.Path) -> dict:
@@ -332,7 +340,7 @@ def _cmd_run(args) -> int:
   from fedjax_dp.engine import check_checkpoint_release
   check_checkpoint_release(args.release or "all", args.checkpoint_every)
   if args.resume is not None:
-    config, release, done = _resumed(args)
+    config, release, tensorboard, done = _resumed(args)
     out = check_writable(args.resume)
     if done >= config.rounds and (out / SUMMARY).is_file():  # finished: nothing to redo or rewrite
       s = _finished_summary(out / SUMMARY)
@@ -341,6 +349,7 @@ def _cmd_run(args) -> int:
                      wrote=False)
   else:
     config, release, done = _config_from_args(args), args.release or "all", 0
+    tensorboard = bool(args.tensorboard)
     out = check_output_dir(DEFAULT_RUN_DIR if args.output_dir is None else args.output_dir,
                            overwrite=args.overwrite)
   from fedjax_dp.experiment import simulate
@@ -350,7 +359,7 @@ def _cmd_run(args) -> int:
   try:  # simulate checks the device count, then loads the data set
     result = simulate(config, output_dir=str(out), progress=not args.no_progress,
                       release=release, on_round=rounds.append,
-                      tensorboard=args.tensorboard, checkpoint_every=args.checkpoint_every,
+                      tensorboard=tensorboard, checkpoint_every=args.checkpoint_every,
                       resume=args.resume is not None)
   except KeyboardInterrupt:
     from fedjax_dp.checkpoint import latest_round

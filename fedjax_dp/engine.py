@@ -490,6 +490,9 @@ class _Log:
     self.norms = [] if self.out_dir is not None and release == "all" else None
     self.writer = None
     self.resumed_from = None  # the checkpoint's round, once resumed (:meth:`resume`)
+    # The provenance blocks of the processes that ran the rounds before a resume, in order.
+    self.earlier_provenance = []
+    self._environment = None
 
   def account(self, cohort, ahead=None) -> dict:
     """Composes a round of ``cohort`` in the experiment's accounting and returns the epsilon
@@ -549,10 +552,21 @@ class _Log:
       if v is not None:
         self.writer.add_scalar(tag, v, step)
 
+  def environment(self) -> dict:
+    """This process's provenance block (:func:`fedjax_dp.provenance.environment`), read once."""
+    if self._environment is None:
+      self._environment = run_provenance.environment()
+    return self._environment
+
   def state(self) -> tuple:
     """``(host, arrays)``: what a checkpoint keeps of these records besides ``metrics.jsonl``'s
-    rows: the last evaluation and whether the run diverged (JSON), the rounds' client norms."""
-    host = {"accuracy": self.accuracy, "loss": self.loss, "diverged": self.diverged}
+    rows: the last evaluation and whether the run diverged (JSON), the provenance of every
+    process that ran its rounds so far, the rounds' client norms."""
+    processes = list(self.earlier_provenance)
+    if not processes or processes[-1] != self.environment():
+      processes.append(self.environment())
+    host = {"accuracy": self.accuracy, "loss": self.loss, "diverged": self.diverged,
+            "provenance": processes}
     if self.norms is None:
       return host, {}
     return host, {"norms": np.concatenate(self.norms).astype(np.float32),
@@ -564,6 +578,7 @@ class _Log:
     self.history = list(rows)
     self.resumed_from = len(rows)
     self.accuracy, self.loss, self.diverged = host["accuracy"], host["loss"], host["diverged"]
+    self.earlier_provenance = list(host.get("provenance", []))  # none in older checkpoints
     if self.norms is not None:
       self.norms = np.split(arrays["norms"], np.cumsum(arrays["norm_counts"])[:-1])
     if self.out_dir is not None:
@@ -609,8 +624,11 @@ class _Log:
     test_examples = summary["data"].pop("test_examples") if from_clients else None
     # How the rounds ran: clients per vmapped block (None: the whole cohort at once), and the
     # implementation of each convolution layer as the compiled round traced it.
-    summary["provenance"] = dict(run_provenance.environment(), client_block=self.client_block,
+    summary["provenance"] = dict(self.environment(), client_block=self.client_block,
                                  conv_layers=traced_conv_layers(program))
+    if self.resumed_from is not None:  # which library, packages and source ran the rounds before
+      summary["provenance"]["resumed"] = {"from_round": self.resumed_from,
+                                          "earlier_processes": self.earlier_provenance}
     covered = ({"summary": list(SUMMARY_COVERED),
                 "metrics_rows": list(ROW_COVERED) + list(self.released_metrics)}
                if _any_guarantee(summary) else

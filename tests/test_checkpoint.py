@@ -221,11 +221,53 @@ def test_a_resumed_run_writes_each_tensorboard_step_once(four_rounds, tmp_path, 
   [events] = (out / "tensorboard").glob("events.out.tfevents.*")
   with open(events, "ab") as f:  # killed while writing an event: a partial record
     f.write(struct.pack("<Q", 200) + b"\0" * 30)
-  assert main(["run", "--resume", str(out), "--tensorboard", "--no-progress"]) == 0
+  # The run wrote TensorBoard events, so its resume does (--tensorboard may be left out).
+  assert main(["run", "--resume", str(out), "--no-progress"]) == 0
   steps = _events(out / "tensorboard")
   assert {step for _, step in steps} == {1, 2, 3, 4}
   assert steps == _events(four_rounds / "tensorboard")  # every value once
   assert len(list((out / "tensorboard").glob("events.out.tfevents.*"))) == 2
+  # The summary says which processes ran the rounds before the resume (here, the same code).
+  resumed, now = _summary(out)["provenance"]["resumed"], _summary(out)["provenance"]
+  assert resumed["from_round"] == 2 and len(resumed["earlier_processes"]) == 1
+  assert resumed["earlier_processes"][0] == {k: now[k] for k in resumed["earlier_processes"][0]}
+
+
+def test_a_checkpoint_holds_the_tensorboard_events_of_its_rounds(tmp_path, monkeypatch, capsys):
+  # The event writer is flushed before each save: a run killed after it has every step up to
+  # the checkpoint on disk, which its resume does not write again.
+  import fedjax_dp.checkpoint as checkpoint
+  real, seen = checkpoint._manager, []
+
+  def manager(folder, saves=True):
+    m = real(folder, saves)
+    save = m.save
+
+    def recording(step, *args, **kwargs):
+      seen.append((step, {s for _, s in _events(folder.parent / "tensorboard")}))
+      return save(step, *args, **kwargs)
+    m.save = recording
+    return m
+
+  monkeypatch.setattr(checkpoint, "_manager", manager)
+  at = TINY.index("--rounds")
+  assert main(["run", *TINY[:at], *TINY[at + 2:], "--rounds", "4", "--checkpoint-every", "2",
+               "--tensorboard", "--output-dir", str(tmp_path / "run")]) == 0
+  assert seen == [(2, {1, 2}), (4, {1, 2, 3, 4})]
+
+
+def test_a_signal_during_a_save_takes_effect_when_it_has_finished():
+  from fedjax_dp.checkpoint import _uninterrupted
+  done = []
+  with pytest.raises(KeyboardInterrupt):
+    with _uninterrupted():
+      os.kill(os.getpid(), signal.SIGINT)
+      os.kill(os.getpid(), signal.SIGTERM)
+      time.sleep(0.1)
+      done.append(True)  # reached: the save goes on to its end
+  assert done and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+  with _uninterrupted():  # no signal: nothing raised
+    done.append(True)
 
 
 def test_rows_past_the_checkpoint_that_are_not_utf8_are_dropped_on_resume(four_rounds, tmp_path,
@@ -285,6 +327,7 @@ def test_a_finished_run_whose_summary_is_damaged_is_refused_in_one_line(checkpoi
     (["--overwrite"], "overwrite"),
     (["--output-dir", "elsewhere"], "output_dir"),
     (["--checkpoint-every", "0"], "checkpoint_every"),
+    (["--tensorboard"], "tensorboard"),  # it wrote none: its resume would lack the early steps
 ])
 def test_a_resume_that_conflicts_with_the_stored_run_is_refused(checkpointed, args, field, capsys):
   rows = (checkpointed / "metrics.jsonl").read_text()
@@ -292,6 +335,25 @@ def test_a_resume_that_conflicts_with_the_stored_run_is_refused(checkpointed, ar
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith(f"fedjax-dp: error: invalid {field}="), err
   assert (checkpointed / "metrics.jsonl").read_text() == rows
+
+
+def test_a_resume_may_repeat_the_model_the_run_defaulted_to(checkpointed, monkeypatch):
+  # A run without --model ran its data set's default, which summary.json's config names (and a
+  # --config file from it repeats): no conflict with the checkpoint's unset model.
+  import fedjax_dp.checkpoint as checkpoint
+  from fedjax_dp.cli import _resumed, build_parser
+  read = checkpoint.read_meta
+
+  def unset_model(folder):
+    meta = read(folder)
+    return dict(meta, config=dict(meta["config"], model=None))
+  monkeypatch.setattr(checkpoint, "read_meta", unset_model)
+  args = build_parser().parse_args(["run", "--resume", str(checkpointed), "--model", "digits_cnn"])
+  config, _, _, done = _resumed(args)
+  assert config.model is None and config.model_name == "digits_cnn" and done == 8
+  args = build_parser().parse_args(["run", "--resume", str(checkpointed), "--model", "mlp"])
+  with pytest.raises(ConfigError, match="conflicts with the resumed run's model='digits_cnn'"):
+    _resumed(args)
 
 
 def test_resume_refusals(checkpointed, reference, tmp_path, capsys):
@@ -437,8 +499,14 @@ def test_a_checkpoint_whose_state_does_not_match_its_hash_is_refused(checkpointe
     (lambda host: host.pop("sampler"), "lacks ['sampler']"),
     (lambda host: host["log"].pop("diverged"), "lacks ['log.diverged']"),
     (lambda host: host.update(round="8"), "invalid ['round']"),
-    (lambda host: host["sampler"].pop("bit_generator"), "KeyError: 'bit_generator'"),
-], ids=["no sampler", "no log.diverged", "round not a number", "no sampler bit_generator"])
+    (lambda host: host["sampler"].pop("bit_generator"), "does not match the SHA-256"),
+    # Well-formed but changed: the privacy ledger's count of one event.
+    (lambda host: host["accounting"]["ledger"][0].__setitem__(1, 1), "does not match the SHA-256"),
+    # An older checkpoint, saved without the host item's digest.
+    (lambda host: host.pop("host_sha256") and host["sampler"].pop("bit_generator"),
+     "KeyError: 'bit_generator'"),
+], ids=["no sampler", "no log.diverged", "round not a number", "no sampler bit_generator",
+        "ledger count changed", "older, sampler state damaged"])
 def test_a_checkpoint_whose_host_item_is_damaged_is_refused(checkpointed, tmp_path, capsys,
                                                             damage, what):
   """A checkpoint's ``host`` item (JSON) that lacks what resuming reads is refused in one line
