@@ -537,7 +537,7 @@ def _cmd_sweep(args) -> int:
 
 def _cmd_reproduce(args) -> int:
   from fedjax_dp.outputs import check_output_dir, replacing
-  from fedjax_dp.reproduce import REPRODUCTIONS, run_reproduction
+  from fedjax_dp.reproduce import REPRODUCTIONS, own_files, run_reproduction
   from fedjax_dp.reproduce.runner import RESULT_FILES
   from fedjax_dp.errors import check_choice
   check_choice("paper", args.paper, sorted(REPRODUCTIONS))
@@ -546,8 +546,8 @@ def _cmd_reproduce(args) -> int:
     return render_reproduction(args.paper, args.output_dir)
   out = check_output_dir(args.output_dir, overwrite=args.overwrite, results=RESULT_FILES)
   # Earlier results come back if the run fails before writing any (a bad scale or seeds, which
-  # the reproduction checks first, or missing data).
-  with replacing(out, RESULT_FILES):
+  # the reproduction checks first, or missing data); its figures and runs go with them.
+  with replacing(out, own_files(args.paper, out)):
     return run_reproduction(args.paper, scale=args.scale, output_dir=args.output_dir,
                             data_dir=args.data_dir, seeds=args.seeds, threads=args.threads)
 

@@ -256,3 +256,22 @@ def test_a_reproduction_ends_with_one_line_naming_the_files_it_wrote(paper, tmp_
   assert re.fullmatch(re.escape("wrote " + ", ".join(str(out / n) for n in names)) + r" in \d+ s",
                       printed[-1]), printed[-1]
   assert [line for line in printed if "wrote" in line] == printed[-1:]
+
+
+def test_an_interrupted_overwrite_leaves_no_figure_of_the_earlier_reproduction(tmp_path,
+                                                                               monkeypatch):
+  # The earlier reproduction's figures and results go with it once the new one has written a
+  # run: the folder never shows them beside the new partial runs.jsonl.
+  from fedjax_dp.cli import EXIT_INTERRUPTED, main
+  from fedjax_dp.reproduce import zhu2022
+  out = tmp_path / "out"
+  figures = _fake_reproduction("zhu2022", out, monkeypatch)
+  assert all((out / f).is_file() for f in figures)
+
+  def interrupted(jobs, record, *, runs_path, **kwargs):
+    runs_path.write_text(json.dumps({"a run": 1}) + "\n")
+    raise KeyboardInterrupt
+  monkeypatch.setattr(zhu2022, "run_jobs", interrupted)
+  assert main(["reproduce", "zhu2022", "--scale", "tiny", "--output-dir", str(out),
+               "--overwrite"]) == EXIT_INTERRUPTED
+  assert sorted(p.name for p in out.iterdir()) == ["runs.jsonl"]

@@ -46,6 +46,15 @@ def _describe(settings: dict) -> str:
   return ", ".join(parts)
 
 
+def own_files(paper: str, folder) -> list:
+  """What an earlier reproduction of ``paper`` left in ``folder`` that a new one replaces
+  (``--overwrite``): its result files (:data:`fedjax_dp.reproduce.runner.RESULT_FILES`), the
+  runs' folder and its figures (PNGs named after the paper, ``cheng2022_*.png``)."""
+  from fedjax_dp.reproduce.runner import RESULT_FILES
+  figures = sorted(p.name for p in pathlib.Path(folder).glob(f"{paper.split('-')[0]}_*.png"))
+  return [*RESULT_FILES, "runs", *figures]
+
+
 def run_reproduction(paper: str, scale: str, output_dir: str, data_dir=None, seeds=None,
                      threads=None) -> int:
   """Runs ``paper``'s reproduction at ``scale`` (``fedjax-dp reproduce``); ``threads``: its
