@@ -267,6 +267,9 @@ def test_an_interrupted_overwrite_leaves_no_figure_of_the_earlier_reproduction(t
   out = tmp_path / "out"
   figures = _fake_reproduction("zhu2022", out, monkeypatch)
   assert all((out / f).is_file() for f in figures)
+  import fedjax_dp  # results.json says what ran it, as a run's summary.json does
+  provenance = json.loads((out / "results.json").read_text())["provenance"]
+  assert provenance["fedjax_dp"] == fedjax_dp.__version__ and "git" in provenance
 
   def interrupted(jobs, record, *, runs_path, **kwargs):
     runs_path.write_text(json.dumps({"a run": 1}) + "\n")

@@ -55,8 +55,8 @@ import numpy as np
 from fedjax_dp.errors import check, check_choice
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import Curve, plot_curves, plot_quantiles
-from fedjax_dp.reproduce.runner import (Job, group_by, num_seeds, read_records, release, run_jobs,
-                                        seed_stats, wrote)
+from fedjax_dp.reproduce.runner import (Job, group_by, identity, num_seeds, read_records, release,
+                                        run_jobs, seed_stats, wrote)
 from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference, verdict,
                                        verdict_table)
 
@@ -805,7 +805,7 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
        "paper_table1": {m: {str(k): v for k, v in t.items()} for m, t in PAPER_TABLE1.items()},
        "paper_table2": {m: {str(k): v for k, v in t.items()} for m, t in PAPER_TABLE2.items()},
        "paper_table3": {m: {str(k): v for k, v in t.items()} for m, t in PAPER_TABLE3.items()},
-       "release": release(RAW), "reproduction": "cheng2022"},
+       "release": release(RAW), **identity("cheng2022")},
       indent=2) + "\n")
   written = _render(out)
   log((out / "results.md").read_text())
@@ -849,7 +849,7 @@ def run_paper(output_dir: str, data_dir=None, seeds: Optional[int] = None, prese
   write_text_atomic(out / "results.json", json.dumps(
       {"runs": [{k: r[k] for k in keys} for r in runs],
        "release": release({}, test_from_clients=data.test_from_clients),
-       "reproduction": "cheng2022"}, indent=2) + "\n")
+       **identity("cheng2022")}, indent=2) + "\n")
   log(wrote([out / "results.json", out / "runs.jsonl"], time.perf_counter() - t0))
   return 0
 

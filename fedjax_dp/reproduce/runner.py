@@ -205,6 +205,14 @@ _RANDOMNESS = ("the seeds are secret, not public: a run's seed fixes every draw 
                "reproduction can be re-run")
 
 
+def identity(paper: str) -> dict:
+  """The ``reproduction`` and ``provenance`` fields of a reproduction's ``results.json``: which
+  paper, and the library, package versions, devices and source tree that ran it
+  (:func:`fedjax_dp.provenance.environment`; public by design)."""
+  from fedjax_dp.provenance import environment
+  return {"reproduction": paper, "provenance": environment()}
+
+
 def release(diagnostics: Mapping[str, str], test_from_clients: bool = False) -> dict:
   """A reproduction's ``results.json`` ``release`` block: what its private runs' guarantees
   cover, what is public by design and, from ``diagnostics`` (field -> what it is), the raw

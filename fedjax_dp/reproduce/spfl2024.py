@@ -51,8 +51,8 @@ import numpy as np
 from fedjax_dp.errors import check_choice
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import Curve, plot_curves
-from fedjax_dp.reproduce.runner import (Job, group_by, num_seeds, read_records, release, run_jobs,
-                                        seed_stats, simulate_jobs, wrote)
+from fedjax_dp.reproduce.runner import (Job, group_by, identity, num_seeds, read_records, release,
+                                        run_jobs, seed_stats, simulate_jobs, wrote)
 from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference,
                                        verdict_table)
 
@@ -492,7 +492,7 @@ def run(scale: str = "small", output_dir: str = "runs/spfl2024", data_dir=None, 
             "spfl_options": SPFL_OPTIONS, "privacy_unit":
             "one example of one client (example-level DP, local to each client)",
             "rows": rows, "gains": _gains(rows, runs), "paper_claims": PAPER_GAINS,
-            "release": release(RAW), "reproduction": "spfl2024",
+            "release": release(RAW), **identity("spfl2024"),
             "wall_seconds": time.perf_counter() - t0}
   write_text_atomic(out / "results.json", json.dumps(result, indent=2, default=str) + "\n")
   md, written = _render(out)

@@ -40,8 +40,8 @@ import numpy as np
 from fedjax_dp.errors import check_choice
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import Curve, plot_curves
-from fedjax_dp.reproduce.runner import (Job, group_by, num_seeds, read_records, release, run_jobs,
-                                        seed_stats, wrote)
+from fedjax_dp.reproduce.runner import (Job, group_by, identity, num_seeds, read_records, release,
+                                        run_jobs, seed_stats, wrote)
 from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference,
                                        verdict_table)
 
@@ -362,7 +362,7 @@ def _write(out, scale_name, sc, rows, curves, t_start):
                    "DP-RSA(G) clips each coordinate of x_0 - x_k to [-sign_clip, sign_clip] (formal "
                    "guarantee) and calibrates sigma to epsilon",
                    "Byzantine workers are the last b ids; their messages are not perturbed"],
-         "release": release({}), "reproduction": "zhu2022"}
+         "release": release({}), **identity("zhu2022")}
   write_text_atomic(out / "results.json", json.dumps(doc, indent=1, default=str) + "\n")
 
 
