@@ -9,7 +9,9 @@ lower); 130 interrupted (Ctrl-C), with one line saying what was kept.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import pathlib
 import sys
 import time
@@ -612,6 +614,11 @@ def _main(argv: list) -> int:
   except KeyboardInterrupt:
     print("fedjax-dp: interrupted", file=sys.stderr)
     return EXIT_INTERRUPTED
+  except BrokenPipeError:  # the reader (e.g. `| head`) closed the pipe: nothing left to say
+    # Python flushes stdout at exit: pointed at /dev/null, that flush cannot fail again.
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
   except Exception as e:  # pylint: disable=broad-except
     if "RESOURCE_EXHAUSTED" not in str(e):
       raise
@@ -620,9 +627,6 @@ def _main(argv: list) -> int:
           "device holds; lower batch_size, local_steps or the cohort (sampling_prob, cohort_size), "
           "or run it in blocks of clients (--client-chunk K)", file=sys.stderr)
     return EXIT_MEMORY
-  except BrokenPipeError:  # the reader (e.g. `| head`) closed the pipe: nothing left to say
-    sys.stderr.close()
-    return 0
 
 
 if __name__ == "__main__":

@@ -706,3 +706,16 @@ def test_ctrl_c_line_reads_interrupted_then_a_colon_then_what_was_kept(tmp_path,
   err = capsys.readouterr().err.strip().splitlines()
   assert err == [f"fedjax-dp: interrupted: 2 rounds kept in {out / 'metrics.jsonl'}, no "
                  "summary.json; rerun with --overwrite to start again"], err
+
+
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(monkeypatch, capsys):
+  # `fedjax-dp algorithms | head -1`: the reader goes away; no traceback, exit status 0.
+  class Closed:
+    def write(self, text):
+      raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self):
+      pass
+
+  monkeypatch.setattr(sys, "stdout", Closed())
+  assert main(["algorithms"]) == 0
