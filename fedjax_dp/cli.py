@@ -362,7 +362,7 @@ def _cmd_run(args) -> int:
     result = simulate(config, output_dir=str(out), progress=not args.no_progress,
                       release=release, on_round=rounds.append,
                       tensorboard=tensorboard, checkpoint_every=args.checkpoint_every,
-                      resume=args.resume is not None)
+                      resume=args.resume is not None, overwrite=args.overwrite)
   except KeyboardInterrupt:
     from fedjax_dp.checkpoint import latest_round
     kept = done + len(rounds)

@@ -27,7 +27,7 @@ def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional
              progress: bool = False, on_round=None, release: str = "all", *, model=None,
              round=None, hparams: Optional[dict] = None, tensorboard: bool = False,
              checkpoint_every: Optional[int] = None, resume: bool = False,
-             **settings) -> RunResult:
+             overwrite: bool = False, **settings) -> RunResult:
   """Runs a simulation and returns its :class:`fedjax_dp.engine.RunResult`.
 
   Args:
@@ -36,7 +36,9 @@ def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional
       algorithm does not read (``clip`` for ``rsa``) is refused, as on the command line.
     data: a :class:`fedjax_dp.data.FederatedData` (default: loaded from the
       configuration).
-    output_dir: where ``metrics.jsonl`` and ``summary.json`` go (none: in memory only).
+    output_dir: where ``metrics.jsonl`` and ``summary.json`` go (none: in memory only); a folder
+      holding an earlier run's files is refused unless ``overwrite`` (or ``resume``), as by
+      ``fedjax-dp run`` (:func:`fedjax_dp.outputs.check_output_dir`).
     progress: show a progress bar.
     on_round: optional callback with each round's record.
     release: "all" or "private" (see :func:`fedjax_dp.engine.run`).
@@ -55,6 +57,8 @@ def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional
       ``output_dir/checkpoints/`` (:mod:`fedjax_dp.checkpoint`).
     resume: continue the run in ``output_dir`` from its latest checkpoint (same configuration;
       ``checkpoint_every`` then says how often to go on saving).
+    overwrite: replace an earlier run's files in ``output_dir`` (removed when the new run writes
+      its first round).
   """
   from fedjax_dp.algorithms import build, refuse_unused
   from fedjax_dp.config import make_config
@@ -64,6 +68,9 @@ def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional
                                                            else config)
   refuse_unused(config, settings)
   check_devices(config.devices)
+  if output_dir is not None and not resume:
+    from fedjax_dp.outputs import check_output_dir
+    check_output_dir(output_dir, overwrite=overwrite)
   if data is None:
     data = load_data(config)
   if model is not None:

@@ -109,6 +109,13 @@ def test_history_records_and_epsilon_increase(digits, tmp_path):
     assert 0 <= d["fraction_clipped"] <= 1 and d["update_norm"]["q10"] <= d["update_norm"]["q90"]
   assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 3
   assert (tmp_path / "summary.json").exists()
+  # An earlier run's files are kept unless overwrite, as by `fedjax-dp run`.
+  before = (tmp_path / "summary.json").read_bytes()
+  with pytest.raises(ConfigError, match="already holds metrics.jsonl"):
+    simulate(_config(rounds=1), digits, output_dir=str(tmp_path))
+  assert (tmp_path / "summary.json").read_bytes() == before
+  assert simulate(_config(rounds=1), digits, output_dir=str(tmp_path), overwrite=True).summary[
+      "rounds"] == 1
 
 
 def test_poisson_sampling_frequencies():
