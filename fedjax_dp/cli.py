@@ -224,14 +224,21 @@ def _settings(args) -> tuple:
 
 def _config_from_args(args, grid: Optional[dict] = None, seeds: int = 1):
   """The :class:`RunConfig` of ``--config``, the field flags and ``--set``; a setting given that
-  the algorithm does not read is refused. ``grid`` (a sweep's): a field that only its axis gives
-  takes the axis's first value (each experiment sets its own), and a setting given is refused
-  only when no grid point reads it; the plan of ``grid`` x ``seeds`` refuses bad axes, values
+  the algorithm does not read is refused. ``grid`` (a sweep's): a flag or ``--set`` option that
+  is also an axis is refused (a ``--config`` file's value is the base the axis varies), a field
+  that only its axis gives takes the axis's first value (each experiment sets its own), and a
+  setting given is refused only when no grid point reads it; the plan of ``grid`` x ``seeds`` refuses bad axes, values
   and seeds, and an axis that a point does not read (:func:`fedjax_dp.sweep.plan`), before any
   folder is touched."""
   from fedjax_dp.algorithms import refuse_unused
   from fedjax_dp.config import field_types, make_config, parse_value
   base, overrides, options = _settings(args)
+  # A flag or --set beside an axis of the same name would be replaced in every experiment.
+  flags = {**overrides, **options}
+  twice = sorted(set(grid or {}) & set(flags))
+  check(not twice, twice[0] if twice else "grid", flags.get(twice[0]) if twice else None,
+        "is also a grid axis, whose values replace it in every experiment: give it in the grid "
+        "only")
   types = field_types()
   for name, values in (grid or {}).items():
     if name in types and name not in base and name not in overrides:

@@ -630,6 +630,11 @@ def test_a_sweep_refuses_what_no_point_reads_whatever_the_grids_order(tmp_path, 
     with pytest.raises(ConfigError, match="grid point aggregator=coordinate_median") as e:
       check(grid)
     assert e.value.field == "grid" and e.value.value == "noise_multiplier"
+  # a flag or --set beside an axis of the same name would be replaced by the axis: refused
+  with pytest.raises(ConfigError, match="invalid clip=0.3: is also a grid axis"):
+    check("clip=0.1", "--clip", "0.3")
+  with pytest.raises(ConfigError, match="invalid lambda=0.9: is also a grid axis"):
+    check("lambda=0.1,0.2", "--algorithm", "dp-rsa-f", "--set", "lambda=0.9")
 
 
 def test_a_sweep_axis_may_give_a_field_the_base_run_needs(tmp_path, capsys):
