@@ -297,6 +297,8 @@ def unread_by_settings(config) -> dict:
               if config.sampling == "poisson" else None),
              ("sampling_prob", "sampling is fixed (cohort_size clients a round)"
               if config.sampling == "fixed" else None),
+             ("capacity", "sampling is fixed (the round's slots are the cohort_size clients)"
+              if config.sampling == "fixed" else None),
              ("attack", no_byzantine if config.attack != "none" else None),
              ("attacker_knowledge", knowledge),
              ("noise_multiplier", unnoised), ("target_epsilon", unnoised),
