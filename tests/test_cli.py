@@ -557,6 +557,8 @@ def test_multi_krum_larger_than_the_cohort_is_refused(tmp_path, capsys):
      "invalid sampling_prob=0.5: is not used: sampling is fixed"),
     (["--sampling", "fixed", "--cohort-size", "3", "--capacity", "2"],
      "invalid capacity=2: is not used: sampling is fixed"),
+    (["--conv-impl", "winograd"], "invalid conv_impl='winograd': is not used: model 'mlp' has no "
+                                  "convolution"),
     # Nothing is accounted in a run without a mechanism, or whose aggregator adds no noise.
     (["--algorithm", "fedavg", "--delta", "1e-6"], "invalid delta=1e-06: is not used: algorithm "
                                                    "'fedavg' has no privacy mechanism"),

@@ -293,6 +293,9 @@ def unread_by_settings(config) -> dict:
               if spec is not None and not spec.files else None)
   no_download = (f"dataset {config.dataset!r} has no tensorflow-datasets download"
                  if spec is not None and spec.tfds_name is None else None)
+  from fedjax_dp.models import CONV_MODELS, MODELS
+  no_conv = (f"model {config.model_name!r} has no convolution"
+             if config.model_name in set(MODELS) - CONV_MODELS else None)
   reasons = (("cohort_size", "sampling is poisson (clients join with sampling_prob)"
               if config.sampling == "poisson" else None),
              ("sampling_prob", "sampling is fixed (cohort_size clients a round)"
@@ -306,7 +309,7 @@ def unread_by_settings(config) -> dict:
              ("accounting_workers", unaccounted or workers_unused),
              ("dirichlet_alpha", only("dirichlet")), ("shards_per_client", only("shards")),
              ("min_labels_per_client", only("shards")),
-             ("data_dir", no_files), ("download", no_download))
+             ("data_dir", no_files), ("download", no_download), ("conv_impl", no_conv))
   return {name: why for name, why in reasons if why is not None}
 
 

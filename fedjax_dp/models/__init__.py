@@ -58,8 +58,8 @@ __all__ = [
 
 MODELS = ("mlp", "rsa_mlp", "digits_cnn", "cnn2", "spfl_cnn",
           "rsa_cifar_cnn", "resnet18_gn", "char_lstm", "char_lstm_small")
-_CONV_MODELS = {"digits_cnn", "cnn2", "spfl_cnn", "rsa_cifar_cnn",
-                "resnet18_gn"}
+# The models with convolutions (the others read no conv_impl).
+CONV_MODELS = frozenset({"digits_cnn", "cnn2", "spfl_cnn", "rsa_cifar_cnn", "resnet18_gn"})
 _KWARGS = {
     "mlp": ("hidden", "activation"),
     "rsa_mlp": (),
@@ -247,7 +247,7 @@ def get_model(name: str, input_shape, num_classes: int,
   if isinstance(input_shape, int):
     input_shape = (input_shape,)
   input_shape = _tuple_of_ints("input_shape", input_shape)
-  if name in _CONV_MODELS and len(input_shape) not in (2, 3):
+  if name in CONV_MODELS and len(input_shape) not in (2, 3):
     raise ConfigError("input_shape", input_shape,
                       f"model {name} needs (H, W, C) or (H, W)")
   if name in _SEQUENCE_MODELS and len(input_shape) != 1:
