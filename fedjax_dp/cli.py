@@ -178,8 +178,8 @@ def _add_reproduce(sub):
                      epilog="papers and their scales:\n" + listing,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("paper", help=f"the paper (one of: {', '.join(sorted(REPRODUCTIONS))})")
-  p.add_argument("--scale", default="small", help="how large a run (default: small; each "
-                 "paper's scales are listed below)")
+  p.add_argument("--scale", help="how large a run (default: none, i.e. small; each paper's "
+                 "scales are listed below)")
   p.add_argument("--output-dir", required=True, help="where results.json, results.md and "
                  "runs.jsonl go (required)")
   p.add_argument("--overwrite", action="store_true",
@@ -550,14 +550,18 @@ def _cmd_reproduce(args) -> int:
   from fedjax_dp.reproduce.runner import RESULT_FILES
   from fedjax_dp.errors import check_choice
   check_choice("paper", args.paper, sorted(REPRODUCTIONS))
-  if args.render:
+  if args.render:  # it runs nothing: a setting of a run would be ignored
+    for flag in ("scale", "seeds", "threads", "data_dir", "overwrite"):
+      check(getattr(args, flag) in (None, False), flag, getattr(args, flag),
+            "is not read by --render, which runs nothing (it rewrites results.md and the "
+            "figures from the saved results): leave it out")
     from fedjax_dp.reproduce import render_reproduction
     return render_reproduction(args.paper, args.output_dir)
   out = check_output_dir(args.output_dir, overwrite=args.overwrite, results=RESULT_FILES)
   # Earlier results come back if the run fails before writing any (a bad scale or seeds, which
   # the reproduction checks first, or missing data); its figures and runs go with them.
   with replacing(out, own_files(args.paper, out)):
-    return run_reproduction(args.paper, scale=args.scale, output_dir=args.output_dir,
+    return run_reproduction(args.paper, scale=args.scale or "small", output_dir=args.output_dir,
                             data_dir=args.data_dir, seeds=args.seeds, threads=args.threads)
 
 

@@ -278,3 +278,12 @@ def test_an_interrupted_overwrite_leaves_no_figure_of_the_earlier_reproduction(t
   assert main(["reproduce", "zhu2022", "--scale", "tiny", "--output-dir", str(out),
                "--overwrite"]) == EXIT_INTERRUPTED
   assert sorted(p.name for p in out.iterdir()) == ["runs.jsonl"]
+
+
+@pytest.mark.parametrize("flags", [["--scale", "paper"], ["--seeds", "7"], ["--threads", "3"],
+                                   ["--data-dir", "x"], ["--overwrite"]])
+def test_render_refuses_the_settings_of_a_run(flags, tmp_path, capsys):
+  from fedjax_dp.cli import main
+  assert main(["reproduce", "cheng2022", "--render", *flags, "--output-dir", str(tmp_path)]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "is not read by --render, which runs nothing" in err[0], err
