@@ -223,6 +223,9 @@ class RunConfig:
       if f.name != "options" and not isinstance(value, Model):
         check_finite(f.name, value)
         check_type(f.name, value, hints[f.name])
+    # An empty path names no folder (the loaders would fall back on FEDJAX_DP_DATA silently).
+    check(self.data_dir != "", "data_dir", self.data_dir, "must be a folder path, or none (unset: "
+          "the FEDJAX_DP_DATA environment variable)")
     check(0 <= self.seed < 2 ** 32, "seed", self.seed, "must be an integer in [0, 2**32)")
     check(self.data_seed is None or 0 <= self.data_seed < 2 ** 32, "data_seed", self.data_seed,
           "must be an integer in [0, 2**32) or unset")
@@ -383,12 +386,15 @@ def parse_option(text):
     return text
 
 
-def _unique_keys(pairs) -> dict:
-  """A JSON object whose keys are each given once (JSON lets the last of two win silently)."""
+def _unique_keys(pairs, path: Optional[str] = None) -> dict:
+  """A JSON object whose keys are each given once (JSON lets the last of two win silently): a key
+  given twice is refused as the field, with its second value and the config file ``path``."""
   out = {}
+  where = "the config file" if path is None else f"the config file {path}"
   for k, v in pairs:
     if k in out:
-      raise ConfigError("config", k, "is a key given twice in one object of the config file")
+      raise ConfigError(k, v, f"is given twice in one object of {where} (first {out[k]!r}, then "
+                        f"{v!r}): give each key once")
     out[k] = v
   return out
 
@@ -406,7 +412,8 @@ def load_config_file(path: str) -> dict:
   p = pathlib.Path(path)
   check(p.is_file(), "config", path, "must be an existing JSON file")
   try:
-    d = json.loads(p.read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
+    d = json.loads(p.read_text(encoding="utf-8"),
+                   object_pairs_hook=functools.partial(_unique_keys, path=str(path)))
   except UnicodeDecodeError as e:
     raise ConfigError("config", path, f"must be UTF-8 text (byte {e.start} is not)") from None
   except json.JSONDecodeError as e:
@@ -427,7 +434,14 @@ def load_config_file(path: str) -> dict:
 
 
 def make_config(base: Optional[Mapping] = None, **overrides) -> RunConfig:
-  """A validated :class:`RunConfig` from a base mapping plus overrides."""
+  """A validated :class:`RunConfig` from a base mapping (field name -> value; None: the
+  defaults) plus overrides; another base is refused by name."""
+  if isinstance(base, RunConfig):
+    raise ConfigError("base", base, "must be a mapping of settings (field name -> value) or None, "
+                      "not a RunConfig: use its .replace(**settings) to change one")
+  check(base is None or isinstance(base, Mapping), "base", base,
+        "must be a mapping of settings (field name -> value, e.g. {\"rounds\": 20}) or None "
+        "(the defaults)")
   d = dict(base or {})
   d.update({k: v for k, v in overrides.items()})
   check_keys(d)
