@@ -518,10 +518,15 @@ def _cmd_sweep(args) -> int:
   check_axes(grid)
   config = _config_from_args(args, grid, args.seeds)  # planned: bad axes refused before the folder
   out = pathlib.Path(args.output_dir)
-  result = sweep(config, grid, args.seeds, output_dir=str(out), overwrite=args.overwrite,
-                 group_size=args.group_size, threads=args.threads,
-                 progress=not args.no_progress, release=args.release,
-                 log=lambda line: print(line, file=sys.stderr))
+  try:
+    result = sweep(config, grid, args.seeds, output_dir=str(out), overwrite=args.overwrite,
+                   group_size=args.group_size, threads=args.threads,
+                   progress=not args.no_progress, release=args.release,
+                   log=lambda line: print(line, file=sys.stderr))
+  except KeyboardInterrupt:  # sweep() removed its partial files and put earlier ones back
+    print(f"fedjax-dp: interrupted: {out} is as it was (a sweep is written whole or not at "
+          "all; run it again)", file=sys.stderr)
+    return EXIT_INTERRUPTED
   for row in result.rows:
     values = " ".join(f"{k}={row['grid'][k]}" for k in grid)
     eps = row["epsilon"]
@@ -560,9 +565,20 @@ def _cmd_reproduce(args) -> int:
   out = check_output_dir(args.output_dir, overwrite=args.overwrite, results=RESULT_FILES)
   # Earlier results come back if the run fails before writing any (a bad scale or seeds, which
   # the reproduction checks first, or missing data); its figures and runs go with them.
-  with replacing(out, own_files(args.paper, out)):
-    return run_reproduction(args.paper, scale=args.scale or "small", output_dir=args.output_dir,
-                            data_dir=args.data_dir, seeds=args.seeds, threads=args.threads)
+  try:
+    with replacing(out, own_files(args.paper, out)):
+      return run_reproduction(args.paper, scale=args.scale or "small",
+                              output_dir=args.output_dir, data_dir=args.data_dir,
+                              seeds=args.seeds, threads=args.threads)
+  except KeyboardInterrupt:
+    runs = out / "runs.jsonl"
+    kept = runs.read_bytes().count(b"\n") if runs.is_file() else 0
+    what = (f"{kept} finished run{'' if kept == 1 else 's'} kept in {runs}, no results.json "
+            "(a reproduction cannot be "
+            "resumed: rerun it with --overwrite)" if kept else f"no run finished: {out} is as it "
+            "was")
+    print(f"fedjax-dp: interrupted: {what}", file=sys.stderr)
+    return EXIT_INTERRUPTED
 
 
 def build_parser() -> argparse.ArgumentParser:

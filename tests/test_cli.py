@@ -729,3 +729,16 @@ def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(monkeypatch, cap
 
   monkeypatch.setattr(sys, "stdout", Closed())
   assert main(["algorithms"]) == 0
+
+
+def test_an_interrupted_sweep_says_its_folder_is_as_it_was(tmp_path, monkeypatch, capsys):
+  import fedjax_dp.sweep
+
+  def interrupted(*args, **kwargs):
+    raise KeyboardInterrupt
+  monkeypatch.setattr(fedjax_dp.sweep, "sweep", interrupted)
+  out = tmp_path / "s"
+  assert main(["sweep", *TINY, "--grid", "clip=0.1,0.2", "--output-dir", str(out)]) == 130
+  assert capsys.readouterr().err.strip() == (
+      f"fedjax-dp: interrupted: {out} is as it was (a sweep is written whole or not at all; run "
+      "it again)")

@@ -258,7 +258,7 @@ def test_a_reproduction_ends_with_one_line_naming_the_files_it_wrote(paper, tmp_
   assert [line for line in printed if "wrote" in line] == printed[-1:]
 
 
-def test_an_interrupted_overwrite_leaves_no_figure_of_the_earlier_reproduction(tmp_path,
+def test_an_interrupted_overwrite_leaves_no_figure_of_the_earlier_reproduction(tmp_path, capsys,
                                                                                monkeypatch):
   # The earlier reproduction's figures and results go with it once the new one has written a
   # run: the folder never shows them beside the new partial runs.jsonl.
@@ -275,9 +275,13 @@ def test_an_interrupted_overwrite_leaves_no_figure_of_the_earlier_reproduction(t
     runs_path.write_text(json.dumps({"a run": 1}) + "\n")
     raise KeyboardInterrupt
   monkeypatch.setattr(zhu2022, "run_jobs", interrupted)
+  capsys.readouterr()
   assert main(["reproduce", "zhu2022", "--scale", "tiny", "--output-dir", str(out),
                "--overwrite"]) == EXIT_INTERRUPTED
   assert sorted(p.name for p in out.iterdir()) == ["runs.jsonl"]
+  assert capsys.readouterr().err.strip() == (
+      f"fedjax-dp: interrupted: 1 finished run kept in {out / 'runs.jsonl'}, no results.json (a "
+      "reproduction cannot be resumed: rerun it with --overwrite)")
 
 
 @pytest.mark.parametrize("flags", [["--scale", "paper"], ["--seeds", "7"], ["--threads", "3"],
