@@ -204,6 +204,32 @@ def _naming(where: Optional[str]):
 MAX_EXPERIMENTS = 100_000
 
 
+def check_grid(grid: Mapping[str, Sequence]) -> dict:
+  """Refuses a grid that is not a mapping axis name -> list or tuple of values (a string would
+  be read character by character, a number not at all); returns it as a dict of lists (a
+  one-dimensional numpy array's values as Python numbers)."""
+  check(isinstance(grid, Mapping), "grid", grid,
+        "must be a mapping of axis name -> list of values, e.g. {'clip': [0.1, 0.3]}")
+  out = {}
+  for name, values in grid.items():
+    if isinstance(values, np.ndarray) and values.ndim == 1:
+      values = values.tolist()
+    check(isinstance(values, Sequence) and not isinstance(values, (str, bytes)),
+          f"grid[{name!r}]", values, "must be a list or tuple of the axis's values, e.g. "
+          f"[0.1, 0.3], not a {type(values).__name__}")
+    out[name] = list(values)
+  return out
+
+
+def check_config(config, unset_ok: bool = False) -> None:
+  """Refuses a base configuration that is not a :class:`fedjax_dp.config.RunConfig` (nor None,
+  with ``unset_ok``: :func:`sweep`'s quickstart)."""
+  from fedjax_dp.config import RunConfig
+  check(isinstance(config, RunConfig) or (unset_ok and config is None), "config", config,
+        "must be a RunConfig" + (" or None (the quickstart)" if unset_ok else "")
+        + ": fedjax_dp.config.make_config(**settings) makes one from a dict")
+
+
 def check_axes(grid: Mapping[str, Sequence]) -> None:
   """Refuses the names that cannot be grid axes (before any setting is read)."""
   check("seed" not in grid, "grid", "seed", "seeds are not a grid axis: use seeds (--seeds N)")
@@ -222,8 +248,10 @@ def plan(config, grid: Mapping[str, Sequence], seeds: int = 1) -> list:
   from fedjax_dp.algorithms import option_table, unread_fields
   from fedjax_dp.config import field_types, parse_option, parse_value
   types = field_types()
+  check_config(config)
   check(isinstance(seeds, int) and not isinstance(seeds, bool) and seeds >= 1, "seeds", seeds,
         "must be an integer >= 1")
+  grid = check_grid(grid)
   check_axes(grid)
   algorithms = list(grid.get("algorithm", [config.algorithm]))
   own = {a: {o.name for o in option_table(a)} for a in algorithms}
@@ -363,7 +391,9 @@ def threads_for(requested: Optional[int], devices: Sequence[Optional[int]]) -> i
 def programs_at_once(group_size: Optional[int], threads: Optional[int],
                      devices: Sequence[Optional[int]]) -> int:
   """Checks ``group_size`` and returns :func:`threads_for` ``(threads, devices)``."""
-  check(group_size is None or group_size >= 1, "group_size", group_size, "must be >= 1")
+  check(group_size is None or (isinstance(group_size, int) and not isinstance(group_size, bool)
+                               and group_size >= 1), "group_size", group_size,
+        "must be an integer >= 1 or unset (no limit)")
   return threads_for(threads, devices)
 
 
@@ -497,8 +527,10 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
   from fedjax_dp.jsonio import dumps
   from fedjax_dp.reproduce.runner import seed_stats
   from fedjax_dp.round import check_devices
+  check_config(config, unset_ok=True)
   config = make_config() if config is None else config
-  points = plan(config, grid or {}, seeds)  # it refuses an axis a point does not read
+  # plan refuses a grid that is not a mapping of lists and an axis a point does not read.
+  points = plan(config, {} if grid is None else grid, seeds)
   for p in points:  # options and device counts are checked before any data set loads
     options.read(p.config, option_table(p.config.algorithm))
     check_devices(p.config.devices)

@@ -41,12 +41,14 @@ def _natural_needs_ids() -> str:
           f"{others[-1]}")
 
 
-def _missing_files_error(spec: specs.DatasetSpec, data_dir) -> ConfigError:
+def _missing_files_error(spec: specs.DatasetSpec, data_dir, given=None) -> ConfigError:
+  """The error for absent local files: ``data_dir`` is the resolved folder (None: none), shown
+  as the value, else the ``data_dir`` argument as ``given`` (an empty one resolves to none)."""
   source = sources.LOCAL[spec.source]
   head = absent_files_message(spec, data_dir, source.expected_files(spec),
                               lambda d: source.missing_files(spec, d))
   return ConfigError(
-      "data_dir", str(data_dir) if data_dir is not None else None,
+      "data_dir", str(data_dir) if data_dir is not None else given,
       f"{head}; pass download=True (CLI --download) to fetch with "
       f"tensorflow-datasets (needs network and {sources.tfds.INSTALL_HINT})")
 
@@ -104,7 +106,7 @@ def load_central(name: str, data_dir: Optional[str] = None,
                     max_test=max_test, seed=seed))
   if arrays is None:
     if not download:
-      raise _missing_files_error(spec, ddir)
+      raise _missing_files_error(spec, ddir, data_dir)
     arrays = sources.tfds.load(spec)
   tx, ty, ex, ey = arrays
   # Subsets (CIFAR-10 local files were subset before decoding; this is then

@@ -117,7 +117,8 @@ def shards(labels: Sequence[int], num_clients: int, shards_per_client: int,
       ``num_clients * shards_per_client <= len(labels)``.
     rng: Source of randomness.
     min_labels: Every client must hold at least this many distinct labels
-      (e.g. SP-FL's "at least 3 labels per client"). The random deal of shards
+      (e.g. SP-FL's "at least 3 labels per client"; errors name it by its
+      setting, ``min_labels_per_client``). The random deal of shards
       is redrawn until it holds (rejection sampling, so every admissible deal
       stays equally likely); a ConfigError after ``max_deals`` failed deals.
     max_deals: Cap on the number of deals tried.
@@ -139,7 +140,8 @@ def shards(labels: Sequence[int], num_clients: int, shards_per_client: int,
   keep = rng.permutation(n)[:num_shards * shard_size]
   keep = keep[np.argsort(labels[keep], kind="stable")]
   check(isinstance(min_labels, (int, np.integer)) and 1 <= min_labels <= 2 * shards_per_client,
-        "min_labels", min_labels, f"must be in [1, 2 * shards_per_client = {2 * shards_per_client}]")
+        "min_labels_per_client", min_labels,
+        f"must be in [1, 2 * shards_per_client = {2 * shards_per_client}]")
   shard_rows = keep.reshape(num_shards, shard_size)
   shard_labels = labels[shard_rows]  # [num_shards, shard_size]
   for _ in range(max_deals):
@@ -149,7 +151,7 @@ def shards(labels: Sequence[int], num_clients: int, shards_per_client: int,
     if distinct.min() >= min_labels:
       break
   else:
-    raise ConfigError("min_labels", min_labels,
+    raise ConfigError("min_labels_per_client", min_labels,
                       f"no deal of {shards_per_client} shards per client gave every client that many "
                       f"labels in {max_deals} tries; lower it or raise shards_per_client")
   return [rng.permutation(shard_rows[d].reshape(-1)).astype(np.int64)
