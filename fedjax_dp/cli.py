@@ -114,8 +114,8 @@ def _add_privacy(sub):
                  "(default: none; needed with sign-flip)")
   p.add_argument("--dimension", type=int, help="sign-flip: coordinates released per round, the "
                  "model size d (default: none; needed with sign-flip)")
-  p.add_argument("--sampling", default="poisson", help="how each round's clients are drawn "
-                 f"(default: poisson; one of: {', '.join(SAMPLINGS)})")
+  p.add_argument("--sampling", help="gaussian: how each round's clients are drawn "
+                 f"(default: none, i.e. poisson; one of: {', '.join(SAMPLINGS)})")
   p.add_argument("--sampling-prob", type=float, help="poisson: each client's probability per "
                  "round, in (0, 1] (default: none; needed with poisson)")
   p.add_argument("--num-clients", type=int, help="fixed: the population size N (default: none; "
@@ -458,14 +458,15 @@ def _privacy_report(args) -> dict:
   check_choice("accountant", args.accountant, ACCOUNTANTS)
   if args.mechanism == "gaussian":  # before the flags it decides are checked against it
     from fedjax_dp.sampling import SAMPLINGS
+    args.sampling = args.sampling or "poisson"
     check_choice("sampling", args.sampling, SAMPLINGS)
   # A flag the chosen mechanism and sampling do not read is refused, not ignored.
   reads = ({"keep_prob", "dimension"} if args.mechanism == "sign-flip" else
            {"noise_multiplier", "target_epsilon", "sampling"}
            | ({"sampling_prob"} if args.sampling == "poisson"
               else {"num_clients", "cohort_size", "byzantine"}))
-  for name in ("keep_prob", "dimension", "sampling_prob", "num_clients", "cohort_size",
-               "byzantine", "noise_multiplier", "target_epsilon"):
+  for name in ("keep_prob", "dimension", "sampling", "sampling_prob", "num_clients",
+               "cohort_size", "byzantine", "noise_multiplier", "target_epsilon"):
     check(name in reads or getattr(args, name) is None, name, getattr(args, name),
           f"is not used with --mechanism {args.mechanism}"
           + ("" if args.mechanism == "sign-flip" else f" --sampling {args.sampling}")

@@ -658,6 +658,8 @@ def test_a_sweep_axis_may_give_a_field_the_base_run_needs(tmp_path, capsys):
     (["--sampling-prob", "0.1", "--keep-prob", "0.7", "--noise-multiplier", "1"], "keep_prob"),
     (["--mechanism", "sign-flip", "--keep-prob", "0.7", "--dimension", "10",
       "--noise-multiplier", "3"], "noise_multiplier"),
+    (["--mechanism", "sign-flip", "--keep-prob", "0.7", "--dimension", "10",
+      "--sampling", "fixed"], "sampling"),  # every worker releases every round
     # a misspelt sampling is named itself, not the flag it would decide about
     (["--sampling", "Poisson", "--sampling-prob", "0.01", "--noise-multiplier", "1"], "sampling"),
 ])
