@@ -552,16 +552,21 @@ def add_parser(sub):
 
 def _parse_scales(text):
   try:
-    return tuple(float(s) for s in text.split(","))
+    scales = tuple(float(s) for s in text.split(","))
   except ValueError:
     raise ConfigError("scales", text, "must be comma-separated numbers, e.g. 1,10,100") from None
+  check(len(set(scales)) == len(scales), "scales", text, "names a scale twice")
+  return scales
 
 
 def command(args) -> int:
   """``fedjax-dp audit``: 0 when the bound is within the claim, 1 when it exceeds it."""
   import sys
   from fedjax_dp.jsonio import dumps
-  if args.list:
+  if args.list:  # it audits nothing: a setting of an audit would be ignored
+    for flag in ("mechanism", "trials", "scales"):
+      check(getattr(args, flag) is None, flag, getattr(args, flag),
+            "is not read by --list, which audits nothing: leave it out")
     listing = {k: {"formal_guarantee": a.formal, "trials": a.trials, "covers": a.covers}
                for k, a in AUDITS.items()}
     print(dumps(listing) if args.json else

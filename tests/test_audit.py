@@ -92,6 +92,10 @@ def test_list(capsys):
     (["--mechanism", "dp-rsa-f", "--scales", "1,10"], "scales"),
     (["--mechanism", "spfl", "--scales", "1,x"], "scales"),
     (["--mechanism", "spfl", "--scales", "1,-2"], "scales"),
+    (["--mechanism", "spfl", "--scales", "1,1"], "scales"),  # one scale twice
+    # --list audits nothing: an audit's settings beside it are refused
+    (["--list", "--mechanism", "spfl"], "mechanism"),
+    (["--list", "--trials", "5"], "trials"),
     # a canary past float32's range: refused, not reported as a meaningless bound of 0
     (["--mechanism", "dp-rsa-g-unclipped", "--scales", "1e308"], "scales"),
     (["--mechanism", "dp-rsa-f-omniscient", "--scales", "1,1e308"], "scales"),
