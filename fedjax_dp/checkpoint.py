@@ -18,9 +18,9 @@ run to ``OUTPUT_DIR/checkpoints/<round>/``, two orbax items:
 Orbax writes a checkpoint into a temporary folder and renames it when it is
 complete, so a run killed while saving leaves a temporary folder that is never
 loaded (it is removed when the run next saves one); Ctrl-C or SIGTERM during a save takes
-effect when the save has finished (:func:`_uninterrupted`); the last
-:data:`KEEP` checkpoints are kept. The ``host`` item is saved with the SHA-256 of the state and
-of itself, and a resume whose files do not match them is refused. Resuming truncates ``metrics.jsonl`` to the
+effect when the save has finished (:func:`_uninterrupted`); the last :data:`KEEP` checkpoints
+are kept. The ``host`` item is saved with the SHA-256 of the state and of itself, and a resume
+whose files do not match them is refused. Resuming truncates ``metrics.jsonl`` to the
 checkpoint's round and recomputes the rounds after it: round ``r``'s key is
 ``fold_in(k_run, r)`` (:func:`fedjax_dp.engine.run_keys`) and the sampler
 continues from its saved state, so on the same machine a resumed run ends with

@@ -227,9 +227,9 @@ def _config_from_args(args, grid: Optional[dict] = None, seeds: int = 1):
   the algorithm does not read is refused. ``grid`` (a sweep's): a flag or ``--set`` option that
   is also an axis is refused (a ``--config`` file's value is the base the axis varies), a field
   that only its axis gives takes the axis's first value (each experiment sets its own), and a
-  setting given is refused only when no grid point reads it; the plan of ``grid`` x ``seeds`` refuses bad axes, values
-  and seeds, and an axis that a point does not read (:func:`fedjax_dp.sweep.plan`), before any
-  folder is touched."""
+  setting given is refused only when no grid point reads it; the plan of ``grid`` x ``seeds``
+  refuses bad axes, values and seeds, and an axis that a point does not read
+  (:func:`fedjax_dp.sweep.plan`), before any folder is touched."""
   from fedjax_dp.algorithms import refuse_unused
   from fedjax_dp.config import field_types, make_config, parse_value
   base, overrides, options = _settings(args)

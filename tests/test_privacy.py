@@ -69,7 +69,8 @@ def test_fixed_size_uses_replace_one_with_doubled_sensitivity():
 def _replace_one_rdp(n, m, z):
   """dp_accounting's RDP curve of m of n sampled without replacement, noise z on a sum of 2."""
   acc = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
-  acc.compose(dp_accounting.SampledWithoutReplacementDpEvent(n, m, dp_accounting.GaussianDpEvent(z)))
+  acc.compose(dp_accounting.SampledWithoutReplacementDpEvent(n, m,
+                                                              dp_accounting.GaussianDpEvent(z)))
   return np.array(acc._rdp)  # pylint: disable=protected-access
 
 
@@ -80,7 +81,8 @@ def test_fixed_cohorts_with_byzantine_clients_are_a_mixture_over_the_byzantine_c
   # log(e^((a-1) r(3, 2)) / 2 + e^((a-1) r(3, 1)) / 2) / (a - 1).
   orders = np.array(rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
   event = GaussianSumMechanism(1.0, 2.0, "fixed", None, 4, 2, 1).round_event()
-  assert isinstance(event, RdpCurveDpEvent) and "Hypergeometric(N=4, byzantine=1, M=2)" in repr(event)
+  assert isinstance(event, RdpCurveDpEvent)
+  assert "Hypergeometric(N=4, byzantine=1, M=2)" in repr(event)
   two, one = _replace_one_rdp(3, 2, 1.0), _replace_one_rdp(3, 1, 1.0)
   expected = (np.logaddexp((orders - 1) * two, (orders - 1) * one) - np.log(2)) / (orders - 1)
   np.testing.assert_allclose(event.rdp, expected, rtol=1e-12)

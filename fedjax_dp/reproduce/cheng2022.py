@@ -819,7 +819,8 @@ def run_paper(output_dir: str, data_dir=None, seeds: Optional[int] = None, prese
   :data:`COLUMNS` ``["table1"]`` at each epsilon, configured by :func:`method_config`.
 
   Writes ``results.json`` (``runs``: preset, method, target and ledger epsilon, seed, accuracy;
-  ``release``: the accuracies are raw, on the writers' own held-out examples), ``runs.jsonl`` and each run's metrics under ``DIR/PRESET/``.
+  ``release``: the accuracies are raw, on the writers' own held-out examples), ``runs.jsonl``
+  and each run's metrics under ``DIR/PRESET/``.
   """
   from fedjax_dp.config import make_config
   from fedjax_dp.data import load_federated_emnist
