@@ -144,3 +144,14 @@ def test_the_loaders_show_the_data_dir_given_when_no_folder_results(monkeypatch)
   assert e.value.value == ""
   with pytest.raises(ConfigError, match=r"^invalid data_dir=None: no data directory given"):
     data.load_central("mnist")
+
+
+def test_accounting_workers_are_at_most_one_per_core_or_the_automatic_limit():
+  # Each worker is a Python process: 1,000 of them hung a 2-core machine.
+  import os
+  from fedjax_dp.privacy.ahead import MAX_AUTO_WORKERS
+  cap = max(MAX_AUTO_WORKERS, os.cpu_count() or 1)
+  assert make_config(accountant="pld", accounting_workers=cap).accounting_workers == cap
+  with pytest.raises(ConfigError, match=f"invalid accounting_workers=1000: must be an integer in "
+                                        rf"\[0, {cap}\]"):
+    make_config(accountant="pld", accounting_workers=1000)
