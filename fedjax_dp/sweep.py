@@ -583,8 +583,9 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
                        summaries[0].get("neighbouring_relation"),
                        _split_reads_labels(points[c].config)),
                    "grid": dict(block[0]["values"])})
+    # The programs that ran at once: no more threads than programs.
     result = SweepResult(rows, experiments, group_records, time.perf_counter() - t0, points,
-                         threads, release)
+                         min(threads, len(group_records)), release)
     if out is not None:
       out.mkdir(parents=True, exist_ok=True)
       outputs.write_text_atomic(out / "results.json",

@@ -98,8 +98,9 @@ def test_seeds_on_the_same_clients_are_composed_by_their_accountant():
   params = [e["result"].state.params for e in result.experiments]
   assert not all(np.array_equal(a, b) for a, b in zip(*map(jax.tree_util.tree_leaves, params)))
   # The same seeds on the shards partition (a split by labels) and no data_seed: no bound.
-  shards = sweep(_base(partition="shards", rounds=1), {"clip": ["0.5"]}, seeds=2, threads=1)
+  shards = sweep(_base(partition="shards", rounds=1), {"clip": ["0.5"]}, seeds=2, threads=8)
   assert shards.rows[0]["epsilon"] > 0 and shards.rows[0]["epsilon_seeds_composed"] is None
+  assert shards.threads == 2  # two experiments: two programs at once, not eight
   assert shards.rows[0]["seeds_composition"].startswith("none: ")
 
 
