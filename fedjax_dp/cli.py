@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import pathlib
 import sys
 import time
+import warnings
 from typing import Optional, Sequence
 
 from fedjax_dp import audit, plots
@@ -257,13 +259,14 @@ def _config_from_args(args, grid: Optional[dict] = None, seeds: int = 1):
   return config
 
 
-def _warn_noise(z, why: str) -> None:
-  """One line on stderr when a noise multiplier is so large that the model cannot learn."""
-  from fedjax_dp.config import NOISE_WARNING
-  if z is not None and z > NOISE_WARNING:
-    print(f"fedjax-dp: warning: noise_multiplier={z:.4g} ({why}) is above {NOISE_WARNING:g}: the "
-          "noise drowns every update; a larger target epsilon, more clients per round or fewer "
-          "rounds need less", file=sys.stderr)
+def _show_warning(python_show, message, category, *args, **kwargs):
+  """Warnings the library gives the user (:class:`fedjax_dp.errors.NoiseWarning`) as one line on
+  stderr; others as Python shows them (``python_show``)."""
+  from fedjax_dp.errors import NoiseWarning
+  if issubclass(category, NoiseWarning):
+    print(f"fedjax-dp: warning: {message}", file=sys.stderr)
+  else:
+    python_show(message, category, *args, **kwargs)
 
 
 def _resumed(args) -> tuple:
@@ -425,8 +428,6 @@ def _report(s: dict, config, seconds: Optional[float], out: pathlib.Path,
               else f"no formal DP guarantee ({s.get('guarantee_note')})")
   acc = s["final_accuracy"]
   diverged = "diverged (non-finite test loss)  " if s["diverged"] else ""
-  _warn_noise(s.get("noise_multiplier"), f"calibrated for target_epsilon={config.target_epsilon:g}"
-              if config.target_epsilon is not None else "as given")
   # The wall time follows the realized cohorts (blocks of absent clients are skipped): a raw
   # diagnostic, which a private run keeps out of what it prints, as out of what it writes.
   private = (s.get("release") or {}).get("mode") == "private"
@@ -446,7 +447,7 @@ def _cmd_privacy(args) -> int:
 
 def _privacy_report(args) -> dict:
   import math
-  from fedjax_dp.config import check_finite, check_noise_multiplier
+  from fedjax_dp.config import check_finite, check_noise_multiplier, noise_warning
   from fedjax_dp.errors import check_choice, check_open_unit
   from fedjax_dp.privacy import ACCOUNTANTS, GaussianSumMechanism, calibrate_noise_multiplier, epsilon_for
   from fedjax_dp.privacy.ledger import check_supported
@@ -488,7 +489,9 @@ def _privacy_report(args) -> dict:
   if args.target_epsilon is not None:
     z = calibrate_noise_multiplier(args.target_epsilon, args.delta, args.rounds, accountant=args.accountant, **common)
     out.update(target_epsilon=args.target_epsilon, noise_multiplier=z)
-    _warn_noise(z, f"calibrated for target_epsilon={args.target_epsilon:g}")
+    warning = noise_warning(z, f"calibrated for target_epsilon={args.target_epsilon:g}")
+    if warning is not None:
+      print(f"fedjax-dp: warning: {warning}", file=sys.stderr)
   else:
     z = args.noise_multiplier
     out["noise_multiplier"] = z
@@ -621,7 +624,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   main_thread = threading.current_thread() is threading.main_thread()
   previous = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
   try:
-    return _main(argv)
+    with warnings.catch_warnings():
+      warnings.showwarning = functools.partial(_show_warning, warnings.showwarning)
+      return _main(argv)
   finally:
     if main_thread:
       signal.signal(signal.SIGTERM, previous)

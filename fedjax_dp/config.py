@@ -51,6 +51,15 @@ MAX_NOISE_MULTIPLIER = 1e6
 NOISE_WARNING = 1e3
 
 
+def noise_warning(z, why: str) -> Optional[str]:
+  """What to warn about a noise multiplier ``z`` above :data:`NOISE_WARNING` (``why``: how it was
+  chosen), or None."""
+  if z is None or z <= NOISE_WARNING:
+    return None
+  return (f"noise_multiplier={z:.4g} ({why}) is above {NOISE_WARNING:g}: the noise drowns every "
+          "update; a larger target epsilon, more clients per round or fewer rounds need less")
+
+
 def check_noise_multiplier(value: Optional[float]) -> None:
   """Refuses a negative, non-finite or absurd (> :data:`MAX_NOISE_MULTIPLIER`) noise multiplier."""
   check_finite("noise_multiplier", value)

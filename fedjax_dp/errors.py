@@ -21,6 +21,11 @@ class ConfigError(ValueError):
     super().__init__(f"invalid {field}={value!r}: {allowed}")
 
 
+class NoiseWarning(UserWarning):
+  """A noise multiplier so large that the noise drowns every update (the run goes on: the
+  command line prints it in one line, before the first round)."""
+
+
 def check(cond: bool, field: str, value: Any, allowed: str) -> None:
   """Raises :class:`ConfigError` unless ``cond`` holds.
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Optional
 
 from fedjax_dp.config import RunConfig
 from fedjax_dp.engine import RunResult, run
+from fedjax_dp.errors import NoiseWarning
 from fedjax_dp.round import check_devices, one_cpu_device
 
 if TYPE_CHECKING:  # an annotation only: importing the models (and flax) waits for their use
@@ -61,7 +63,7 @@ def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional
       its first round).
   """
   from fedjax_dp.algorithms import build, refuse_unused
-  from fedjax_dp.config import make_config
+  from fedjax_dp.config import make_config, noise_warning
   if isinstance(model, str):  # a name is a setting like any other (validated by RunConfig)
     settings, model = {**settings, "model": model}, None
   config = make_config(**settings) if config is None else (config.replace(**settings) if settings
@@ -79,6 +81,11 @@ def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional
     setup = custom_setup(round, hparams, config, data)
   else:
     setup = build(config, data)
+  z = getattr(getattr(setup.accounting, "mechanism", None), "noise_multiplier", None)
+  warning = noise_warning(z, "as given" if config.target_epsilon is None else
+                          f"calibrated for target_epsilon={config.target_epsilon:g}")
+  if warning is not None:  # before the first round: the run goes on
+    warnings.warn(warning, NoiseWarning, stacklevel=2)
   checkpoint = None
   if checkpoint_every is not None or resume:
     from fedjax_dp.checkpoint import Checkpointer

@@ -445,6 +445,16 @@ def test_an_absurd_calibrated_noise_warns_in_one_line(capsys, tmp_path):
                "--output-dir", str(tmp_path / "o")]) == 0
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith("fedjax-dp: warning: noise_multiplier=")
+  # From Python, a NoiseWarning, given before the first round (the run goes on).
+  import warnings
+  import fedjax_dp
+  from fedjax_dp.errors import NoiseWarning
+  with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    before_round = []
+    fedjax_dp.simulate(num_clients=40, rounds=1, local_steps=1, model="mlp", target_epsilon=1e-9,
+                       on_round=lambda record: before_round.append(len(seen)))
+  assert [w.category for w in seen] == [NoiseWarning] and before_round == [1]
 
 
 # ------------------------------------------------------------------ properties
