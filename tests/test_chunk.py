@@ -146,6 +146,9 @@ def test_automatic_blocks_on_one_cpu_device(monkeypatch):
   tiny = dict(num_clients=40, rounds=1, local_steps=1, model="mlp", max_test=100)
   assert simulate(**tiny).summary["provenance"]["client_block"] == 4
   assert simulate(**tiny, client_chunk=0).summary["provenance"]["client_block"] is None
+  # A block as wide as the cohort's slots is the whole cohort at once, and is recorded so.
+  wide = dict(tiny, sampling="fixed", cohort_size=5, client_chunk=500)
+  assert simulate(**wide).summary["provenance"]["client_block"] is None
 
 
 @pytest.mark.parametrize("algorithm,extra,layers", [
