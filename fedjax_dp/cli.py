@@ -15,6 +15,7 @@ import json
 import os
 import pathlib
 import sys
+import threading
 import time
 import warnings
 from typing import Optional, Sequence
@@ -370,7 +371,8 @@ def _cmd_run(args) -> int:
   t0 = time.perf_counter()
   try:  # simulate checks the device count, then loads the data set
     result = simulate(config, output_dir=str(out), progress=not args.no_progress,
-                      release=release, on_round=rounds.append,
+                      release=release,
+                      on_round=lambda record: (rounds.append(record), _stop_if_signalled()),
                       tensorboard=tensorboard, checkpoint_every=args.checkpoint_every,
                       resume=args.resume is not None, overwrite=args.overwrite)
   except KeyboardInterrupt:
@@ -611,25 +613,40 @@ def build_parser() -> argparse.ArgumentParser:
   return parser
 
 
+# Set by Ctrl-C or SIGTERM: a KeyboardInterrupt raised where Python swallows it (a finalizer, a
+# garbage-collection callback: "Exception ignored in ...") still stops a run at its next round.
+_SIGNALLED = threading.Event()
+
+
 def _interrupt(signum, frame):
-  """SIGTERM (a scheduler's stop) ends a command as Ctrl-C does: one line saying what was kept."""
+  """Ctrl-C and SIGTERM (a scheduler's stop) end a command alike: one line saying what was
+  kept."""
   del signum, frame
+  _SIGNALLED.set()
   raise KeyboardInterrupt
+
+
+def _stop_if_signalled() -> None:
+  """After each round's record: an interrupt that was swallowed stops the run here."""
+  if _SIGNALLED.is_set():
+    raise KeyboardInterrupt
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   import signal
-  import threading
   main_thread = threading.current_thread() is threading.main_thread()
-  previous = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
+  # A signal the process was started ignoring (SIGINT in a shell's background job) stays so.
+  signals = [n for n in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(n) != signal.SIG_IGN]
+  previous = {n: signal.signal(n, _interrupt) for n in signals} if main_thread else {}
+  _SIGNALLED.clear()
   try:
     with warnings.catch_warnings():
       warnings.showwarning = functools.partial(_show_warning, warnings.showwarning)
       return _main(argv)
   finally:
-    if main_thread:
-      signal.signal(signal.SIGTERM, previous)
+    for n, handler in previous.items():
+      signal.signal(n, handler)
 
 
 def _main(argv: list) -> int:

@@ -531,6 +531,27 @@ def test_a_checkpoint_whose_host_item_is_damaged_is_refused(checkpointed, tmp_pa
   assert (run / "metrics.jsonl").read_bytes() == rows
 
 
+def test_an_interrupt_that_python_swallowed_still_stops_the_run(tmp_path, monkeypatch, capsys):
+  # A KeyboardInterrupt raised inside a finalizer or a garbage-collection callback is printed as
+  # "Exception ignored" and lost; the signal is remembered, and the run stops after its round.
+  import fedjax_dp.cli as cli
+  import fedjax_dp.engine
+  real, count = fedjax_dp.engine.summarize_round, [0]
+
+  def summarize(*a, **k):
+    count[0] += 1
+    if count[0] == 3:
+      cli._SIGNALLED.set()  # as _interrupt does before its KeyboardInterrupt is swallowed
+    return real(*a, **k)
+
+  monkeypatch.setattr(fedjax_dp.engine, "summarize_round", summarize)
+  out = tmp_path / "run"
+  assert main(["run", *TINY, "--output-dir", str(out)]) == 130
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "3 rounds kept" in err[0], err
+  assert not (out / "summary.json").exists()
+
+
 def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path, monkeypatch, capsys):
   import os
   import signal
