@@ -44,9 +44,12 @@ def workers_for(requested: Optional[int], platform: str) -> int:
   Automatic: none on a CPU, whose cores run the rounds (the quickstart with the PLD
   accountant, 2 cores: 11.3-11.8 s with none, 13.8-14.3 s with one, 11.3-11.6 s with two,
   benchmarks/RESULTS.md); elsewhere one per core but one, at most :data:`MAX_AUTO_WORKERS`.
+  A number requested (validated with the configuration, and by engine.run_group) starts at
+  most one per core or :data:`MAX_AUTO_WORKERS`, whichever is more: each is a Python process
+  (1,000 of them hung a 2-core machine), and a run stored with more resumes on a smaller one.
   """
-  if requested is not None:  # validated with the configuration (and by engine.run_group)
-    return requested
+  if requested is not None:
+    return min(requested, max(MAX_AUTO_WORKERS, os.cpu_count() or 1))
   if platform == "cpu":
     return 0
   return max(0, min(MAX_AUTO_WORKERS, (os.cpu_count() or 1) - 1))
