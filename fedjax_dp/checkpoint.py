@@ -91,7 +91,8 @@ def _uninterrupted():
     yield
     return
   caught = []
-  signals = (signal.SIGINT, signal.SIGTERM)
+  # A signal the process ignores (SIGINT in a shell's background job) stays ignored.
+  signals = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) != signal.SIG_IGN]
   previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in signals}
   try:
     yield

@@ -268,6 +268,14 @@ def test_a_signal_during_a_save_takes_effect_when_it_has_finished():
   assert done and signal.getsignal(signal.SIGINT) is signal.default_int_handler
   with _uninterrupted():  # no signal: nothing raised
     done.append(True)
+  signal.signal(signal.SIGINT, signal.SIG_IGN)  # a background job's: ignored, and stays so
+  try:
+    with _uninterrupted():
+      os.kill(os.getpid(), signal.SIGINT)
+      time.sleep(0.1)
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+  finally:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def test_rows_past_the_checkpoint_that_are_not_utf8_are_dropped_on_resume(four_rounds, tmp_path,

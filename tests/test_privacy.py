@@ -67,11 +67,15 @@ def test_fixed_size_uses_replace_one_with_doubled_sensitivity():
 
 
 def _replace_one_rdp(n, m, z):
-  """dp_accounting's RDP curve of m of n sampled without replacement, noise z on a sum of 2."""
-  acc = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
-  acc.compose(dp_accounting.SampledWithoutReplacementDpEvent(n, m,
-                                                              dp_accounting.GaussianDpEvent(z)))
-  return np.array(acc._rdp)  # pylint: disable=protected-access
+  """dp_accounting's RDP curve of m of n sampled without replacement, noise z on a sum of 2, at
+  most the unsampled Gaussian's (both hold)."""
+  def curve(event):
+    acc = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    acc.compose(event)
+    return np.array(acc._rdp)  # pylint: disable=protected-access
+  gaussian = dp_accounting.GaussianDpEvent(z)
+  return np.minimum(curve(dp_accounting.SampledWithoutReplacementDpEvent(n, m, gaussian)),
+                    curve(gaussian))
 
 
 def test_fixed_cohorts_with_byzantine_clients_are_a_mixture_over_the_byzantine_clients_sampled():
@@ -101,6 +105,12 @@ def test_fixed_cohorts_with_byzantine_clients_are_a_mixture_over_the_byzantine_c
   assert plain < eps < worst and (round(plain, 2), round(eps, 2), round(worst, 2)) == (
       5.6, 5.93, 11.84)
   assert "over the 50 regular clients, cohorts of M - K" in mech.guarantee_note
+  # Cohorts of nearly every regular client (10 of 12, 5 Byzantine): each K's curve is at most the
+  # unsampled Gaussian's, so the mixture is at most every round at K = 0 (7 of 7).
+  led = PrivacyLedger(1e-5, relation="replace_one")
+  led.compose(GaussianSumMechanism(1.0, 2.0, "fixed", None, 12, 10, 5).round_event(), 50)
+  assert led.epsilon() <= epsilon_for(dp_accounting.SampledWithoutReplacementDpEvent(
+      7, 7, dp_accounting.GaussianDpEvent(1.0)), 50, 1e-5, relation="replace_one") + 1e-9
   # 95 of 100 Byzantine with cohorts of 10: at least 5 Byzantine clients in every cohort, and a
   # guarantee for the 5 regular ones (a cohort of only Byzantine clients releases nothing of
   # them), below the worst case of all 5 in every cohort.

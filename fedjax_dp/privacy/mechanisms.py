@@ -213,9 +213,12 @@ def gaussian_round_event(z: float, sampling: str, sampling_prob=None, num_client
     return dp_accounting.SampledWithoutReplacementDpEvent(num_clients, cohort_size, noise)
   regular = num_clients - byzantine
 
+  # A sampled round is a mixture of outputs whose divergence is 0 (the client not sampled) or the
+  # Gaussian's, so its RDP is at most the Gaussian's; dp_accounting's bound near m = n is above.
   def cohort_rdp(m):
-    return event_rdp(dp_accounting.SampledWithoutReplacementDpEvent(regular, m, noise),
-                      "replace_one")
+    return np.minimum(
+        event_rdp(dp_accounting.SampledWithoutReplacementDpEvent(regular, m, noise),
+                  "replace_one"), event_rdp(noise, "replace_one"))
   return RdpCurveDpEvent(
       f"SampledWithoutReplacementDpEvent({regular} regular clients, M - K, {noise}) with "
       f"K ~ Hypergeometric(N={num_clients}, byzantine={byzantine}, M={cohort_size}) known to "
