@@ -557,7 +557,7 @@ def _cmd_sweep(args) -> int:
 
 def _cmd_reproduce(args) -> int:
   from fedjax_dp.outputs import check_output_dir, replacing
-  from fedjax_dp.reproduce import REPRODUCTIONS, own_files, run_reproduction
+  from fedjax_dp.reproduce import REPRODUCTIONS, finished_a_run, own_files, run_reproduction
   from fedjax_dp.reproduce.runner import RESULT_FILES
   from fedjax_dp.errors import check_choice
   check_choice("paper", args.paper, sorted(REPRODUCTIONS))
@@ -571,18 +571,22 @@ def _cmd_reproduce(args) -> int:
   out = check_output_dir(args.output_dir, overwrite=args.overwrite, results=RESULT_FILES)
   # Earlier results come back if the run fails before writing any (a bad scale or seeds, which
   # the reproduction checks first, or missing data); its figures and runs go with them.
+  outcome = None
   try:
-    with replacing(out, own_files(args.paper, out)):
+    # The earlier reproduction is replaced once the new one has finished a run (its runs/
+    # folder and runs.jsonl exist from the start).
+    with replacing(out, own_files(args.paper, out), started=finished_a_run) as outcome:
       return run_reproduction(args.paper, scale=args.scale or "small",
                               output_dir=args.output_dir, data_dir=args.data_dir,
                               seeds=args.seeds, threads=args.threads)
   except KeyboardInterrupt:
     runs = out / "runs.jsonl"
     kept = runs.read_bytes().count(b"\n") if runs.is_file() else 0
-    what = (f"{kept} finished run{'' if kept == 1 else 's'} kept in {runs}, no results.json "
-            "(a reproduction cannot be "
-            "resumed: rerun it with --overwrite)" if kept else f"no run finished: {out} is as it "
-            "was")
+    if outcome is None or outcome.restored:
+      what = f"no run finished: {out} is as it was"
+    else:
+      what = (f"{kept} finished run{'' if kept == 1 else 's'} kept in {runs}, no results.json "
+              "(a reproduction cannot be resumed: rerun it with --overwrite)")
     print(f"fedjax-dp: interrupted: {what}", file=sys.stderr)
     return EXIT_INTERRUPTED
 

@@ -21,7 +21,8 @@ import os
 import pathlib
 import shutil
 import tempfile
-from typing import Callable, Sequence
+import types
+from typing import Callable, Optional, Sequence
 
 from fedjax_dp.errors import ConfigError, check
 
@@ -107,14 +108,17 @@ def remove(folder, names: Sequence[str]) -> None:
 
 
 @contextlib.contextmanager
-def replacing(folder, names: Sequence[str], whole: bool = False):
+def replacing(folder, names: Sequence[str], whole: bool = False,
+              started: Optional[Callable[[pathlib.Path], bool]] = None):
   """For a command that replaces its files ``names`` in ``folder`` (``--overwrite``).
 
-  The earlier files are moved aside. If the block raises before any new result of ``names``
-  exists (bad input, missing data), they come back and a folder the block created is removed
-  again: a refused command loses nothing. Otherwise the earlier files are deleted. ``whole``:
-  the new files are worth keeping only whole (a sweep, which cannot resume), so a block that
-  raises at any point leaves the earlier files as they were and its own partial ones go.
+  The earlier files are moved aside. If the block raises before any new result exists
+  (``started(folder)``; default: any of ``names`` holds one; bad input, missing data), they
+  come back and a folder the block created is removed again: a refused command loses nothing.
+  Otherwise the earlier files are deleted. ``whole``: the new files are worth keeping only whole
+  (a sweep, which cannot resume), so a block that raises at any point leaves the earlier files
+  as they were and its own partial ones go. Yields a namespace whose ``restored`` says, once the
+  block has raised, whether the folder was put back as it was.
   """
   folder = pathlib.Path(folder)
   created = not folder.exists()
@@ -122,15 +126,19 @@ def replacing(folder, names: Sequence[str], whole: bool = False):
   aside = pathlib.Path(tempfile.mkdtemp(prefix=ASIDE_PREFIX, dir=folder)) if earlier else None
   for n in earlier:
     os.replace(folder / n, aside / n)
+  outcome = types.SimpleNamespace(restored=False)
   try:
-    yield
+    yield outcome
   except BaseException:
-    if whole or not any(holds_result(folder / n) for n in names):
+    begun = (started(folder) if started is not None else
+             any(holds_result(folder / n) for n in names))
+    if whole or not begun:
       remove(folder, names)  # empty leftovers, e.g. a runs.jsonl opened before the data failed
       for n in earlier:
         os.replace(aside / n, folder / n)
       if created and folder.is_dir() and not any(folder.iterdir()):
         folder.rmdir()
+      outcome.restored = True
     raise
   finally:
     if aside is not None:

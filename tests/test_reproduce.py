@@ -1,5 +1,6 @@
 """The reproductions' shared runner, seed statistics, Markdown tables and plots."""
 
+import functools
 import json
 import math
 import types
@@ -271,14 +272,24 @@ def test_an_interrupted_overwrite_leaves_no_figure_of_the_earlier_reproduction(t
   provenance = json.loads((out / "results.json").read_text())["provenance"]
   assert provenance["fedjax_dp"] == fedjax_dp.__version__ and "git" in provenance
 
-  def interrupted(jobs, record, *, runs_path, **kwargs):
-    runs_path.write_text(json.dumps({"a run": 1}) + "\n")
+  def interrupted(jobs, record, *, runs_path, finished=1, **kwargs):
+    (runs_path.parent / "runs" / "a run").mkdir(parents=True)  # a run begun
+    runs_path.write_text(json.dumps({"a run": 1}) + "\n" if finished else "")
     raise KeyboardInterrupt
-  monkeypatch.setattr(zhu2022, "run_jobs", interrupted)
+  # Before the first run has finished: the earlier reproduction stays as it was.
+  before = {p.name: p.read_bytes() for p in out.iterdir()}
+  monkeypatch.setattr(zhu2022, "run_jobs", functools.partial(interrupted, finished=0))
   capsys.readouterr()
   assert main(["reproduce", "zhu2022", "--scale", "tiny", "--output-dir", str(out),
                "--overwrite"]) == EXIT_INTERRUPTED
-  assert sorted(p.name for p in out.iterdir()) == ["runs.jsonl"]
+  assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+  assert capsys.readouterr().err.strip() == (
+      f"fedjax-dp: interrupted: no run finished: {out} is as it was")
+  # Once one has: the earlier reproduction's files go, figures included.
+  monkeypatch.setattr(zhu2022, "run_jobs", interrupted)
+  assert main(["reproduce", "zhu2022", "--scale", "tiny", "--output-dir", str(out),
+               "--overwrite"]) == EXIT_INTERRUPTED
+  assert sorted(p.name for p in out.iterdir()) == ["runs", "runs.jsonl"]  # the new ones
   assert capsys.readouterr().err.strip() == (
       f"fedjax-dp: interrupted: 1 finished run kept in {out / 'runs.jsonl'}, no results.json (a "
       "reproduction cannot be resumed: rerun it with --overwrite)")

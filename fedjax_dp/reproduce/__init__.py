@@ -46,6 +46,12 @@ def _describe(settings: dict) -> str:
   return ", ".join(parts)
 
 
+def finished_a_run(folder) -> bool:
+  """Whether a reproduction in ``folder`` has finished a run (``runs.jsonl`` holds a record)."""
+  path = pathlib.Path(folder) / "runs.jsonl"
+  return path.is_file() and b"\n" in path.read_bytes()
+
+
 def own_files(paper: str, folder) -> list:
   """What an earlier reproduction of ``paper`` left in ``folder`` that a new one replaces
   (``--overwrite``): its result files (:data:`fedjax_dp.reproduce.runner.RESULT_FILES`), the
