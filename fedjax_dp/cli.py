@@ -3,7 +3,8 @@
 Exit status: 0 done; 2 invalid input (one line naming the field, the value and
 what is allowed, before anything is compiled or written); 3 ``run`` finished
 but diverged (a non-finite test loss); 4 out of memory (one line saying what to
-lower); 130 interrupted (Ctrl-C), with one line saying what was kept.
+lower); 130 interrupted (Ctrl-C), with one line saying what was kept; 141 the reader of
+stdout went away (``| head``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from fedjax_dp import audit, plots
 from fedjax_dp.errors import ConfigError, check
 
 EXIT_INVALID, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_MEMORY = 2, 3, 130, 4
+EXIT_BROKEN_PIPE = 141  # as a process killed by SIGPIPE: its reader went away
 DEFAULT_RUN_DIR = "runs/quickstart"
 
 
@@ -604,7 +606,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "--delta 1e-5\n"
                    "  fedjax-dp reproduce cheng2022 --scale tiny --output-dir runs/r\n"
                    "exit status: 0 done; 2 invalid input (one line naming the field); 3 run "
-                   "diverged; 4 out of memory; 130 interrupted")
+                   "diverged; 4 out of memory; 130 interrupted; 141 stdout's reader went away")
   sub = parser.add_subparsers(dest="command", parser_class=_Parser, title="subcommands",
                               metavar="SUBCOMMAND")
   _add_run(sub)
@@ -669,10 +671,12 @@ def _main(argv: list) -> int:
     print("fedjax-dp: interrupted", file=sys.stderr)
     return EXIT_INTERRUPTED
   except BrokenPipeError:  # the reader (e.g. `| head`) closed the pipe: nothing left to say
-    # Python flushes stdout at exit: pointed at /dev/null, that flush cannot fail again.
+    # Python flushes stdout at exit: pointed at /dev/null, that flush cannot fail again. The
+    # command stopped where it could no longer write, so its status is a broken pipe's (128 +
+    # SIGPIPE), not success: a run or reproduction may have stopped half way.
     with contextlib.suppress(AttributeError, OSError, ValueError):
       os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return 0
+    return EXIT_BROKEN_PIPE
   except Exception as e:  # pylint: disable=broad-except
     if "RESOURCE_EXHAUSTED" not in str(e):
       raise

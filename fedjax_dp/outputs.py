@@ -93,7 +93,7 @@ def check_output_dir(path, *, overwrite: bool, results: Sequence[str] = RUN_FILE
     for name in results:
       check(not holds_result(out / name), "output_dir", str(out),
             f"already holds {name} from an earlier run: choose another directory or pass "
-            "--overwrite")
+            "--overwrite (overwrite=True from Python)")
   return out
 
 
