@@ -238,7 +238,9 @@ class PrivacyLedger:
     by_repr = {repr(e): e for e in events}
     for text, _ in runs:
       check(text in by_repr, "resume", text, "the checkpoint's privacy ledger composed an event "
-            f"this run does not ({sorted(by_repr)}): it was written by another configuration")
+            f"this run does not ({sorted(by_repr)}): it was written by another configuration, or "
+            "by a version of fedjax_dp that accounted this mechanism otherwise (start again "
+            "with --overwrite)")
     self._runs = [[by_repr[text], int(count)] for text, count in runs]
 
   @classmethod
