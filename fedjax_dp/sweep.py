@@ -35,6 +35,7 @@ import dataclasses
 import itertools
 import json
 import math
+import numbers
 import os
 import threading
 import time
@@ -391,8 +392,9 @@ def threads_for(requested: Optional[int], devices: Sequence[Optional[int]]) -> i
 def programs_at_once(group_size: Optional[int], threads: Optional[int],
                      devices: Sequence[Optional[int]]) -> int:
   """Checks ``group_size`` and returns :func:`threads_for` ``(threads, devices)``."""
-  check(group_size is None or (isinstance(group_size, int) and not isinstance(group_size, bool)
-                               and group_size >= 1), "group_size", group_size,
+  check(group_size is None or (isinstance(group_size, numbers.Integral)
+                               and not isinstance(group_size, bool) and group_size >= 1),
+        "group_size", group_size,
         "must be an integer >= 1 or unset (no limit)")
   return threads_for(threads, devices)
 

@@ -70,6 +70,11 @@ def test_sweep_refuses_a_group_size_that_is_not_an_integer_at_least_one(group_si
   assert "integer >= 1" in str(e.value)
 
 
+def test_a_numpy_integer_group_size_is_an_integer():
+  from fedjax_dp.sweep import programs_at_once
+  assert programs_at_once(np.int64(2), 1, [None]) == 1
+
+
 @pytest.mark.parametrize("config", [{"rounds": 1}, "digits", 3])
 def test_sweep_refuses_a_config_that_is_not_a_run_config(config):
   with pytest.raises(ConfigError, match=r"make_config\(\*\*") as e:
