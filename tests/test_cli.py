@@ -735,13 +735,21 @@ def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(monkeypatch, cap
 
 
 def test_an_interrupted_sweep_says_its_folder_is_as_it_was(tmp_path, monkeypatch, capsys):
+  # An earlier sweep's files, then an --overwrite interrupted while its programs run.
   import fedjax_dp.sweep
+  out = tmp_path / "s"
+  (out / "experiments" / "000").mkdir(parents=True)
+  (out / "experiments" / "000" / "summary.json").write_text("{}")
+  (out / "results.json").write_text('{"rows": []}')
+  before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
 
   def interrupted(*args, **kwargs):
+    (out / "experiments" / "000").mkdir(parents=True)  # a program had begun writing
     raise KeyboardInterrupt
-  monkeypatch.setattr(fedjax_dp.sweep, "sweep", interrupted)
-  out = tmp_path / "s"
-  assert main(["sweep", *TINY, "--grid", "clip=0.1,0.2", "--output-dir", str(out)]) == 130
+  monkeypatch.setattr(fedjax_dp.sweep, "run_configs", interrupted)
+  assert main(["sweep", *TINY, "--grid", "clip=0.1,0.2", "--output-dir", str(out),
+               "--overwrite"]) == 130
   assert capsys.readouterr().err.strip() == (
       f"fedjax-dp: interrupted: {out} is as it was (a sweep is written whole or not at all; run "
       "it again)")
+  assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
