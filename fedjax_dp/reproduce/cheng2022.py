@@ -828,10 +828,11 @@ def run_paper(output_dir: str, data_dir=None, seeds: Optional[int] = None, prese
   out.mkdir(parents=True, exist_ok=True)
   t0 = time.perf_counter()
   n_seeds = num_seeds(seeds, SCALES["paper"]["seeds"])
-  d = pathlib.Path(data_dir or ".")
-  train, test = d / "fed_emnist_train.h5", d / "fed_emnist_test.h5"
-  check(train.is_file() and test.is_file(), "data_dir", str(d),
-        "must hold TFF's fed_emnist_train.h5 and fed_emnist_test.h5 for the EMNIST presets")
+  from fedjax_dp.data import specs
+  from fedjax_dp.data.sources.common import resolve_data_dir
+  from fedjax_dp.data.sources.tff import paths
+  # Where `--dataset federated_emnist` finds them: --data-dir, else $FEDJAX_DP_DATA.
+  train, test = paths(specs.get("federated_emnist"), resolve_data_dir(data_dir))
   runs = []
   for i, name in enumerate(presets or PAPER_PRESETS):
     check_choice("preset", name, sorted(PAPER_PRESETS))

@@ -26,7 +26,9 @@ def expected_files(spec: DatasetSpec) -> list[str]:
   return list(spec.files)
 
 
-def _paths(spec: DatasetSpec, data_dir):
+def paths(spec: DatasetSpec, data_dir):
+  """``(train, test)``: the data set's HDF5 files in the first of ``spec.search_dirs(data_dir)``
+  that holds both; :class:`ConfigError` naming the folders searched when none does."""
   searched = spec.search_dirs(data_dir)
   for d in searched:
     train, test = (d / f for f in spec.files)
@@ -41,7 +43,7 @@ def _paths(spec: DatasetSpec, data_dir):
 
 
 def _read(spec: DatasetSpec, request: Request, max_clients) -> FederatedData:
-  train, test = _paths(spec, request.data_dir)
+  train, test = paths(spec, request.data_dir)
   if spec.source == "tff_shakespeare":
     return tff_h5.load_federated_shakespeare(train, test, max_clients,
                                              spec.example_shape[0])
