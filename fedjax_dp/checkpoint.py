@@ -36,15 +36,13 @@ import contextlib
 import hashlib
 import json
 import pathlib
-import signal
 import struct
-import threading
 from typing import Optional
 
 import jax
 import numpy as np
 
-from fedjax_dp import outputs
+from fedjax_dp import interrupts, outputs
 from fedjax_dp.errors import ConfigError, check
 
 KEEP = 2  # checkpoints kept
@@ -87,18 +85,9 @@ def _opened(folder: pathlib.Path):
 def _uninterrupted():
   """Ctrl-C and SIGTERM during the block (a checkpoint being saved, which orbax's threads write)
   take effect as a KeyboardInterrupt when it ends, so a save is never cut off half written."""
-  if threading.current_thread() is not threading.main_thread():
-    yield
-    return
   caught = []
-  # A signal the process ignores (SIGINT in a shell's background job) stays ignored.
-  signals = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) != signal.SIG_IGN]
-  previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in signals}
-  try:
+  with interrupts.handling(lambda signum, frame: caught.append(signum)):
     yield
-  finally:
-    for s, handler in previous.items():
-      signal.signal(s, handler)
   if caught:
     raise KeyboardInterrupt
 

@@ -640,19 +640,11 @@ def _stop_if_signalled() -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
-  import signal
-  main_thread = threading.current_thread() is threading.main_thread()
-  # A signal the process was started ignoring (SIGINT in a shell's background job) stays so.
-  signals = [n for n in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(n) != signal.SIG_IGN]
-  previous = {n: signal.signal(n, _interrupt) for n in signals} if main_thread else {}
+  from fedjax_dp import interrupts
   _SIGNALLED.clear()
-  try:
-    with warnings.catch_warnings():
-      warnings.showwarning = functools.partial(_show_warning, warnings.showwarning)
-      return _main(argv)
-  finally:
-    for n, handler in previous.items():
-      signal.signal(n, handler)
+  with interrupts.handling(_interrupt), warnings.catch_warnings():
+    warnings.showwarning = functools.partial(_show_warning, warnings.showwarning)
+    return _main(argv)
 
 
 def _main(argv: list) -> int:

@@ -200,11 +200,6 @@ ACCURACY_FROM_CLIENTS = {
                                            "a raw statistic of their data, not covered"}
 
 
-_RANDOMNESS = ("the seeds are secret, not public: a run's seed fixes every draw of its mechanism, "
-               "the noise included (fedjax_dp.engine.RANDOMNESS); they are recorded so that the "
-               "reproduction can be re-run")
-
-
 def identity(paper: str) -> dict:
   """The ``reproduction`` and ``provenance`` fields of a reproduction's ``results.json``: which
   paper, and the library, package versions, devices and source tree that ran it
@@ -219,15 +214,8 @@ def release(diagnostics: Mapping[str, str], test_from_clients: bool = False) -> 
   statistics that no guarantee covers. ``test_from_clients``: the runs' test set is their
   clients' own data, so their accuracies are raw (:data:`ACCURACY_FROM_CLIENTS`) and nothing in
   the file is covered."""
-  if test_from_clients:
-    return {"covered_by_guarantee": [],
-            "public_by_design": ["the settings but the seeds, the paper's numbers, each run's "
-                                 "epsilon (a function of the public settings)"],
-            "randomness": _RANDOMNESS,
-            "diagnostics": {"timings (seconds, wall_seconds)": "raw, as every run's",
-                            **ACCURACY_FROM_CLIENTS, **diagnostics}}
   return {
-      "covered_by_guarantee": [
+      "covered_by_guarantee": [] if test_from_clients else [
           "each run's test accuracies: post-processing of its released model; a row's mean and "
           "std over seeds read every seed's model, so they are covered by the seeds' composed "
           "guarantee, not by one run's: basic composition, k epsilon and k delta for k seeds, for "
@@ -244,9 +232,12 @@ def release(diagnostics: Mapping[str, str], test_from_clients: bool = False) -> 
           "file"],
       "public_by_design": ["the settings but the seeds, the paper's numbers, each run's epsilon "
                            "and noise multiplier (functions of the public settings)"],
-      "randomness": _RANDOMNESS,
+      "randomness": "the seeds are secret, not public: a run's seed fixes every draw of its "
+                    "mechanism, the noise included (fedjax_dp.engine.RANDOMNESS); they are "
+                    "recorded so that the reproduction can be re-run",
       # Raw, unnoised statistics: not covered by any guarantee.
-      "diagnostics": {"timings (seconds, wall_seconds)": "raw, as every run's", **diagnostics},
+      "diagnostics": {"timings (seconds, wall_seconds)": "raw, as every run's",
+                      **(ACCURACY_FROM_CLIENTS if test_from_clients else {}), **diagnostics},
   }
 
 
