@@ -582,11 +582,11 @@ def _cmd_reproduce(args) -> int:
                               output_dir=args.output_dir, data_dir=args.data_dir,
                               seeds=args.seeds, threads=args.threads)
   except KeyboardInterrupt:
-    runs = out / "runs.jsonl"
-    kept = runs.read_bytes().count(b"\n") if runs.is_file() else 0
     if outcome is None or outcome.restored:
       what = f"no run finished: {out} is as it was"
-    else:
+    else:  # a run has finished: runs.jsonl holds it
+      runs = out / "runs.jsonl"
+      kept = runs.read_bytes().count(b"\n")
       what = (f"{kept} finished run{'' if kept == 1 else 's'} kept in {runs}, no results.json "
               "(a reproduction cannot be resumed: rerun it with --overwrite)")
     print(f"fedjax-dp: interrupted: {what}", file=sys.stderr)

@@ -284,6 +284,11 @@ def provenance(model, state, data) -> dict:
   }
 
 
+def noise_multiplier(accounting) -> Optional[float]:
+  """The noise multiplier of a run's mechanism (``accounting.mechanism``), None without one."""
+  return getattr(getattr(accounting, "mechanism", None), "noise_multiplier", None)
+
+
 def run_keys(seed: int, secret: Optional[int] = None):
   """``(k_init, k_run)``: the initial state is ``program.init(k_init, hparams)``, round ``r``'s
   key ``fold_in(k_run, r)`` (a builder that must see the initial model uses ``k_init`` too).
@@ -612,7 +617,7 @@ class _Log:
     }
     if e.accounting is not None:
       summary.update(e.accounting.report())
-    noise = getattr(getattr(e.accounting, "mechanism", None), "noise_multiplier", None)
+    noise = noise_multiplier(e.accounting)
     if noise is not None:
       summary["noise_multiplier"] = noise
     summary["config"] = e.config

@@ -6,7 +6,7 @@ import warnings
 from typing import TYPE_CHECKING, Optional
 
 from fedjax_dp.config import RunConfig
-from fedjax_dp.engine import RunResult, run
+from fedjax_dp.engine import RunResult, noise_multiplier, run
 from fedjax_dp.errors import NoiseWarning
 from fedjax_dp.round import check_devices, one_cpu_device
 
@@ -81,9 +81,9 @@ def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional
     setup = custom_setup(round, hparams, config, data)
   else:
     setup = build(config, data)
-  z = getattr(getattr(setup.accounting, "mechanism", None), "noise_multiplier", None)
-  warning = noise_warning(z, "as given" if config.target_epsilon is None else
-                          f"calibrated for target_epsilon={config.target_epsilon:g}")
+  how = ("as given" if config.target_epsilon is None else
+         f"calibrated for target_epsilon={config.target_epsilon:g}")
+  warning = noise_warning(noise_multiplier(setup.accounting), how)
   if warning is not None:  # before the first round: the run goes on
     warnings.warn(warning, NoiseWarning, stacklevel=2)
   checkpoint = None
