@@ -271,6 +271,8 @@ def test_an_interrupted_overwrite_leaves_no_figure_of_the_earlier_reproduction(t
   import fedjax_dp  # results.json says what ran it, as a run's summary.json does
   provenance = json.loads((out / "results.json").read_text())["provenance"]
   assert provenance["fedjax_dp"] == fedjax_dp.__version__ and "git" in provenance
+  assert any(p.startswith("provenance") for p in json.loads((out / "results.json").read_text())[
+      "release"]["public_by_design"])
 
   def interrupted(jobs, record, *, runs_path, finished=1, **kwargs):
     (runs_path.parent / "runs" / "a run").mkdir(parents=True)  # a run begun

@@ -231,7 +231,9 @@ def release(diagnostics: Mapping[str, str], test_from_clients: bool = False) -> 
           "to cancel the noise and no composition of the rows' guarantees covers the whole "
           "file"],
       "public_by_design": ["the settings but the seeds, the paper's numbers, each run's epsilon "
-                           "and noise multiplier (functions of the public settings)"],
+                           "and noise multiplier (functions of the public settings)",
+                           "provenance (the library, package versions, devices and source tree "
+                           "that ran it)"],
       "randomness": "the seeds are secret, not public: a run's seed fixes every draw of its "
                     "mechanism, the noise included (fedjax_dp.engine.RANDOMNESS); they are "
                     "recorded so that the reproduction can be re-run",
