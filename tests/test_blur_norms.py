@@ -219,6 +219,8 @@ def test_tiny_reproduction_writes_and_renders(tmp_path):
   assert bn.run("tiny", str(tmp_path), log=lambda *a: None) == 0
   results = json.loads((tmp_path / "results.json").read_text())
   spec = bn.SCALES["tiny"]
+  raw = results["release"]["diagnostics"]["runs.norms, runs.grad_minibatch, runs.grad_full"]
+  assert raw == bn.RAW and "provenance" in results
   assert [r["lambda"] for r in results["runs"]] == list(spec["lambdas"])
   first = results["settings"]["pooled_rounds"][0]
   for r in results["runs"]:

@@ -89,8 +89,8 @@ from fedjax_dp.errors import check, check_choice
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import plot_histograms, read_norms
 from fedjax_dp.reproduce import cheng2022
-from fedjax_dp.reproduce.runner import (Job, group_by, identity, num_seeds, run_jobs, seed_stats,
-                                        wrote)
+from fedjax_dp.reproduce.runner import (Job, group_by, identity, num_seeds, release, run_jobs,
+                                        seed_stats, wrote)
 from fedjax_dp.reproduce.tables import Claim, markdown_table, mean_std, verdict_table
 
 # The paper's settings (Sec. 6): local lr eta_l, local steps Q, clip bound S (by grid search).
@@ -321,7 +321,9 @@ def run(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] = None,
   }
   results = {"paper": "Cheng et al., Differentially Private Federated Learning with Local "
                       "Regularization and Sparsification, CVPR 2022 (Eq. 5, Lemma 2, Fig. 2)",
-             "settings": settings, "raw_diagnostics": RAW, **identity("cheng2022-norms"),
+             "settings": settings, **identity("cheng2022-norms"),
+             "release": release({"runs.norms, runs.grad_minibatch, runs.grad_full": RAW},
+                                test_from_clients=data.test_from_clients),
              "runs": [{k: r[k] for k in ("lambda", "seed", "accuracy", "epsilon",
                                          "noise_multiplier", "norms", "grad_minibatch",
                                          "grad_full", "seconds")} for r in runs]}
