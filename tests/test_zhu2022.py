@@ -24,6 +24,17 @@ def test_half_spread_groups_puts_each_digits_other_half_on_its_group():
   assert [int(np.sum(labels[parts[k]] == 9)) for k in (27, 28, 29)] == [11, 11, 11]  # Byzantine
 
 
+def test_non_iid_groups_hold_a_tenth_of_the_workers_whatever_the_byzantine_count():
+  # 20 workers, 1 Byzantine: groups of 2 (the paper's K / 10), not of b = 1.
+  scale = dict(zhu2022.SCALES["tiny"], dataset="digits", num_clients=20, byzantine=1,
+               max_train=None, max_test=None)
+  data = zhu2022.load_data(scale, "noniid", data_dir=None)
+  for c in range(10):
+    counts = np.array([int(np.sum(data.y[k, :data.counts[k]] == c)) for k in range(20)])
+    group = [2 * c, 2 * c + 1]
+    assert counts[group].min() > 2 * np.delete(counts, group).max(), (c, counts)
+
+
 def _record(partition, attack, method, eps, seed, acc):
   return {"partition": partition, "attack": attack, "method": method, "epsilon": eps,
           "seed": seed, "accuracy": acc, "epsilon_composed": None if eps is None else 1e5,
