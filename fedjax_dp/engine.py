@@ -482,7 +482,7 @@ class _Log:
     self.e = experiment
     self.release = release
     self.client_block = client_block
-    self.slots = 0  # the most client slots a device has run in one round
+    self.slots = 0  # the most client slots (all devices') a round has run
     self.checkpointed = checkpointed  # the run saves checkpoints/ beside its outputs
     self.released_metrics = tuple(getattr(program, "released_metrics", ()))
     self.clip = clip_bound(program, experiment.hparams)
@@ -630,7 +630,8 @@ class _Log:
     test_examples = summary["data"].pop("test_examples") if from_clients else None
     # How the rounds ran: clients per vmapped block (None: the whole cohort at once), and the
     # implementation of each convolution layer as the compiled round traced it.
-    # Blocks as wide as a device's slots are the whole cohort at once (round.run_clients).
+    # Blocks as wide as the cohort's slots (all devices' together: the round splits the padded
+    # cohort over them) are the whole cohort at once (round.run_clients).
     block = self.client_block if (self.client_block or 0) < self.slots else None
     summary["provenance"] = dict(self.environment(), client_block=block,
                                  conv_layers=traced_conv_layers(program))
@@ -856,7 +857,7 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
     cohorts = [e.sampler.sample() for e in experiments]
     capacity = -(-max(len(c.ids) for c in cohorts) // n_devices) * n_devices
     for log in logs:
-      log.slots = max(log.slots, capacity // n_devices)
+      log.slots = max(log.slots, capacity)
     return cohorts, inputs([_pad_cohort(c, capacity) for c in cohorts])
 
   logs = [_Log(program, e, release, client_chunk, checkpoint is not None) for e in experiments]

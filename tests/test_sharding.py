@@ -59,6 +59,12 @@ SCRIPT = textwrap.dedent("""
            for d in (1, 4)]
     out["sweep_accuracy"] = [[e["result"].summary["final_accuracy"] for e in r.experiments]
                              for r in res]
+    # The blocks a summary records are those of the whole cohort the round splits over the
+    # devices: 8 slots (2 a device) in blocks of 4 run as 2 blocks, in blocks of 8 as one.
+    fixed = dict({k: v for k, v in base.items() if k != "sampling_prob"}, sampling="fixed",
+                 cohort_size=8, rounds=1, devices=4)
+    out["client_block"] = [simulate(make_config(**fixed, client_chunk=k), data).summary[
+        "provenance"]["client_block"] for k in (4, 8)]
     print("RESULT " + json.dumps(out))
 """)
 
@@ -82,6 +88,7 @@ def test_four_devices_give_the_one_device_result():
   assert out["winograd_grads"]["relative_diff"] < 1e-5, out["winograd_grads"]
   one, four = out["sweep_accuracy"]
   assert max(abs(a - b) for a, b in zip(one, four)) <= 0.01
+  assert out["client_block"] == [4, None]
 
 
 PROCESS = textwrap.dedent("""
