@@ -125,7 +125,7 @@ _SMALL = dict(
     client_optimizer="sgd", client_lr=0.05, server_optimizer="sgd", server_lr=1.0,
     denominator="expected", clip=0.3, delta=DELTA, accountant="rdp", eval_every=5)
 # Table 2's settings (Sec. 6): T = 300, p = 0.06, batch 50, eta_l = 0.1, Q = 30, eta_g = 1,
-# S = 0.3, delta = 1e-5; 500 clients (Hsu et al. 2019's Dirichlet label split of the 50,000
+# S = 0.3; delta = 1e-5 assumed (illegible in the extracted text); 500 clients (Hsu et al. 2019's Dirichlet label split of the 50,000
 # training images, 100 examples per client on average).
 _CIFAR = dict(dataset="cifar10", partition="dirichlet", num_clients=500, rounds=300,
               sampling="poisson", sampling_prob=0.06, local_steps=30, batch_size=50,
@@ -177,8 +177,8 @@ SCALES = {
                                     sampling_prob=(0.3, 0.5))),
 }
 
-# The paper's Table 1 (Sec. 6): federated EMNIST, Q = 30 local steps, eta_g = 1, delta = 1e-5,
-# lambda = 0.4, c = 0.7. Accelerator scale; not run on the project's CPUs. (Table 2 is
+# The paper's Table 1 (Sec. 6): federated EMNIST, Q = 30 local steps, eta_g = 1, lambda = 0.4,
+# c = 0.7; delta = 1e-5 assumed (illegible in the extracted text). Accelerator scale; not run on the project's CPUs. (Table 2 is
 # --scale cifar.)
 _EMNIST = dict(dataset="federated_emnist", partition="natural", model="cnn2", rounds=1000,
                sampling="poisson", sampling_prob=0.04, local_steps=30, batch_size=64,
