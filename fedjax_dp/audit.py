@@ -227,23 +227,19 @@ def _hp(setup, key: str, factor: float) -> dict:
 NUM_USERS = 8  # the population of the user-level audits (the canary is the last client)
 
 
-def _user_level(algorithm: str, sampling: str, options=None, relation: str = "replace_one"):
+def _user_level(algorithm: str, sampling: str, options=None):
   """DP-FedAvg family: the round's noisy mean of clipped updates, one round.
 
-  Poisson (add/remove) and fixed cohorts under zero-out: world 1 has the canary client,
-  world 0 has not (its slot never contributes; the population size, the cohorts and the
-  public denominator are kept).
+  Poisson (add/remove): world 1 has the canary client, world 0 has not (its slot
+  never joins; the population size and the public denominator ``qN`` are kept).
   Fixed cohorts (replace-one): the canary is replaced by the anti-canary (the same
   example with the other label, whose update is the canary's negated).
   """
-  zeroed = sampling == "poisson" or relation == "zero_out"
-
   def run(trials, key, factor, scale):
     import jax
     cfg = dict(algorithm=algorithm, num_clients=NUM_USERS, sampling=sampling, clip=1.0,
                noise_multiplier=1.5 if sampling == "poisson" else 3.0, options=options or {})
-    cfg.update(sampling_prob=0.5) if sampling == "poisson" else cfg.update(cohort_size=4,
-                                                                          relation=relation)
+    cfg.update(sampling_prob=0.5) if sampling == "poisson" else cfg.update(cohort_size=4)
     canary = NUM_USERS - 1
     out = []
     for world in (0, 1):
@@ -251,7 +247,7 @@ def _user_level(algorithm: str, sampling: str, options=None, relation: str = "re
       data = federation(NUM_USERS, 4, 0, (canary, CANARY * scale, label), alone=True)
       setup = _build(_config(**cfg, seed=world), data)
       ids, mask = _cohorts(setup.sampler, trials)
-      if zeroed and world == 0:
+      if sampling == "poisson" and world == 0:
         mask = np.where(ids == canary, 0.0, mask).astype(np.float32)
       hp = _hp(setup, "noise_multiplier", factor)
       out.append(_round_releases(setup, data, hp, ids, mask, jax.random.fold_in(key, world), trials))
@@ -429,10 +425,6 @@ AUDITS = {
     "dp_fedavg-fixed": Audit(_user_level("dp_fedavg", "fixed"),
                              _FEDAVG + "; replace the canary client by its anti-canary (the other "
                              "label), cohorts of 4 without replacement, noise multiplier 3"),
-    "dp_fedavg-fixed-zero-out": Audit(
-        _user_level("dp_fedavg", "fixed", relation="zero_out"),
-        _FEDAVG + "; zero the canary client out (its slot kept, contributing nothing), cohorts "
-        "of 4 without replacement, noise multiplier 3"),
     "blur+lus": Audit(_user_level("blur+lus", "poisson"),
                       _FEDAVG + "; BLUR local training, LUS sparsification (0.7) then clip then "
                       "noise; add/remove under Poisson sampling (q = 0.5), noise multiplier 1.5"),

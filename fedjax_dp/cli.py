@@ -131,10 +131,6 @@ def _add_privacy(sub):
                  "when they are sampled, so a cohort's regular clients are accounted as M - K "
                  "of the N - byzantine, mixed over the K Byzantine clients sampled, as a run "
                  "with --byzantine is (default: none, i.e. 0; an integer in [0, N))")
-  p.add_argument("--relation", help="fixed: the neighbouring relation, replace_one (the sum "
-                 "moves by up to 2 clip) or zero_out (one client's data replaced by nothing: by "
-                 "up to clip), as a run's --relation (default: none, i.e. replace_one; one of: "
-                 "replace_one, zero_out)")
   p.add_argument("--noise-multiplier", type=float, help="noise std / clip: report its epsilon "
                  "(default: none; give exactly one of this and --target-epsilon)")
   p.add_argument("--target-epsilon", type=float, help="report the noise multiplier that reaches "
@@ -473,9 +469,9 @@ def _privacy_report(args) -> dict:
   reads = ({"keep_prob", "dimension"} if args.mechanism == "sign-flip" else
            {"noise_multiplier", "target_epsilon", "sampling"}
            | ({"sampling_prob"} if args.sampling == "poisson"
-              else {"num_clients", "cohort_size", "byzantine", "relation"}))
+              else {"num_clients", "cohort_size", "byzantine"}))
   for name in ("keep_prob", "dimension", "sampling", "sampling_prob", "num_clients",
-               "cohort_size", "byzantine", "relation", "noise_multiplier", "target_epsilon"):
+               "cohort_size", "byzantine", "noise_multiplier", "target_epsilon"):
     check(name in reads or getattr(args, name) is None, name, getattr(args, name),
           f"is not used with --mechanism {args.mechanism}"
           + ("" if args.mechanism == "sign-flip" else f" --sampling {args.sampling}")
@@ -492,8 +488,7 @@ def _privacy_report(args) -> dict:
   check((args.noise_multiplier is None) != (args.target_epsilon is None), "noise_multiplier/target_epsilon",
         (args.noise_multiplier, args.target_epsilon), "give exactly one of --noise-multiplier and --target-epsilon")
   common = dict(sampling=args.sampling, sampling_prob=args.sampling_prob, num_clients=args.num_clients,
-                cohort_size=args.cohort_size, byzantine=args.byzantine or 0,
-                fixed_relation=args.relation or "replace_one")
+                cohort_size=args.cohort_size, byzantine=args.byzantine or 0)
   out = {"sampling": args.sampling, "rounds": args.rounds, "delta": args.delta, "accountant": args.accountant}
   if args.target_epsilon is not None:
     z = calibrate_noise_multiplier(args.target_epsilon, args.delta, args.rounds, accountant=args.accountant, **common)

@@ -196,14 +196,6 @@ class RunConfig:
   delta: float = _field(1e-5, "delta of the (epsilon, delta) guarantee, in (0, 1)")
   accountant: str = _field("rdp", "the privacy accountant (dp_accounting's RDP or PLD)",
                            _values("fedjax_dp.privacy.ledger", "ACCOUNTANTS"))
-  relation: str = _field(
-      "replace_one", "fixed sampling, user-level algorithms: the neighbouring relation the "
-      "guarantee is stated for: replace_one (one client's data replaced by another's: the noised "
-      "sum moves by up to 2 clip) or zero_out (one client's data replaced by nothing, its slot "
-      "kept: the sum moves by up to clip, as under poisson sampling, whose add/remove is stated "
-      "in this form; a replaced client is two zero-outs, so its guarantee follows by group "
-      "privacy of 2)",
-      _values("fedjax_dp.privacy.mechanisms", "FIXED_RELATIONS"))
   accounting_workers: Optional[int] = _field(
       None, "pld accountant: worker processes that compute the epsilons the rounds report, "
       "with the same values: a user- or worker-level run's ahead of its rounds, an "
@@ -297,7 +289,6 @@ class RunConfig:
           f"must be unset (None) when target_epsilon={te} is set: the ledger calibrates the noise")
     check_open_unit("delta", self.delta)
     self._check_choice("accountant")
-    self._check_choice("relation")
     check(self.eval_every >= 1, "eval_every", self.eval_every, "must be >= 1")
     check(isinstance(self.byzantine, int) and 0 <= self.byzantine < self.num_clients, "byzantine",
           self.byzantine, f"must be an int in [0, num_clients={self.num_clients})")

@@ -183,7 +183,7 @@ def custom_setup(rnd, hparams: Optional[dict], config: RunConfig, data):
   hp = {"server_lr": 1.0, "byzantine": 0, "expected_size": sampler.expected_size, **hparams}
   hp = as_hparams(hp)
   mechanism = user_level_mechanism(rnd, hp, config.sampling, config.sampling_prob,
-                                   data.num_clients, config.cohort_size, config.relation)
+                                   data.num_clients, config.cohort_size)
   knowledge = knowledge_of_unreleased(rnd.attack, int(hp["byzantine"]))
   return Setup(rnd, sampler, LedgerAccounting(mechanism, config.delta, config.accountant,
                                               attacker_knowledge=knowledge), hp)

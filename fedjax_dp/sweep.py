@@ -100,8 +100,8 @@ def seeds_composed(epsilon: Optional[float], delta: Optional[float], seeds: int,
   Otherwise (each seed splits the data into clients differently) no client is common to the
   runs, and the unit is one example, which sits in one client of each run: changing it replaces
   that client's data set in every run. Under the runs' ``relation`` "replace_one" that is their
-  own neighbour, composed as above; under "add_remove" and "zero_out" a replaced client is one
-  removed (zeroed) and one added, so each run is ``(2 epsilon, (1 + e^epsilon) delta)``-DP for it (group privacy) and the
+  own neighbour, composed as above; under "add_remove" a replaced client is one removed and one
+  added, so each run is ``(2 epsilon, (1 + e^epsilon) delta)``-DP for it (group privacy) and the
   seeds compose by basic composition ("basic, group of 2"). That holds only where the split
   ignores the examples' labels (``split_reads_labels`` False: the iid partition of the whole
   data set): a split by labels (shards, dirichlet) or of a class-balanced subset (``max_train``)

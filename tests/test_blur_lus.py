@@ -272,6 +272,5 @@ def test_reproduction_tiny(tmp_path):
   eps = {r["method"]: r["epsilon"] for r in res["rows"]
          if r["target_epsilon"] == 2.0 and r["method"] in VARIANTS}
   assert len(set(eps.values())) == 1
-  assert {r["relation"] for r in res["rows"] if r["method"] == "ddgauss"} == {"zero_out"}
   for name in ("results.md", "cheng2022_update_norms.png", "cheng2022_accuracy.png"):
     assert (tmp_path / name).is_file()

@@ -25,7 +25,6 @@ def test_method_configs():
   base = cheng2022.SCALES["cifar"]["config"]
   dd = cheng2022.method_config(base, "ddgauss", 4.0)
   assert (dd["sampling"], dd["cohort_size"], dd["capacity"]) == ("fixed", 30, None)
-  assert dd["relation"] == "zero_out"  # the other columns' neighbours (Poisson add/remove)
   assert dd["target_epsilon"] == 4.0 and dd["noise_multiplier"] is None
   ae = cheng2022.method_config(base, "ae-dpfl", 4.0)
   assert ae["sampling"] == "poisson" and ae["options"] == cheng2022.AE_DPFL_OPTIONS
@@ -54,7 +53,7 @@ def test_tiny_cifar_all_columns(shared_data_dir, tmp_path):
     if r["method"] != "fedavg":
       assert math.isfinite(r["epsilon"]) and r["epsilon"] == pytest.approx(8.0, rel=0.02)
   dd = next(r for r in rows if r["method"] == "ddgauss")
-  assert (dd["sampling"], dd["cohort_size"], dd["relation"]) == ("fixed", 5, "zero_out")
+  assert (dd["sampling"], dd["cohort_size"]) == ("fixed", 5)
   md = (tmp_path / "results.md").read_text()
   for label in ("DP-FedAvg", "AE-DPFL", "DDGauss", "BLUR+LUS", "Table 2", "### Fig. 3",
                 "### Fig. 4", "| Fig. 3, Q = 1: Ours − DP-FedAvg | + (sign only) |",
@@ -155,7 +154,7 @@ def test_claims_paired_by_seed():
   assert gain.reason == ""  # reproduced
   dd = out["cnn2, alpha 1, epsilon 6: Ours − DDGauss"]
   assert dd.measured > dd.paper_gain and dd.reason == "DDGauss's z 2.00 vs DP-FedAvg's 1.00 " \
-      "(fixed cohorts, replace_one)"
+      "(replace-one)"
   ae = out["cnn2, alpha 1, epsilon 6: Ours − AE-DPFL"]
   assert ae.measured is None and "diverged" in ae.reason
   drop = out["Fig. 3: DP-FedAvg loses accuracy from Q = 30 to Q = 40"]

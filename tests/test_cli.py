@@ -194,13 +194,6 @@ def test_privacy_target_epsilon_and_fixed_sampling(capsys):
                "1e-5"]) == 0
   byz = json.loads(capsys.readouterr().out)
   assert byz["epsilon"] > out["epsilon"] and "990 regular clients, M - K" in byz["dp_event"]
-  # Zero-out: the sum moves by clip, so the epsilon of z is replace-one's of 2 z.
-  assert main(["privacy", "--sampling", "fixed", "--num-clients", "1000", "--cohort-size", "40",
-               "--noise-multiplier", "0.5", "--relation", "zero_out", "--rounds", "100",
-               "--delta", "1e-5"]) == 0
-  zero = json.loads(capsys.readouterr().out)
-  assert zero["neighbouring_relation"] == "zero_out"
-  assert zero["epsilon"] == pytest.approx(out["epsilon"], rel=1e-9)
   assert main(["privacy", "--sampling-prob", "0.04", "--noise-multiplier", "1.1", "--rounds", "30",
                "--delta", "1e-5", "--accountant", "pld"]) == 0
   assert json.loads(capsys.readouterr().out)["accountant"] == "pld"
@@ -560,9 +553,6 @@ def test_multi_krum_larger_than_the_cohort_is_refused(tmp_path, capsys):
     (["--attacker-knowledge", "omniscient"], "invalid attacker_knowledge='omniscient': is not "
                                              "used: there is no attack"),
     (["--cohort-size", "5"], "invalid cohort_size=5: is not used: sampling is poisson"),
-    (["--relation", "zero_out"], "invalid relation='zero_out': is not used: sampling is poisson"),
-    (["--algorithm", "dp-fl", "--sampling", "fixed", "--cohort-size", "3", "--relation",
-      "zero_out"], "invalid relation='zero_out': is not used by algorithm 'dp-fl'"),
     (["--sampling", "fixed", "--cohort-size", "3", "--sampling-prob", "0.5"],
      "invalid sampling_prob=0.5: is not used: sampling is fixed"),
     (["--sampling", "fixed", "--cohort-size", "3", "--capacity", "2"],
@@ -666,7 +656,6 @@ def test_a_sweep_axis_may_give_a_field_the_base_run_needs(tmp_path, capsys):
     (["--sampling", "fixed", "--num-clients", "10", "--cohort-size", "5", "--sampling-prob",
       "0.5", "--noise-multiplier", "1"], "sampling_prob"),
     (["--sampling-prob", "0.1", "--keep-prob", "0.7", "--noise-multiplier", "1"], "keep_prob"),
-    (["--sampling-prob", "0.1", "--relation", "zero_out", "--noise-multiplier", "1"], "relation"),
     (["--mechanism", "sign-flip", "--keep-prob", "0.7", "--dimension", "10",
       "--noise-multiplier", "3"], "noise_multiplier"),
     (["--mechanism", "sign-flip", "--keep-prob", "0.7", "--dimension", "10",

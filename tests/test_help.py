@@ -84,7 +84,6 @@ def _expected_values() -> dict:
   from fedjax_dp.engine import PLACEMENTS
   from fedjax_dp.models import CONV_IMPLS, MODELS
   from fedjax_dp.privacy.ledger import ACCOUNTANTS
-  from fedjax_dp.privacy.mechanisms import FIXED_RELATIONS
   from fedjax_dp.round import WEIGHTINGS
   from fedjax_dp.sampling import SAMPLINGS
   expected = {
@@ -92,7 +91,6 @@ def _expected_values() -> dict:
       "partition": PARTITIONERS, "model": MODELS, "conv_impl": CONV_IMPLS, "sampling": SAMPLINGS,
       "placement": PLACEMENTS, "client_optimizer": OPTIMIZERS, "server_optimizer": OPTIMIZERS,
       "weighting": WEIGHTINGS, "denominator": DENOMINATORS, "accountant": ACCOUNTANTS,
-      "relation": FIXED_RELATIONS,
       "attack": ATTACKS, "attacker_knowledge": KNOWLEDGE, "aggregator": NAMES}
   if "compute_dtype" in {f.name for f in dataclasses.fields(RunConfig)}:
     from fedjax_dp.models import COMPUTE_DTYPES

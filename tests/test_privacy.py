@@ -66,29 +66,6 @@ def test_fixed_size_uses_replace_one_with_doubled_sensitivity():
   assert acc.report()["epsilon"] == pytest.approx(direct, rel=1e-9)
 
 
-@pytest.mark.parametrize("byzantine", [0, 3])
-def test_zero_out_states_a_fixed_cohort_at_the_clip_not_twice_it(byzantine):
-  # Zeroing a client out moves the sum by clip (replacing it by 2 clip): its epsilon at z is
-  # replace-one's at 2 z, exactly, with and without Byzantine clients, and calibration halves z.
-  def eps(z, relation):
-    mech = GaussianSumMechanism(1.0, z, "fixed", None, 100, 10, byzantine, relation)
-    ledger = PrivacyLedger(1e-5, "rdp", mech.relation)
-    ledger.compose(mech.round_event(), 40)
-    return ledger.epsilon(), mech
-  zero, mech = eps(1.5, "zero_out")
-  assert mech.relation == "zero_out" and "bounded by clip" in mech.guarantee_note
-  assert zero == pytest.approx(eps(3.0, "replace_one")[0], rel=1e-12)
-  assert zero < eps(1.5, "replace_one")[0] / 2
-  z = {rel: calibrate_noise_multiplier(4.0, 1e-5, 40, "fixed", None, 100, 10, "rdp", byzantine,
-                                       rel) for rel in ("replace_one", "zero_out")}
-  assert z["zero_out"] == pytest.approx(z["replace_one"] / 2, rel=1e-3)
-  # Poisson sampling's add/remove has no other form to choose; an unknown relation is refused.
-  assert GaussianSumMechanism(1.0, 1.0, "poisson", 0.1, fixed_relation="zero_out").relation == (
-      "add_remove")
-  with pytest.raises(ConfigError, match="relation"):
-    GaussianSumMechanism(1.0, 1.0, "fixed", None, 100, 10, 0, "add_remove")
-
-
 def _replace_one_rdp(n, m, z):
   """dp_accounting's RDP curve of m of n sampled without replacement, noise z on a sum of 2, at
   most the unsampled Gaussian's (both hold)."""

@@ -212,14 +212,14 @@ _LOCAL = frozenset({"local_steps", "client_optimizer", "weighting", "server_opti
 _NOISE = frozenset({"clip", "noise_multiplier", "target_epsilon"})
 # User-level DP-FedAvg and its variants: the server's noised mean is the mechanism.
 CENTRAL_NOISE = ("dp_fedavg", "dp_fedavg+blur", "dp_fedavg+lus", "blur+lus")
-USES = {name: _LOCAL | _NOISE | {"denominator", "relation"} for name in CENTRAL_NOISE}
+USES = {name: _LOCAL | _NOISE | {"denominator"} for name in CENTRAL_NOISE}
 USES["fedavg"] = _LOCAL
 USES.update({name: _LOCAL | _NOISE for name in ("spfl", "spfl-sound", "dp-fl", "adp-fl")})
 USES["nodp-fl"] = _LOCAL
 USES.update({name: frozenset() for name in ("rsa", "dp-rsa-f", "dp-rsa-g", "sgd", "signsgd", "gm",
                                             "median", "trimmed_mean", "krum", "centered_clipping")})
-USES["ddgauss"] = _LOCAL | _NOISE | {"relation"}
-USES["ae-dpfl"] = (_LOCAL - {"weighting"}) | {"noise_multiplier", "target_epsilon", "relation"}
+USES["ddgauss"] = _LOCAL | _NOISE
+USES["ae-dpfl"] = (_LOCAL - {"weighting"}) | {"noise_multiplier", "target_epsilon"}
 SPECIFIC = frozenset().union(*USES.values())
 
 
@@ -306,8 +306,6 @@ def unread_by_settings(config) -> dict:
              ("attacker_knowledge", knowledge),
              ("noise_multiplier", unnoised), ("target_epsilon", unnoised),
              ("delta", unaccounted), ("accountant", unaccounted),
-             ("relation", "sampling is poisson (its relation is add/remove one client, stated in "
-              "the zero-out form)" if config.sampling == "poisson" else unaccounted),
              ("accounting_workers", unaccounted or workers_unused),
              ("dirichlet_alpha", only("dirichlet")), ("shards_per_client", only("shards")),
              ("min_labels_per_client", only("shards")),

@@ -55,7 +55,7 @@ from fedjax_dp.algorithms import Setup, cached_round, common_hparams, read_optio
 from fedjax_dp.algorithms.options import Option
 from fedjax_dp.client import local_sgd, make_optimizer
 from fedjax_dp.errors import check
-from fedjax_dp.privacy.mechanisms import RELATION_WORDS, GaussianSumMechanism, relation_sensitivity
+from fedjax_dp.privacy.mechanisms import RELATION_WORDS, GaussianSumMechanism
 from fedjax_dp.round import ClientOut, Piece, Round
 from fedjax_dp.transforms import global_norm
 
@@ -80,7 +80,7 @@ class VoteSumMechanism(GaussianSumMechanism):
     if self.noise_multiplier == 0:
       return "noise_multiplier=0: the exact vote counts are released, no guarantee"
     rel = RELATION_WORDS[self.relation] + (
-        "; sensitivity taken as 2 sqrt(m)" if relation_sensitivity(self.relation) == 2 else "")
+        "; sensitivity taken as 2 sqrt(m)" if self.relation == "replace_one" else "")
     return (f"user-level DP; neighbouring relation: {rel}; one-hot votes on m = "
             f"{round(self.clip ** 2)} public examples: the counts' L2 sensitivity is sqrt(m) = "
             f"{self.clip:.4g}, noise std {self.noise_stddev:.4g} per count; the public set's "
@@ -204,7 +204,7 @@ def build_ae_dpfl(config, data) -> Setup:
                            vote_norm=_float32_at_least(math.sqrt(opts["public_size"])),
                            public_x=public_x)
   mechanism = user_level_mechanism(rnd, hparams, config.sampling, config.sampling_prob,
-                                   population.num_clients, config.cohort_size, config.relation)
+                                   population.num_clients, config.cohort_size)
   if isinstance(mechanism, GaussianSumMechanism):
     mechanism = VoteSumMechanism(**dataclasses.asdict(mechanism))
   return Setup(rnd, sampler, LedgerAccounting(mechanism, config.delta, config.accountant), hparams)

@@ -29,7 +29,6 @@ from ``bits`` and ``k_stddevs``, 4), ``rounding_tries`` (32). Raw diagnostics:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
@@ -165,17 +164,15 @@ def ddgauss_round(model, num_clients: int, sampling: str, *, local_steps: int, b
       metrics=ddgauss_metrics)
 
 
-def round_mechanism(rnd: Round, hparams: dict, dim: int, relation: str = "replace_one"):
-  """The record both pieces declare (the same one), its guarantee stated under ``relation``
-  (one of :data:`fedjax_dp.privacy.FIXED_RELATIONS`), else
-  :class:`fedjax_dp.privacy.NonPrivate`."""
+def round_mechanism(rnd: Round, hparams: dict, dim: int):
+  """The record both pieces declare (the same one), else :class:`fedjax_dp.privacy.NonPrivate`."""
   from fedjax_dp.privacy import NonPrivate
   client = getattr(rnd.client, "mechanism", None)
   if client is None or client is not getattr(rnd.aggregator, "mechanism", None):
     return NonPrivate(relation="replace_one", guarantee_note=(
         "the client's encoding and the server's secure sum do not declare the same DDGauss "
         "mechanism: no guarantee"))
-  return dataclasses.replace(client(hparams, dim), relation=relation)
+  return client(hparams, dim)
 
 
 def build_ddgauss(config, data) -> Setup:
@@ -215,7 +212,7 @@ def build_ddgauss(config, data) -> Setup:
         z, clip=config.clip, bits=opts["bits"], beta=opts["beta"], dim=dim,
         cohort_size=sampler.expected_size, num_clients=data.num_clients,
         sampling=config.sampling, scale=opts["scale"], k_stddevs=opts["k_stddevs"],
-        byzantine=config.byzantine, relation=config.relation)
+        byzantine=config.byzantine)
 
   if config.target_epsilon is not None:
     z = pdd.calibrate_noise_multiplier(config.target_epsilon, config.delta, config.rounds, make)
@@ -230,8 +227,7 @@ def build_ddgauss(config, data) -> Setup:
       beta=mech.beta, bits=opts["bits"], rounding_tries=opts["rounding_tries"],
       rotation_seed=config.seed % 2 ** 24)
   # Reading the clients' rows reads their noisy shares, which secure aggregation never releases.
-  accounting = LedgerAccounting(round_mechanism(rnd, hparams, dim, config.relation), config.delta,
-                                config.accountant,
+  accounting = LedgerAccounting(round_mechanism(rnd, hparams, dim), config.delta, config.accountant,
                                 attacker_knowledge=knowledge_of_unreleased(config.attack,
                                                                            config.byzantine))
   return Setup(rnd, sampler, accounting, hparams)

@@ -58,7 +58,7 @@ def resolve_noise_multiplier(config, data) -> float:
     return calibrate_noise_multiplier(
         config.target_epsilon, config.delta, config.rounds, config.sampling,
         config.sampling_prob, data.num_clients, config.cohort_size, config.accountant,
-        config.byzantine, config.relation)
+        config.byzantine)
   if config.noise_multiplier is None:
     raise ConfigError("noise_multiplier", None, "set noise_multiplier >= 0 or target_epsilon > 0")
   return float(config.noise_multiplier)
@@ -119,7 +119,7 @@ def build_fedavg_family(config, data, *, private: bool, regularizer: str = "none
       expected_size=sampler.expected_size, **{"lambda": opts.get("lambda", 0.0),
                                               "sparsity": opts.get("sparsity", 0.0)})
   mechanism = user_level_mechanism(rnd, hparams, config.sampling, config.sampling_prob,
-                                   data.num_clients, config.cohort_size, config.relation)
+                                   data.num_clients, config.cohort_size)
   # The clients' clipped updates are not released (only the noisy sum is).
   from fedjax_dp.attacks import knowledge_of_unreleased
   accounting = LedgerAccounting(mechanism, config.delta, config.accountant, attacker_knowledge=

@@ -2,7 +2,7 @@
 
 from fedjax_dp.privacy.ledger import ACCOUNTANTS, PrivacyLedger, epsilon_for, make_accountant
 from fedjax_dp.privacy.mechanisms import (
-    FIXED_RELATIONS,
+    RELATIONS,
     SAMPLINGS,
     GaussianSumMechanism,
     NonPrivate,
@@ -11,7 +11,7 @@ from fedjax_dp.privacy.mechanisms import (
 
 __all__ = [
     "ACCOUNTANTS",
-    "FIXED_RELATIONS",
+    "RELATIONS",
     "SAMPLINGS",
     "GaussianSumMechanism",
     "NonPrivate",

@@ -9,12 +9,10 @@ N_Z(0, sigma^2) to every coordinate; the server sees only the sum modulo
 
 Privacy unit and relation: one client's whole data set, replace-one (the
 population ``N`` and the cohort size ``M`` are public), the cohort a uniform
-subset of ``M`` of the ``N`` clients each round; or zero-out (``relation``: the
-client's data replaced by nothing, its slot kept, and when sampled it still adds
-its noise share and a zero vector). Replacing a client changes
+subset of ``M`` of the ``N`` clients each round. Replacing a client changes
 its rounded vector and nothing else (every client's noise and the others'
 vectors are independent of its data), so the integer sum moves by ``Delta``
-with ``||Delta||_2 <= 2B`` (zero-out: ``B``) and, being an integer vector,
+with ``||Delta||_2 <= 2B`` and, being an integer vector,
 ``||Delta||_1 <= ||Delta||_2 min(sqrt(d), ||Delta||_2)``; the sum carries
 ``n`` independent discrete Gaussian shares (``n = M``; with Byzantine clients, which may send
 anything, ``n = M - K`` for the ``K`` of them in the cohort). Per round the RDP of the sum is
@@ -47,9 +45,8 @@ import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import special
 
-from fedjax_dp.errors import ConfigError, check, check_choice
-from fedjax_dp.privacy.mechanisms import (FIXED_RELATIONS, RELATION_WORDS, byzantine_mixture,
-                                          relation_sensitivity)
+from fedjax_dp.errors import ConfigError, check
+from fedjax_dp.privacy.mechanisms import byzantine_mixture
 
 ORDERS = tuple(float(a) for a in rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
 PRIVACY_UNIT = "client (all of one client's examples)"
@@ -195,19 +192,10 @@ class DDGaussMechanism:
   relation: str = "replace_one"
   privacy_unit: str = PRIVACY_UNIT
 
-  def __post_init__(self):
-    check_choice("relation", self.relation, FIXED_RELATIONS)
-
   @property
   def bound(self) -> float:
     """``B``: the L2 bound of every client's rounded vector (:func:`rounded_l2_bound`)."""
     return rounded_l2_bound(self.scale * self.clip, self.beta, self.dim)
-
-  @property
-  def sensitivity(self) -> float:
-    """How far one neighbour moves the integer sum (L2): ``2B`` under replace-one, ``B`` under
-    zero-out (:func:`fedjax_dp.privacy.mechanisms.relation_sensitivity`)."""
-    return relation_sensitivity(self.relation) * self.bound
 
   @property
   def formal_guarantee(self) -> bool:
@@ -227,9 +215,8 @@ class DDGaussMechanism:
       shares, sampled = "M - K", (
           f"M - K of the {self.num_clients - self.byzantine} regular clients, K of the "
           f"{self.byzantine} Byzantine ones sampled (they know when they are; a mixture over K)")
-    return (f"user-level DP; neighbouring relation: {RELATION_WORDS[self.relation]} (N="
-            f"{self.num_clients}, M={m}); the integer sum has L2 sensitivity "
-            f"{'2B' if self.relation == 'replace_one' else 'B'}={self.sensitivity:.6g} "
+    return (f"user-level DP; replace one client (population N={self.num_clients} and cohort "
+            f"M={m} public); the integer sum has L2 sensitivity 2B={2 * self.bound:.6g} "
             f"(scale s={self.scale:.6g}) and {shares} discrete Gaussian shares of std "
             f"{self.sigma:.6g}: Kairouz et al. 2021 Thm. 1, amplified by sampling without replacement "
             f"(Wang et al. 2019, Thm. 9) of {sampled}, composed over rounds (RDP)")
@@ -237,7 +224,7 @@ class DDGaussMechanism:
   def rdp(self) -> np.ndarray:
     """The round's RDP curve at :data:`ORDERS` (:func:`ddgauss_rdp` of the cohort's shares,
     :func:`subsampled_rdp`; with Byzantine clients, :func:`byzantine_mixture` of it)."""
-    l2 = self.sensitivity
+    l2 = 2 * self.bound
     l1 = l2 * min(math.sqrt(self.dim), l2)
     m, regular = int(self.cohort_size), self.num_clients - self.byzantine
 
@@ -258,8 +245,8 @@ class DDGaussMechanism:
 def mechanism_for(noise_multiplier: float, *, clip: float, bits: int, beta: float, dim: int,
                   cohort_size: float, num_clients: int, sampling: str,
                   scale: Optional[float] = None, k_stddevs: float = 4.0,
-                  byzantine: int = 0, relation: str = "replace_one") -> DDGaussMechanism:
-  """The round's :class:`DDGaussMechanism` for noise multiplier ``z`` under ``relation``, its numbers as float32
+                  byzantine: int = 0) -> DDGaussMechanism:
+  """The round's :class:`DDGaussMechanism` for noise multiplier ``z``, its numbers as float32
   (what the compiled round reads): the scale from ``bits`` (:func:`scale_for_bits`) unless
   given, ``sigma = s z c / sqrt(M)``. Checks that the integers stay exact in float32 and that
   the local noise is in Theorem 1's range (``sigma >= 1/2``)."""
@@ -269,7 +256,7 @@ def mechanism_for(noise_multiplier: float, *, clip: float, bits: int, beta: floa
   mech = DDGaussMechanism(f32(clip), f32(noise_multiplier), s,
                           f32(s * f32(noise_multiplier) * f32(clip) / math.sqrt(f32(cohort_size))),
                           f32(beta), int(dim), f32(cohort_size), int(num_clients),
-                          sampling, int(byzantine), relation)
+                          sampling, int(byzantine))
   field = "scale" if scale is not None else "bits"
   check(mech.bound + 64 * mech.sigma < 2 ** 23, field, scale if scale is not None else bits,
         f"gives integers up to {mech.bound + 64 * mech.sigma:.3g} per client, beyond float32's "

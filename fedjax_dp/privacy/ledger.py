@@ -56,15 +56,9 @@ def accounting(accountant: str):
     log.setLevel(level)
 
 
-# "zero_out" (one client's data replaced by the empty client, which contributes nothing; the
-# population size stays) is a sub-relation of replace-one over the data sets extended by the empty
-# client, so dp_accounting's replace-one bounds hold for it with the events stated at the
-# sensitivity of its pairs (a clipped sum moves by clip, not 2 clip): the sampled-without-
-# replacement bound (Wang et al. 2019) reads the base mechanism's divergence on those pairs only.
 _RELATIONS = {
     "add_remove": dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
     "replace_one": dp_accounting.NeighboringRelation.REPLACE_ONE,
-    "zero_out": dp_accounting.NeighboringRelation.REPLACE_ONE,
 }
 
 
@@ -101,8 +95,7 @@ class RdpAccountant(rdp.RdpAccountant):
 
 def make_accountant(accountant: str = "rdp", relation: str = "add_remove",
                     pld_interval: float = PLD_INTERVAL):
-  """A fresh dp_accounting accountant for ``relation`` ("add_remove", "replace_one" or
-  "zero_out", accounted as replace-one with the events at its sensitivity) (RDP:
+  """A fresh dp_accounting accountant for ``relation`` ("add_remove" or "replace_one") (RDP:
   :class:`RdpAccountant`, which also takes :class:`RdpCurveDpEvent`).
 
   ``pld_interval`` is the PLD accountant's ``value_discretization_interval``:

@@ -24,9 +24,7 @@ from fedjax_dp.privacy.ledger import (ACCOUNTANTS, COARSE_PLD_INTERVAL, PLD_INTE
                                       make_accountant)
 from fedjax_dp.sampling import SAMPLINGS
 
-# The user-level relations a fixed-size cohort's guarantee can be stated for (the configuration's
-# ``relation``); Poisson sampling's is add/remove.
-FIXED_RELATIONS = ("replace_one", "zero_out")
+RELATIONS = {"poisson": "add_remove", "fixed": "replace_one"}
 # The user-level relations in words. Every run releases its population size N (summary.json's
 # "data", the mean's public denominator q N), so add/remove is stated in its zero-out form: the
 # client's slot stays and contributes nothing (Kairouz et al., ICML 2021). A zeroed client adds 0
@@ -35,24 +33,7 @@ RELATION_WORDS = {
     "add_remove": "add/remove one client's data with the population size N public (zero-out: "
                   "the client's slot stays and contributes nothing)",
     "replace_one": "replace one client (population size public)",
-    "zero_out": "zero out one client's data (its slot stays in the population and in a cohort "
-                "that samples it, contributing nothing; population and cohort sizes public)",
 }
-
-
-def user_relation(sampling: str, relation: str = "replace_one") -> str:
-  """The neighbouring relation of a user-level round under ``sampling``: add/remove (in its
-  zero-out form, :data:`RELATION_WORDS`) for Poisson sampling, ``relation`` (one of
-  :data:`FIXED_RELATIONS`) for fixed-size cohorts."""
-  check_choice("sampling", sampling, SAMPLINGS)
-  check_choice("relation", relation, FIXED_RELATIONS)
-  return "add_remove" if sampling == "poisson" else relation
-
-
-def relation_sensitivity(relation: str) -> float:
-  """How far one neighbour moves a sum of updates clipped to L2 norm 1: 2 under replace-one (one
-  update for another), 1 under add/remove and zero-out (an update for nothing)."""
-  return 2.0 if relation == "replace_one" else 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,12 +63,9 @@ class GaussianSumMechanism:
   the sum's L2 sensitivity is ``clip`` and one round is
   ``PoissonSampledDpEvent(p, GaussianDpEvent(z))``. With fixed-size sampling
   without replacement (``cohort_size`` of ``num_clients``) the population size
-  is public and the relation is ``fixed_relation``: under replace-one (the default) replacing a
-  client moves the sum by up to ``2 * clip``, so the event is
-  ``SampledWithoutReplacementDpEvent(N, M, GaussianDpEvent(z / 2))``; under zero-out (the
-  client's data replaced by nothing, as Poisson's add/remove is stated) by up to ``clip``, so
-  ``GaussianDpEvent(z)`` in the same event (``ledger._RELATIONS`` says why dp_accounting's
-  replace-one bound holds for it). With ``byzantine``
+  is public and the relation is replace-one client: replacing a client moves
+  the sum by up to ``2 * clip``, so the event is
+  ``SampledWithoutReplacementDpEvent(N, M, GaussianDpEvent(z / 2))``. With ``byzantine``
   clients among the ``N`` (the last ids), who know whenever they are sampled, the ``K`` of them
   in a cohort leave ``M - K`` places to a uniform sample of the ``N - byzantine`` regular
   clients: the round is accounted as that mixture over K (:func:`byzantine_mixture`), the
@@ -106,7 +84,6 @@ class GaussianSumMechanism:
   num_clients: Optional[int] = None
   cohort_size: Optional[int] = None
   byzantine: int = 0
-  fixed_relation: str = "replace_one"
   privacy_unit: str = "client (all of one client's examples)"
   formal_guarantee: bool = True
 
@@ -125,11 +102,10 @@ class GaussianSumMechanism:
             "cohort_size", self.cohort_size, f"must be in [1, num_clients={self.num_clients}]")
     check(0 <= self.byzantine < (self.num_clients or math.inf), "byzantine", self.byzantine,
           f"must be in [0, num_clients={self.num_clients})")
-    check_choice("relation", self.fixed_relation, FIXED_RELATIONS)
 
   @property
   def relation(self) -> str:
-    return user_relation(self.sampling, self.fixed_relation)
+    return RELATIONS[self.sampling]
 
   @property
   def noise_stddev(self) -> float:
@@ -145,20 +121,18 @@ class GaussianSumMechanism:
       honest = (f"; sampling accounted over the {self.num_clients - self.byzantine} regular "
                 f"clients, cohorts of M - K with K of the {self.byzantine} Byzantine clients "
                 "sampled (they know when they are)")
-    times = {2.0: "2 x ", 1.0: ""}[relation_sensitivity(self.relation)]
     return (f"user-level DP; neighbouring relation: {RELATION_WORDS[self.relation]}; L2 "
-            f"sensitivity of the sum bounded by {times}clip{honest}")
+            f"sensitivity of the sum bounded by clip{honest}")
 
   def round_event(self) -> dp_accounting.DpEvent:
     if self.noise_multiplier == 0:
       return dp_accounting.NonPrivateDpEvent()
     return gaussian_round_event(self.noise_multiplier, self.sampling, self.sampling_prob,
-                                self.num_clients, self.cohort_size, self.byzantine,
-                                self.fixed_relation)
+                                self.num_clients, self.cohort_size, self.byzantine)
 
 
 def user_level_mechanism(rnd, hparams: dict, sampling: str, sampling_prob=None,
-                         num_clients=None, cohort_size=None, relation: str = "replace_one"):
+                         num_clients=None, cohort_size=None):
   """The mechanism a round actually runs, derived from what its pieces declare.
 
   A guarantee needs both halves: a client piece that declares an L2 bound on
@@ -195,7 +169,7 @@ def user_level_mechanism(rnd, hparams: dict, sampling: str, sampling_prob=None,
                                      "statistic of the Poisson draw is released, no guarantee")
   return GaussianSumMechanism(float(hparams[bound]), float(hparams["noise_multiplier"]), sampling,
                               sampling_prob, num_clients, cohort_size,
-                              int(hparams.get("byzantine", 0)), relation)
+                              int(hparams.get("byzantine", 0)))
 
 
 def byzantine_mixture(num_clients: int, cohort_size: int, byzantine: int,
@@ -228,15 +202,13 @@ def byzantine_mixture(num_clients: int, cohort_size: int, byzantine: int,
 
 
 def gaussian_round_event(z: float, sampling: str, sampling_prob=None, num_clients=None,
-                         cohort_size=None, byzantine: int = 0,
-                         relation: str = "replace_one") -> dp_accounting.DpEvent:
+                         cohort_size=None, byzantine: int = 0) -> dp_accounting.DpEvent:
   """One round's event for a sum of clipped updates with noise multiplier ``z`` (fixed-size
-  cohorts: under ``relation``; with Byzantine clients, over the regular clients,
-  :func:`byzantine_mixture`)."""
+  cohorts with Byzantine clients: over the regular clients, :func:`byzantine_mixture`)."""
   if sampling == "poisson":
     return dp_accounting.PoissonSampledDpEvent(sampling_prob, dp_accounting.GaussianDpEvent(z))
-  relation = user_relation(sampling, relation)
-  noise = dp_accounting.GaussianDpEvent(z / relation_sensitivity(relation))
+  # Replace-one sensitivity of a sum of updates clipped to S is 2S.
+  noise = dp_accounting.GaussianDpEvent(z / 2.0)
   if not byzantine:
     return dp_accounting.SampledWithoutReplacementDpEvent(num_clients, cohort_size, noise)
   regular = num_clients - byzantine
@@ -245,10 +217,10 @@ def gaussian_round_event(z: float, sampling: str, sampling_prob=None, num_client
   # Gaussian's, so its RDP is at most the Gaussian's; dp_accounting's bound near m = n is above.
   def cohort_rdp(m):
     return np.minimum(
-        event_rdp(dp_accounting.SampledWithoutReplacementDpEvent(regular, m, noise), relation),
-        event_rdp(noise, relation))
+        event_rdp(dp_accounting.SampledWithoutReplacementDpEvent(regular, m, noise),
+                  "replace_one"), event_rdp(noise, "replace_one"))
   return RdpCurveDpEvent(
-      f"SampledWithoutReplacementDpEvent({regular} regular clients, M - K, {noise}; {relation}) with "
+      f"SampledWithoutReplacementDpEvent({regular} regular clients, M - K, {noise}) with "
       f"K ~ Hypergeometric(N={num_clients}, byzantine={byzantine}, M={cohort_size}) known to "
       "the Byzantine clients (mechanisms.byzantine_mixture)",
       tuple(float(v) for v in byzantine_mixture(num_clients, cohort_size, byzantine, cohort_rdp)))
@@ -371,14 +343,11 @@ def calibrate(make_event: Callable[[float], dp_accounting.DpEvent], count: int, 
 def calibrate_noise_multiplier(target_epsilon: float, delta: float, rounds: int,
                                sampling: str = "poisson", sampling_prob=None,
                                num_clients=None, cohort_size=None,
-                               accountant: str = "rdp", byzantine: int = 0,
-                               fixed_relation: str = "replace_one") -> float:
-  """Smallest noise multiplier of :class:`GaussianSumMechanism` meeting (epsilon, delta) after
-  ``rounds`` (fixed-size cohorts: under ``fixed_relation``)."""
+                               accountant: str = "rdp", byzantine: int = 0) -> float:
+  """Smallest noise multiplier of :class:`GaussianSumMechanism` meeting (epsilon, delta) after ``rounds``."""
   # Validate the sampling description before searching.
-  mech = GaussianSumMechanism(1.0, 1.0, sampling, sampling_prob, num_clients, cohort_size,
-                              byzantine, fixed_relation)
+  GaussianSumMechanism(1.0, 1.0, sampling, sampling_prob, num_clients, cohort_size, byzantine)
   return calibrate(
       lambda z: gaussian_round_event(z, sampling, sampling_prob, num_clients, cohort_size,
-                                     byzantine, fixed_relation),
-      rounds, mech.relation, target_epsilon, delta, accountant)
+                                     byzantine),
+      rounds, RELATIONS[sampling], target_epsilon, delta, accountant)
