@@ -266,7 +266,7 @@ def test_reproduction_tiny(tmp_path):
   assert run_reproduction("cheng2022", scale="tiny", output_dir=str(tmp_path)) == 0
   res = json.loads((tmp_path / "results.json").read_text())
   methods = {r["method"] for r in res["rows"]}
-  assert methods == {"fedavg", "ae-dpfl", "ddgauss"} | set(VARIANTS)
+  assert methods == {"fedavg", "ae-dpfl", "ddgauss", "dp_fedavg-fixed"} | set(VARIANTS)
   for r in res["rows"]:
     assert {"method", "epsilon", "accuracy_mean", "accuracy_std", "seeds"} <= set(r)
   eps = {r["method"]: r["epsilon"] for r in res["rows"]

@@ -25,6 +25,9 @@ def test_method_configs():
   base = cheng2022.SCALES["cifar"]["config"]
   dd = cheng2022.method_config(base, "ddgauss", 4.0)
   assert (dd["sampling"], dd["cohort_size"], dd["capacity"]) == ("fixed", 30, None)
+  control = cheng2022.method_config(base, cheng2022.FIXED_CONTROL, 4.0)
+  assert (control["algorithm"], control["sampling"], control["cohort_size"]) == (
+      "dp_fedavg", "fixed", 30)
   assert dd["target_epsilon"] == 4.0 and dd["noise_multiplier"] is None
   ae = cheng2022.method_config(base, "ae-dpfl", 4.0)
   assert ae["sampling"] == "poisson" and ae["options"] == cheng2022.AE_DPFL_OPTIONS
@@ -155,6 +158,14 @@ def test_claims_paired_by_seed():
   dd = out["cnn2, alpha 1, epsilon 6: Ours − DDGauss"]
   assert dd.measured > dd.paper_gain and dd.reason == "DDGauss's z 2.00 vs DP-FedAvg's 1.00 " \
       "(replace-one)"
+  # With the control column (DP-FedAvg on DDGauss's fixed cohorts), the reason quotes it.
+  control = [dict(r, method=cheng2022.FIXED_CONTROL, accuracy=0.58, noise_multiplier=2.0)
+             for r in runs if (r["table"], r["method"]) == ("table2", "dp_fedavg")]
+  dd = {c.claim: c for c in cheng2022.claims(cheng2022._summarize(runs + control), runs + control,
+                                             dict(_SETTINGS, runs=[("cnn2", 1.0)]))}[
+      "cnn2, alpha 1, epsilon 6: Ours − DDGauss"]
+  assert dd.reason.endswith("; DP-FedAvg with its fixed cohorts and accounting: 58.00% against "
+                            "DDGauss's 56.00%"), dd.reason
   ae = out["cnn2, alpha 1, epsilon 6: Ours − AE-DPFL"]
   assert ae.measured is None and "diverged" in ae.reason
   drop = out["Fig. 3: DP-FedAvg loses accuracy from Q = 30 to Q = 40"]
