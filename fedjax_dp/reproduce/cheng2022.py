@@ -256,8 +256,8 @@ def method_config(base: dict, method: str, eps, ae_options=None) -> dict:
 
   The BLUR/LUS family and AE-DPFL run under Poisson sampling at ``sampling_prob`` (user-level,
   add/remove one client); DDGauss needs fixed-size cohorts, so it runs with cohorts of
-  ``M = round(p N)`` (replace-one), as does :data:`FIXED_CONTROL`, DP-FedAvg. Each calibrates its own noise multiplier to ``eps`` through
-  the library's ledger (``target_epsilon``). AE-DPFL's server trains on its noisy labels at
+  ``M = round(p N)`` (replace-one), as does :data:`FIXED_CONTROL`, DP-FedAvg. Each calibrates
+  its own noise multiplier to ``eps`` through the library's ledger (``target_epsilon``). AE-DPFL's server trains on its noisy labels at
   the clients' learning rate (``server_lr = client_lr``; eta_g = 1 is FedAvg's server step).
   """
   n, p = base["num_clients"], base["sampling_prob"]
