@@ -78,8 +78,9 @@ def _save(fig, axes, ylabel, path, legend_columns: int = 1, legend_size: int = 8
     ax.set_ylabel(label)
   if legend_outside:  # laid out first: the figure grows to the legend (bbox_inches) instead
     fig.tight_layout()
-    axes[0].legend(fontsize=legend_size, ncol=legend_columns, loc="upper left",
-                   bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    axes[-1].legend(*axes[0].get_legend_handles_labels(), fontsize=legend_size,
+                    ncol=legend_columns, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                    borderaxespad=0.0)
   else:
     axes[0].legend(fontsize=legend_size, ncol=legend_columns)
     fig.tight_layout()
@@ -94,9 +95,11 @@ def _bars(err: Sequence) -> list:
 
 def curves_figure(panels: Sequence[tuple], path, *, xlabel: str, ylabel="test accuracy",
                   logx: bool = False, ylim: Optional[tuple] = None, size: tuple = (4.2, 3.4),
-                  sharey: bool = True, legend_columns: int = 1, legend_size: int = 8):
+                  sharey: bool = True, legend_columns: int = 1, legend_size: int = 8,
+                  legend_outside: bool = False):
   """One panel per ``(title, [Curve])`` of ``panels``, side by side; writes ``path`` and returns
-  the figure. ``ylabel``: the first panel's label, or a sequence of one per panel."""
+  the figure. ``ylabel``: the first panel's label, or a sequence of one per panel;
+  ``legend_outside``: the legend right of the last panel, off the curves."""
   fig, axes = _panels(len(panels), size, sharey)
   for ax, (title, curves) in zip(axes, panels):
     for c in curves:
@@ -113,7 +116,7 @@ def curves_figure(panels: Sequence[tuple], path, *, xlabel: str, ylabel="test ac
     if ylim is not None:
       ax.set_ylim(*ylim)
     ax.grid(alpha=0.3)
-  return _save(fig, axes, ylabel, path, legend_columns, legend_size)
+  return _save(fig, axes, ylabel, path, legend_columns, legend_size, legend_outside)
 
 
 def plot_curves(panels: Sequence[tuple], path, **kwargs):
@@ -389,9 +392,10 @@ def plot_frontier(paths: Sequence, out):
   import matplotlib
   fig, axes = _panels(1, (6.0, 4.2), True)
   ax = axes[0]
-  for c in curves:
-    ax.errorbar(c.x, c.y, yerr=_bars(c.err), marker="o", capsize=2, label=c.label)
   colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+  for i, c in enumerate(curves):  # past the colour cycle, the next marker: no two lines alike
+    ax.errorbar(c.x, c.y, yerr=_bars(c.err), marker="os^Dv"[i // len(colors) % 5], capsize=2,
+                label=c.label)
   for i, (label, acc) in enumerate(baselines, len(curves)):  # colors go on after the curves'
     ax.axhline(acc, ls=":", lw=1.2, color=colors[i % len(colors)], label=label)
   ax.set_xlabel("epsilon")

@@ -267,6 +267,9 @@ def test_reproduction_tiny(tmp_path):
   res = json.loads((tmp_path / "results.json").read_text())
   methods = {r["method"] for r in res["rows"]}
   assert methods == {"fedavg", "ae-dpfl", "ddgauss", "dp_fedavg-fixed"} | set(VARIANTS)
+  fixed = {r["method"]: (r["sampling"], r["cohort_size"]) for r in res["rows"]
+           if r["method"] in ("ddgauss", "dp_fedavg-fixed")}
+  assert fixed["dp_fedavg-fixed"] == fixed["ddgauss"] and fixed["ddgauss"][0] == "fixed"
   for r in res["rows"]:
     assert {"method", "epsilon", "accuracy_mean", "accuracy_std", "seeds"} <= set(r)
   eps = {r["method"]: r["epsilon"] for r in res["rows"]

@@ -315,3 +315,20 @@ def test_the_paper_scale_says_its_accuracies_are_raw(tmp_path, monkeypatch):
       "accuracy (each run's test accuracy)"]
   summary = json.loads((out / "emnist_mlp" / "dp_fedavg_eps8_seed0" / "summary.json").read_text())
   assert summary["release"]["covered_by_guarantee"]["summary"] == ["params_sha256"]
+
+
+def test_table1_shows_the_control_column_only_where_it_ran():
+  # Table 1's rows from the fake Table 2 runs; results written before the control column have
+  # none of it, and their table has no column of "n/a" for it.
+  runs = [dict(r, table="table1") for r in _fake_runs() if r["table"] == "table2"]
+  settings = dict(_SETTINGS, table="table1", runs=[("cnn2", 1.0)], sparsities=[])
+  control = [dict(r, method=cheng2022.FIXED_CONTROL, accuracy=0.58, noise_multiplier=1.9,
+                  sampling="fixed", cohort_size=30) for r in runs if r["method"] == "dp_fedavg"]
+  label = cheng2022.LABELS[cheng2022.FIXED_CONTROL]
+  before = cheng2022.markdown(cheng2022._summarize(runs), runs, settings)
+  assert label not in before and "z (DP-FedAvg, fixed M)" not in before
+  after = cheng2022.markdown(cheng2022._summarize(runs + control), runs + control, settings)
+  assert f"| {label} |" in after and "| z (DP-FedAvg, fixed M) |" in after and "| 1.900 |" in after
+  # Only Table 1 has the control, so only its privacy note describes it.
+  assert cheng2022.FIXED_CONTROL not in cheng2022.COLUMNS["table2"]
+  assert "fixed M" in cheng2022.CONTROL_PRIVACY and "fixed M" not in cheng2022.PRIVACY

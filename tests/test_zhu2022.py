@@ -33,6 +33,8 @@ def test_non_iid_groups_hold_a_tenth_of_the_workers_whatever_the_byzantine_count
     counts = np.array([int(np.sum(data.y[k, :data.counts[k]] == c)) for k in range(20)])
     group = [2 * c, 2 * c + 1]
     assert counts[group].min() > 2 * np.delete(counts, group).max(), (c, counts)
+  with pytest.raises(ConfigError, match="num_clients"):  # fewer workers than classes
+    zhu2022.load_data(dict(scale, num_clients=8), "noniid", data_dir=None)
 
 
 def _record(partition, attack, method, eps, seed, acc):

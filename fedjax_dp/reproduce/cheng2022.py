@@ -257,8 +257,9 @@ def method_config(base: dict, method: str, eps, ae_options=None) -> dict:
   The BLUR/LUS family and AE-DPFL run under Poisson sampling at ``sampling_prob`` (user-level,
   add/remove one client); DDGauss needs fixed-size cohorts, so it runs with cohorts of
   ``M = round(p N)`` (replace-one), as does :data:`FIXED_CONTROL`, DP-FedAvg. Each calibrates
-  its own noise multiplier to ``eps`` through the library's ledger (``target_epsilon``). AE-DPFL's server trains on its noisy labels at
-  the clients' learning rate (``server_lr = client_lr``; eta_g = 1 is FedAvg's server step).
+  its own noise multiplier to ``eps`` through the library's ledger (``target_epsilon``).
+  AE-DPFL's server trains on its noisy labels at the clients' learning rate (``server_lr =
+  client_lr``; eta_g = 1 is FedAvg's server step).
   """
   n, p = base["num_clients"], base["sampling_prob"]
   cfg = dict(base, algorithm="dp_fedavg" if method == FIXED_CONTROL else method,
@@ -380,7 +381,9 @@ def markdown(rows: list, runs: list, settings: dict) -> str:
   and the verdicts (:func:`claims`)."""
   by = {_key(r): r for r in rows}
   find = _finder(by, settings)
-  table, columns = settings["table"], COLUMNS[settings["table"]]
+  table = settings["table"]
+  # The table's columns that ran (results written before the control column have none of it).
+  columns = [m for m in COLUMNS[table] if any(r["method"] == m for r in rows)]
 
   def get(*args, **kwargs):
     key = find(*args, **kwargs)
@@ -400,6 +403,7 @@ def markdown(rows: list, runs: list, settings: dict) -> str:
           "model": model, "alpha": f"{alpha:g}" if alpha is not None else "",
           "eps": f"{eps:g} ({r0['epsilon']:.3f})" if r0 and r0["epsilon"] is not None else f"{eps:g}",
           "z": z(r0), "z_dd": f"{z(rd)} ({rd['epsilon']:.3f})" if rd else "",
+          "z_fixed": z(get(table, model, alpha, FIXED_CONTROL, eps)),
           **{m: acc(get(table, model, alpha, m, eps)) for m in columns},
           "fedavg": acc(get(table, model, alpha, "fedavg", None))})
   lead = ["model"] + (["alpha"] if table == "table2" else [])
@@ -409,6 +413,7 @@ def markdown(rows: list, runs: list, settings: dict) -> str:
   lines += markdown_table(
       lead + [("eps", "epsilon (ledger, Poisson)"), ("z", "z (DP-FedAvg)"),
               ("z_dd", "z (DDGauss, fixed M; ledger epsilon)")] +
+      ([("z_fixed", "z (DP-FedAvg, fixed M)")] if FIXED_CONTROL in columns else []) +
       [(m, LABELS[m]) for m in columns] + [("fedavg", "FedAvg (non-private)")], ours)
   if table == "table1":
     paper = [{"eps": f"{eps:g}", **{f"{k}_{m}": v for k in PAPER_TABLE1
@@ -683,7 +688,8 @@ def plot(rows: list, runs: list, settings: dict, out_dir: pathlib.Path) -> list:
           curves.append(Curve(LABELS[m], xs, ys, style=":" if m == "fedavg" else "-"))
       where = "" if alpha is None else f"{model}, alpha = {alpha:g}, "
       panels.append((f"{where}epsilon = {eps:g} (mean of {settings['seeds']} seeds)", curves))
-  paths.append(plot_curves(panels, out_dir / "cheng2022_accuracy.png", xlabel="round"))
+  paths.append(plot_curves(panels, out_dir / "cheng2022_accuracy.png", xlabel="round",
+                           legend_outside=True))
   figures = settings.get("figures")
   by = {_key(r): r for r in rows}
   find = _finder(by, settings)
@@ -743,11 +749,13 @@ PRIVACY = (
     "(the only sampling its accounting covers), so its epsilon is under a different neighbouring "
     "relation and needs a larger z than DP-FedAvg (replacing a client moves the sum by up to "
     "2 S; 2.2 to 2.7 times at the tiny and cifar-small scales), and its column is not an "
-    "equal-epsilon comparison under add/remove; Table 1's column \"DP-FedAvg (DDGauss's fixed "
-    "M)\" is DP-FedAvg under DDGauss's fixed cohorts and replace-one accounting, the comparison "
-    "at equal epsilon and relation. Pre-clip update norms in the metrics (and the "
+    "equal-epsilon comparison under add/remove. Pre-clip update norms in the metrics (and the "
     "rows' fraction_clipped_mean and update_norm_median_last, quoted in the verdicts' reasons) "
     "and hyper-parameters chosen on test accuracy are not covered.")
+# Table 1's privacy note on its control column (:data:`FIXED_CONTROL`).
+CONTROL_PRIVACY = (" The column \"DP-FedAvg (DDGauss's fixed M)\" is DP-FedAvg under DDGauss's "
+                   "fixed cohorts and replace-one accounting: the comparison at equal epsilon and "
+                   "relation.")
 # The rows' raw statistics (runner.release).
 RAW = {"fraction_clipped_mean, update_norm_median_last":
        "the fraction of pre-clip client updates above S and their last-round median norm"}
@@ -809,7 +817,7 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
                       f"c={DEFAULTS['sparsity']}, lus_batches={DEFAULTS['lus_batches']}; AE-DPFL: "
                       f"{', '.join(f'{k}={v}' for k, v in (spec.get('ae_dpfl') or AE_DPFL_OPTIONS).items())}"
                       f", server lr {base['client_lr']:g}"),
-      "privacy": PRIVACY,
+      "privacy": PRIVACY + (CONTROL_PRIVACY if FIXED_CONTROL in COLUMNS[table] else ""),
   }
   write_text_atomic(out / "results.json", json.dumps(
       {"paper": "Cheng et al., Differentially Private Federated Learning with Local Regularization "
@@ -855,10 +863,12 @@ def run_paper(output_dir: str, data_dir=None, seeds: Optional[int] = None, prese
                 output_dir=str(out / name / f"{m}_eps{eps:g}_seed{seed}"))
             for eps in EPSILONS for m in COLUMNS["table1"] for seed in range(n_seeds)]
     runs += run_jobs(jobs, lambda job, res: {"epsilon": res.summary.get("epsilon"),
+                                             "sampling": job.config.sampling,
                                              "accuracy": res.summary["final_accuracy"]},
                      data=data, runs_path=out / "runs.jsonl", append=i > 0, log=log,
                      threads=threads)
-  keys = ("preset", "method", "target_epsilon", "seed", "epsilon", "accuracy")
+  # The sampling tells the Poisson (add/remove) runs from the fixed-cohort (replace-one) ones.
+  keys = ("preset", "method", "target_epsilon", "seed", "epsilon", "sampling", "accuracy")
   # Federated EMNIST's natural partition: the test file holds the same writers' examples.
   write_text_atomic(out / "results.json", json.dumps(
       {"runs": [{k: r[k] for k in keys} for r in runs],

@@ -39,7 +39,7 @@ import time
 
 import numpy as np
 
-from fedjax_dp.errors import check_choice
+from fedjax_dp.errors import check, check_choice
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import Curve, plot_curves
 from fedjax_dp.reproduce.runner import (Job, group_by, identity, num_seeds, read_records, release,
@@ -99,6 +99,8 @@ def load_data(scale: dict, partition: str, data_dir, seed: int = 0):
     parts = partition_indices(central.train_y, k, "iid", rng)
   else:
     # The paper's groups (and its authors' code): K / 10 workers per class.
+    check(k >= central.num_classes, "num_clients", k, f"must be >= the {central.num_classes} "
+          "classes for the non-iid split (groups of num_clients // classes workers)")
     parts = half_spread_groups(central.train_y, k, k // central.num_classes, rng)
   return FederatedData.from_partition(central.name, central.train_x, central.train_y, parts,
                                       central.test_x, central.test_y, central.num_classes)
