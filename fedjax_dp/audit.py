@@ -210,7 +210,7 @@ def _claim(setup, cohort) -> dict:
   setup.accounting.on_round(cohort)
   rep = setup.accounting.report()
   keep = ("epsilon", "delta", "accountant", "formal_guarantee", "privacy_unit",
-          "neighbouring_relation", "guarantee_note", "dp_event", "epsilon_exact_check")
+          "neighbouring_relation", "guarantee_note", "dp_event", "epsilon_exact")
   return {k: rep[k] for k in keep if k in rep}
 
 

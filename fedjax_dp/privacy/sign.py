@@ -233,7 +233,8 @@ class SignAccounting:
   """Run accounting for DP-RSA: the ledger's epsilon plus the per-coordinate epsilon.
 
   Wraps :class:`fedjax_dp.privacy.accounting.LedgerAccounting` (RDP only); on the last
-  round (``rounds``) it also reports the exact composed value as a check.
+  round (``rounds``) it also reports the exact composed value, ``epsilon_exact``, the field
+  :func:`composed_epsilon` (``fedjax-dp privacy``) gives it, checked against the ledger's.
   """
 
   def __init__(self, mechanism, delta: float, rounds: int, accountant: str = "rdp",
@@ -261,7 +262,7 @@ class SignAccounting:
     g = self.mechanism.coordinate_keep_prob
     done = self.ledger.rounds
     if (rep["formal_guarantee"] and done == self.rounds and g is not None and 0.5 < g < 1):
-      rep["epsilon_exact_check"] = checked_against_exact(
+      rep["epsilon_exact"] = checked_against_exact(
           rep["epsilon"], g, done * int(self.mechanism.dimension), self.ledger.delta,
           self.ledger.accountant)
     return rep
