@@ -494,8 +494,9 @@ def _privacy_report(args) -> dict:
     z = calibrate_noise_multiplier(args.target_epsilon, args.delta, args.rounds, accountant=args.accountant, **common)
     out.update(target_epsilon=args.target_epsilon, noise_multiplier=z)
     warning = noise_warning(z, f"calibrated for target_epsilon={args.target_epsilon:g}")
-    if warning is not None:
-      print(f"fedjax-dp: warning: {warning}", file=sys.stderr)
+    if warning is not None:  # one line on stderr, as a run's (_show_warning)
+      from fedjax_dp.errors import NoiseWarning
+      warnings.warn(warning, NoiseWarning, stacklevel=2)
   else:
     z = args.noise_multiplier
     out["noise_multiplier"] = z
