@@ -119,6 +119,7 @@ def measure(model, clients: int, local_steps: int, batch: int, examples: int, re
             "live_clients": live, "batch": batch, "conv_impl": conv_impl,
             "compute_dtype": compute_dtype, "chunk": chunk,
             "backend": jax.default_backend(), "device": str(jax.devices()[0]),
+            "devices": jax.device_count(),
             "engine_s_per_round": engine_s}
 
   result["client_steps_per_s"] = live * local_steps / engine_s
@@ -187,10 +188,16 @@ def main(argv=None):
   p.add_argument("--client-chunk", type=int, default=None,
                  help="the engine's clients per block (0: the whole cohort in one vmap; "
                       "default: the engine's automatic choice, as fedjax-dp run)")
+  p.add_argument("--cpu-devices", type=int, default=None, metavar="N",
+                 help="split the CPU into N JAX devices (as fedjax-dp run --cpu-devices N): the "
+                      "engine splits the clients over them; the baselines run on the first, its "
+                      "matmuls on every core (default: JAX's, 1)")
   p.add_argument("--json", action="store_true",
                  help="print one JSON object; with benchmarks/peers/.venv present it also runs "
                       "the loop baseline in PyTorch right after (torch_s_per_round)")
   args = p.parse_args(argv)
+  if args.cpu_devices is not None:
+    jax.config.update("jax_num_cpu_devices", args.cpu_devices)
   r = measure(args.model, args.clients, args.local_steps, args.batch, args.examples, args.repeats,
               args.conv_impl, args.skip_loop, args.compute_dtype,
               chunk="auto" if args.client_chunk is None else args.client_chunk or None,

@@ -56,11 +56,40 @@ def _add_run(sub):
                  "--seed (recorded: secret, it reproduces the noise); private: write only what the "
                  "privacy guarantee covers and what is public by design, the mechanism's draws from "
                  "the operating system's entropy (not reproducible; no checkpoints)")
+  _add_cpu_devices(p)
   p.add_argument("--tensorboard", action="store_true", default=None,
                  help="also write TensorBoard event files to OUTPUT_DIR/tensorboard/ (needs "
                  "tensorboardX: pip install 'fedjax_dp[tensorboard]'); with --release private only "
                  "the released values, no diagnostics; --resume continues as the run began")
   _add_config_flags(p)
+
+
+def _add_cpu_devices(p):
+  p.add_argument("--cpu-devices", type=int, metavar="N",
+                 help="split the CPU into N JAX devices (JAX's jax_num_cpu_devices, set before JAX "
+                 "starts), over which the rounds split their clients as over N accelerators "
+                 "(--devices): each core runs its own clients, which on a CPU is faster than one "
+                 "device's matmuls shared by the cores (benchmarks/RESULTS.md); results equal the "
+                 "one-device run's up to floating-point reassociation, not bit for bit; sweeps of "
+                 "small models run faster on one device, in threads (default: 1, JAX's; an "
+                 "integer >= 1; no effect where JAX runs on an accelerator)")
+
+
+def _use_cpu_devices(n: Optional[int]) -> None:
+  """Sets JAX's CPU device count to ``n`` (None: unchanged) before JAX starts; refused when this
+  process already started JAX with another count."""
+  if n is None:
+    return
+  check(not isinstance(n, bool) and isinstance(n, int) and n >= 1, "cpu_devices", n,
+        "must be an integer >= 1")
+  import jax
+  try:
+    jax.config.update("jax_num_cpu_devices", n)
+  except RuntimeError:  # JAX started in this process before (fedjax_dp.cli.main from Python)
+    have = len(jax.devices("cpu"))
+    check(have == n, "cpu_devices", n, f"JAX already started in this process with {have} CPU "
+          f"device(s); the count is set before JAX starts: a new process (or JAX_NUM_CPU_DEVICES="
+          f"{n} in its environment)")
 
 
 def _add_config_flags(p):
@@ -101,6 +130,7 @@ def _add_sweep(sub):
   p.add_argument("--release", default="all", choices=("all", "private"),
                  help="as for run: private writes only what the guarantee covers and draws the "
                  "mechanism's randomness from the operating system's entropy (default: all)")
+  _add_cpu_devices(p)
   p.add_argument("--checkpoint-every", type=int, metavar="K",
                  help="refused: a sweep is not checkpointed (fedjax-dp run --checkpoint-every K "
                  "is) (default: none)")
@@ -654,6 +684,7 @@ def _main(argv: list) -> int:
     if not argv:
       argv = ["run"]
     args = parser.parse_args(argv)
+    _use_cpu_devices(getattr(args, "cpu_devices", None))
     cmd = {"run": _cmd_run, "sweep": _cmd_sweep, "privacy": _cmd_privacy, "reproduce": _cmd_reproduce,
            "algorithms": _cmd_algorithms, "audit": audit.command, "plot": plots.command}[args.command]
     return cmd(args)

@@ -161,10 +161,10 @@ class RunConfig:
                           "cohort gathered on the host each round (large populations)",
                           _values("fedjax_dp.engine", "PLACEMENTS"))
   client_chunk: Optional[int] = _field(
-      None, "run the cohort in blocks of this many vmapped clients, one block after another (an "
-      "int >= 1; 0: the whole cohort in one vmap; none: automatic, see "
+      None, "run the cohort in blocks of this many vmapped clients on each device, one block "
+      "after another (an int >= 1; 0: the whole cohort in one vmap; none: automatic, see "
       "fedjax_dp.experiment.client_blocks: blocks of about 4 on one CPU device (of 1 when a "
-      "layer runs by winograd), the whole cohort on accelerators and over several devices); with "
+      "layer runs by winograd; 4 // D over D CPU devices), the whole cohort on accelerators); with "
       "the noised mean and no attack the round's memory then stays flat in the cohort size, "
       "and a block of padded slots only is skipped; on a CPU, blocks keep small models in "
       "cache and skip a Poisson cohort's padding (1.3-1.7x faster rounds, benchmarks/RESULTS.md)")

@@ -382,7 +382,7 @@ def run(program, data, sampler, rounds: int, *, hparams: Optional[dict] = None, 
       design (module docstring), and draws the mechanism's randomness (the
       rounds' keys, the cohorts) from secret entropy instead of ``seed``
       (:data:`RANDOMNESS`); checkpoints are refused with it.
-    client_chunk: run the cohort in blocks of this many vmapped clients
+    client_chunk: run the cohort in blocks of this many vmapped clients on each device
       (:func:`fedjax_dp.round.run_clients`); None: all at once.
     devices: split the cohort's clients over this many devices (default: all).
     checkpoint: a :class:`fedjax_dp.checkpoint.Checkpointer`: save the run every K
@@ -445,15 +445,14 @@ def group_mode(experiments) -> Optional[str]:
   return "stacked"
 
 
-def experiments_vmapped(devices: Optional[int] = None) -> bool:
+def experiments_vmapped() -> bool:
   """Whether a group's experiments run side by side (``vmap``) in its compiled round: on
-  accelerators and over several devices, yes (that is what fills them); on one CPU device they
-  run one after another inside the round (``lax.map``), at par with separate runs: vmapped, the
+  accelerators, yes (that is what fills them); on a CPU (one device or several) they run one
+  after another inside the round (``lax.map``), at par with separate runs: vmapped, the
   experiments' models leave the cache and every client block runs while any experiment has a
   real client in it (Cheng et al.'s 12-experiment MNIST grid ran at 0.55-0.65x the runs one
   after another, benchmarks/RESULTS.md)."""
-  from fedjax_dp.round import one_cpu_device
-  return not one_cpu_device(devices)
+  return jax.default_backend() != "cpu"
 
 
 def _pad_cohort(cohort, capacity: int):
@@ -482,7 +481,7 @@ class _Log:
     self.e = experiment
     self.release = release
     self.client_block = client_block
-    self.slots = 0  # the most client slots (all devices') a round has run
+    self.slots = 0  # the most client slots a round has run on each device
     self.checkpointed = checkpointed  # the run saves checkpoints/ beside its outputs
     self.released_metrics = tuple(getattr(program, "released_metrics", ()))
     self.clip = clip_bound(program, experiment.hparams)
@@ -630,8 +629,8 @@ class _Log:
     test_examples = summary["data"].pop("test_examples") if from_clients else None
     # How the rounds ran: clients per vmapped block (None: the whole cohort at once), and the
     # implementation of each convolution layer as the compiled round traced it.
-    # Blocks as wide as the cohort's slots (all devices' together: the round splits the padded
-    # cohort over them) are the whole cohort at once (round.run_clients).
+    # Blocks as wide as a device's share of the padded cohort are the whole cohort at once
+    # (round.run_clients).
     block = self.client_block if (self.client_block or 0) < self.slots else None
     summary["provenance"] = dict(self.environment(), client_block=block,
                                  conv_layers=traced_conv_layers(program))
@@ -752,7 +751,7 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
   floating-point reassociation): a cohort is padded with inert slots to the
   group's largest capacity, and padded clients change nothing. Arguments as
   :func:`run`; returns one :class:`RunResult` per experiment. A round's
-  ``seconds`` is the whole group's. ``client_chunk``: clients per block
+  ``seconds`` is the whole group's. ``client_chunk``: clients per block on each device
   (:func:`fedjax_dp.round.run_clients`). ``devices``: the cohort's clients are
   split over this many devices (default: every device JAX sees;
   :func:`fedjax_dp.round.compiled_step`); cohorts are padded with inert slots
@@ -803,7 +802,7 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
     evaluate = make_evaluator(program.model, datas[0].test_x, datas[0].test_y, experiments=mode)
   check(client_chunk is None or client_chunk >= 1, "client_chunk", client_chunk, "must be >= 1")
   step = compiled_step(program, placement, mode, client_chunk, devices,
-                       in_sequence=mode is not None and not experiments_vmapped(devices))
+                       in_sequence=mode is not None and not experiments_vmapped())
   mesh = client_mesh(devices)
   n_devices = mesh.size
   # Host placement gathers the next cohort while a round runs; a checkpoint must see the
@@ -857,7 +856,7 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
     cohorts = [e.sampler.sample() for e in experiments]
     capacity = -(-max(len(c.ids) for c in cohorts) // n_devices) * n_devices
     for log in logs:
-      log.slots = max(log.slots, capacity)
+      log.slots = max(log.slots, capacity // n_devices)
     return cohorts, inputs([_pad_cohort(c, capacity) for c in cohorts])
 
   logs = [_Log(program, e, release, client_chunk, checkpoint is not None) for e in experiments]

@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Optional
 from fedjax_dp.config import RunConfig
 from fedjax_dp.engine import RunResult, noise_multiplier, run
 from fedjax_dp.errors import NoiseWarning
-from fedjax_dp.round import check_devices, one_cpu_device
+import jax
+
+from fedjax_dp.round import check_devices
 
 if TYPE_CHECKING:  # an annotation only: importing the models (and flax) waits for their use
   from fedjax_dp.models import Model
@@ -100,7 +102,8 @@ def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional
              accounting_workers=config.accounting_workers)
 
 
-# Clients per block that the automatic choice aims at on one CPU device (benchmarks/RESULTS.md).
+# Clients per block that the automatic choice aims at on one CPU device; over several CPU devices
+# (fedjax-dp run --cpu-devices N), each device's share of it (benchmarks/RESULTS.md).
 CPU_BLOCK = 4
 
 
@@ -108,12 +111,15 @@ def client_blocks(config: RunConfig, model: Model, model_batch: Optional[int] = 
                   ) -> Optional[int]:
   """Clients per vmapped block of the configuration's rounds (None: the whole cohort at once).
 
-  ``client_chunk`` k >= 1 is k, 0 the whole cohort. Unset (automatic): on accelerators, and
-  over several devices, the whole cohort (what fills them); on one CPU device, blocks of
-  about :data:`CPU_BLOCK` clients, which keep small models' weights and gradients in cache
-  and skip the padded slots of a Poisson cohort (their capacity is set for a 1e-9 tail). A
-  fixed-size cohort gets the block size in 2-6 that wastes the fewest padded slots (10
-  clients: 2 blocks of 5), a cohort of at most 4 clients one block. When one of ``model``'s
+  ``client_chunk`` k >= 1 is k clients on each device, 0 the whole cohort. Unset (automatic):
+  on accelerators, the whole cohort (what fills them); on one CPU device, blocks of about
+  :data:`CPU_BLOCK` clients, which keep small models' weights and gradients in cache and skip
+  the padded slots of a Poisson cohort (their capacity is set for a 1e-9 tail). A fixed-size
+  cohort gets the block size in 2-6 that wastes the fewest padded slots (10 clients: 2 blocks
+  of 5), a cohort of at most 4 clients one block. Over ``D`` CPU devices (each running on its
+  own cores), blocks of ``CPU_BLOCK // D`` clients (at least 1) on each device, whose share of
+  the cohort is ``M / D`` (the MLP at 50 clients on 2 cores: 1.08-1.14x the centralized batch
+  in blocks of 2, 1.35-1.43x in blocks of 4, benchmarks/RESULTS.md). When one of ``model``'s
   layers runs by Winograd (:meth:`fedjax_dp.models.Model.conv_impls` at the configuration's
   batch size), blocks of one client: its tile transforms' intermediates slow every client down
   when several share a block (CNN-2-layers, 10 clients: 9.7 s a round in blocks of 1, 11.7 s
@@ -125,15 +131,19 @@ def client_blocks(config: RunConfig, model: Model, model_batch: Optional[int] = 
   """
   if config.client_chunk is not None:
     return config.client_chunk or None
-  if not one_cpu_device(config.devices):
+  if jax.default_backend() != "cpu":
     return None
   if "winograd" in model.conv_impls(model_batch or config.batch_size):
     return 1
+  devices = check_devices(config.devices)
+  target = max(1, CPU_BLOCK // devices)
   if config.sampling != "fixed":
-    return CPU_BLOCK
-  size = config.cohort_size
-  if size <= CPU_BLOCK:
+    return target
+  size = -(-config.cohort_size // devices)  # each device's share of the cohort
+  if size <= target:
     return None
+  if devices > 1:
+    return target
   prefer = (CPU_BLOCK, 5, 3, 6, 2)
   return min(prefer, key=lambda k: (-(-size // k) * k, prefer.index(k)))
 

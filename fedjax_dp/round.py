@@ -271,23 +271,36 @@ def nonfinite_rows(rows, mask) -> jax.Array:
   return jnp.sum(mask) - jnp.sum(finite_rows(rows, mask))
 
 
-def _blocks(tree, size: int, count: int):
-  """Leading axis ``[C]`` -> ``[count, size]``, padded with zeros (inert: their mask is 0)."""
+def _blocks(tree, size: int, count: int, shards: int = 1):
+  """Leading axis ``[C]`` -> ``[count, shards * size]``: each of the ``shards`` equal parts of
+  ``C`` (one device's clients) is padded with zeros (inert: their mask is 0) to ``count``
+  blocks of ``size``, and block ``i`` holds the ``i``-th block of every part, so that each
+  device runs its own clients block after block (a block of the whole axis would split the
+  blocks, not the clients, over the devices: each device would wait for the others')."""
   def split(a):
-    pad = count * size - a.shape[0]
-    a = jnp.concatenate([a, jnp.zeros((pad,) + a.shape[1:], a.dtype)]) if pad else a
-    return a.reshape((count, size) + a.shape[1:])
+    a = a.reshape((shards, a.shape[0] // shards) + a.shape[1:])
+    pad = count * size - a.shape[1]
+    if pad:
+      a = jnp.concatenate([a, jnp.zeros((shards, pad) + a.shape[2:], a.dtype)], axis=1)
+    a = jnp.swapaxes(a.reshape((shards, count, size) + a.shape[2:]), 0, 1)
+    return a.reshape((count, shards * size) + a.shape[3:])
   return jax.tree_util.tree_map(split, tree)
 
 
-def _unblocks(tree, length: int):
-  return jax.tree_util.tree_map(lambda a: a.reshape((-1,) + a.shape[2:])[:length], tree)
+def _unblocks(tree, length: int, shards: int = 1):
+  """The inverse of :func:`_blocks`: ``[count, shards * size]`` -> ``[length]``."""
+  def merge(a):
+    a = a.reshape((a.shape[0], shards, -1) + a.shape[2:])
+    a = jnp.swapaxes(a, 0, 1).reshape((shards, -1) + a.shape[3:])
+    return a[:, :length // shards].reshape((length,) + a.shape[2:])
+  return jax.tree_util.tree_map(merge, tree)
 
 
 def run_clients(rnd: Round, hp: dict, params, batch: CohortBatch, rows, chp, keys, *,
                 data=None, chunk: Optional[int] = None, accumulate=None,
-                axis_name: Optional[str] = None):
-  """The cohort's client updates: one ``vmap``, or, with ``chunk``, blocks of ``chunk`` clients.
+                axis_name: Optional[str] = None, mesh: Optional[jax.sharding.Mesh] = None):
+  """The cohort's client updates: one ``vmap``, or, with ``chunk``, blocks of ``chunk`` clients
+  on each device of ``mesh`` (:func:`client_mesh`; None: one device).
 
   ``data``: the population's ``(x, y, counts)`` (or :class:`DataSets`); each block gathers its own
   clients' rows from it (so the cohort's data is never held at once), else
@@ -322,10 +335,13 @@ def run_clients(rnd: Round, hp: dict, params, batch: CohortBatch, rows, chp, key
 
   args = (batch.ids, batch.mask, batch.x, batch.y, batch.counts, rows, chp, keys)
   size = batch.ids.shape[0]
-  if chunk is None or chunk >= size:
+  shards = 1 if mesh is None else mesh.size
+  if chunk is None or chunk * shards >= size:
     return block(*args)
-  count = -(-size // chunk)
-  blocks = _blocks(args, chunk, count)
+  count = -(-size // (shards * chunk))
+  blocks = _blocks(args, chunk, count, shards)
+  if shards > 1:
+    blocks = shard_clients(blocks, mesh, 1)
   first = jax.tree_util.tree_map(lambda a: a[0], blocks)
   shapes = jax.eval_shape(block, *first)
 
@@ -343,7 +359,7 @@ def run_clients(rnd: Round, hp: dict, params, batch: CohortBatch, rows, chp, key
 
   init = tuple(zeros()[1:]) if accumulate is not None else (None, None, None)
   (total, weight, nonfinite), out = jax.lax.scan(body, init, blocks)
-  return _unblocks(out, size), total, weight, nonfinite
+  return _unblocks(out, size, shards), total, weight, nonfinite
 
 
 def round_keys(key: jax.Array) -> tuple:
@@ -358,7 +374,7 @@ def round_keys(key: jax.Array) -> tuple:
           jax.random.fold_in(k_agg, SALT_SERVER))
 
 
-def _messages(rnd, state, hp, batch, key, data, chunk, accumulate, axis_name=None):
+def _messages(rnd, state, hp, batch, key, data, chunk, accumulate, axis_name=None, mesh=None):
   """``(out, sent, byzantine mask, (total, weight))`` of a round (:func:`messages`)."""
   k_clients, _, k_attack, _ = round_keys(key)
   keys = client_keys(k_clients, batch.ids)
@@ -366,7 +382,7 @@ def _messages(rnd, state, hp, batch, key, data, chunk, accumulate, axis_name=Non
   chp = () if rnd.client_hparams is None else rnd.client_hparams(state.server, hp, batch.ids)
   out, total, weight, nonfinite = run_clients(rnd, hp, state.params, batch, rows, chp, keys,
                                               data=data, chunk=chunk, accumulate=accumulate,
-                                              axis_name=axis_name)
+                                              axis_name=axis_name, mesh=mesh)
   byz = attacks_lib.byzantine_mask(batch.ids, rnd.num_clients, hp["byzantine"])
   sent = None
   if accumulate is None:
@@ -384,10 +400,11 @@ def messages(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: j
 
 
 def step(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.Array, *,
-         data=None, chunk: Optional[int] = None, axis_name: Optional[str] = None):
+         data=None, chunk: Optional[int] = None, axis_name: Optional[str] = None,
+         mesh: Optional[jax.sharding.Mesh] = None):
   """One federated round (pure; see the module docstring). Returns ``(state, metrics)``.
 
-  ``data``, ``chunk``, ``axis_name``: see :func:`run_clients` (``batch.x``, ``batch.y`` and
+  ``data``, ``chunk``, ``axis_name``, ``mesh``: see :func:`run_clients` (``batch.x``, ``batch.y`` and
   ``batch.counts`` are unused with ``data``). With ``chunk``, a round whose
   aggregate is linear in the uploads (the noised mean) and that has no attack
   and no per-client state sums the uploads block by block, so its memory does
@@ -400,7 +417,7 @@ def step(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.A
       and rnd.attack_step is attack_uploads and rnd.init_row is None):
     accumulate = (aggregator.prepare, rnd.weighting)
   out, sent, byz, summed = _messages(rnd, state, hp, batch, key, data, chunk, accumulate,
-                                     axis_name)
+                                     axis_name, mesh)
   k_agg = round_keys(key)[1]
   if accumulate is None:
     counts = batch.counts if data is None else gather_clients(data, batch.ids)[2]
@@ -522,7 +539,7 @@ def compiled_step(rnd: Round, placement: str = "device", experiments: Optional[s
   inside the step (``lax.map``) instead of side by side (``vmap``): on one CPU device a vmap
   of experiments only takes their models out of cache and makes every client block run
   while any experiment has a real client in it (:func:`fedjax_dp.engine.experiments_vmapped`).
-  ``chunk``: clients per block (:func:`run_clients`).
+  ``chunk``: clients per block on each device (:func:`run_clients`).
 
   ``devices``: the cohort's clients are split over this many devices
   (:func:`client_mesh`; default all), one code path for one device and many:
@@ -540,11 +557,11 @@ def compiled_step(rnd: Round, placement: str = "device", experiments: Optional[s
     def fn(state, hp, arrays, ids, mask, key):
       with _recording_conv_layers(rnd):
         return step(rnd, state, hp, CohortBatch(None, None, None, ids, mask), key, data=arrays,
-                    chunk=chunk, axis_name=name)
+                    chunk=chunk, axis_name=name, mesh=mesh)
   else:
     def fn(state, hp, batch, key):
       with _recording_conv_layers(rnd):
-        return step(rnd, state, hp, batch, key, chunk=chunk, axis_name=name)
+        return step(rnd, state, hp, batch, key, chunk=chunk, axis_name=name, mesh=mesh)
   if experiments is not None:
     if placement == "device":
       data = None if experiments == "shared" else DataSets(None, 0)

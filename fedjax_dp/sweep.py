@@ -472,7 +472,7 @@ def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Seq
     for i, res in zip(members, done):
       results[i] = res
     records[g] = {"experiments": list(members), "seconds": seconds,
-                  "side_by_side": len(members) > 1 and experiments_vmapped(first.devices)}
+                  "side_by_side": len(members) > 1 and experiments_vmapped()}
     if log is not None:  # a private release prints no timing (a raw diagnostic)
       log(f"[group {g + 1}/{len(groups)}] {len(members)} experiments of {first.algorithm}"
           + ("" if release == "private" else f": {seconds:.1f}s"))

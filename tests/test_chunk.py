@@ -119,8 +119,8 @@ def test_a_sweep_still_skips_blocks_padded_in_every_experiment():
 def test_automatic_blocks_on_one_cpu_device(monkeypatch):
   """client_chunk unset: blocks of about 4 on one CPU device (fixed cohorts: the size in 2-6
   wasting the fewest slots; a model with a layer run by Winograd: 1), the whole cohort on
-  accelerators and over several devices; 0 is the whole cohort, k >= 1 blocks of k. Recorded in
-  the summary's provenance."""
+  accelerators (several CPU devices: tests/test_sharding.py); 0 is the whole cohort, k >= 1
+  blocks of k. Recorded in the summary's provenance."""
   from fedjax_dp.experiment import client_blocks, simulate
   from fedjax_dp.models import get_model
   assert jax.default_backend() == "cpu" and jax.device_count() == 1
@@ -131,7 +131,6 @@ def test_automatic_blocks_on_one_cpu_device(monkeypatch):
   assert [client_blocks(fixed(n), digits) for n in (10, 12, 7, 9, 4, 2)] == [5, 4, 4, 3, None, None]
   assert client_blocks(base.replace(client_chunk=0), digits) is None
   assert client_blocks(base.replace(client_chunk=7), digits) == 7
-  assert client_blocks(base.replace(devices=2), digits) is None
   winograd = get_model("digits_cnn", (8, 8, 1), 10, conv_impl="winograd")  # one client a block
   assert client_blocks(base, winograd) == 1 and client_blocks(fixed(10), winograd) == 1
   assert client_blocks(base.replace(client_chunk=7), winograd) == 7

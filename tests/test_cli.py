@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import pathlib
 import re
 import subprocess
@@ -40,6 +41,7 @@ TINY = ["--num-clients", "40", "--rounds", "2", "--local-steps", "2", "--model",
     (["run", "--client-lr", "1e39"], "client_lr"),
     (["run", "--noise-multiplier", "1e-300"], "noise_multiplier"),  # 0 in float32: no noise
     (["run", "--clip", "1e-40"], "clip"),                           # a float32 denormal
+    (["run", "--cpu-devices", "0"], "cpu_devices"),
     # sigma**2 underflows inside dp_accounting's RDP (ZeroDivisionError there)
     (["privacy", "--sampling-prob", "0.1", "--noise-multiplier", "1e-300", "--rounds", "10",
       "--delta", "1e-5", "--accountant", "rdp"], "accountant"),
@@ -407,6 +409,22 @@ def test_the_python_api_refuses_a_setting_the_algorithm_does_not_use_like_the_cl
   with pytest.raises(ConfigError) as e:  # overrides of a given configuration too
     fedjax_dp.simulate(RunConfig(algorithm="fedavg", target_epsilon=None), clip=0.3)
   assert e.value.field == "clip"
+
+
+def test_cpu_devices_split_the_clients_over_the_cores(tmp_path, capsys):
+  import jax
+  jax.devices()  # JAX has started in this process (with one CPU device): too late for another
+  assert main(["run", *TINY, "--cpu-devices", "2", "--output-dir", str(tmp_path / "in")]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and "cpu_devices" in err and "new process" in err
+  assert not (tmp_path / "in").exists()
+  out = tmp_path / "two"
+  proc = subprocess.run([sys.executable, "-m", "fedjax_dp.cli", "run", *TINY, "--cpu-devices", "2",
+                         "--output-dir", str(out)], capture_output=True, text=True, timeout=600,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  prov = json.loads((out / "summary.json").read_text())["provenance"]
+  assert prov["devices"]["count"] == 2 and prov["client_block"] == 2  # CPU_BLOCK // 2 a device
 
 
 def test_summary_records_the_model_name_partition_and_provenance(tmp_path, capsys):

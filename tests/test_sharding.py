@@ -20,6 +20,8 @@ SCRIPT = textwrap.dedent("""
                   model="mlp", eval_every=1, max_test=200, target_epsilon=None)
     base = dict(common, clip=0.5, noise_multiplier=1.0)
     cases = {"dp_fedavg": base,
+             # each device's clients in blocks of 2 (with padding: 24 slots, 6 a device)
+             "dp_fedavg_blocks": dict(base, client_chunk=2),
              "gm_attacked_host": dict(common, algorithm="gm", attack="gaussian", byzantine=6,
                                       placement="host")}
     for name, settings in cases.items():
@@ -59,12 +61,32 @@ SCRIPT = textwrap.dedent("""
            for d in (1, 4)]
     out["sweep_accuracy"] = [[e["result"].summary["final_accuracy"] for e in r.experiments]
                              for r in res]
-    # The blocks a summary records are those of the whole cohort the round splits over the
-    # devices: 8 slots (2 a device) in blocks of 4 run as 2 blocks, in blocks of 8 as one.
+    # Blocks are each device's: 8 slots (2 a device) in blocks of 1 run as 2 blocks, in blocks
+    # of 2 as one (the summary records the whole cohort at once).
     fixed = dict({k: v for k, v in base.items() if k != "sampling_prob"}, sampling="fixed",
                  cohort_size=8, rounds=1, devices=4)
     out["client_block"] = [simulate(make_config(**fixed, client_chunk=k), data).summary[
-        "provenance"]["client_block"] for k in (4, 8)]
+        "provenance"]["client_block"] for k in (1, 2)]
+    # Each device runs its own clients block after block: the blocked round gathers across the
+    # devices what the whole cohort's gathers (the clients' metrics), not the clients' data.
+    from fedjax_dp.algorithms import build
+    from fedjax_dp.round import compiled_step
+    setup = build(make_config(**dict(fixed, cohort_size=16)), data)
+    hp = {k: jnp.asarray(v) for k, v in setup.hparams.items()}
+    args = (setup.program.init(jax.random.PRNGKey(0), hp), hp,
+            tuple(jnp.asarray(a) for a in (data.x, data.y, data.counts)),
+            jnp.arange(16, dtype=jnp.int32), jnp.ones(16), jax.random.PRNGKey(0))
+    out["all_gathers"] = [compiled_step(setup.program, "device", None, chunk, 4).lower(
+        *args).compile().as_text().count(" all-gather(") for chunk in (None, 1)]
+    # Automatic blocks over D CPU devices: CPU_BLOCK // D (at least 1) clients on each device,
+    # none when a device's share of a fixed cohort fits in one.
+    from fedjax_dp.experiment import client_blocks
+    from fedjax_dp.models import get_model
+    mlp = get_model("mlp", (8, 8, 1), 10)
+    auto = make_config(num_clients=60, rounds=1)
+    out["auto_blocks"] = [client_blocks(c, mlp) for c in (
+        auto, auto.replace(devices=2), auto.replace(sampling="fixed", cohort_size=40),
+        auto.replace(sampling="fixed", cohort_size=4, devices=2))]
     print("RESULT " + json.dumps(out))
 """)
 
@@ -77,7 +99,7 @@ def test_four_devices_give_the_one_device_result():
   assert proc.returncode == 0, proc.stderr[-3000:]
   line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
   out = json.loads(line[len("RESULT "):])
-  for name in ("dp_fedavg", "gm_attacked_host"):
+  for name in ("dp_fedavg", "dp_fedavg_blocks", "gm_attacked_host"):
     case = out[name]
     assert case["devices"] == [1, 4], (name, case)
     assert case["param_diff"] < 1e-5, (name, case)
@@ -88,7 +110,10 @@ def test_four_devices_give_the_one_device_result():
   assert out["winograd_grads"]["relative_diff"] < 1e-5, out["winograd_grads"]
   one, four = out["sweep_accuracy"]
   assert max(abs(a - b) for a, b in zip(one, four)) <= 0.01
-  assert out["client_block"] == [4, None]
+  assert out["client_block"] == [1, None]
+  whole, blocks = out["all_gathers"]
+  assert blocks == whole, out["all_gathers"]
+  assert out["auto_blocks"] == [1, 2, 1, None]
 
 
 PROCESS = textwrap.dedent("""

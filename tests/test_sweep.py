@@ -296,7 +296,7 @@ def test_experiments_run_in_sequence_on_one_cpu_and_side_by_side_elsewhere(monke
   grid = {"clip": ["0.3", "0.6"]}
   in_sequence = sweep(_base(rounds=2), grid, seeds=2, load=load, threads=1)
   assert [g["side_by_side"] for g in in_sequence.groups] == [False]
-  monkeypatch.setattr(engine, "experiments_vmapped", lambda devices=None: True)
+  monkeypatch.setattr(engine, "experiments_vmapped", lambda: True)
   side_by_side = sweep(_base(rounds=2), grid, seeds=2, load=load, threads=1)
   assert [g["side_by_side"] for g in side_by_side.groups] == [True]
   assert held == {(2, (0, 1, 0, 1))}  # two seeds' data sets for four experiments
