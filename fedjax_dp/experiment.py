@@ -5,11 +5,11 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Optional
 
+import jax
+
 from fedjax_dp.config import RunConfig
 from fedjax_dp.engine import RunResult, noise_multiplier, run
 from fedjax_dp.errors import NoiseWarning
-import jax
-
 from fedjax_dp.round import check_devices
 
 if TYPE_CHECKING:  # an annotation only: importing the models (and flax) waits for their use
@@ -118,8 +118,8 @@ def client_blocks(config: RunConfig, model: Model, model_batch: Optional[int] = 
   cohort gets the block size in 2-6 that wastes the fewest padded slots (10 clients: 2 blocks
   of 5), a cohort of at most 4 clients one block. Over ``D`` CPU devices (each running on its
   own cores), blocks of ``CPU_BLOCK // D`` clients (at least 1) on each device, whose share of
-  the cohort is ``M / D`` (the MLP at 50 clients on 2 cores: 1.08-1.14x the centralized batch
-  in blocks of 2, 1.35-1.43x in blocks of 4, benchmarks/RESULTS.md). When one of ``model``'s
+  the cohort is ``M / D`` (the MLP at 50 clients on 2 cores: 0.98-1.13x the centralized batch
+  in blocks of 2, 1.32-1.43x in blocks of 4, benchmarks/RESULTS.md). When one of ``model``'s
   layers runs by Winograd (:meth:`fedjax_dp.models.Model.conv_impls` at the configuration's
   batch size), blocks of one client: its tile transforms' intermediates slow every client down
   when several share a block (CNN-2-layers, 10 clients: 9.7 s a round in blocks of 1, 11.7 s

@@ -453,8 +453,7 @@ EXPERIMENTS_AXIS = "experiments"
 
 def one_cpu_device(devices: Optional[int] = None) -> bool:
   """Whether a run's clients go to one CPU device (``devices``, default every device JAX sees):
-  where automatic client blocks and experiments one after another pay
-  (:func:`fedjax_dp.experiment.client_blocks`, :func:`fedjax_dp.engine.experiments_vmapped`)."""
+  where a sweep's programs run in threads (:func:`fedjax_dp.sweep.threads_for`)."""
   return jax.default_backend() == "cpu" and (devices or jax.device_count()) == 1
 
 
