@@ -22,6 +22,9 @@ SCRIPT = textwrap.dedent("""
     cases = {"dp_fedavg": base,
              # each device's clients in blocks of 2 (with padding: 24 slots, 6 a device)
              "dp_fedavg_blocks": dict(base, client_chunk=2),
+             # per-client state (RSA's workers) gathered and scattered by blocks over devices
+             "rsa_blocks": dict({k: v for k, v in common.items() if k != "sampling_prob"},
+                                algorithm="rsa", sampling="fixed", cohort_size=10, client_chunk=2),
              "gm_attacked_host": dict(common, algorithm="gm", attack="gaussian", byzantine=6,
                                       placement="host")}
     for name, settings in cases.items():
@@ -99,7 +102,7 @@ def test_four_devices_give_the_one_device_result():
   assert proc.returncode == 0, proc.stderr[-3000:]
   line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
   out = json.loads(line[len("RESULT "):])
-  for name in ("dp_fedavg", "dp_fedavg_blocks", "gm_attacked_host"):
+  for name in ("dp_fedavg", "dp_fedavg_blocks", "rsa_blocks", "gm_attacked_host"):
     case = out[name]
     assert case["devices"] == [1, 4], (name, case)
     assert case["param_diff"] < 1e-5, (name, case)
