@@ -186,7 +186,8 @@ def main(argv=None):
   p.add_argument("--skip-centralized", action="store_true",
                  help="skip the centralized-batch column (large cnn2 cohorts on a CPU)")
   p.add_argument("--client-chunk", type=int, default=None,
-                 help="the engine's clients per block (0: the whole cohort in one vmap; "
+                 help="the engine's clients per block on each device (0: the whole cohort in "
+                      "one vmap; "
                       "default: the engine's automatic choice, as fedjax-dp run)")
   p.add_argument("--cpu-devices", type=int, default=None, metavar="N",
                  help="split the CPU into N JAX devices (as fedjax-dp run --cpu-devices N): the "

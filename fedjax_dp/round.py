@@ -271,28 +271,37 @@ def nonfinite_rows(rows, mask) -> jax.Array:
   return jnp.sum(mask) - jnp.sum(finite_rows(rows, mask))
 
 
+def _pad_axis(a, axis: int, length: int):
+  """``a`` padded with zeros (inert slots: their mask is 0) along ``axis`` to ``length``."""
+  pad = length - a.shape[axis]
+  if not pad:
+    return a
+  shape = a.shape[:axis] + (pad,) + a.shape[axis + 1:]
+  return jnp.concatenate([a, jnp.zeros(shape, a.dtype)], axis=axis)
+
+
 def _blocks(tree, size: int, count: int, shards: int = 1):
-  """Leading axis ``[C]`` -> ``[count, shards * size]``: each of the ``shards`` equal parts of
-  ``C`` (one device's clients) is padded with zeros (inert: their mask is 0) to ``count``
+  """Leading axis ``[C]`` -> ``[count, shards * size]``: ``C`` is cut into ``shards`` parts of
+  ``ceil(C / shards)`` (one device's clients, as XLA splits the axis), each padded to ``count``
   blocks of ``size``, and block ``i`` holds the ``i``-th block of every part, so that each
   device runs its own clients block after block (a block of the whole axis would split the
   blocks, not the clients, over the devices: each device would wait for the others')."""
   def split(a):
-    a = a.reshape((shards, a.shape[0] // shards) + a.shape[1:])
-    pad = count * size - a.shape[1]
-    if pad:
-      a = jnp.concatenate([a, jnp.zeros((shards, pad) + a.shape[2:], a.dtype)], axis=1)
-    a = jnp.swapaxes(a.reshape((shards, count, size) + a.shape[2:]), 0, 1)
-    return a.reshape((count, shards * size) + a.shape[3:])
+    part = -(-a.shape[0] // shards)
+    a = _pad_axis(a, 0, shards * part).reshape((shards, part) + a.shape[1:])
+    a = _pad_axis(a, 1, count * size).reshape((shards, count, size) + a.shape[2:])
+    return jnp.swapaxes(a, 0, 1).reshape((count, shards * size) + a.shape[3:])
   return jax.tree_util.tree_map(split, tree)
 
 
 def _unblocks(tree, length: int, shards: int = 1):
   """The inverse of :func:`_blocks`: ``[count, shards * size]`` -> ``[length]``."""
+  part = -(-length // shards)
+
   def merge(a):
     a = a.reshape((a.shape[0], shards, -1) + a.shape[2:])
     a = jnp.swapaxes(a, 0, 1).reshape((shards, -1) + a.shape[3:])
-    return a[:, :length // shards].reshape((length,) + a.shape[2:])
+    return a[:, :part].reshape((shards * part,) + a.shape[2:])[:length]
   return jax.tree_util.tree_map(merge, tree)
 
 
@@ -338,7 +347,7 @@ def run_clients(rnd: Round, hp: dict, params, batch: CohortBatch, rows, chp, key
   shards = 1 if mesh is None else mesh.size
   if chunk is None or chunk * shards >= size:
     return block(*args)
-  count = -(-size // (shards * chunk))
+  count = -(-size // (shards * chunk))  # blocks of every device's ceil(size / shards) clients
   blocks = _blocks(args, chunk, count, shards)
   if shards > 1:
     blocks = shard_clients(blocks, mesh, 1)
@@ -404,8 +413,8 @@ def step(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.A
          mesh: Optional[jax.sharding.Mesh] = None):
   """One federated round (pure; see the module docstring). Returns ``(state, metrics)``.
 
-  ``data``, ``chunk``, ``axis_name``, ``mesh``: see :func:`run_clients` (``batch.x``, ``batch.y`` and
-  ``batch.counts`` are unused with ``data``). With ``chunk``, a round whose
+  ``data``, ``chunk``, ``axis_name``, ``mesh``: see :func:`run_clients` (``batch.x``, ``batch.y``
+  and ``batch.counts`` are unused with ``data``). With ``chunk``, a round whose
   aggregate is linear in the uploads (the noised mean) and that has no attack
   and no per-client state sums the uploads block by block, so its memory does
   not grow with the cohort; any other keeps every client's upload (the

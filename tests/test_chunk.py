@@ -178,3 +178,23 @@ def test_the_round_records_the_convolutions_its_clients_run(algorithm, extra, la
   assert traced_conv_layers(program) == layers
   winograd = any("winograd" in impls for impls in layers.values())
   assert client_blocks(config, program.model, program.model_batch) == (1 if winograd else 4)
+
+
+def test_blocks_hold_each_devices_own_clients_and_come_back_in_order():
+  """Over D devices, block i holds the i-th block of each device's ceil(C / D) clients (as XLA
+  splits the client axis), padded with inert zeros, also where D does not divide C."""
+  from fedjax_dp.round import _blocks, _unblocks
+  for size, shards, chunk in ((10, 1, 3), (12, 2, 2), (10, 4, 2), (13, 3, 2), (5, 4, 1)):
+    clients = jnp.arange(1, size + 1)                  # client c is c + 1: padding reads 0
+    part = -(-size // shards)
+    count = -(-part // chunk)
+    blocks = np.asarray(_blocks({"c": clients}, chunk, count, shards)["c"])
+    assert blocks.shape == (count, shards * chunk)
+    for i in range(count):
+      for d in range(shards):
+        want = [d * part + i * chunk + j + 1 for j in range(chunk)]
+        want = [c if c <= min((d + 1) * part, size) else 0 for c in want]
+        assert blocks[i, d * chunk:(d + 1) * chunk].tolist() == want, (size, shards, chunk, i, d)
+    back = _unblocks({"c": jnp.asarray(blocks)}, size, shards)["c"]
+    assert np.asarray(back).tolist() == list(range(1, size + 1))
+

@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent("""
                   model="mlp", eval_every=1, max_test=200, target_epsilon=None)
     base = dict(common, clip=0.5, noise_multiplier=1.0)
     cases = {"dp_fedavg": base,
-             # each device's clients in blocks of 2 (with padding: 24 slots, 6 a device)
+             # each device's clients in blocks of 2 (with padding: 36 slots, 9 a device)
              "dp_fedavg_blocks": dict(base, client_chunk=2),
              # per-client state (RSA's workers) gathered and scattered by blocks over devices
              "rsa_blocks": dict({k: v for k, v in common.items() if k != "sampling_prob"},
