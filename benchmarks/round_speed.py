@@ -31,7 +31,8 @@ import numpy as np
 import optax
 
 from fedjax_dp.algorithms.dp_fedavg import build_dp_fedavg
-from fedjax_dp.round import CohortBatch, client_keys, compiled_step, mask_rows, server_update
+from fedjax_dp.round import (CohortBatch, client_keys, compiled_step, mask_rows, server_update,
+                             use_cpu_devices)
 from fedjax_dp.config import make_config
 from fedjax_dp.data import FederatedData
 from fedjax_dp.experiment import client_blocks
@@ -197,8 +198,7 @@ def main(argv=None):
                  help="print one JSON object; with benchmarks/peers/.venv present it also runs "
                       "the loop baseline in PyTorch right after (torch_s_per_round)")
   args = p.parse_args(argv)
-  if args.cpu_devices is not None:
-    jax.config.update("jax_num_cpu_devices", args.cpu_devices)
+  use_cpu_devices(args.cpu_devices)
   r = measure(args.model, args.clients, args.local_steps, args.batch, args.examples, args.repeats,
               args.conv_impl, args.skip_loop, args.compute_dtype,
               chunk="auto" if args.client_chunk is None else args.client_chunk or None,

@@ -75,23 +75,6 @@ def _add_cpu_devices(p):
                  "integer >= 1; no effect where JAX runs on an accelerator)")
 
 
-def _use_cpu_devices(n: Optional[int]) -> None:
-  """Sets JAX's CPU device count to ``n`` (None: unchanged) before JAX starts; refused when this
-  process already started JAX with another count."""
-  if n is None:
-    return
-  check(not isinstance(n, bool) and isinstance(n, int) and n >= 1, "cpu_devices", n,
-        "must be an integer >= 1")
-  import jax
-  try:
-    jax.config.update("jax_num_cpu_devices", n)
-  except RuntimeError:  # JAX started in this process before (fedjax_dp.cli.main from Python)
-    have = len(jax.devices("cpu"))
-    check(have == n, "cpu_devices", n, f"JAX already started in this process with {have} CPU "
-          f"device(s); the count is set before JAX starts: a new process (or JAX_NUM_CPU_DEVICES="
-          f"{n} in its environment)")
-
-
 def _add_config_flags(p):
   """``--config``, ``--set`` and one flag per :class:`RunConfig` field (run and sweep)."""
   from fedjax_dp.config import field_help, field_types
@@ -684,7 +667,8 @@ def _main(argv: list) -> int:
     if not argv:
       argv = ["run"]
     args = parser.parse_args(argv)
-    _use_cpu_devices(getattr(args, "cpu_devices", None))
+    from fedjax_dp.round import use_cpu_devices
+    use_cpu_devices(getattr(args, "cpu_devices", None))
     cmd = {"run": _cmd_run, "sweep": _cmd_sweep, "privacy": _cmd_privacy, "reproduce": _cmd_reproduce,
            "algorithms": _cmd_algorithms, "audit": audit.command, "plot": plots.command}[args.command]
     return cmd(args)

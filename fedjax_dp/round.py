@@ -466,6 +466,23 @@ def one_cpu_device(devices: Optional[int] = None) -> bool:
   return jax.default_backend() == "cpu" and (devices or jax.device_count()) == 1
 
 
+def use_cpu_devices(n: Optional[int]) -> None:
+  """Sets JAX's CPU device count to ``n`` (None: unchanged; ``--cpu-devices``) before JAX starts;
+  refused when this process already started JAX with another count."""
+  from fedjax_dp.errors import check
+  if n is None:
+    return
+  check(not isinstance(n, bool) and isinstance(n, int) and n >= 1, "cpu_devices", n,
+        "must be an integer >= 1")
+  try:
+    jax.config.update("jax_num_cpu_devices", n)
+  except RuntimeError:  # JAX started in this process before (fedjax_dp.cli.main from Python)
+    have = len(jax.devices("cpu"))
+    check(have == n, "cpu_devices", n, f"JAX already started in this process with {have} CPU "
+          f"device(s); the count is set before JAX starts: a new process (or JAX_NUM_CPU_DEVICES="
+          f"{n} in its environment)")
+
+
 def check_devices(devices: Optional[int]) -> int:
   """The number of devices a run splits its clients over: ``devices``, or every device JAX sees
   (across every process) when None; more than JAX sees is refused (run and sweep call it
