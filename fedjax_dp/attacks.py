@@ -1,9 +1,13 @@
-"""Byzantine attacks: ``attack(updates[N], byzantine_mask[N], key, mask=None) -> updates[N]``.
+"""Byzantine attacks: ``attack(updates[N], byzantine_mask[N], key, mask=None, ids=None) -> updates[N]``.
 
 ``updates`` is a pytree whose leaves have a leading client axis; the rows with
 ``byzantine_mask == 1`` are replaced by what the attackers send, the others are
 returned unchanged. ``mask`` (optional, 1 for real clients) keeps padded rows
 out of the statistics an omniscient attacker computes from the regular rows.
+``ids`` (optional; the rows' positions ``0..N-1`` without it) are the rows' client ids: what
+an attacker sends depends on its id, never on its row's position, so a cohort's padding, order
+and split over devices change no message (a random attack draws each attacker's row from
+``fold_in(key, id)``; sample duplication copies the regular row of lowest id).
 What a row *is* depends on the algorithm: a stochastic gradient for the
 gradient-aggregation baselines, the worker's local model ``z_j`` for RSA /
 DP-RSA, which then sends ``sign(x_0 - z_j)`` (Zhu and Ling, IJCAI 2022, Eq. 7).
@@ -52,22 +56,24 @@ OMNISCIENT_REASON = ("omniscient attack: the Byzantine messages are computed fro
 
 @dataclasses.dataclass(frozen=True)
 class Attack:
-  """A Byzantine attack: ``attack(updates, byzantine_mask, key, mask=None) -> updates``.
+  """A Byzantine attack: ``attack(updates, byzantine_mask, key, mask=None, ids=None) -> updates``.
 
   Attributes:
     name: one of :data:`ATTACKS`.
     reads_honest: True when the attackers' rows are computed from the
       regular rows (sample duplication, ALIE, IPM); False when they use only
       their own row or nothing (Gaussian, sign flip, non-finite).
-    fn: the pure function.
+    fn: the pure function ``fn(updates, byzantine_mask, key, mask, ids)`` (``ids`` given).
   """
 
   name: str
   reads_honest: bool
   fn: Callable
 
-  def __call__(self, updates, byz, key, mask=None):
-    return self.fn(updates, byz, key, mask=mask)
+  def __call__(self, updates, byz, key, mask=None, ids=None):
+    if ids is None:
+      ids = jnp.arange(byz.shape[0], dtype=jnp.int32)
+    return self.fn(updates, byz, key, mask, ids)
 
 
 def byzantine_mask(ids: jax.Array, num_clients: int, num_byzantine: int) -> jax.Array:
@@ -95,8 +101,8 @@ def _regular_mean(updates, w):
 
 
 def none() -> Attack:
-  def attack(updates, byz, key, mask=None):
-    del byz, key, mask
+  def attack(updates, byz, key, mask, ids):
+    del byz, key, mask, ids
     return updates
   return Attack("none", False, attack)
 
@@ -108,17 +114,17 @@ def gaussian(sigma: float = 1e4, shared=0) -> Attack:
   a sum of signs, where independent rows partly cancel)."""
   check(sigma > 0, "attack_sigma", sigma, "must be > 0")
 
-  def attack(updates, byz, key, mask=None):
+  def attack(updates, byz, key, mask, ids):
     del mask
-    # A draw per leaf, not one for the tree (transforms.sample_like): the rows are the stacked
-    # cohort, padded to a multiple of the device count, and a row's values must not depend on
-    # that padding (per leaf they do not: a row's counters are its index in the leaf; the
-    # shared draw has no client axis).
+    # A draw per leaf (transforms.sample_like), and each attacker's row from its own client
+    # id's key, so that no row depends on the cohort's padding, order or devices.
     leaves, treedef = jax.tree_util.tree_flatten(updates)
     keys = jax.random.split(key, len(leaves))
 
     def draw(k, shape):
-      own = jax.random.normal(k, shape, jnp.float32)
+      per_id = jax.random.fold_in(k, 0)
+      own = jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(per_id, i), shape[1:],
+                                                 jnp.float32))(ids)
       one = jax.random.normal(jax.random.fold_in(k, 1), shape[1:], jnp.float32)
       return sigma * jnp.where(jnp.asarray(shared) > 0, one, own)
     noise = [draw(k, u.shape) for k, u in zip(keys, leaves)]
@@ -129,19 +135,20 @@ def gaussian(sigma: float = 1e4, shared=0) -> Attack:
 def sign_flip(scale: float = -5.0) -> Attack:
   """Attackers send their true row times ``scale`` (-5 in Zhu and Ling 2022, attack (ii))."""
 
-  def attack(updates, byz, key, mask=None):
-    del key, mask
+  def attack(updates, byz, key, mask, ids):
+    del key, mask, ids
     return _replace(updates, byz, jax.tree_util.tree_map(lambda u: scale * u, updates))
   return Attack("sign_flip", False, attack)
 
 
 def sample_duplication() -> Attack:
-  """Every attacker copies the row of one regular worker, the first real regular row
-  (Zhu and Ling 2022, attack (iii); with sorted cohorts, the regular worker of lowest id)."""
+  """Every attacker copies the row of one regular worker, the real regular worker of lowest id
+  (Zhu and Ling 2022, attack (iii))."""
 
-  def attack(updates, byz, key, mask=None):
+  def attack(updates, byz, key, mask, ids):
     del key
-    src = jnp.argmax(_regular_weights(byz, mask))
+    regular = _regular_weights(byz, mask) > 0
+    src = jnp.argmin(jnp.where(regular, ids, jnp.iinfo(ids.dtype).max))
     return _replace(updates, byz, jax.tree_util.tree_map(
         lambda u: jnp.broadcast_to(u[src], u.shape), updates))
   return Attack("sample_duplication", True, attack)
@@ -156,8 +163,8 @@ def alie(z: Optional[float] = None) -> Attack:
       the cohort's ``n`` real rows and ``b`` attackers.
   """
 
-  def attack(updates, byz, key, mask=None):
-    del key
+  def attack(updates, byz, key, mask, ids):
+    del key, ids
     w = _regular_weights(byz, mask)
     mu = _regular_mean(updates, w)
     var = _regular_mean(jax.tree_util.tree_map(
@@ -177,8 +184,8 @@ def ipm(epsilon: float = 0.1) -> Attack:
   """Inner-product manipulation (Xie, Koyejo and Gupta, UAI 2020): ``-epsilon * mean`` of regular rows."""
   check(epsilon > 0, "ipm_epsilon", epsilon, "must be > 0")
 
-  def attack(updates, byz, key, mask=None):
-    del key
+  def attack(updates, byz, key, mask, ids):
+    del key, ids
     mu = _regular_mean(updates, _regular_weights(byz, mask))
     return _replace(updates, byz, jax.tree_util.tree_map(
         lambda u, m: jnp.broadcast_to(-epsilon * m[None], u.shape), updates, mu))
@@ -189,8 +196,8 @@ def nonfinite(value: str = "nan") -> Attack:
   """Attackers send rows of NaN ("nan"), +Inf ("inf") or alternating +-Inf ("mixed")."""
   check_choice("nonfinite_value", value, ("nan", "inf", "mixed"))
 
-  def attack(updates, byz, key, mask=None):
-    del key, mask
+  def attack(updates, byz, key, mask, ids):
+    del key, mask, ids
     def fill(u):
       if value == "nan":
         return jnp.full(u.shape, jnp.nan)

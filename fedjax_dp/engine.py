@@ -234,9 +234,12 @@ def quantiles(values) -> dict:
   return {"q10": float(q[0]), "q50": float(q[1]), "q90": float(q[2])}
 
 
-def client_norms(metrics: dict) -> np.ndarray:
-  """The real (unmasked) clients' pre-clip update norms of one round's ``metrics``."""
-  return np.asarray(metrics["update_norm"])[np.asarray(metrics["mask"]) > 0]
+def client_norms(metrics: dict, shards: int = 1) -> np.ndarray:
+  """The real (unmasked) clients' pre-clip update norms of one round's ``metrics``, in the
+  cohort's order (its slots dealt out over ``shards`` devices by :func:`_pad_cohort`)."""
+  slots = np.flatnonzero(np.asarray(metrics["mask"]) > 0)
+  part = len(metrics["mask"]) // shards
+  return np.asarray(metrics["update_norm"])[slots[np.lexsort((slots // part, slots % part))]]
 
 
 def summarize_round(metrics: dict, clip: Optional[float], released_metrics=()) -> tuple:
@@ -455,14 +458,20 @@ def experiments_vmapped() -> bool:
   return jax.default_backend() != "cpu"
 
 
-def _pad_cohort(cohort, capacity: int):
-  """``cohort`` padded with inert slots (client 0, mask 0) to ``capacity``."""
+def _pad_cohort(cohort, capacity: int, shards: int = 1):
+  """``cohort``'s real clients in ``capacity`` slots, the others inert (client 0, mask 0), dealt
+  out over the ``shards`` devices' equal shares of the slots (the cohort's k-th real client in
+  share k mod shards), so that each device runs as many real clients as the others: a device
+  runs its share in client blocks and skips those that hold padding only (a Poisson cohort is
+  padded far past its mean). Every draw a client's slot could decide is keyed by its id (client
+  keys, attacks), so the slots change only the order of float sums."""
   from fedjax_dp.sampling import Cohort
-  extra = capacity - len(cohort.ids)
-  if extra == 0:
-    return cohort
-  return Cohort(np.concatenate([cohort.ids, np.zeros(extra, cohort.ids.dtype)]),
-                np.concatenate([cohort.mask, np.zeros(extra, cohort.mask.dtype)]))
+  real = np.flatnonzero(cohort.mask > 0)
+  k = np.arange(len(real))
+  slots = (k % shards) * (capacity // shards) + k // shards
+  ids, mask = np.zeros(capacity, cohort.ids.dtype), np.zeros(capacity, cohort.mask.dtype)
+  ids[slots], mask[slots] = cohort.ids[real], cohort.mask[real]
+  return Cohort(ids, mask)
 
 
 class _Log:
@@ -477,8 +486,9 @@ class _Log:
   """
 
   def __init__(self, program, experiment: Experiment, release: str,
-               client_block: Optional[int] = None, checkpointed: bool = False):
+               client_block: Optional[int] = None, checkpointed: bool = False, shards: int = 1):
     self.e = experiment
+    self.shards = shards  # the devices the cohort's slots are dealt out over (_pad_cohort)
     self.release = release
     self.client_block = client_block
     self.slots = 0  # the most client slots a round has run on each device
@@ -528,7 +538,7 @@ class _Log:
     if self.file is not None:
       self.file.write(dumps(rec) + "\n")
       self.file.flush()
-    norms = client_norms(metrics)
+    norms = client_norms(metrics, self.shards)
     if self.norms is not None:
       self.norms.append(norms.astype(np.float32))
     if self.e.tensorboard:
@@ -857,9 +867,10 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
     capacity = -(-max(len(c.ids) for c in cohorts) // n_devices) * n_devices
     for log in logs:
       log.slots = max(log.slots, capacity // n_devices)
-    return cohorts, inputs([_pad_cohort(c, capacity) for c in cohorts])
+    return cohorts, inputs([_pad_cohort(c, capacity, n_devices) for c in cohorts])
 
-  logs = [_Log(program, e, release, client_chunk, checkpoint is not None) for e in experiments]
+  logs = [_Log(program, e, release, client_chunk, checkpoint is not None, n_devices)
+          for e in experiments]
   start = 0
   if checkpoint is not None:
     try:

@@ -171,10 +171,12 @@ class Piece:
     return self.make(hp)
 
 
-def attack_uploads(rnd: "Round", state: RoundState, out: ClientOut, uploads, byz, mask, hp, key):
+def attack_uploads(rnd: "Round", state: RoundState, out: ClientOut, uploads, byz, mask, ids, hp,
+                   key):
   """The default attack step: the attack replaces the Byzantine rows of the uploads."""
   del state, out
-  return attacks_lib.from_hparams(rnd.attack, hp, rnd.nonfinite_value)(uploads, byz, key, mask=mask)
+  return attacks_lib.from_hparams(rnd.attack, hp, rnd.nonfinite_value)(uploads, byz, key,
+                                                                       mask=mask, ids=ids)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -202,7 +204,8 @@ class Round:
       from the aggregate in place of :func:`server_update`'s optimizer step (AE-DPFL trains the
       model on labels read off the aggregate), or None. Its key is the round's own
       (:func:`round_keys`), apart from the aggregator's and the attack's.
-    attack_step: how the attack enters (:func:`attack_uploads` by default).
+    attack_step: how the attack enters, ``(rnd, state, out, uploads, byz, mask, ids, hp, key)
+      -> sent`` (:func:`attack_uploads` by default).
     metrics: ``(state, new_params, out, sent, mask, hp) -> dict`` of extra scalars, or None.
     released_metrics: metric names computed only from the released aggregate
       (see :mod:`fedjax_dp.engine`).
@@ -396,7 +399,7 @@ def _messages(rnd, state, hp, batch, key, data, chunk, accumulate, axis_name=Non
   sent = None
   if accumulate is None:
     sent = rnd.attack_step(rnd, state, out, mask_rows(out.upload, batch.mask), byz, batch.mask,
-                           hp, k_attack)
+                           batch.ids, hp, k_attack)
   return out, sent, byz, (total, weight, nonfinite)
 
 

@@ -24,10 +24,11 @@ def flat(t):
   return np.concatenate([np.asarray(t["w"]).reshape(N, -1), np.asarray(t["b"]).reshape(N, -1)], 1)
 
 
-def apply(attack, mask=MASK, jit=True, seed=0):
+def apply(attack, mask=MASK, jit=True, seed=0, ids=None):
   u = rows(seed)
   fn = jax.jit(attack) if jit else attack
-  out = fn(u, jnp.asarray(BYZ), jax.random.PRNGKey(7), mask=None if mask is None else jnp.asarray(mask))
+  out = fn(u, jnp.asarray(BYZ), jax.random.PRNGKey(7), mask=None if mask is None else jnp.asarray(mask),
+           ids=None if ids is None else jnp.asarray(ids, jnp.int32))
   return flat(u), flat(out)
 
 
@@ -71,10 +72,34 @@ def test_gaussian_scale():
     np.testing.assert_array_equal(same[6], same[7])
     np.testing.assert_array_equal(same[BYZ == 0], x[BYZ == 0])
     assert abs(same[6].std() / 1e4 - 1) < 0.35
-  # by default a row's draw is its own: each leaf's normal draw under that leaf's key
-  kb, kw = jax.random.split(jax.random.PRNGKey(7), 2)  # the leaves in tree order: "b", "w"
-  own = flat({"b": 1e4 * jax.random.normal(kb, (N, 4, 3)), "w": 1e4 * jax.random.normal(kw, (N, 50))})
-  np.testing.assert_allclose(out[BYZ == 1], own[BYZ == 1], rtol=1e-6)
+  # by default a row's draw is its own: under each leaf's key, the draw of the row's client id
+  # (without ids, its position)
+  def own(ids):
+    kb, kw = jax.random.split(jax.random.PRNGKey(7), 2)  # the leaves in tree order: "b", "w"
+    draw = lambda k, i, shape: 1e4 * jax.random.normal(
+        jax.random.fold_in(jax.random.fold_in(k, 0), i), shape)
+    return flat({"b": jnp.stack([draw(kb, i, (4, 3)) for i in ids]),
+                 "w": jnp.stack([draw(kw, i, (50,)) for i in ids])})
+  np.testing.assert_allclose(out[BYZ == 1], own(range(N))[BYZ == 1], rtol=1e-6)
+  ids = [3, 1, 4, 15, 9, 2, 6, 5]
+  _, by_id = apply(attacks.get("gaussian", sigma=1e4), ids=ids)
+  np.testing.assert_allclose(by_id[BYZ == 1], own(ids)[BYZ == 1], rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", attacks.ATTACKS)
+def test_attackers_messages_follow_their_ids_not_their_rows(name):
+  """The cohort's rows reversed (their ids with them) and padded with two more: every
+  message is the same, so a cohort's order, padding and split over devices change none."""
+  ids = np.array([3, 1, 4, 15, 9, 2, 6, 5], np.int32)
+  u, byz, mask = rows(), jnp.asarray(BYZ), jnp.asarray(MASK)
+  key = jax.random.PRNGKey(7)
+  attack = jax.jit(attacks.get(name))
+  out = attack(u, byz, key, mask=mask, ids=jnp.asarray(ids))
+  rev = lambda a: jnp.concatenate([a[::-1], jnp.zeros((2,) + a.shape[1:], a.dtype)])
+  moved = attack(jax.tree_util.tree_map(rev, u), rev(byz), key, mask=rev(mask),
+                 ids=rev(jnp.asarray(ids)))
+  np.testing.assert_allclose(flat(jax.tree_util.tree_map(lambda a: a[:N][::-1], moved)),
+                             flat(out), rtol=1e-6, atol=1e-5, equal_nan=True)  # sums reordered
 
 
 def test_sign_flip_is_minus_five_times_true_row():
@@ -91,6 +116,9 @@ def test_sample_duplication_copies_one_regular_real_row():
   mask = MASK.copy()
   mask[0] = 0  # row 0 padded: the first real regular row is 1
   x, out = apply(attacks.get("sample_duplication"), mask=mask)
+  np.testing.assert_array_equal(out[6], x[1])
+  # with ids, the real regular worker of lowest id, wherever its row is (row 5 is padding)
+  x, out = apply(attacks.get("sample_duplication"), ids=[3, 1, 4, 15, 9, 0, 6, 5])
   np.testing.assert_array_equal(out[6], x[1])
 
 

@@ -198,3 +198,20 @@ def test_blocks_hold_each_devices_own_clients_and_come_back_in_order():
     back = _unblocks({"c": jnp.asarray(blocks)}, size, shards)["c"]
     assert np.asarray(back).tolist() == list(range(1, size + 1))
 
+
+
+def test_a_cohort_is_dealt_out_evenly_over_the_devices():
+  """A Poisson cohort's real clients come first in its slots; over D devices they are dealt out
+  (the k-th to device k mod D), so every device runs as many as the others instead of the first
+  device running them all, and the clients' norms come back in the cohort's order."""
+  from fedjax_dp.engine import _pad_cohort, client_norms
+  from fedjax_dp.sampling import Cohort
+  cohort = Cohort(np.array([2, 5, 7, 11, 13, 0, 0], np.int32), np.array([1, 1, 1, 1, 1, 0, 0.]))
+  one = _pad_cohort(cohort, 8)
+  assert one.ids.tolist() == [2, 5, 7, 11, 13, 0, 0, 0] and one.mask.sum() == 5
+  dealt = _pad_cohort(cohort, 8, 4)                  # 4 devices of 2 slots
+  assert dealt.ids.tolist() == [2, 13, 5, 0, 7, 0, 11, 0]
+  assert dealt.mask.tolist() == [1, 1, 1, 0, 1, 0, 1, 0]
+  norms = {"update_norm": dealt.ids.astype(np.float32), "mask": dealt.mask}
+  assert client_norms(norms, 4).tolist() == [2, 5, 7, 11, 13]
+  assert client_norms({"update_norm": one.ids, "mask": one.mask}).tolist() == [2, 5, 7, 11, 13]

@@ -141,8 +141,9 @@ def test_sample_duplication_copies_the_released_message(knowledge):
   s = lambda v: np.where(v >= 0, 1.0, -1.0)
   x0n, W = np.asarray(X0), np.asarray(WORKERS)
   honest = -s(x0n - W[3]) - s(x0n - W[0]) - s(x0n - W[1])
-  # Worker 3 is the first regular worker of the cohort: the one copied.
-  byz = -s(x0n - W[3]) if knowledge == "released" else s(x0n - W[3])
+  # Worker 0 is the cohort's regular worker of lowest id (its row is not the first): the one
+  # copied.
+  byz = -s(x0n - W[0]) if knowledge == "released" else s(x0n - W[0])
   np.testing.assert_allclose(new.params["w"], x0n - 0.1 * 0.01 * (honest + byz), rtol=1e-6)
 
 

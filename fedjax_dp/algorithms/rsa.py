@@ -131,14 +131,14 @@ def rsa_client(gradient, perturb) -> Piece:
   return Piece(client, "rsa_worker", mechanism=getattr(perturb, "mechanism", None))
 
 
-def rsa_attack_step(knowledge: str, rnd, state, out, uploads, byz, mask, hp, key):
+def rsa_attack_step(knowledge: str, rnd, state, out, uploads, byz, mask, ids, hp, key):
   """Zhu and Ling's attacks: model-level (``sign(x_0 - z_j)`` with ``z_j`` from the attack on
   the workers' models) unless the attack reads the regular workers and may only read what
   they release, their messages."""
   attack = attacks.from_hparams(rnd.attack, hp, rnd.nonfinite_value)
   if attack.reads_honest and knowledge == "released":
-    return attack(uploads, byz, key, mask=mask)
-  z = attack(out.raw, byz, key, mask=mask)
+    return attack(uploads, byz, key, mask=mask, ids=ids)
+  z = attack(out.raw, byz, key, mask=mask, ids=ids)
   byz_msg = jax.tree_util.tree_map(lambda m, zz: _attacker_sign(m[None] - zz), state.params, z)
   return jax.tree_util.tree_map(
       lambda h, a: jnp.where(byz.reshape((-1,) + (1,) * (h.ndim - 1)) > 0, a, h), uploads, byz_msg)
