@@ -1,4 +1,5 @@
-"""Byzantine attacks: ``attack(updates[N], byzantine_mask[N], key, mask=None, ids=None) -> updates[N]``.
+"""Byzantine attacks: ``attack(updates[N], byzantine_mask[N], key, mask=None, ids=None)
+-> updates[N]``.
 
 ``updates`` is a pytree whose leaves have a leading client axis; the rows with
 ``byzantine_mask == 1`` are replaced by what the attackers send, the others are

@@ -27,7 +27,8 @@ def flat(t):
 def apply(attack, mask=MASK, jit=True, seed=0, ids=None):
   u = rows(seed)
   fn = jax.jit(attack) if jit else attack
-  out = fn(u, jnp.asarray(BYZ), jax.random.PRNGKey(7), mask=None if mask is None else jnp.asarray(mask),
+  out = fn(u, jnp.asarray(BYZ), jax.random.PRNGKey(7),
+           mask=None if mask is None else jnp.asarray(mask),
            ids=None if ids is None else jnp.asarray(ids, jnp.int32))
   return flat(u), flat(out)
 
