@@ -7,8 +7,9 @@ returned unchanged. ``mask`` (optional, 1 for real clients) keeps padded rows
 out of the statistics an omniscient attacker computes from the regular rows.
 ``ids`` (optional; the rows' positions ``0..N-1`` without it) are the rows' client ids: what
 an attacker sends depends on its id, never on its row's position, so a cohort's padding, order
-and split over devices change no message (a random attack draws each attacker's row from
-``fold_in(key, id)``; sample duplication copies the regular row of lowest id).
+and split over devices change no message (a random attack draws each attacker's row from its
+key folded with the id, ``fold_in(fold_in(leaf key, 0), id)``; sample duplication copies the
+regular row of lowest id).
 What a row *is* depends on the algorithm: a stochastic gradient for the
 gradient-aggregation baselines, the worker's local model ``z_j`` for RSA /
 DP-RSA, which then sends ``sign(x_0 - z_j)`` (Zhu and Ling, IJCAI 2022, Eq. 7).
@@ -72,9 +73,8 @@ class Attack:
   fn: Callable
 
   def __call__(self, updates, byz, key, mask=None, ids=None):
-    if ids is None:
-      ids = jnp.arange(byz.shape[0], dtype=jnp.int32)
-    return self.fn(updates, byz, key, mask, ids)
+    ids = jnp.arange(byz.shape[0]) if ids is None else ids
+    return self.fn(updates, byz, key, mask, jnp.asarray(ids, jnp.int32))
 
 
 def byzantine_mask(ids: jax.Array, num_clients: int, num_byzantine: int) -> jax.Array:

@@ -466,6 +466,7 @@ def _pad_cohort(cohort, capacity: int, shards: int = 1):
   padded far past its mean). Every draw a client's slot could decide is keyed by its id (client
   keys, attacks), so the slots change only the order of float sums."""
   from fedjax_dp.sampling import Cohort
+  assert capacity % shards == 0, (capacity, shards)  # the devices' equal shares
   real = np.flatnonzero(cohort.mask > 0)
   k = np.arange(len(real))
   slots = (k % shards) * (capacity // shards) + k // shards

@@ -29,7 +29,7 @@ def apply(attack, mask=MASK, jit=True, seed=0, ids=None):
   fn = jax.jit(attack) if jit else attack
   out = fn(u, jnp.asarray(BYZ), jax.random.PRNGKey(7),
            mask=None if mask is None else jnp.asarray(mask),
-           ids=None if ids is None else jnp.asarray(ids, jnp.int32))
+           ids=ids)
   return flat(u), flat(out)
 
 
@@ -121,6 +121,13 @@ def test_sample_duplication_copies_one_regular_real_row():
   # with ids, the real regular worker of lowest id, wherever its row is (row 5 is padding)
   x, out = apply(attacks.get("sample_duplication"), ids=[3, 1, 4, 15, 9, 0, 6, 5])
   np.testing.assert_array_equal(out[6], x[1])
+  u = rows()  # ids as a list or NumPy's int64, outside jit
+  out = attacks.get("sample_duplication")(u, jnp.asarray(BYZ), None, mask=jnp.asarray(MASK),
+                                          ids=np.array([3, 1, 4, 15, 9, 0, 6, 5]))
+  np.testing.assert_array_equal(flat(out)[6], x[1])
+  _, listed = apply(attacks.get("gaussian"), jit=False, ids=[3, 1, 4, 15, 9, 0, 6, 5])
+  _, arrayed = apply(attacks.get("gaussian"), ids=np.array([3, 1, 4, 15, 9, 0, 6, 5]))
+  np.testing.assert_allclose(listed, arrayed, rtol=1e-6)
 
 
 def test_alie_default_z_and_explicit_z():
