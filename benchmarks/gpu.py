@@ -22,7 +22,17 @@ stopped early keeps what it finished):
 * ``accounting``: 100 rounds of a PLD run whose round takes milliseconds
   (``accounting_speed.measure``) with no accounting workers and with the
   automatic number (:func:`fedjax_dp.privacy.ahead.workers_for`: one per core but
-  one, at most 8).
+  one, at most 8);
+* ``table2`` (only with ``--table2``): Cheng et al.'s Table 2 with CNN-2-layers at one
+  epsilon, as ``fedjax-dp reproduce cheng2022 --scale cifar`` runs its ``cnn2`` half at each
+  of its 4 (4 alphas x 5 methods, FedAvg and the 4 columns, x 3 seeds: 60 runs of Q = 30,
+  batch 50, p = 0.06 of 500 clients, grouped into sweeps by the reproduction's runner), on
+  random data of CIFAR-10's shapes (500 clients of 100 examples, 10,000 test images), at a few
+  of its 300 rounds: cold (compiling) at R1 rounds, a first run at R2 rounds (its noise calibrated), then
+  warm at R1 and R2 rounds (evaluating once, at the end) and at R2 rounds evaluating every
+  round; the 300-round time is extrapolated as ``cold(R1) + round (300 - R1) + evaluation
+  (300 / 20 - 1)``, with ``round = (warm(R2) - warm(R1)) / (R2 - R1)`` and ``evaluation`` the
+  R2 - 1 extra evaluations' time (Table 2 evaluates every 20 rounds).
 
 Inputs are random (``round_speed.synthetic_data``); speed does not depend on
 pixel values. ``--tiny`` runs the same code paths with small models
@@ -31,7 +41,8 @@ whose 20 layers take over a minute to compile on a CPU at any width) and 2
 clients, in about a minute on a CPU.
 
   python benchmarks/gpu.py > h200_gpu.jsonl        # one H200: about 10 minutes
-  python benchmarks/gpu.py --tiny                  # the smoke test
+  python benchmarks/gpu.py --only-table2           # Table 2 alone
+  python benchmarks/gpu.py --tiny --table2         # the smoke test
 """
 
 from __future__ import annotations
@@ -88,6 +99,48 @@ def measure_sweep(model, clients: int, rounds: int, local_steps: int, batch: int
           "client_steps_per_s": experiments * rounds * clients * local_steps / done.seconds}
 
 
+def measure_table2(tiny: bool) -> dict:
+  """The ``table2`` record (module docstring): seconds of the cold and warm runs and the
+  extrapolated 300-round time of the Table 2 reproduction's ``cnn2`` half."""
+  import tempfile
+  import numpy as np
+  from fedjax_dp.data import FederatedData
+  from fedjax_dp.reproduce import cheng2022
+  if tiny:  # digits-sized images, 10 clients, one alpha
+    base, model, alphas, shape, examples, tests = "tiny-cifar", "digits_cnn", (1.0,), (8, 8, 1), 40, 50
+  else:
+    base, model, alphas, shape, examples, tests = "cifar", "cnn2", None, (32, 32, 3), 100, 10_000
+  scale = cheng2022.SCALES[base]
+  clients = scale["config"]["num_clients"]
+  rng = np.random.default_rng(0)
+  data = FederatedData("synthetic", rng.random((clients, examples) + shape, dtype=np.float32),
+                       rng.integers(0, 10, (clients, examples)).astype(np.int32),
+                       np.full(clients, examples, np.int32),
+                       rng.random((tests,) + shape, dtype=np.float32),
+                       rng.integers(0, 10, tests).astype(np.int32), 10)
+  r1, r2 = (1, 3) if tiny else (1, 4)
+
+  def run(rounds, eval_every=None):
+    spec = dict(scale, models=(model,), figures=None, alphas=alphas or scale["alphas"],
+                epsilons=scale["epsilons"][-1:],
+                config=dict(scale["config"], rounds=rounds, eval_every=eval_every or rounds))
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as out:
+      done = cheng2022.run_small(base, out, data=data, spec=spec, log=lambda *a: None)
+    return time.perf_counter() - t0, len(done["runs"])
+
+  # Warm runs only: a first run at R2 rounds also calibrates the noise to R2 rounds' epsilons.
+  (cold, runs), (first2, _), (warm1, _), (warm2, _), (evals, _) = (
+      run(r1), run(r2), run(r1), run(r2), run(r2, eval_every=1))
+  per_round = (warm2 - warm1) / (r2 - r1)  # every run's round, one evaluation at the end
+  per_eval = (evals - warm2) / (r2 - 1)  # every run's evaluation on the test set
+  every = scale["config"]["eval_every"]
+  return {"kind": "table2", "model": model, "runs": runs, "alphas": len(alphas or scale["alphas"]),
+          "rounds": [r1, r2], "cold_s": cold, "first_r2_s": first2, "warm_s": [warm1, warm2],
+          "warm_eval_every_round_s": evals, "per_round_s": per_round, "per_evaluation_s": per_eval,
+          "extrapolated_300_rounds_s": cold + per_round * (300 - r1) + per_eval * (300 // every - 1)}
+
+
 def measure_ahead(rounds: int) -> dict:
   """The PLD run without accounting workers and with the automatic number (at least one)."""
   import jax
@@ -111,6 +164,9 @@ def measure_round(spec, clients: int, dtype: str, repeats: int, conv_impl: str =
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--tiny", action="store_true", help="small models and cohorts (a CPU smoke test)")
+  p.add_argument("--table2", action="store_true",
+                 help="also time Table 2's cnn2 half (the table2 record), last")
+  p.add_argument("--only-table2", action="store_true", help="the table2 record alone")
   args = p.parse_args(argv)
   sizes = plan(args.tiny)
   first, *rest = sizes["models"]
@@ -126,6 +182,10 @@ def main(argv=None):
   jobs.append(lambda: measure_ahead(sizes["accounting_rounds"]))
   jobs += [lambda s=s, c=c, d=d: measure_round(s, c, d, sizes["repeats"])
            for s in rest for c in sizes["clients"] for d in DTYPES]
+  if args.only_table2:
+    jobs = []
+  if args.table2 or args.only_table2:
+    jobs.append(lambda: measure_table2(args.tiny))
   for job in jobs:
     t0 = time.perf_counter()
     record = job()

@@ -73,6 +73,26 @@ def test_gpu_benchmark_runs_every_measurement_at_its_tiny_size(capsys):
   assert accounted["workers"]["same_epsilons_as_baseline"]
 
 
+def test_gpu_benchmark_times_table2_through_the_reproduction_at_its_tiny_size(capsys):
+  """The table2 record runs the reproduction's own Table 2 plan at one epsilon (4 alphas x 5
+  methods x 3 seeds = 60 runs at the accelerator size; at the tiny size 5) and extrapolates its
+  300 rounds from the warm runs."""
+  from fedjax_dp.reproduce import cheng2022
+  cifar = cheng2022.SCALES["cifar"]
+  assert len(cheng2022.plan(cifar["epsilons"][-1:], (), cifar["epsilons"][-1], 3, 3, "table2",
+                            [("cnn2", a) for a in cifar["alphas"]])) == 60
+  sys.path.insert(0, str(BENCH))
+  try:
+    _load("gpu").main(["--tiny", "--only-table2"])
+  finally:
+    sys.path.remove(str(BENCH))
+  (r,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+  assert r["kind"] == "table2" and r["runs"] == 5 and r["rounds"] == [1, 3]
+  # timings, not asserted beyond being measured (a tiny round's difference is noise-sized)
+  assert all(isinstance(r[k], float) for k in ("cold_s", "first_r2_s", "per_round_s",
+                                                "per_evaluation_s", "extrapolated_300_rounds_s"))
+
+
 @pytest.mark.slow  # three CLI processes, each compiling: about a minute, `make test-slow`
 def test_sweep_speed_times_a_loop_of_run_processes_against_one_sweep_process():
   r = _load("sweep_speed").measure_cli(None, rounds=2, seeds=1, epsilons=(4.0, 8.0))

@@ -762,14 +762,16 @@ RAW = {"fraction_clipped_mean, update_norm_median_last":
 
 
 def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] = None,
-              data=None, log=print, threads: Optional[int] = None) -> dict:
+              data=None, log=print, threads: Optional[int] = None,
+              spec: Optional[dict] = None) -> dict:
   """Runs a CPU-or-accelerator scale of :data:`SCALES` (every one but "paper") and writes its
-  files; ``data`` (a loaded data set) serves the scales with one data set; ``threads``: the
-  compiled programs run at once (:func:`run_jobs`)."""
+  files; ``data`` (a loaded data set) serves the scales with one data set (every alpha too);
+  ``threads``: the compiled programs run at once (:func:`run_jobs`); ``spec``: settings in
+  place of the scale's (a variant of it: ``benchmarks/gpu.py`` times Table 2 at a few rounds)."""
   from fedjax_dp.algorithms.blur_lus import DEFAULTS
   from fedjax_dp.config import make_config
   from fedjax_dp.experiment import load_data
-  spec = SCALES[scale]
+  spec = SCALES[scale] if spec is None else spec
   base = dict(spec["config"], data_dir=data_dir)
   table = spec.get("table", "table1")
   runs_of = [(m, a) for m in spec.get("models", (base["model"],)) for a in spec.get("alphas", (None,))]
