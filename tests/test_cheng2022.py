@@ -87,6 +87,22 @@ def test_cifar_small_runs_whole_from_the_cli(shared_data_dir, tmp_path):
   assert "### Verdicts" in (out / "results.md").read_text()
 
 
+def test_the_cifar_scale_builds_its_runs(monkeypatch, tmp_path):
+  """`--scale cifar` (whose configuration names no model: Table 2 runs cnn2, then
+  resnet18_gn) reaches its 480 runs; it raised a KeyError on the missing model before any."""
+  class Planned(Exception):
+    pass
+
+  def planned(jobs, *args, **kwargs):
+    raise Planned(jobs)
+  monkeypatch.setattr(cheng2022, "run_jobs", planned)
+  with pytest.raises(Planned) as e:
+    cheng2022.run_small("cifar", str(tmp_path), data="not loaded")
+  jobs = e.value.args[0]
+  assert len(jobs) == 408 + 72  # Table 2's two models, then Figs. 3 and 4
+  assert {j.config.model for j in jobs} == {"cnn2", "resnet18_gn"}
+
+
 def test_figure_plan():
   spec = cheng2022.SCALES["cifar"]
   runs_of = [(m, a) for m in spec["models"] for a in spec["alphas"]]

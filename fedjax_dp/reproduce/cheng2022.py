@@ -774,7 +774,8 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
   spec = SCALES[scale] if spec is None else spec
   base = dict(spec["config"], data_dir=data_dir)
   table = spec.get("table", "table1")
-  runs_of = [(m, a) for m in spec.get("models", (base["model"],)) for a in spec.get("alphas", (None,))]
+  models = spec["models"] if "models" in spec else (base["model"],)  # cifar's config names none
+  runs_of = [(m, a) for m in models for a in spec.get("alphas", (None,))]
   n_seeds = num_seeds(seeds, spec["seeds"])
   out = pathlib.Path(output_dir)
   out.mkdir(parents=True, exist_ok=True)
@@ -811,7 +812,7 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
       "curve_epsilons": sorted({epsilons[0], epsilons[-1]}), "wall_seconds": wall,
       "figures": figures,
       "description": (f"{base['dataset']}, {n} clients ({split}{subset}), "
-                      f"model {' then '.join(spec.get('models', (base['model'],)))}, "
+                      f"model {' then '.join(models)}, "
                       f"T={base['rounds']} rounds, Poisson p={p:g} (~{n * p:.0f} clients/round; "
                       f"DDGauss: fixed cohorts of M={int(round(p * n))}), Q={base['local_steps']} "
                       f"local SGD steps of batch {base['batch_size']} at lr {base['client_lr']:g}, "
