@@ -23,16 +23,16 @@ stopped early keeps what it finished):
   (``accounting_speed.measure``) with no accounting workers and with the
   automatic number (:func:`fedjax_dp.privacy.ahead.workers_for`: one per core but
   one, at most 8);
-* ``table2`` (only with ``--table2``): Cheng et al.'s Table 2 with CNN-2-layers at one
-  epsilon, as ``fedjax-dp reproduce cheng2022 --scale cifar`` runs its ``cnn2`` half at each
-  of its 4 (4 alphas x 5 methods, FedAvg and the 4 columns, x 3 seeds: 60 runs of Q = 30,
-  batch 50, p = 0.06 of 500 clients, grouped into sweeps by the reproduction's runner), on
-  random data of CIFAR-10's shapes (500 clients of 100 examples, 10,000 test images), at a few
-  of its 300 rounds: cold (compiling) at R1 rounds, a first run at R2 rounds (its noise calibrated), then
-  warm at R1 and R2 rounds (evaluating once, at the end) and at R2 rounds evaluating every
-  round; the 300-round time is extrapolated as ``cold(R1) + round (300 - R1) + evaluation
-  (300 / 20 - 1)``, with ``round = (warm(R2) - warm(R1)) / (R2 - R1)`` and ``evaluation`` the
-  R2 - 1 extra evaluations' time (Table 2 evaluates every 20 rounds).
+* ``table2`` (only with ``--table2``): Cheng et al.'s Table 2 with CNN-2-layers at one of its
+  epsilons, as ``fedjax-dp reproduce cheng2022 --scale cifar`` runs it (4 alphas x 5 methods,
+  FedAvg and the 4 columns, x 3 seeds: 60 runs of Q = 30, batch 50, p = 0.06 of 500 clients,
+  grouped into sweeps by the reproduction's runner), on random data of CIFAR-10's shapes (500
+  clients of 100 examples, 10,000 test images), at a few of its 300 rounds: cold (compiling)
+  at R1 rounds, a first run at R2 rounds (its noise calibrated), then warm at R1 and R2 rounds
+  (evaluating once, at the end) and at R2 rounds evaluating every round; the 300-round time is
+  extrapolated as ``cold(R1) + round (300 - R1) + evaluation (300 / 20 - 1)``, with ``round =
+  (warm(R2) - warm(R1)) / (R2 - R1)`` and ``evaluation`` the R2 - 1 extra evaluations' time
+  (Table 2 evaluates every 20 rounds).
 
 Inputs are random (``round_speed.synthetic_data``); speed does not depend on
 pixel values. ``--tiny`` runs the same code paths with small models
@@ -107,9 +107,11 @@ def measure_table2(tiny: bool) -> dict:
   from fedjax_dp.data import FederatedData
   from fedjax_dp.reproduce import cheng2022
   if tiny:  # digits-sized images, 10 clients, one alpha
-    base, model, alphas, shape, examples, tests = "tiny-cifar", "digits_cnn", (1.0,), (8, 8, 1), 40, 50
+    base, model, alphas, shape, examples, tests = ("tiny-cifar", "digits_cnn", (1.0,), (8, 8, 1),
+                                                   40, 50)
   else:
-    base, model, alphas, shape, examples, tests = "cifar", "cnn2", None, (32, 32, 3), 100, 10_000
+    base, model, alphas, shape, examples, tests = ("cifar", "cnn2", None, (32, 32, 3), 100,
+                                                   10_000)
   scale = cheng2022.SCALES[base]
   clients = scale["config"]["num_clients"]
   rng = np.random.default_rng(0)
@@ -138,7 +140,8 @@ def measure_table2(tiny: bool) -> dict:
   return {"kind": "table2", "model": model, "runs": runs, "alphas": len(alphas or scale["alphas"]),
           "rounds": [r1, r2], "cold_s": cold, "first_r2_s": first2, "warm_s": [warm1, warm2],
           "warm_eval_every_round_s": evals, "per_round_s": per_round, "per_evaluation_s": per_eval,
-          "extrapolated_300_rounds_s": cold + per_round * (300 - r1) + per_eval * (300 // every - 1)}
+          "extrapolated_300_rounds_s": (cold + per_round * (300 - r1)
+                                        + per_eval * (300 // every - 1))}
 
 
 def measure_ahead(rounds: int) -> dict:
