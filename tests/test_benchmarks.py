@@ -63,7 +63,10 @@ def test_gpu_benchmark_runs_every_measurement_at_its_tiny_size(capsys):
       ("mlp", "bfloat16", "im2col")]
   assert all(r["client_steps_per_s"] > 0 for r in rounds)
   (swept,) = [r for r in records if r["kind"] == "sweep"]
-  assert swept["experiments"] == 8 and swept["programs"] == 1 and swept["client_steps_per_s"] > 0
+  # one vmapped program on an accelerator; on one CPU device one per thread (a core each)
+  from fedjax_dp.sweep import threads_for
+  assert swept["experiments"] == 8 and swept["client_steps_per_s"] > 0
+  assert swept["programs"] == threads_for(None, [None] * 8)
   padded = [r for r in records if r["kind"] == "padded"]
   assert [(r["clients"], r["live_clients"], r["chunk"]) for r in padded] == [(5, 2, None),
                                                                              (5, 2, 2)]
