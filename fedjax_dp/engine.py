@@ -237,9 +237,9 @@ def quantiles(values) -> dict:
 def client_norms(metrics: dict, shards: int = 1) -> np.ndarray:
   """The real (unmasked) clients' pre-clip update norms of one round's ``metrics``, in the
   cohort's order (its slots dealt out over ``shards`` devices by :func:`_pad_cohort`)."""
-  slots = np.flatnonzero(np.asarray(metrics["mask"]) > 0)
-  part = len(metrics["mask"]) // shards
-  return np.asarray(metrics["update_norm"])[slots[np.lexsort((slots // part, slots % part))]]
+  mask = np.asarray(metrics["mask"])
+  slots = _dealt_slots(len(mask), shards)
+  return np.asarray(metrics["update_norm"])[slots[mask[slots] > 0]]
 
 
 def summarize_round(metrics: dict, clip: Optional[float], released_metrics=()) -> tuple:
@@ -458,6 +458,14 @@ def experiments_vmapped() -> bool:
   return jax.default_backend() != "cpu"
 
 
+def _dealt_slots(capacity: int, shards: int) -> np.ndarray:
+  """The slot of a cohort's k-th client, for every k: the cohort dealt out over the ``shards``
+  devices' equal shares of ``capacity`` slots, the k-th client to share k mod shards."""
+  assert capacity % shards == 0, (capacity, shards)  # the devices' equal shares
+  k = np.arange(capacity)
+  return (k % shards) * (capacity // shards) + k // shards
+
+
 def _pad_cohort(cohort, capacity: int, shards: int = 1):
   """``cohort``'s real clients in ``capacity`` slots, the others inert (client 0, mask 0), dealt
   out over the ``shards`` devices' equal shares of the slots (the cohort's k-th real client in
@@ -466,10 +474,8 @@ def _pad_cohort(cohort, capacity: int, shards: int = 1):
   padded far past its mean). Every draw a client's slot could decide is keyed by its id (client
   keys, attacks), so the slots change only the order of float sums."""
   from fedjax_dp.sampling import Cohort
-  assert capacity % shards == 0, (capacity, shards)  # the devices' equal shares
   real = np.flatnonzero(cohort.mask > 0)
-  k = np.arange(len(real))
-  slots = (k % shards) * (capacity // shards) + k // shards
+  slots = _dealt_slots(capacity, shards)[:len(real)]
   ids, mask = np.zeros(capacity, cohort.ids.dtype), np.zeros(capacity, cohort.mask.dtype)
   ids[slots], mask[slots] = cohort.ids[real], cohort.mask[real]
   return Cohort(ids, mask)

@@ -199,7 +199,6 @@ def test_blocks_hold_each_devices_own_clients_and_come_back_in_order():
     assert np.asarray(back).tolist() == list(range(1, size + 1))
 
 
-
 def test_a_cohort_is_dealt_out_evenly_over_the_devices():
   """A Poisson cohort's real clients come first in its slots; over D devices they are dealt out
   (the k-th to device k mod D), so every device runs as many as the others instead of the first
