@@ -103,8 +103,6 @@ def measure_table2(tiny: bool) -> dict:
   """The ``table2`` record (module docstring): seconds of the cold and warm runs and the
   extrapolated 300-round time of the Table 2 reproduction's ``cnn2`` half."""
   import tempfile
-  import numpy as np
-  from fedjax_dp.data import FederatedData
   from fedjax_dp.reproduce import cheng2022
   if tiny:  # digits-sized images, 10 clients, one alpha
     base, model, alphas, shape, examples, tests = ("tiny-cifar", "digits_cnn", (1.0,), (8, 8, 1),
@@ -113,17 +111,13 @@ def measure_table2(tiny: bool) -> dict:
     base, model, alphas, shape, examples, tests = ("cifar", "cnn2", None, (32, 32, 3), 100,
                                                    10_000)
   scale = cheng2022.SCALES[base]
-  clients = scale["config"]["num_clients"]
-  rng = np.random.default_rng(0)
-  data = FederatedData("synthetic", rng.random((clients, examples) + shape, dtype=np.float32),
-                       rng.integers(0, 10, (clients, examples)).astype(np.int32),
-                       np.full(clients, examples, np.int32),
-                       rng.random((tests,) + shape, dtype=np.float32),
-                       rng.integers(0, 10, tests).astype(np.int32), 10)
+  alphas = alphas or scale["alphas"]
+  data = synthetic_data(get_model(model, shape, 10), scale["config"]["num_clients"], examples,
+                        tests=tests)
   r1, r2 = (1, 3) if tiny else (1, 4)
 
   def run(rounds, eval_every=None):
-    spec = dict(scale, models=(model,), figures=None, alphas=alphas or scale["alphas"],
+    spec = dict(scale, models=(model,), figures=None, alphas=alphas,
                 epsilons=scale["epsilons"][-1:],
                 config=dict(scale["config"], rounds=rounds, eval_every=eval_every or rounds))
     t0 = time.perf_counter()
@@ -137,7 +131,7 @@ def measure_table2(tiny: bool) -> dict:
   per_round = (warm2 - warm1) / (r2 - r1)  # every run's round, one evaluation at the end
   per_eval = (evals - warm2) / (r2 - 1)  # every run's evaluation on the test set
   every = scale["config"]["eval_every"]
-  return {"kind": "table2", "model": model, "runs": runs, "alphas": len(alphas or scale["alphas"]),
+  return {"kind": "table2", "model": model, "runs": runs, "alphas": len(alphas),
           "rounds": [r1, r2], "cold_s": cold, "first_r2_s": first2, "warm_s": [warm1, warm2],
           "warm_eval_every_round_s": evals, "per_round_s": per_round, "per_evaluation_s": per_eval,
           "extrapolated_300_rounds_s": (cold + per_round * (300 - r1)

@@ -77,13 +77,20 @@ def torch_round(model: str, clients: int, local_steps: int, batch: int, examples
   return json.loads(out.stdout.splitlines()[-1])
 
 
-def synthetic_data(model, clients: int, examples: int, seed: int = 0) -> FederatedData:
+def synthetic_data(model, clients: int, examples: int, seed: int = 0,
+                   tests: Optional[int] = None) -> FederatedData:
+  """Random examples of ``model``'s shape; ``tests``: a test set of that many examples of its
+  own (default: the first client's first 8)."""
   shape, classes = shape_of(model)
   rng = np.random.default_rng(seed)
   x = rng.random((clients, examples) + shape, dtype=np.float32)
   y = rng.integers(0, classes, (clients, examples)).astype(np.int32)
-  return FederatedData("synthetic", x, y, np.full(clients, examples, np.int32),
-                       x[0, :8], y[0, :8], classes)
+  test_x, test_y = x[0, :8], y[0, :8]
+  if tests is not None:
+    test_x = rng.random((tests,) + shape, dtype=np.float32)
+    test_y = rng.integers(0, classes, tests).astype(np.int32)
+  return FederatedData("synthetic", x, y, np.full(clients, examples, np.int32), test_x, test_y,
+                       classes)
 
 
 def measure(model, clients: int, local_steps: int, batch: int, examples: int, repeats: int,
