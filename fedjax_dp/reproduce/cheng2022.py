@@ -56,9 +56,10 @@ from fedjax_dp.errors import check, check_choice
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import Curve, plot_curves, plot_quantiles
 from fedjax_dp.reproduce.runner import (Job, group_by, identity, num_seeds, read_records, release,
-                                        run_jobs, seed_stats, wrote)
+                                        run_jobs, wrote)
 from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference, verdict,
                                        verdict_table)
+from fedjax_dp.seeds import seed_stats
 
 METHODS = ("dp_fedavg", "dp_fedavg+blur", "dp_fedavg+lus", "blur+lus")
 # The paper's other baselines: AE-DPFL (voting on a public set) and DDGauss (the distributed

@@ -1,4 +1,4 @@
-"""The reproductions' shared runner: jobs in, one record per run out, seed statistics.
+"""The reproductions' shared runner: jobs in, one record per run out.
 
 A reproduction lists its runs as :class:`Job` s (a configuration and the labels
 that identify the run), and :func:`run_jobs` runs them in order on their data
@@ -7,15 +7,14 @@ set, logs ``[i/n] NAME: acc=... (s)``, appends each run's record to
 labels, the fields the reproduction reads from the run, the run's seconds and
 its per-round ``history`` (round, test accuracy, and the raw diagnostics under
 ``"diagnostics"``: pre-clip norms, losses, ...; they are not covered by any
-epsilon). :func:`group_by` and :func:`seed_stats` then turn records into the
-rows of the results (mean and sample std over seeds).
+epsilon). :func:`group_by` and :func:`fedjax_dp.seeds.seed_stats` then turn
+records into the rows of the results (mean and sample std over seeds).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import pathlib
 import tempfile
@@ -267,14 +266,3 @@ def read_records(output_dir, rows: Sequence[dict], keys: Sequence[str],
           f"runs, and the tables would not match results.json; restore the run's own runs.jsonl "
           f"or run the reproduction again")
   return records
-
-
-def seed_stats(values: Sequence[Optional[float]], name: str = "accuracy") -> dict:
-  """``{NAME_mean, NAME_std, seeds}`` of one value per seed: the mean, the sample standard
-  deviation (``ddof=1``; None for one seed, where it is undefined: a spread of 0 would claim
-  a precision one seed cannot show) and the number of seeds. A missing value (None) counts
-  as NaN and a NaN (a diverged seed) makes both NaN: it is never dropped."""
-  a = np.array([math.nan if v is None else v for v in values], dtype=float)
-  check(len(a) >= 1, "values", len(a), "need one value per seed, at least one")
-  std = float(a.std(ddof=1)) if len(a) > 1 else (None if np.isfinite(a[0]) else math.nan)
-  return {f"{name}_mean": float(a.mean()), f"{name}_std": std, "seeds": len(a)}

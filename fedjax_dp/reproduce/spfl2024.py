@@ -54,9 +54,10 @@ from fedjax_dp.errors import check_choice
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import Curve, plot_curves
 from fedjax_dp.reproduce.runner import (Job, group_by, identity, num_seeds, read_records, release,
-                                        run_jobs, seed_stats, simulate_jobs, wrote)
+                                        run_jobs, simulate_jobs, wrote)
 from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference,
                                        verdict_table)
+from fedjax_dp.seeds import seed_stats
 
 METHODS = ("spfl", "spfl-sound", "adp-fl", "dp-fl", "nodp-fl")
 PAPER_GAINS = {"adp-fl": 2.25, "dp-fl": 4.41}  # accuracy points, SP-FL over the baseline (abstract)
