@@ -19,6 +19,7 @@ from typing import Any, Mapping, Optional
 
 from fedjax_dp.data.specs import SPECS, check_partition
 from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit, check_positive
+from fedjax_dp.privacy.mechanisms import MAX_NOISE_MULTIPLIER
 
 DEFAULT_MODELS = {spec.name: spec.default_model for spec in SPECS}
 
@@ -44,9 +45,8 @@ def check_finite(field: str, value: Any) -> None:
 
 # What each field type takes, in words (the same in config files and on the command line).
 TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-# A noise multiplier above MAX_NOISE_MULTIPLIER is refused (it drowns every update, and the
-# accountants overflow on its square); one above NOISE_WARNING is warned about.
-MAX_NOISE_MULTIPLIER = 1e6
+# A noise multiplier above NOISE_WARNING is warned about (one above
+# fedjax_dp.privacy.mechanisms.MAX_NOISE_MULTIPLIER is refused).
 NOISE_WARNING = 1e3
 
 

@@ -25,6 +25,9 @@ from fedjax_dp.privacy.ledger import (ACCOUNTANTS, COARSE_PLD_INTERVAL, PLD_INTE
 from fedjax_dp.sampling import SAMPLINGS
 
 RELATIONS = {"poisson": "add_remove", "fixed": "replace_one"}
+# A noise multiplier above MAX_NOISE_MULTIPLIER is refused, given or calibrated: it drowns every
+# update, and the accountants overflow on its square.
+MAX_NOISE_MULTIPLIER = 1e6
 # The user-level relations in words. Every run releases its population size N (summary.json's
 # "data", the mean's public denominator q N), so add/remove is stated in its zero-out form: the
 # client's slot stays and contributes nothing (Kairouz et al., ICML 2021). A zeroed client adds 0
@@ -332,7 +335,6 @@ def calibrate(make_event: Callable[[float], dp_accounting.DpEvent], count: int, 
   except (ValueError, RuntimeError, calib.NoBracketIntervalFoundError) as e:  # the target cannot be met
     raise ConfigError("target_epsilon", target_epsilon,
                       f"no noise multiplier meets it with delta={delta}, {count} compositions ({e})")
-  from fedjax_dp.config import MAX_NOISE_MULTIPLIER
   check(z <= MAX_NOISE_MULTIPLIER, "target_epsilon", target_epsilon,
         f"needs noise multiplier {z:.3g} over {count} compositions at delta={delta}, above "
         f"{MAX_NOISE_MULTIPLIER:g} (it drowns every update): a larger target or fewer rounds")
