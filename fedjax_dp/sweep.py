@@ -527,7 +527,7 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
   from fedjax_dp.config import make_config
   from fedjax_dp.experiment import load_data
   from fedjax_dp.jsonio import dumps
-  from fedjax_dp.seeds import seed_stats
+  from fedjax_dp.stats import seed_stats
   from fedjax_dp.round import check_devices
   check_config(config, unset_ok=True)
   config = make_config() if config is None else config

@@ -12,7 +12,7 @@ from fedjax_dp.plots import Curve, plot_curves, plot_quantiles
 from fedjax_dp.reproduce.runner import Job, group_by, num_seeds, read_records, run_jobs
 from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference, verdict,
                                        verdict_table)
-from fedjax_dp.seeds import seed_stats
+from fedjax_dp.stats import seed_stats
 
 
 def test_seed_stats_sample_std():

@@ -41,11 +41,13 @@ import dataclasses
 import math
 from typing import Callable, Optional
 
+import dp_accounting
 import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import special
 
 from fedjax_dp.errors import ConfigError, check
+from fedjax_dp.privacy.ledger import PrivacyLedger, RdpCurveDpEvent
 from fedjax_dp.privacy.mechanisms import byzantine_mixture
 
 ORDERS = tuple(float(a) for a in rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
@@ -235,8 +237,6 @@ class DDGaussMechanism:
         cohort(m))
 
   def round_event(self):
-    import dp_accounting
-    from fedjax_dp.privacy.ledger import RdpCurveDpEvent
     if not self.formal_guarantee:
       return dp_accounting.NonPrivateDpEvent()
     return RdpCurveDpEvent(repr(self), tuple(float(v) for v in self.rdp()))
@@ -272,8 +272,6 @@ def calibrate_noise_multiplier(target_epsilon: float, delta: float, rounds: int,
                                make: Callable[[float], DDGaussMechanism]) -> float:
   """Smallest ``z`` (to a relative 1e-4, never below it) whose ``make(z)``, composed over
   ``rounds`` by :class:`fedjax_dp.privacy.ledger.PrivacyLedger`, meets (epsilon, delta)."""
-  from fedjax_dp.privacy.ledger import PrivacyLedger
-
   def epsilon(z):
     try:
       mech = make(z)

@@ -92,7 +92,7 @@ from fedjax_dp.reproduce import cheng2022
 from fedjax_dp.reproduce.runner import (Job, group_by, identity, num_seeds, release, run_jobs,
                                         wrote)
 from fedjax_dp.reproduce.tables import Claim, markdown_table, mean_std, verdict_table
-from fedjax_dp.seeds import seed_stats
+from fedjax_dp.stats import seed_stats
 
 # The paper's settings (Sec. 6): local lr eta_l, local steps Q, clip bound S (by grid search).
 # Fig. 2's clip bound is 0.1 (its data set and eta_l are not stated); the shrink factors do not

@@ -59,7 +59,7 @@ from fedjax_dp.reproduce.runner import (Job, group_by, identity, num_seeds, read
                                         run_jobs, wrote)
 from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference, verdict,
                                        verdict_table)
-from fedjax_dp.seeds import seed_stats
+from fedjax_dp.stats import seed_stats
 
 METHODS = ("dp_fedavg", "dp_fedavg+blur", "dp_fedavg+lus", "blur+lus")
 # The paper's other baselines: AE-DPFL (voting on a public set) and DDGauss (the distributed

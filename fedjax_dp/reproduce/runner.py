@@ -7,7 +7,7 @@ set, logs ``[i/n] NAME: acc=... (s)``, appends each run's record to
 labels, the fields the reproduction reads from the run, the run's seconds and
 its per-round ``history`` (round, test accuracy, and the raw diagnostics under
 ``"diagnostics"``: pre-clip norms, losses, ...; they are not covered by any
-epsilon). :func:`group_by` and :func:`fedjax_dp.seeds.seed_stats` then turn
+epsilon). :func:`group_by` and :func:`fedjax_dp.stats.seed_stats` then turn
 records into the rows of the results (mean and sample std over seeds).
 """
 

@@ -57,7 +57,7 @@ from fedjax_dp.reproduce.runner import (Job, group_by, identity, num_seeds, read
                                         run_jobs, simulate_jobs, wrote)
 from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference,
                                        verdict_table)
-from fedjax_dp.seeds import seed_stats
+from fedjax_dp.stats import seed_stats
 
 METHODS = ("spfl", "spfl-sound", "adp-fl", "dp-fl", "nodp-fl")
 PAPER_GAINS = {"adp-fl": 2.25, "dp-fl": 4.41}  # accuracy points, SP-FL over the baseline (abstract)

@@ -46,7 +46,7 @@ from fedjax_dp.reproduce.runner import (Job, group_by, identity, num_seeds, read
                                         run_jobs, wrote)
 from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference,
                                        verdict_table)
-from fedjax_dp.seeds import seed_stats
+from fedjax_dp.stats import seed_stats
 
 METHODS = ("sgd", "signsgd", "gm", "rsa", "dp-rsa-f", "dp-rsa-g")
 EPSILONS = (0.2, 0.4, 1.38)

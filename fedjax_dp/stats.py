@@ -1,9 +1,8 @@
-"""Statistics over the seeds of one setting: what a sweep's row and a reproduction's table report.
+"""Summary statistics that the outputs report, computed on the host with NumPy.
 
-A setting run with several seeds gives one value per seed (a final accuracy, a loss);
-:func:`seed_stats` turns them into the mean and the sample standard deviation that the rows
-of :func:`fedjax_dp.sweep.sweep` and of the paper reproductions (:mod:`fedjax_dp.reproduce`)
-show.
+:func:`seed_stats`: a setting run with several seeds gives one value per seed (a final
+accuracy, a loss); its mean and sample standard deviation are what the rows of
+:func:`fedjax_dp.sweep.sweep` and of the paper reproductions (:mod:`fedjax_dp.reproduce`) show.
 """
 
 from __future__ import annotations
