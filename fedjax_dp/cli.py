@@ -21,8 +21,30 @@ import time
 import warnings
 from typing import Optional, Sequence
 
-from fedjax_dp import audit, plots
-from fedjax_dp.errors import ConfigError, check
+from fedjax_dp import audit, interrupts, plots
+from fedjax_dp.algorithms import (ABOUT, CHOOSES_KNOWLEDGE, NO_BYZANTINE, option_table, options,
+                                  refuse_unused)
+from fedjax_dp.algorithms.options import describe
+from fedjax_dp.checkpoint import latest_round, read_meta
+from fedjax_dp.config import (check_finite, check_noise_multiplier, field_help, field_types,
+                              load_config_file, make_config, noise_warning, parse_option,
+                              parse_value)
+from fedjax_dp.engine import check_checkpoint_release
+from fedjax_dp.errors import ConfigError, NoiseWarning, check, check_choice, check_open_unit
+from fedjax_dp.experiment import simulate
+from fedjax_dp.jsonio import dumps
+from fedjax_dp.outputs import (METRICS, RUN_FILES, SUMMARY, check_output_dir, check_writable,
+                               replacing)
+from fedjax_dp.privacy import (ACCOUNTANTS, GaussianSumMechanism, calibrate_noise_multiplier,
+                               epsilon_for)
+from fedjax_dp.privacy.ledger import check_supported
+from fedjax_dp.privacy.sign import SignFlipMechanism, _check_rdp, composed_epsilon
+from fedjax_dp.reproduce import (REPRODUCTIONS, finished_a_run, own_files, render_reproduction,
+                                 run_reproduction, scales)
+from fedjax_dp.reproduce.runner import RESULT_FILES
+from fedjax_dp.round import use_cpu_devices
+from fedjax_dp.sampling import SAMPLINGS
+from fedjax_dp.sweep import check_axes, parse_grid, plan, sweep
 
 EXIT_INVALID, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_MEMORY = 2, 3, 130, 4
 EXIT_BROKEN_PIPE = 141  # as a process killed by SIGPIPE: its reader went away
@@ -77,7 +99,6 @@ def _add_cpu_devices(p):
 
 def _add_config_flags(p):
   """``--config``, ``--set`` and one flag per :class:`RunConfig` field (run and sweep)."""
-  from fedjax_dp.config import field_help, field_types
   p.add_argument("--config", metavar="FILE.json", help="JSON object of RunConfig fields (and "
                  "'options'); the flags below override it (default: none, the quickstart)")
   p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
@@ -123,8 +144,6 @@ def _add_sweep(sub):
 def _add_privacy(sub):
   p = sub.add_parser("privacy", help="epsilon of a sampled Gaussian mechanism, or the noise for a target epsilon "
                      "(one JSON object; an infinite epsilon is written as null with epsilon_nonfinite)")
-  from fedjax_dp.privacy import ACCOUNTANTS
-  from fedjax_dp.sampling import SAMPLINGS
   p.add_argument("--mechanism", default="gaussian", help="gaussian: the sampled Gaussian sum; "
                  "sign-flip: DP-RSA's randomized signs (default: gaussian; one of: gaussian, "
                  "sign-flip)")
@@ -162,15 +181,11 @@ def _add_algorithms(sub):
 
 
 def _cmd_algorithms(args) -> int:
-  from fedjax_dp.algorithms import ABOUT, option_table
-  from fedjax_dp.algorithms.options import describe
-  from fedjax_dp.jsonio import dumps
   out = {name: {"paper": paper, "privacy_unit": unit, "options": describe(option_table(name))}
          for name, (paper, unit, _) in ABOUT.items()}
   if args.json:
     print(dumps(out))
     return 0
-  from fedjax_dp.algorithms import CHOOSES_KNOWLEDGE, NO_BYZANTINE, options
   common = {o.name for o in options.BYZANTINE + options.AGGREGATOR}
 
   def show(opts):
@@ -188,7 +203,6 @@ def _cmd_algorithms(args) -> int:
 
 
 def _add_reproduce(sub):
-  from fedjax_dp.reproduce import REPRODUCTIONS, scales
   listing = "\n".join(f"  {paper} --scale {name}: {about}" for paper in sorted(REPRODUCTIONS)
                        for name, about in scales(paper).items())
   p = sub.add_parser("reproduce", help="reproduce a paper's experiments at a given scale",
@@ -214,7 +228,6 @@ def _add_reproduce(sub):
 
 
 def _parse_options(items) -> dict:
-  from fedjax_dp.config import parse_option
   out = {}
   for item in items:
     check("=" in item, "--set", item, "must look like NAME=VALUE")
@@ -227,7 +240,6 @@ def _parse_options(items) -> dict:
 
 def _settings(args) -> tuple:
   """What ``--config``, the field flags and ``--set`` give: ``(base, overrides, options)``."""
-  from fedjax_dp.config import field_types, load_config_file, parse_value
   base = load_config_file(args.config) if args.config else {}
   types = field_types()
   overrides = {}
@@ -248,8 +260,6 @@ def _config_from_args(args, grid: Optional[dict] = None, seeds: int = 1):
   setting given is refused only when no grid point reads it; the plan of ``grid`` x ``seeds``
   refuses bad axes, values and seeds, and an axis that a point does not read
   (:func:`fedjax_dp.sweep.plan`), before any folder is touched."""
-  from fedjax_dp.algorithms import refuse_unused
-  from fedjax_dp.config import field_types, make_config, parse_value
   base, overrides, options = _settings(args)
   # A flag or --set beside an axis of the same name would be replaced in every experiment.
   flags = {**overrides, **options}
@@ -268,7 +278,6 @@ def _config_from_args(args, grid: Optional[dict] = None, seeds: int = 1):
   given = set(base) | {k for k, v in overrides.items() if v is not None}
   config = make_config(base, options=options, **overrides)
   if grid:  # a setting given beside the grid is refused only where no grid point reads it
-    from fedjax_dp.sweep import plan
     refuse_unused(config, given - set(grid), [p.config for p in plan(config, grid, seeds)])
   else:
     refuse_unused(config, given)
@@ -278,7 +287,6 @@ def _config_from_args(args, grid: Optional[dict] = None, seeds: int = 1):
 def _show_warning(python_show, message, category, *args, **kwargs):
   """Warnings the library gives the user (:class:`fedjax_dp.errors.NoiseWarning`) as one line on
   stderr; others as Python shows them (``python_show``)."""
-  from fedjax_dp.errors import NoiseWarning
   if issubclass(category, NoiseWarning):
     print(f"fedjax-dp: warning: {message}", file=sys.stderr)
   else:
@@ -289,8 +297,6 @@ def _resumed(args) -> tuple:
   """``(config, release, tensorboard, rounds done)`` of the run ``--resume`` names, from its
   latest checkpoint; a setting given (flag, ``--config``, ``--set``) that differs from the stored
   one is refused."""
-  from fedjax_dp.checkpoint import read_meta
-  from fedjax_dp.config import make_config
   check(not args.overwrite, "overwrite", True, "cannot be combined with --resume, which continues "
         "the run in its folder")
   check(args.output_dir is None or pathlib.Path(args.output_dir).resolve()
@@ -314,7 +320,6 @@ def _resumed(args) -> tuple:
       same = False
     check(same, name, value, f"conflicts with the resumed run's {name}={loaded.get(name)!r} "
           f"({where}): leave it out to continue that run")
-  from fedjax_dp.algorithms import option_table
   # An option the run left unset ran with its default: repeating that default is no conflict.
   defaults = {o.name: o.default for o in option_table(config.algorithm)}
   known = sorted(defaults)
@@ -362,10 +367,8 @@ def _finished_summary(path: pathlib.Path) -> dict:
 
 
 def _cmd_run(args) -> int:
-  from fedjax_dp.outputs import METRICS, SUMMARY, check_output_dir, check_writable
   check(args.checkpoint_every is None or args.checkpoint_every >= 1, "checkpoint_every",
         args.checkpoint_every, "must be an integer >= 1")
-  from fedjax_dp.engine import check_checkpoint_release
   check_checkpoint_release(args.release or "all", args.checkpoint_every)
   if args.resume is not None:
     config, release, tensorboard, done = _resumed(args)
@@ -380,7 +383,6 @@ def _cmd_run(args) -> int:
     tensorboard = bool(args.tensorboard)
     out = check_output_dir(DEFAULT_RUN_DIR if args.output_dir is None else args.output_dir,
                            overwrite=args.overwrite)
-  from fedjax_dp.experiment import simulate
   rounds = []
   before = _run_files(out) if args.resume is None else None
   t0 = time.perf_counter()
@@ -391,7 +393,6 @@ def _cmd_run(args) -> int:
                       tensorboard=tensorboard, checkpoint_every=args.checkpoint_every,
                       resume=args.resume is not None, overwrite=args.overwrite)
   except KeyboardInterrupt:
-    from fedjax_dp.checkpoint import latest_round
     kept = done + len(rounds)
     changed = bool(kept) or _run_files(out) != before
     if changed and not kept and (out / METRICS).is_file():
@@ -422,7 +423,6 @@ def _run_files(folder: pathlib.Path) -> Optional[dict]:
   inode; None when ``folder`` does not exist. Taken before a run and after it is interrupted:
   whether it changed the folder (an ``--overwrite`` removes the earlier run's files, folders
   whole, when it writes its first row, and only then writes into them)."""
-  from fedjax_dp.outputs import RUN_FILES
   if not folder.is_dir():
     return None
   found = {}
@@ -439,7 +439,6 @@ def _report(s: dict, config, seconds: Optional[float], out: pathlib.Path,
             wrote: bool = True) -> int:
   """Prints a run's final line from its summary ``s`` (and, if ``wrote``, the files written);
   the exit status."""
-  from fedjax_dp.outputs import METRICS, SUMMARY
   eps = s.get("epsilon")
   eps_text = (f"epsilon={eps:.3f} at delta={s['delta']:g}" if eps is not None
               else f"no formal DP guarantee ({s.get('guarantee_note')})")
@@ -457,17 +456,12 @@ def _report(s: dict, config, seconds: Optional[float], out: pathlib.Path,
 
 def _cmd_privacy(args) -> int:
   """Prints one strict-JSON object: the epsilon of a mechanism, or the noise for a target epsilon."""
-  from fedjax_dp.jsonio import dumps
   print(dumps(_privacy_report(args)))
   return 0
 
 
 def _privacy_report(args) -> dict:
   import math
-  from fedjax_dp.config import check_finite, check_noise_multiplier, noise_warning
-  from fedjax_dp.errors import check_choice, check_open_unit
-  from fedjax_dp.privacy import ACCOUNTANTS, GaussianSumMechanism, calibrate_noise_multiplier, epsilon_for
-  from fedjax_dp.privacy.ledger import check_supported
   for name in ("keep_prob", "sampling_prob", "noise_multiplier", "target_epsilon", "delta"):
     # argparse's float() accepts "inf" and "nan": refused before any computation.
     check_finite(name, getattr(args, name))
@@ -475,7 +469,6 @@ def _privacy_report(args) -> dict:
   check_choice("mechanism", args.mechanism, ("gaussian", "sign-flip"))
   check_choice("accountant", args.accountant, ACCOUNTANTS)
   if args.mechanism == "gaussian":  # before the flags it decides are checked against it
-    from fedjax_dp.sampling import SAMPLINGS
     args.sampling = args.sampling or "poisson"
     check_choice("sampling", args.sampling, SAMPLINGS)
   # A flag the chosen mechanism and sampling do not read is refused, not ignored.
@@ -490,7 +483,6 @@ def _privacy_report(args) -> dict:
           + ("" if args.mechanism == "sign-flip" else f" --sampling {args.sampling}")
           + ": leave it out")
   if args.mechanism == "sign-flip":
-    from fedjax_dp.privacy.sign import SignFlipMechanism, _check_rdp, composed_epsilon
     _check_rdp(args.accountant)
     check(args.keep_prob is not None and 0.5 < args.keep_prob < 1, "keep_prob", args.keep_prob, "must be in (0.5, 1)")
     check(args.dimension is not None and args.dimension >= 1, "dimension", args.dimension, "must be >= 1")
@@ -508,7 +500,6 @@ def _privacy_report(args) -> dict:
     out.update(target_epsilon=args.target_epsilon, noise_multiplier=z)
     warning = noise_warning(z, f"calibrated for target_epsilon={args.target_epsilon:g}")
     if warning is not None:  # one line on stderr, as a run's (_show_warning)
-      from fedjax_dp.errors import NoiseWarning
       warnings.warn(warning, NoiseWarning, stacklevel=2)
   else:
     z = args.noise_multiplier
@@ -530,7 +521,6 @@ def _privacy_report(args) -> dict:
 
 
 def _cmd_sweep(args) -> int:
-  from fedjax_dp.sweep import check_axes, parse_grid, sweep
   check(args.checkpoint_every is None, "checkpoint_every", args.checkpoint_every,
         "a sweep is not checkpointed (its experiments run as one vmapped program): run an "
         "experiment alone with fedjax-dp run --checkpoint-every K")
@@ -572,17 +562,12 @@ def _cmd_sweep(args) -> int:
 
 
 def _cmd_reproduce(args) -> int:
-  from fedjax_dp.outputs import check_output_dir, replacing
-  from fedjax_dp.reproduce import REPRODUCTIONS, finished_a_run, own_files, run_reproduction
-  from fedjax_dp.reproduce.runner import RESULT_FILES
-  from fedjax_dp.errors import check_choice
   check_choice("paper", args.paper, sorted(REPRODUCTIONS))
   if args.render:  # it runs nothing: a setting of a run would be ignored
     for flag in ("scale", "seeds", "threads", "data_dir", "overwrite"):
       check(getattr(args, flag) in (None, False), flag, getattr(args, flag),
             "is not read by --render, which runs nothing (it rewrites results.md and the "
             "figures from the saved results): leave it out")
-    from fedjax_dp.reproduce import render_reproduction
     return render_reproduction(args.paper, args.output_dir)
   out = check_output_dir(args.output_dir, overwrite=args.overwrite, results=RESULT_FILES)
   # Earlier results come back if the run fails before writing any (a bad scale or seeds, which
@@ -654,7 +639,6 @@ def _stop_if_signalled() -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
-  from fedjax_dp import interrupts
   _SIGNALLED.clear()
   with interrupts.handling(_interrupt), warnings.catch_warnings():
     warnings.showwarning = functools.partial(_show_warning, warnings.showwarning)
@@ -667,7 +651,6 @@ def _main(argv: list) -> int:
     if not argv:
       argv = ["run"]
     args = parser.parse_args(argv)
-    from fedjax_dp.round import use_cpu_devices
     use_cpu_devices(getattr(args, "cpu_devices", None))
     cmd = {"run": _cmd_run, "sweep": _cmd_sweep, "privacy": _cmd_privacy, "reproduce": _cmd_reproduce,
            "algorithms": _cmd_algorithms, "audit": audit.command, "plot": plots.command}[args.command]

@@ -13,13 +13,13 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dp.errors import check
+from fedjax_dp.models import cross_entropy
 
 Objective = Callable  # (params, batch, anchor) -> scalar
 
 
 def supervised(apply_fn: Callable) -> Objective:
   """Mean cross-entropy of ``apply_fn(params, x)`` over the batch's real examples."""
-  from fedjax_dp.models import cross_entropy
 
   def objective(params, batch, anchor):
     del anchor

@@ -296,6 +296,7 @@ def read_norms(folder) -> dict:
 def plot_norms(folder, out):
   """The clients' pre-clip update norms per round (median and the 10-90% band) against the clip
   bound, from ``folder/norms.npz``; writes ``out`` and returns the figure."""
+  # Lazy: engine imports JAX, which reading and plotting files does not need.
   from fedjax_dp.engine import quantiles
   out = _check_out(out)
   z = read_norms(folder)

@@ -83,9 +83,17 @@ import pathlib
 import time
 from typing import Optional
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dp import objectives
+from fedjax_dp.algorithms.dp_fedavg import make_model
+from fedjax_dp.client import sample_batch
+from fedjax_dp.config import make_config
+from fedjax_dp.engine import quantiles
 from fedjax_dp.errors import check, check_choice
+from fedjax_dp.experiment import load_data
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import plot_histograms, read_norms
 from fedjax_dp.reproduce import cheng2022
@@ -93,6 +101,7 @@ from fedjax_dp.reproduce.runner import (Job, group_by, identity, num_seeds, rele
                                         wrote)
 from fedjax_dp.reproduce.tables import Claim, markdown_table, mean_std, verdict_table
 from fedjax_dp.stats import seed_stats
+from fedjax_dp.transforms import global_norm
 
 # The paper's settings (Sec. 6): local lr eta_l, local steps Q, clip bound S (by grid search).
 # Fig. 2's clip bound is 0.1 (its data set and eta_l are not stated); the shrink factors do not
@@ -237,11 +246,6 @@ def gradient_norm_fn(model, batch_size: int, batches: int):
   client's local gradient norms of ``f_i`` at ``params``, for ``batches`` minibatches of
   ``batch_size`` examples drawn as local SGD draws them and for all of its examples (one
   compilation for every ``params``). Raw diagnostics, not private."""
-  import jax
-  import jax.numpy as jnp
-  from fedjax_dp import objectives
-  from fedjax_dp.client import sample_batch
-  from fedjax_dp.transforms import global_norm
   grad = jax.grad(objectives.supervised(model.apply))
 
   @jax.jit
@@ -265,16 +269,12 @@ def gradient_norm_fn(model, batch_size: int, batches: int):
 
 
 def _quantiles(values, prefix: str) -> dict:
-  from fedjax_dp.engine import quantiles
   return {f"{prefix}_{k}": v for k, v in quantiles(values).items()}
 
 
 def run(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] = None, log=print,
         threads: Optional[int] = None) -> int:
   """Entry point of ``fedjax-dp reproduce cheng2022-norms``."""
-  from fedjax_dp.algorithms.dp_fedavg import make_model
-  from fedjax_dp.config import make_config
-  from fedjax_dp.experiment import load_data
   check_choice("scale", scale, sorted(SCALES))
   spec = SCALES[scale]
   base = dict(spec["config"], data_dir=data_dir)

@@ -52,7 +52,13 @@ from typing import Optional
 
 import numpy as np
 
+from fedjax_dp.algorithms.blur_lus import DEFAULTS
+from fedjax_dp.config import make_config
+from fedjax_dp.data import load_federated_emnist, specs
+from fedjax_dp.data.sources import tff
+from fedjax_dp.data.sources.common import resolve_data_dir
 from fedjax_dp.errors import check, check_choice
+from fedjax_dp.experiment import load_data
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import Curve, plot_curves, plot_quantiles
 from fedjax_dp.reproduce.runner import (Job, group_by, identity, num_seeds, read_records, release,
@@ -278,8 +284,6 @@ def method_config(base: dict, method: str, eps, ae_options=None) -> dict:
 def _job(base, table, model, alpha, method, eps, sparsity, seed, overrides=None,
          ae_options=None) -> Job:
   """A run of :func:`plan` or :func:`figure_plan` (``overrides``: a figure's Q or p)."""
-  from fedjax_dp.algorithms.blur_lus import DEFAULTS
-  from fedjax_dp.config import make_config
   cfg = method_config(dict(base, **({} if model is None else {"model": model}),
                            **({} if alpha is None else {"dirichlet_alpha": alpha}),
                            **(overrides or {})),
@@ -769,9 +773,6 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
   files; ``data`` (a loaded data set) serves the scales with one data set (every alpha too);
   ``threads``: the compiled programs run at once (:func:`run_jobs`); ``spec``: settings in
   place of the scale's (a variant of it: ``benchmarks/gpu.py`` times Table 2 at a few rounds)."""
-  from fedjax_dp.algorithms.blur_lus import DEFAULTS
-  from fedjax_dp.config import make_config
-  from fedjax_dp.experiment import load_data
   spec = SCALES[scale] if spec is None else spec
   base = dict(spec["config"], data_dir=data_dir)
   table = spec.get("table", "table1")
@@ -846,17 +847,12 @@ def run_paper(output_dir: str, data_dir=None, seeds: Optional[int] = None, prese
   ``release``: the accuracies are raw, on the writers' own held-out examples), ``runs.jsonl``
   and each run's metrics under ``DIR/PRESET/``.
   """
-  from fedjax_dp.config import make_config
-  from fedjax_dp.data import load_federated_emnist
   out = pathlib.Path(output_dir)
   out.mkdir(parents=True, exist_ok=True)
   t0 = time.perf_counter()
   n_seeds = num_seeds(seeds, SCALES["paper"]["seeds"])
-  from fedjax_dp.data import specs
-  from fedjax_dp.data.sources.common import resolve_data_dir
-  from fedjax_dp.data.sources.tff import paths
   # Where `--dataset federated_emnist` finds them: --data-dir, else $FEDJAX_DP_DATA.
-  train, test = paths(specs.get("federated_emnist"), resolve_data_dir(data_dir))
+  train, test = tff.paths(specs.get("federated_emnist"), resolve_data_dir(data_dir))
   runs = []
   for i, name in enumerate(presets or PAPER_PRESETS):
     check_choice("preset", name, sorted(PAPER_PRESETS))

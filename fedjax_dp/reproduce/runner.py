@@ -21,9 +21,12 @@ import tempfile
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+import jax
 import numpy as np
 
 from fedjax_dp.errors import check
+from fedjax_dp.provenance import environment
+from fedjax_dp.sweep import MAX_EXPERIMENTS, run_configs
 
 # What a reproduction writes in its --output-dir besides plots and each run's own folder: a folder
 # holding one of these holds an earlier reproduction (kept unless --overwrite).
@@ -56,7 +59,6 @@ def num_seeds(seeds, default: int) -> int:
   """``seeds`` (``--seeds``), or the scale's ``default`` when not given: an integer from 1 to
   :data:`fedjax_dp.sweep.MAX_EXPERIMENTS` (the runs' seeds are 0 to ``seeds - 1``, far below
   2**32), refused before anything is built or run."""
-  from fedjax_dp.sweep import MAX_EXPERIMENTS
   n = default if seeds is None else seeds
   check(isinstance(n, int) and not isinstance(n, bool), "seeds", seeds, "must be an integer >= 1")
   check(n >= 1, "seeds", seeds, "must be >= 1")
@@ -70,7 +72,6 @@ def enable_compilation_cache() -> None:
   configuration; runs that differ only in numbers held as ``hparams``) compile it once, also
   across processes. Directory: ``$FEDJAX_DP_JAX_CACHE``, else ``fedjax_dp_jax_cache`` in the
   temporary directory; one already configured is kept."""
-  import jax
   if jax.config.jax_compilation_cache_dir is None:
     jax.config.update("jax_compilation_cache_dir", os.environ.get("FEDJAX_DP_JAX_CACHE") or
                       os.path.join(tempfile.gettempdir(), "fedjax_dp_jax_cache"))
@@ -82,7 +83,6 @@ def simulate_jobs(jobs: Sequence[Job], data, done: Callable, threads: Optional[i
   """Runs ``jobs`` on ``data`` as sweeps do (:func:`fedjax_dp.sweep.run_configs`: those that
   share a compiled round run as one vmapped program, ``threads`` of them at once) and calls
   ``done(indices, results, setups)`` as each group of them ends."""
-  from fedjax_dp.sweep import run_configs
   run_configs([j.config for j in jobs], [data] * len(jobs),
               output_dirs=[j.output_dir for j in jobs], on_group=done, threads=threads)
 
@@ -203,7 +203,6 @@ def identity(paper: str) -> dict:
   """The ``reproduction`` and ``provenance`` fields of a reproduction's ``results.json``: which
   paper, and the library, package versions, devices and source tree that ran it
   (:func:`fedjax_dp.provenance.environment`; public by design)."""
-  from fedjax_dp.provenance import environment
   return {"reproduction": paper, "provenance": environment()}
 
 

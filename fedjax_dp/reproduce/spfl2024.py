@@ -50,7 +50,11 @@ import time
 
 import numpy as np
 
+# This module's own make_config builds a run's configuration from a method and a scale.
+from fedjax_dp.config import make_config as run_config
+from fedjax_dp.engine import make_evaluator
 from fedjax_dp.errors import check_choice
+from fedjax_dp.experiment import load_data
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import Curve, plot_curves
 from fedjax_dp.reproduce.runner import (Job, group_by, identity, num_seeds, read_records, release,
@@ -95,23 +99,22 @@ SPFL_OPTIONS = {"high_fraction": 0.5, "beta_high": 0.2, "beta_low": 0.2}
 
 def make_config(method: str, dataset: str, p: dict, *, epsilon: float, cohort: int, steps: int,
                 seed: int, data_dir=None):
-  from fedjax_dp.config import make_config as mk
   opts = {"example_sampling": p["example_sampling"]}
   if method.startswith("spfl"):
     opts.update(SPFL_OPTIONS)
   # Poisson per-step batches are accounted under replace-one, which only the PLD accountant has.
   accountant = "pld" if p["example_sampling"] == "poisson" else "rdp"
-  return mk(dict(_BASE, accountant=accountant), algorithm=method, dataset=dataset, data_dir=data_dir,
-            max_train=p["max_train"], max_test=p["max_test"], rounds=p["rounds"],
-            cohort_size=cohort, local_steps=steps, batch_size=p["batch_size"],
-            client_lr=p["lr"], clip=p["clip"], noise_multiplier=None,
-            target_epsilon=None if method == "nodp-fl" else epsilon, seed=seed,
-            eval_every=p["rounds"], options=opts)
+  return run_config(dict(_BASE, accountant=accountant), algorithm=method, dataset=dataset,
+                    data_dir=data_dir, max_train=p["max_train"], max_test=p["max_test"],
+                    rounds=p["rounds"], cohort_size=cohort, local_steps=steps,
+                    batch_size=p["batch_size"], client_lr=p["lr"], clip=p["clip"],
+                    noise_multiplier=None,
+                    target_epsilon=None if method == "nodp-fl" else epsilon, seed=seed,
+                    eval_every=p["rounds"], options=opts)
 
 
 def _train_error(model, params, data, n: int):
   """Error and loss of the final model on ``n`` pooled training examples (Table 2)."""
-  from fedjax_dp.engine import make_evaluator
   mask = np.arange(data.x.shape[1])[None, :] < data.counts[:, None]
   x, y = data.x[mask], data.y[mask]
   idx = np.random.default_rng(0).permutation(len(y))[:n]
@@ -472,7 +475,6 @@ def run(scale: str = "small", output_dir: str = "runs/spfl2024", data_dir=None, 
           if not (m == "nodp-fl" and setting == "epsilon") for seed in range(n_seeds)]
 
   def load(ds):
-    from fedjax_dp.experiment import load_data
     data = load_data(make_config("dp-fl", ds, p, epsilon=p["epsilon"], cohort=p["cohort"],
                                  steps=p["local_steps"], seed=0, data_dir=data_dir))
     labels = [len(np.unique(data.y[c, :data.counts[c]])) for c in range(data.num_clients)]

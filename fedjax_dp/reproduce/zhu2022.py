@@ -39,6 +39,8 @@ import time
 
 import numpy as np
 
+from fedjax_dp.config import make_config
+from fedjax_dp.data import FederatedData, load_central, partition_indices
 from fedjax_dp.errors import check, check_choice
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import Curve, plot_curves
@@ -91,7 +93,6 @@ def half_spread_groups(labels: np.ndarray, num_clients: int, group_size: int,
 
 
 def load_data(scale: dict, partition: str, data_dir, seed: int = 0):
-  from fedjax_dp.data import FederatedData, load_central, partition_indices
   central = load_central(scale["dataset"], data_dir=data_dir, max_train=scale["max_train"],
                          max_test=scale["max_test"], seed=seed)
   rng = np.random.default_rng([seed, 2022])
@@ -117,7 +118,6 @@ def runs(scale: dict):
 
 
 def _config(scale, method, opts, attack, data_dir, seed):
-  from fedjax_dp.config import make_config
   options = {"l2": scale["l2"], **opts}
   if method.startswith("rsa") or method.startswith("dp-rsa"):
     options["lambda"] = scale["lam"]
