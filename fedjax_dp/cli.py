@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -35,8 +36,8 @@ from fedjax_dp.experiment import simulate
 from fedjax_dp.jsonio import dumps
 from fedjax_dp.outputs import (METRICS, RUN_FILES, SUMMARY, check_output_dir, check_writable,
                                replacing)
-from fedjax_dp.privacy import (ACCOUNTANTS, GaussianSumMechanism, calibrate_noise_multiplier,
-                               epsilon_for)
+from fedjax_dp.privacy import (ACCOUNTANTS, CohortSampling, GaussianSumMechanism,
+                               calibrate_noise_multiplier, epsilon_for)
 from fedjax_dp.privacy.ledger import check_supported
 from fedjax_dp.privacy.sign import SignFlipMechanism, _check_rdp, composed_epsilon
 from fedjax_dp.reproduce import (REPRODUCTIONS, finished_a_run, own_files, render_reproduction,
@@ -492,11 +493,12 @@ def _privacy_report(args) -> dict:
   check_open_unit("delta", args.delta)
   check((args.noise_multiplier is None) != (args.target_epsilon is None), "noise_multiplier/target_epsilon",
         (args.noise_multiplier, args.target_epsilon), "give exactly one of --noise-multiplier and --target-epsilon")
-  common = dict(sampling=args.sampling, sampling_prob=args.sampling_prob, num_clients=args.num_clients,
-                cohort_size=args.cohort_size, byzantine=args.byzantine or 0)
+  cohorts = CohortSampling(args.sampling, args.sampling_prob, args.num_clients, args.cohort_size,
+                           args.byzantine or 0)
   out = {"sampling": args.sampling, "rounds": args.rounds, "delta": args.delta, "accountant": args.accountant}
   if args.target_epsilon is not None:
-    z = calibrate_noise_multiplier(args.target_epsilon, args.delta, args.rounds, accountant=args.accountant, **common)
+    z = calibrate_noise_multiplier(args.target_epsilon, args.delta, args.rounds, cohorts,
+                                   args.accountant)
     out.update(target_epsilon=args.target_epsilon, noise_multiplier=z)
     warning = noise_warning(z, f"calibrated for target_epsilon={args.target_epsilon:g}")
     if warning is not None:  # one line on stderr, as a run's (_show_warning)
@@ -504,7 +506,7 @@ def _privacy_report(args) -> dict:
   else:
     z = args.noise_multiplier
     out["noise_multiplier"] = z
-  mech = GaussianSumMechanism(1.0, z, **common)
+  mech = GaussianSumMechanism(1.0, z, **dataclasses.asdict(cohorts))
   event = mech.round_event()
   check_supported(event, args.accountant, mech.relation)
   eps = epsilon_for(event, args.rounds, args.delta, args.accountant, mech.relation)

@@ -30,7 +30,7 @@ from fedjax_dp.algorithms import Setup, cached_round, common_hparams, read_optio
 from fedjax_dp.algorithms.options import STATIC_AGGREGATOR
 from fedjax_dp.algorithms.fedavg import Pieces, fedavg_round
 from fedjax_dp.errors import ConfigError, check
-from fedjax_dp.privacy import calibrate_noise_multiplier
+from fedjax_dp.privacy import CohortSampling, calibrate_noise_multiplier
 from fedjax_dp.privacy.accounting import LedgerAccounting
 from fedjax_dp.privacy.mechanisms import user_level_mechanism
 from fedjax_dp.sampling import make_sampler
@@ -56,9 +56,9 @@ def resolve_noise_multiplier(config, data) -> float:
   """The configured noise multiplier, or the smallest one meeting ``target_epsilon``."""
   if config.target_epsilon is not None:
     return calibrate_noise_multiplier(
-        config.target_epsilon, config.delta, config.rounds, config.sampling,
-        config.sampling_prob, data.num_clients, config.cohort_size, config.accountant,
-        config.byzantine)
+        config.target_epsilon, config.delta, config.rounds,
+        CohortSampling(config.sampling, config.sampling_prob, data.num_clients,
+                       config.cohort_size, config.byzantine), config.accountant)
   if config.noise_multiplier is None:
     raise ConfigError("noise_multiplier", None, "set noise_multiplier >= 0 or target_epsilon > 0")
   return float(config.noise_multiplier)

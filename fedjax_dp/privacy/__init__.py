@@ -4,6 +4,7 @@ from fedjax_dp.privacy.ledger import ACCOUNTANTS, PrivacyLedger, epsilon_for, ma
 from fedjax_dp.privacy.mechanisms import (
     RELATIONS,
     SAMPLINGS,
+    CohortSampling,
     GaussianSumMechanism,
     NonPrivate,
     calibrate_noise_multiplier,
@@ -13,6 +14,7 @@ __all__ = [
     "ACCOUNTANTS",
     "RELATIONS",
     "SAMPLINGS",
+    "CohortSampling",
     "GaussianSumMechanism",
     "NonPrivate",
     "PrivacyLedger",
