@@ -19,6 +19,7 @@ from typing import Any, Mapping, Optional
 
 from fedjax_dp.data.specs import SPECS, check_partition
 from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit, check_positive
+from fedjax_dp.models import Model, check_conv_dtype
 from fedjax_dp.privacy.mechanisms import MAX_NOISE_MULTIPLIER
 
 DEFAULT_MODELS = {spec.name: spec.default_model for spec in SPECS}
@@ -225,14 +226,31 @@ class RunConfig:
                                       "name -> value (CLI: --set NAME=VALUE)", default_factory=dict)
 
   def __post_init__(self):
-    # Every field has its type and every numeric field is finite, checked before anything else.
-    from fedjax_dp.models import Model, check_conv_dtype
+    """Checks every field, in this order: types and finiteness, then the data and model, the
+    cohorts and devices, training, privacy, evaluation and robustness.
+
+    Raises:
+      ConfigError: the first field whose value is not allowed, by name.
+    """
+    self._check_types()
+    self._check_data_and_model()
+    self._check_cohorts_and_devices()
+    self._check_training()
+    self._check_privacy()
+    check(self.eval_every >= 1, "eval_every", self.eval_every, "must be >= 1")
+    self._check_robustness()
+
+  def _check_types(self):
+    """Every field has its type and every numeric field is finite, checked before anything
+    else."""
     hints = type_hints()
     for f in dataclasses.fields(self):
       value = getattr(self, f.name)
       if f.name != "options" and not isinstance(value, Model):
         check_finite(f.name, value)
         check_type(f.name, value, hints[f.name])
+
+  def _check_data_and_model(self):
     # An empty path names no folder (the loaders would fall back on FEDJAX_DP_DATA silently).
     check(self.data_dir != "", "data_dir", self.data_dir, "must be a folder path, or none (unset: "
           "the FEDJAX_DP_DATA environment variable)")
@@ -255,6 +273,8 @@ class RunConfig:
     for f in ("max_train", "max_test"):
       v = getattr(self, f)
       check(v is None or v >= 1, f, v, "must be >= 1 or unset")
+
+  def _check_cohorts_and_devices(self):
     check(self.rounds >= 1, "rounds", self.rounds, "must be >= 1")
     self._check_choice("sampling")
     if self.sampling == "poisson":
@@ -273,6 +293,8 @@ class RunConfig:
           "must be an integer >= 1 (or none: every device)")
     check(self.accounting_workers is None or self.accounting_workers >= 0, "accounting_workers",
           self.accounting_workers, "must be an integer >= 0 (or none: automatic)")
+
+  def _check_training(self):
     check(self.local_steps >= 1, "local_steps", self.local_steps, "must be >= 1")
     check(self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1")
     self._check_choice("client_optimizer")
@@ -281,6 +303,8 @@ class RunConfig:
     self._check_choice("server_optimizer")
     check_positive("server_lr", self.server_lr)
     self._check_choice("denominator")
+
+  def _check_privacy(self):
     check_positive("clip", self.clip)
     nm, te = self.noise_multiplier, self.target_epsilon
     check_noise_multiplier(nm)
@@ -289,7 +313,8 @@ class RunConfig:
           f"must be unset (None) when target_epsilon={te} is set: the ledger calibrates the noise")
     check_open_unit("delta", self.delta)
     self._check_choice("accountant")
-    check(self.eval_every >= 1, "eval_every", self.eval_every, "must be >= 1")
+
+  def _check_robustness(self):
     check(isinstance(self.byzantine, int) and 0 <= self.byzantine < self.num_clients, "byzantine",
           self.byzantine, f"must be an int in [0, num_clients={self.num_clients})")
     # "sign-flip" is accepted for "sign_flip"; the configuration holds the canonical name.
