@@ -18,13 +18,13 @@ if TYPE_CHECKING:  # an annotation only: importing the models (and flax) waits f
 
 def load_data(config: RunConfig):
   """The configuration's :class:`FederatedData` (local files first; tfds only with ``download``)."""
-  from fedjax_dp.data import load_federated
-  return load_federated(
-      config.dataset, config.num_clients, partition=config.partition, seed=config.split_seed,
-      data_dir=config.data_dir, alpha=config.dirichlet_alpha,
-      shards_per_client=config.shards_per_client, max_train=config.max_train,
-      max_test=config.max_test, download=config.download,
-      min_labels=config.min_labels_per_client)
+  from fedjax_dp.data import Split, load_federated
+  split = Split(config.num_clients, config.partition, alpha=config.dirichlet_alpha,
+                shards_per_client=config.shards_per_client,
+                min_labels=config.min_labels_per_client)
+  return load_federated(config.dataset, split, seed=config.split_seed, data_dir=config.data_dir,
+                        max_train=config.max_train, max_test=config.max_test,
+                        download=config.download)
 
 
 def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional[str] = None,

@@ -11,7 +11,7 @@ from scipy import stats
 from fedjax_dp.algorithms import build
 from fedjax_dp.round import CohortBatch, client_keys, compiled_step
 from fedjax_dp.config import make_config
-from fedjax_dp.data import load_federated
+from fedjax_dp.data import Split, load_federated
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.experiment import simulate
 from fedjax_dp.sampling import FixedSizeSampler, PoissonSampler
@@ -19,7 +19,7 @@ from fedjax_dp.sampling import FixedSizeSampler, PoissonSampler
 
 @pytest.fixture(scope="module")
 def digits():
-  return load_federated("digits", 60, seed=0)
+  return load_federated("digits", Split(60), seed=0)
 
 
 def _config(**kw):
