@@ -19,7 +19,7 @@ def _lint(config: pathlib.Path) -> subprocess.CompletedProcess:
   """``lint-imports`` on this checkout's package with ``config``, no cache."""
   env = {**os.environ, "PYTHONPATH": os.pathsep.join(
       [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
-  return subprocess.run([sys.executable, "-c", LINT, "--config", str(config), "--no-cache"],
+  return subprocess.run([sys.executable, "-c", LINT, str(config), "--no-cache"],
                         cwd=ROOT, env=env, capture_output=True, text=True)
 
 
