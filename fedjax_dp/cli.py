@@ -21,7 +21,7 @@ import time
 import warnings
 from typing import Optional, Sequence
 
-from fedjax_dp import audit, plots
+from fedjax_dp import audit, components, plots
 from fedjax_dp.errors import ConfigError, check
 
 EXIT_INVALID, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_MEMORY = 2, 3, 130, 4
@@ -171,19 +171,24 @@ def _cmd_algorithms(args) -> int:
     print(dumps(out))
     return 0
   from fedjax_dp.algorithms import CHOOSES_KNOWLEDGE, NO_BYZANTINE, options
-  common = {o.name for o in options.BYZANTINE + options.AGGREGATOR}
+  common = {o.name for o in options.byzantine()}
 
-  def show(opts):
+  def show(opts, indent="  "):
     for o in opts:
-      print(f"  --set {o['name']}=VALUE  (default {o['default']}; {o['allowed']}): {o['help']}")
+      print(f"{indent}--set {o['name']}=VALUE  (default {o['default']}; {o['allowed']}): "
+            f"{o['help']}")
 
   for name, info in out.items():
     print(f"{name}: {info['paper']}\n  privacy unit: {info['privacy_unit']}")
     show([o for o in info["options"] if o["name"] not in common])
   print(f"every algorithm but {', '.join(sorted(NO_BYZANTINE))} also takes --byzantine K "
         f"--attack NAME --aggregator NAME ({', '.join(CHOOSES_KNOWLEDGE)} also "
-        "--attacker-knowledge released|omniscient) and:")
-  show(describe(options.BYZANTINE + options.AGGREGATOR))
+        "--attacker-knowledge released|omniscient), each with its own --set options:")
+  for kind in options.BYZANTINE_KINDS:
+    for c in components.declared(kind):
+      reference = f" ({c.reference})" if c.reference else ""
+      print(f"  --{kind} {c.name}: {c.about}{reference}")
+      show(describe(c.options), indent="    ")
   return 0
 
 

@@ -17,6 +17,7 @@ import pathlib
 import typing
 from typing import Any, Mapping, Optional
 
+from fedjax_dp import components
 from fedjax_dp.data.specs import SPECS, check_partition
 from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit, check_positive
 
@@ -94,6 +95,12 @@ def _values(module: str, name: str, sort: bool = False):
     values = getattr(importlib.import_module(module), name)
     return tuple(sorted(values) if sort else values)
   return read
+
+
+def _declared(kind: str):
+  """Reads the names of the declared components of ``kind`` when asked (built-in and plugins':
+  :func:`fedjax_dp.components.names`)."""
+  return lambda: components.names(kind)
 
 
 def _field(default, help: str, values=None, **kw):
@@ -207,14 +214,14 @@ class RunConfig:
   byzantine: int = _field(0, "number of Byzantine clients, the last ids (an int in [0, "
                           "num_clients))")
   attack: str = _field("none", "what the Byzantine clients send; strengths via --set",
-                       _values("fedjax_dp.attacks", "ATTACKS"))
+                       _declared("attack"))
   attacker_knowledge: str = _field(
       "released", "what an attack that reads the regular clients sees (released: what they "
       "release; omniscient: their raw state, which voids the DP guarantee)",
       _values("fedjax_dp.attacks", "KNOWLEDGE"))
   aggregator: Optional[str] = _field(None, "the server's aggregator (none: the algorithm's own); "
                                      "parameters via --set",
-                                     _values("fedjax_dp.aggregators.robust", "NAMES"))
+                                     _declared("aggregator"))
   # Run.
   seed: int = _field(0, "PRNG seed: same seed, same result (an int in [0, 2**32))")
   data_seed: Optional[int] = _field(None, "seed of the data's split into clients and of its "
@@ -292,7 +299,8 @@ class RunConfig:
     check(self.eval_every >= 1, "eval_every", self.eval_every, "must be >= 1")
     check(isinstance(self.byzantine, int) and 0 <= self.byzantine < self.num_clients, "byzantine",
           self.byzantine, f"must be an int in [0, num_clients={self.num_clients})")
-    # "sign-flip" is accepted for "sign_flip"; the configuration holds the canonical name.
+    # "-" may stand for "_" in an attack's name ("sign-flip"); the configuration holds the
+    # declared name.
     object.__setattr__(self, "attack", self.attack.replace("-", "_"))
     self._check_choice("attack")
     self._check_choice("attacker_knowledge")
