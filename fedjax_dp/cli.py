@@ -83,8 +83,15 @@ def _add_config_flags(p):
   p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                  help="an option of the algorithm (repeatable), e.g. --set lambda=0.4; fedjax-dp "
                  "algorithms lists each algorithm's (default: none, the option's own default)")
+  p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                 help="a Python module (dotted name, importable from the current folder or "
+                 "PYTHONPATH) to import first, whose components (attacks, aggregators, "
+                 "algorithms declared with fedjax_dp.components.declare) the run may then name; "
+                 "repeatable, recorded in the run's configuration as plugins; installed packages "
+                 "declare theirs under the entry-point group fedjax_dp.plugins instead (default: "
+                 "none)")
   for name, typ in field_types().items():
-    if name != "options":
+    if name not in ("options", "plugins"):
       p.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
                      metavar=typ.__name__.upper(), help=field_help(name))
 
@@ -159,9 +166,13 @@ def _add_algorithms(sub):
   p = sub.add_parser("algorithms", help="list every algorithm with its paper, privacy unit and "
                      "--set options (name, default, allowed values, meaning)")
   p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+  p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                 help="also list the components this Python module declares (repeatable; as "
+                 "for run) (default: none)")
 
 
 def _cmd_algorithms(args) -> int:
+  components.load_plugins(args.plugin)
   from fedjax_dp.algorithms import ABOUT, option_table
   from fedjax_dp.algorithms.options import describe
   from fedjax_dp.jsonio import dumps
@@ -238,8 +249,10 @@ def _settings(args) -> tuple:
   overrides = {}
   for name, typ in types.items():
     text = getattr(args, name, None)
-    if name != "options" and text is not None:
+    if name not in ("options", "plugins") and text is not None:
       overrides[name] = parse_value(name, text, typ)
+  if args.plugin:  # added to a --config file's
+    overrides["plugins"] = tuple(dict.fromkeys([*base.get("plugins", ()), *args.plugin]))
   options = dict(base.pop("options", {}) or {})
   options.update(_parse_options(args.set))
   return base, overrides, options

@@ -230,8 +230,17 @@ class RunConfig:
   eval_every: int = _field(5, "evaluate on the test set every this many rounds and after the last")
   options: Mapping[str, Any] = _field(dataclasses.MISSING, "the algorithm's own settings, "
                                       "name -> value (CLI: --set NAME=VALUE)", default_factory=dict)
+  plugins: tuple = _field((), "Python modules imported before the other settings are checked, "
+                          "whose imports declare the run's own components (attacks, "
+                          "aggregators, algorithms; CLI: --plugin MODULE, repeatable)")
 
   def __post_init__(self):
+    # The plugins first: the components they declare are among the values checked below.
+    check(isinstance(self.plugins, (list, tuple))
+          and all(isinstance(m, str) and m for m in self.plugins), "plugins", self.plugins,
+          "must be a list of Python module names (dotted, e.g. [\"my_components\"])")
+    object.__setattr__(self, "plugins", tuple(self.plugins))
+    components.load_plugins(self.plugins)
     # Every field has its type and every numeric field is finite, checked before anything else.
     from fedjax_dp.models import Model, check_conv_dtype
     hints = type_hints()
@@ -331,6 +340,7 @@ class RunConfig:
     """The fields as plain values (a :class:`fedjax_dp.models.Model` by its name)."""
     d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
     d["options"] = dict(self.options)
+    d["plugins"] = list(self.plugins)
     d["model"] = None if self.model is None else self.model_name
     return d
 
