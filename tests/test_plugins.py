@@ -97,3 +97,20 @@ def test_an_installed_package_declares_its_components_through_the_entry_point_gr
   monkeypatch.setattr(components, "_LOADED", set())  # the next look-up reads the entry points
   assert "constant_rows" in components.names("attack")
   assert "shrunk_mean" in components.names("aggregator")
+
+
+def test_an_option_two_aggregators_declare_is_read_as_the_running_one_declares_it(plugin_path):
+  from fedjax_dp.algorithms import read_options
+  from fedjax_dp.components import Option, declare
+  from fedjax_dp.config import RunConfig
+  from fedjax_dp.errors import ConfigError
+  for name, high in (("narrow", 1.0), ("wide", 10.0)):
+    declare("aggregator", name, options=(Option("spread", 0.5, "a bound", low=0, high=high),))(
+        lambda spread: None)
+  opts = read_options(RunConfig(algorithm="fedavg", aggregator="wide", options={"spread": 5.0}),
+                      (), byzantine=True)
+  assert opts["spread"] == 5.0
+  with pytest.raises(ConfigError, match=r"invalid option spread=5.0: must be a finite number in "
+                     r"\[0, 1\]"):
+    read_options(RunConfig(algorithm="fedavg", aggregator="narrow", options={"spread": 5.0}),
+                 (), byzantine=True)

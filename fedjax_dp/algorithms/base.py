@@ -91,20 +91,20 @@ def read_options(config, table, byzantine: bool = False) -> dict:
   out-of-range value fails before compilation instead of being ignored.
   """
   from fedjax_dp.algorithms import options
-  table = tuple(table) + (options.byzantine() if byzantine else ())
-  opts = options.read(config, table)
-  if byzantine:
-    from fedjax_dp.algorithms.robust_sgd import AGGREGATORS
-    in_use = {"attack": config.attack,
-              "aggregator": config.aggregator or AGGREGATORS.get(config.algorithm,
-                                                                 "the algorithm's own")}
-    options.refuse_inapplicable(config.options or {}, in_use)
-    names = components.names("aggregator")
-    check_cohort = (components.get("aggregator", in_use["aggregator"]).traits.get("check_cohort")
-                    if in_use["aggregator"] in names else None)
-    if check_cohort is not None:
-      fixed = config.sampling == "fixed"
-      check_cohort(opts, cohort=(config.cohort_size if fixed
-                                 else round(config.sampling_prob * config.num_clients)),
-                   byzantine=config.byzantine, fixed=fixed)
+  if not byzantine:
+    return options.read(config, table)
+  from fedjax_dp.algorithms.robust_sgd import AGGREGATORS
+  in_use = {"attack": config.attack,
+            "aggregator": config.aggregator or AGGREGATORS.get(config.algorithm,
+                                                               "the algorithm's own")}
+  opts = options.read(config, tuple(table) + options.byzantine(in_use))
+  options.refuse_inapplicable(config.options or {}, in_use)
+  declared = in_use["aggregator"] in components.names("aggregator")
+  check_cohort = (components.get("aggregator", in_use["aggregator"]).traits.get("check_cohort")
+                  if declared else None)
+  if check_cohort is not None:
+    fixed = config.sampling == "fixed"
+    check_cohort(opts, cohort=(config.cohort_size if fixed
+                               else round(config.sampling_prob * config.num_clients)),
+                 byzantine=config.byzantine, fixed=fixed)
   return opts

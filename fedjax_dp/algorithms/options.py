@@ -10,7 +10,7 @@ the options to users (:func:`describe`).
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Sequence
 
 from fedjax_dp import components
 from fedjax_dp.components import Option
@@ -36,14 +36,22 @@ def describe(table: Sequence[Option]) -> list:
 BYZANTINE_KINDS = ("attack", "aggregator")
 
 
-def byzantine() -> tuple:
-  """The options of every declared attack and aggregator (:mod:`fedjax_dp.components`), in
-  declaration order, each name once: the ``--set`` options of every algorithm that takes
-  Byzantine clients. Numeric ones go into the round's hyper-parameters, static ones (loop counts,
-  choices) into its structure and compile-cache key."""
+def byzantine(in_use: Optional[Mapping] = None) -> tuple:
+  """The options of every declared attack and aggregator (:mod:`fedjax_dp.components`), each
+  name once: the ``--set`` options of every algorithm that takes Byzantine clients. Numeric ones
+  go into the round's hyper-parameters, static ones (loop counts, choices) into its structure and
+  compile-cache key.
+
+  Args:
+    in_use: ``{"attack": name, "aggregator": name}`` of a run: their options come first, so that
+      a name that two components of one kind declare is read as the running one declares it. By
+      default (and for a name that is not declared) the order is the declarations'.
+  """
   out = {}
   for kind in BYZANTINE_KINDS:
-    for component in components.declared(kind):
+    running = (in_use or {}).get(kind)
+    first = [components.get(kind, running)] if running in components.names(kind) else []
+    for component in first + list(components.declared(kind)):
       for o in component.options:
         out.setdefault(o.name, o)
   return tuple(out.values())
