@@ -26,6 +26,9 @@ contract of the kind (what :func:`get` calls):
   scalar (an unset one, None in its declaration, is NaN there); a static option's is a Python
   value. ``fn(updates, byzantine_mask, key, mask, ids) -> updates`` is the pure attack
   (``mask`` may be None; ``ids`` is given), which :func:`get` wraps in an :class:`Attack`.
+  Inside a :class:`fedjax_dp.round.Round`, the one static attack option the round carries,
+  ``nonfinite_value`` (``Round.nonfinite_value``), reaches the build; another static option of
+  an attack stays at its default there.
 
 The trait every attack declares: ``reads_honest`` (bool), whether its rows are computed from the
 regular rows (see below).
