@@ -22,7 +22,7 @@ import time
 import warnings
 from typing import Optional, Sequence
 
-from fedjax_dp import audit, interrupts, plots
+from fedjax_dp import audit, components, interrupts, plots
 from fedjax_dp.algorithms import (ABOUT, CHOOSES_KNOWLEDGE, NO_BYZANTINE, option_table, options,
                                   refuse_unused)
 from fedjax_dp.algorithms.options import describe
@@ -105,8 +105,15 @@ def _add_config_flags(p):
   p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                  help="an option of the algorithm (repeatable), e.g. --set lambda=0.4; fedjax-dp "
                  "algorithms lists each algorithm's (default: none, the option's own default)")
+  p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                 help="a Python module (dotted name, importable from the current folder or "
+                 "PYTHONPATH) to import first, whose components (attacks, aggregators, "
+                 "algorithms declared with fedjax_dp.components.declare) the run may then name; "
+                 "repeatable, recorded in the run's configuration as plugins; installed packages "
+                 "declare theirs under the entry-point group fedjax_dp.plugins instead (default: "
+                 "none)")
   for name, typ in field_types().items():
-    if name != "options":
+    if name not in ("options", "plugins"):
       p.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
                      metavar=typ.__name__.upper(), help=field_help(name))
 
@@ -179,27 +186,36 @@ def _add_algorithms(sub):
   p = sub.add_parser("algorithms", help="list every algorithm with its paper, privacy unit and "
                      "--set options (name, default, allowed values, meaning)")
   p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+  p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                 help="also list the components this Python module declares (repeatable; as "
+                 "for run) (default: none)")
 
 
 def _cmd_algorithms(args) -> int:
+  components.load_plugins(args.plugin)
   out = {name: {"paper": paper, "privacy_unit": unit, "options": describe(option_table(name))}
          for name, (paper, unit, _) in ABOUT.items()}
   if args.json:
     print(dumps(out))
     return 0
-  common = {o.name for o in options.BYZANTINE + options.AGGREGATOR}
+  common = {o.name for o in options.byzantine()}
 
-  def show(opts):
+  def show(opts, indent="  "):
     for o in opts:
-      print(f"  --set {o['name']}=VALUE  (default {o['default']}; {o['allowed']}): {o['help']}")
+      print(f"{indent}--set {o['name']}=VALUE  (default {o['default']}; {o['allowed']}): "
+            f"{o['help']}")
 
   for name, info in out.items():
     print(f"{name}: {info['paper']}\n  privacy unit: {info['privacy_unit']}")
     show([o for o in info["options"] if o["name"] not in common])
   print(f"every algorithm but {', '.join(sorted(NO_BYZANTINE))} also takes --byzantine K "
         f"--attack NAME --aggregator NAME ({', '.join(CHOOSES_KNOWLEDGE)} also "
-        "--attacker-knowledge released|omniscient) and:")
-  show(describe(options.BYZANTINE + options.AGGREGATOR))
+        "--attacker-knowledge released|omniscient), each with its own --set options:")
+  for kind in options.BYZANTINE_KINDS:
+    for c in components.declared(kind):
+      reference = f" ({c.reference})" if c.reference else ""
+      print(f"  --{kind} {c.name}: {c.about}{reference}")
+      show(describe(c.options), indent="    ")
   return 0
 
 
@@ -246,8 +262,10 @@ def _settings(args) -> tuple:
   overrides = {}
   for name, typ in types.items():
     text = getattr(args, name, None)
-    if name != "options" and text is not None:
+    if name not in ("options", "plugins") and text is not None:
       overrides[name] = parse_value(name, text, typ)
+  if args.plugin:  # added to a --config file's
+    overrides["plugins"] = tuple(dict.fromkeys([*base.get("plugins", ()), *args.plugin]))
   options = dict(base.pop("options", {}) or {})
   options.update(_parse_options(args.set))
   return base, overrides, options

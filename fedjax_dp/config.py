@@ -17,6 +17,7 @@ import pathlib
 import typing
 from typing import Any, Mapping, Optional
 
+from fedjax_dp import components
 from fedjax_dp.data.specs import SPECS, check_partition
 from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit, check_positive
 from fedjax_dp.models import Model, check_conv_dtype
@@ -95,6 +96,12 @@ def _values(module: str, name: str, sort: bool = False):
     values = getattr(importlib.import_module(module), name)
     return tuple(sorted(values) if sort else values)
   return read
+
+
+def _declared(kind: str):
+  """Reads the names of the declared components of ``kind`` when asked (built-in and plugins':
+  :func:`fedjax_dp.components.names`)."""
+  return lambda: components.names(kind)
 
 
 def _field(default, help: str, values=None, **kw):
@@ -208,14 +215,14 @@ class RunConfig:
   byzantine: int = _field(0, "number of Byzantine clients, the last ids (an int in [0, "
                           "num_clients))")
   attack: str = _field("none", "what the Byzantine clients send; strengths via --set",
-                       _values("fedjax_dp.attacks", "ATTACKS"))
+                       _declared("attack"))
   attacker_knowledge: str = _field(
       "released", "what an attack that reads the regular clients sees (released: what they "
       "release; omniscient: their raw state, which voids the DP guarantee)",
       _values("fedjax_dp.attacks", "KNOWLEDGE"))
   aggregator: Optional[str] = _field(None, "the server's aggregator (none: the algorithm's own); "
                                      "parameters via --set",
-                                     _values("fedjax_dp.aggregators.robust", "NAMES"))
+                                     _declared("aggregator"))
   # Run.
   seed: int = _field(0, "PRNG seed: same seed, same result (an int in [0, 2**32))")
   data_seed: Optional[int] = _field(None, "seed of the data's split into clients and of its "
@@ -224,14 +231,23 @@ class RunConfig:
   eval_every: int = _field(5, "evaluate on the test set every this many rounds and after the last")
   options: Mapping[str, Any] = _field(dataclasses.MISSING, "the algorithm's own settings, "
                                       "name -> value (CLI: --set NAME=VALUE)", default_factory=dict)
+  plugins: tuple = _field((), "Python modules imported before the other settings are checked, "
+                          "whose imports declare the run's own components (attacks, "
+                          "aggregators, algorithms; CLI: --plugin MODULE, repeatable)")
 
   def __post_init__(self):
-    """Checks every field, in this order: types and finiteness, then the data and model, the
-    cohorts and devices, training, privacy, evaluation and robustness.
+    """Loads the plugins, then checks every field, in this order: types and finiteness, then the
+    data and model, the cohorts and devices, training, privacy, evaluation and robustness.
 
     Raises:
       ConfigError: the first field whose value is not allowed, by name.
     """
+    # The plugins first: the components they declare are among the values checked below.
+    check(isinstance(self.plugins, (list, tuple))
+          and all(isinstance(m, str) and m for m in self.plugins), "plugins", self.plugins,
+          "must be a list of Python module names (dotted, e.g. [\"my_components\"])")
+    object.__setattr__(self, "plugins", tuple(self.plugins))
+    components.load_plugins(self.plugins)
     self._check_types()
     self._check_data_and_model()
     self._check_cohorts_and_devices()
@@ -317,7 +333,8 @@ class RunConfig:
   def _check_robustness(self):
     check(isinstance(self.byzantine, int) and 0 <= self.byzantine < self.num_clients, "byzantine",
           self.byzantine, f"must be an int in [0, num_clients={self.num_clients})")
-    # "sign-flip" is accepted for "sign_flip"; the configuration holds the canonical name.
+    # "-" may stand for "_" in an attack's name ("sign-flip"); the configuration holds the
+    # declared name.
     object.__setattr__(self, "attack", self.attack.replace("-", "_"))
     self._check_choice("attack")
     self._check_choice("attacker_knowledge")
@@ -348,6 +365,7 @@ class RunConfig:
     """The fields as plain values (a :class:`fedjax_dp.models.Model` by its name)."""
     d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
     d["options"] = dict(self.options)
+    d["plugins"] = list(self.plugins)
     d["model"] = None if self.model is None else self.model_name
     return d
 

@@ -175,8 +175,8 @@ def attack_uploads(rnd: "Round", state: RoundState, out: ClientOut, uploads, byz
                    key):
   """The default attack step: the attack replaces the Byzantine rows of the uploads."""
   del state, out
-  return attacks_lib.from_hparams(rnd.attack, hp, rnd.nonfinite_value)(uploads, byz, key,
-                                                                       mask=mask, ids=ids)
+  attack = attacks_lib.get(rnd.attack, hp, {"nonfinite_value": rnd.nonfinite_value})
+  return attack(uploads, byz, key, mask=mask, ids=ids)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -188,7 +188,7 @@ class Round:
     num_clients: the population size (rows of per-client state, Byzantine ids).
     client: ``hp -> (params, x, y, count, row, client_hp, key) -> ClientOut``.
     aggregator: ``hp -> Aggregator``.
-    attack: the attack's name (:data:`fedjax_dp.attacks.ATTACKS`); its
+    attack: a declared attack's name (:mod:`fedjax_dp.attacks`); its
       strengths and the number of Byzantine clients are in ``hp``.
     nonfinite_value: what the ``nonfinite`` attack sends ("nan", "inf", "mixed").
     weighting: "uniform" or "examples".

@@ -234,7 +234,7 @@ def check_config(config, unset_ok: bool = False) -> None:
 def check_axes(grid: Mapping[str, Sequence]) -> None:
   """Refuses the names that cannot be grid axes (before any setting is read)."""
   check("seed" not in grid, "grid", "seed", "seeds are not a grid axis: use seeds (--seeds N)")
-  for name in ("options", "output_dir"):
+  for name in ("options", "output_dir", "plugins"):
     check(name not in grid, "grid", name, "cannot be a grid axis")
 
 

@@ -101,7 +101,7 @@ def option_table(name: str) -> tuple:
       attr, key = attr[:-1].split("[")
     own = getattr(importlib.import_module(f"fedjax_dp.algorithms.{module}"), attr)
     own = own[key] if key else own
-  return tuple(own) + (() if name in NO_BYZANTINE else options.BYZANTINE + options.AGGREGATOR)
+  return tuple(own) + (() if name in NO_BYZANTINE else options.byzantine())
 
 
 def get_builder(name: str) -> Callable:

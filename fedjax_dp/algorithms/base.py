@@ -7,6 +7,8 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 
+from fedjax_dp import components
+
 
 class Setup(NamedTuple):
   program: Any
@@ -16,14 +18,15 @@ class Setup(NamedTuple):
 
 
 def common_hparams(config, opts: dict, **extra) -> dict:
-  """The hparams every round reads (server rate, Byzantine clients, attack and aggregator
-  strengths, ``l2``) plus ``extra``, as arrays (:func:`as_hparams`)."""
+  """The hparams every round reads (server rate, Byzantine clients, the numeric options of every
+  declared attack and aggregator, ``l2``) plus ``extra``, as arrays (:func:`as_hparams`); an
+  unset numeric option (None in its declaration) enters as NaN."""
   from fedjax_dp.algorithms import options
   hp = {"server_lr": config.server_lr, "l2": 0.0, "byzantine": config.byzantine}
-  for o in options.BYZANTINE + options.AGGREGATOR:
-    if o.kind != "choice" and o.name not in options.STATIC_AGGREGATOR:
-      hp[o.name] = opts.get(o.name, o.default)
-  hp["alie_z"] = float("nan") if hp["alie_z"] is None else hp["alie_z"]
+  for o in options.byzantine():
+    if not o.static:
+      value = opts.get(o.name, o.default)
+      hp[o.name] = float("nan") if value is None else value
   hp.update(extra)
   return as_hparams(hp)
 
@@ -55,6 +58,13 @@ def as_hparams(values: dict) -> dict:
   return out
 
 
+def byzantine_key(config, opts: dict, aggregator: str) -> tuple:
+  """What the run's attack and ``aggregator`` give a compiled round's cache key: their names and
+  static options' values in ``opts`` (:meth:`fedjax_dp.components.Component.static_key`)."""
+  return (components.get("attack", config.attack).static_key(opts),
+          components.get("aggregator", aggregator).static_key(opts))
+
+
 _ROUNDS: dict = {}
 
 
@@ -73,34 +83,28 @@ def cached_round(key: tuple, make: Callable):
 def read_options(config, table, byzantine: bool = False) -> dict:
   """The algorithm's settings (``--set``) read against its :class:`options.Option` table.
 
-  ``byzantine``: the algorithm takes Byzantine clients, so it also reads the
-  attack's and the robust aggregators' options (:data:`options.BYZANTINE`,
-  :data:`options.AGGREGATOR`). Every builder reads its settings through this,
-  once, before building: a misspelt name, a wrong type, a non-finite or
+  ``byzantine``: the algorithm takes Byzantine clients, so it also reads the options of every
+  declared attack and aggregator (:func:`options.byzantine`), refuses those of an attack or
+  aggregator that does not run, and lets the run's aggregator check its cohorts (its
+  ``check_cohort`` trait, :mod:`fedjax_dp.aggregators.robust`). Every builder reads its settings
+  through this, once, before building: a misspelt name, a wrong type, a non-finite or
   out-of-range value fails before compilation instead of being ignored.
   """
   from fedjax_dp.algorithms import options
-  from fedjax_dp.errors import check
-  table = tuple(table) + ((options.BYZANTINE + options.AGGREGATOR) if byzantine else ())
-  opts = options.read(config, table)
-  if byzantine:
-    if "krum_m" in (config.options or {}) and config.sampling == "fixed":
-      # More rows than a cohort would make multi-Krum a plain mean.
-      check(opts["krum_m"] <= config.cohort_size, "option krum_m", opts["krum_m"],
-            f"must be <= cohort_size={config.cohort_size} (multi-Krum averages the krum_m "
-            "best-scored rows of a cohort)")
-    from fedjax_dp.algorithms.robust_sgd import AGGREGATORS
-    in_use = {"attack": config.attack,
-              "aggregator": config.aggregator or AGGREGATORS.get(config.algorithm,
-                                                                 "the algorithm's own")}
-    options.refuse_inapplicable(config.options or {}, in_use)
-    if in_use["aggregator"] == "krum" and config.byzantine:
-      # Krum's f is the population's Byzantine count (any of them may be sampled); with a cohort
-      # of n <= 2f + 2 rows it scores each row by one neighbour, and identical attackers win.
-      n = (config.cohort_size if config.sampling == "fixed"
-           else round(config.sampling_prob * config.num_clients))
-      check(n > 2 * config.byzantine + 2, "byzantine", config.byzantine,
-            f"is too many for Krum with cohorts of {n} clients: it needs more than 2f + 2 = "
-            f"{2 * config.byzantine + 2} rows (f: the Byzantine clients, any of whom may be in a "
-            "cohort); lower byzantine or raise the cohort")
+  if not byzantine:
+    return options.read(config, table)
+  from fedjax_dp.algorithms.robust_sgd import AGGREGATORS
+  in_use = {"attack": config.attack,
+            "aggregator": config.aggregator or AGGREGATORS.get(config.algorithm,
+                                                               "the algorithm's own")}
+  opts = options.read(config, tuple(table) + options.byzantine(in_use))
+  options.refuse_inapplicable(config.options or {}, in_use)
+  declared = in_use["aggregator"] in components.names("aggregator")
+  check_cohort = (components.get("aggregator", in_use["aggregator"]).traits.get("check_cohort")
+                  if declared else None)
+  if check_cohort is not None:
+    fixed = config.sampling == "fixed"
+    check_cohort(opts, cohort=(config.cohort_size if fixed
+                               else round(config.sampling_prob * config.num_clients)),
+                 byzantine=config.byzantine, fixed=fixed)
   return opts

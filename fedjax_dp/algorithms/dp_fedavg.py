@@ -26,8 +26,8 @@ same guarantee.
 
 from __future__ import annotations
 
-from fedjax_dp.algorithms.base import Setup, cached_round, common_hparams, read_options
-from fedjax_dp.algorithms.options import STATIC_AGGREGATOR
+from fedjax_dp.algorithms.base import (Setup, byzantine_key, cached_round, common_hparams,
+                                       read_options)
 from fedjax_dp.algorithms.fedavg import Pieces, fedavg_round
 from fedjax_dp.errors import ConfigError, check
 from fedjax_dp.privacy import CohortSampling, calibrate_noise_multiplier
@@ -103,17 +103,16 @@ def build_fedavg_family(config, data, *, private: bool, regularizer: str = "none
     pieces = Pieces(transforms=tuple(pre_clip), aggregator=aggregator, noise=False,
                     weighting=config.weighting, denominator="realized", regularizer=regularizer)
   model = make_model(config, data)
-  static = {k: opts[k] for k in STATIC_AGGREGATOR}
   lus_batches = opts.get("lus_batches", 1)
   key = ("fedavg", model, data.num_clients, pieces, config.local_steps, config.batch_size,
-         config.client_optimizer, config.server_optimizer, config.attack,
-         opts["nonfinite_value"], lus_batches, tuple(sorted(static.items())))
+         config.client_optimizer, config.server_optimizer, lus_batches,
+         byzantine_key(config, opts, aggregator))
   rnd = cached_round(key, lambda: fedavg_round(
       model, data.num_clients, pieces, local_steps=config.local_steps,
       batch_size=config.batch_size, client_optimizer=config.client_optimizer,
       server_optimizer=config.server_optimizer, attack=config.attack,
       nonfinite_value=opts["nonfinite_value"],
-      lus_batches=lus_batches, static=static))
+      lus_batches=lus_batches, static=opts))
   hparams = common_hparams(
       config, opts, client_lr=config.client_lr, clip=config.clip, noise_multiplier=z,
       expected_size=sampler.expected_size, **{"lambda": opts.get("lambda", 0.0),

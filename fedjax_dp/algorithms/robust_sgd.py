@@ -37,8 +37,9 @@ from typing import Callable
 import jax
 
 from fedjax_dp import objectives
-from fedjax_dp.algorithms.base import Setup, cached_round, common_hparams, read_options
-from fedjax_dp.algorithms.options import L2, STATIC_AGGREGATOR
+from fedjax_dp.algorithms.base import (Setup, byzantine_key, cached_round, common_hparams,
+                                       read_options)
+from fedjax_dp.algorithms.options import L2
 from fedjax_dp.algorithms.fedavg import Pieces, make_aggregator
 from fedjax_dp.client import sample_batch
 from fedjax_dp.errors import check, check_choice
@@ -95,12 +96,11 @@ def build_robust_sgd(config, data, method: str) -> Setup:
   opts = read_options(config, L2, byzantine=True)
   model = make_model(config, data)
   pieces = Pieces(aggregator=AGGREGATORS[method], weighting="uniform")
-  static = {k: opts[k] for k in STATIC_AGGREGATOR}
-  key = ("robust_sgd", model, data.num_clients, pieces, config.batch_size, config.attack,
-         opts["nonfinite_value"], tuple(sorted(static.items())))
+  key = ("robust_sgd", model, data.num_clients, pieces, config.batch_size,
+         byzantine_key(config, opts, pieces.aggregator))
   rnd = cached_round(key, lambda: Round(
       model=model, num_clients=data.num_clients, client=gradient_client(model, config.batch_size),
-      aggregator=make_aggregator(pieces, static), attack=config.attack,
+      aggregator=make_aggregator(pieces, opts), attack=config.attack,
       nonfinite_value=opts["nonfinite_value"], descent=True, server_optimizer="sgd"))
   sampler = make_sampler(config.sampling, data.num_clients, config.seed, config.sampling_prob,
                          config.cohort_size, config.capacity)

@@ -135,7 +135,7 @@ def rsa_attack_step(knowledge: str, rnd, state, out, uploads, byz, mask, ids, hp
   """Zhu and Ling's attacks: model-level (``sign(x_0 - z_j)`` with ``z_j`` from the attack on
   the workers' models) unless the attack reads the regular workers and may only read what
   they release, their messages."""
-  attack = attacks.from_hparams(rnd.attack, hp, rnd.nonfinite_value)
+  attack = attacks.get(rnd.attack, hp, {"nonfinite_value": rnd.nonfinite_value})
   if attack.reads_honest and knowledge == "released":
     return attack(uploads, byz, key, mask=mask, ids=ids)
   z = attack(out.raw, byz, key, mask=mask, ids=ids)

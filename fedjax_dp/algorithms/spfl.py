@@ -73,10 +73,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp import objectives
-from fedjax_dp.algorithms.base import Setup, cached_round, common_hparams, read_options
+from fedjax_dp.algorithms.base import (Setup, byzantine_key, cached_round, common_hparams,
+                                       read_options)
 from fedjax_dp.algorithms.dp_fedavg import make_model
 from fedjax_dp.algorithms.fedavg import Pieces, make_aggregator
-from fedjax_dp.algorithms.options import STATIC_AGGREGATOR, Option
+from fedjax_dp.algorithms.options import Option
 from fedjax_dp.algorithms.dpsgd_family import DPSGDPieces, dpsgd_round, example_record
 from fedjax_dp.client import dp_sgd, mean_initial_norm
 from fedjax_dp.errors import ConfigError, check
@@ -236,9 +237,8 @@ def build_dpsgd_family(config, data, *, name: str, statistic: str, private: bool
   # Any aggregator, and attacks on the uploads: each upload is already private (example-level,
   # local to its client), so what the server or an attacker computes from them is post-processing.
   aggregation = Pieces(aggregator=config.aggregator or "mean", weighting=config.weighting)
-  static = {k: opts[k] for k in STATIC_AGGREGATOR}
-  key = ("dpsgd", model, data.num_clients, max_examples, pieces, aggregation, config.attack,
-         opts["nonfinite_value"], tuple(sorted(static.items())), config.local_steps,
+  key = ("dpsgd", model, data.num_clients, max_examples, pieces, aggregation,
+         byzantine_key(config, opts, aggregation.aggregator), config.local_steps,
          config.batch_size, config.client_optimizer, config.server_optimizer)
 
   def make():
@@ -249,7 +249,7 @@ def build_dpsgd_family(config, data, *, name: str, statistic: str, private: bool
                        client_optimizer=config.client_optimizer,
                        server_optimizer=config.server_optimizer, client_args=client_args,
                        threshold_rule=threshold_rule, init_thresholds=init_thresholds,
-                       aggregator=make_aggregator(aggregation, static), attack=config.attack,
+                       aggregator=make_aggregator(aggregation, opts), attack=config.attack,
                        nonfinite_value=opts["nonfinite_value"])
 
   rnd = cached_round(key, make)
