@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dp.errors import check, check_choice
+from fedjax_dp.errors import check, check_choice, traced
 from fedjax_dp.sampling import SAMPLINGS
 from fedjax_dp.transforms import DPArgs, dp_gradient, global_norm, per_example_grads, plain_gradient
 from fedjax_dp.transforms.per_example import STATISTICS
@@ -221,9 +221,16 @@ def mean_initial_norm(objective: Callable, params, x, y, counts, per_client: int
 
 
 def make_optimizer(name: str, learning_rate: float, **kwargs) -> optax.GradientTransformation:
-  """Named optax optimizer: "sgd", "momentum" (0.9), "adam" (FedAdam on the server), "adagrad", "yogi"."""
+  """Named optax optimizer: "sgd", "momentum" (0.9), "adam" (FedAdam on the server), "adagrad",
+  "yogi".
+
+  Raises:
+    ConfigError: an unknown ``name``, or a concrete ``learning_rate`` that is not > 0 (a traced
+      one, the compiled round's hyper-parameter, is checked where the settings are read).
+  """
   check_choice("optimizer", name, OPTIMIZERS)
-  check(learning_rate > 0, "learning_rate", learning_rate, "must be > 0")
+  if not traced(learning_rate):
+    check(learning_rate > 0, "learning_rate", learning_rate, "must be > 0")
   if name == "sgd":
     return optax.sgd(learning_rate)
   if name == "momentum":

@@ -26,22 +26,49 @@ class NoiseWarning(UserWarning):
   command line prints it in one line, before the first round)."""
 
 
+class TracedCheckError(TypeError):
+  """A programming error: :func:`check` was given a traced condition.
+
+  A value inside a compiled function (a hyper-parameter of the compiled round) has no value
+  while the function is traced, so no check can read it there. Settings are checked where they
+  are read (:class:`fedjax_dp.config.RunConfig`, the algorithms' option tables), before anything
+  compiles; a function that builds a piece from a value that may be traced checks it only when
+  it is concrete (``if not traced(value): check(...)``).
+  """
+
+  def __init__(self, field: str):
+    self.field = field
+    super().__init__(f"check of {field!r} on a traced value: a value inside a compiled function "
+                     "cannot be checked there; check it where the settings are read")
+
+
+def traced(value: Any) -> bool:
+  """Whether ``value`` is a JAX tracer: a value inside a function being compiled (such as a
+  hyper-parameter of the compiled round), which has no concrete value to check.
+
+  Python numbers, NumPy arrays and concrete JAX arrays are not traced; a traced value exists
+  only once JAX is loaded (this module does not import it).
+  """
+  jax = sys.modules.get("jax")
+  return jax is not None and isinstance(value, jax.core.Tracer)
+
+
 def check(cond: bool, field: str, value: Any, allowed: str) -> None:
   """Raises :class:`ConfigError` unless ``cond`` holds.
 
-  A condition on a traced value (a hyper-parameter inside a compiled round,
-  where pieces are built from ``hparams``) cannot be decided there and is
-  skipped: hyper-parameters are validated on the host before building (the
-  configuration and the algorithms' options).
+  Args:
+    cond: a concrete condition (a Python bool, or a NumPy / concrete JAX boolean).
+    field: the setting's name, for the message.
+    value: the value given.
+    allowed: what is allowed, for the message.
+
+  Raises:
+    ConfigError: ``cond`` is false.
+    TracedCheckError: ``cond`` is traced (a programming error: see its docstring).
   """
-  try:
-    ok = bool(cond)
-  except Exception as e:  # pylint: disable=broad-except
-    jax = sys.modules.get("jax")  # a traced condition exists only once jax is loaded
-    if jax is not None and isinstance(e, jax.errors.ConcretizationTypeError):
-      return
-    raise
-  if not ok:
+  if traced(cond):
+    raise TracedCheckError(field)
+  if not cond:
     raise ConfigError(field, value, allowed)
 
 

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dp.errors import check, check_choice
+from fedjax_dp.errors import check, check_choice, traced
 from fedjax_dp.transforms.core import gaussian_like, salted, SALT_GAUSSIAN
 
 DENOMINATORS = ("realized", "expected")
@@ -53,12 +53,18 @@ def mean(denominator: str = "realized", expected_size: Optional[float] = None,
     expected_size: required for "expected".
     noise_stddev: standard deviation of the noise on the sum (``z * S`` for
       DP-FedAvg; may be a traced hyper-parameter), or None for no noise.
+
+  Raises:
+    ConfigError: an unknown ``denominator``, a missing ``expected_size`` with "expected", or a
+      concrete ``expected_size`` <= 0 or ``noise_stddev`` < 0 (traced ones, the compiled round's
+      hyper-parameters, are checked where the settings they come from are read).
   """
   check_choice("denominator", denominator, DENOMINATORS)
-  if denominator == "expected":
+  if denominator == "expected" and not traced(expected_size):
     check(expected_size is not None and expected_size > 0, "expected_size", expected_size,
           "must be > 0 when denominator='expected'")
-  check(noise_stddev is None or noise_stddev >= 0, "noise_stddev", noise_stddev, "must be >= 0")
+  if not traced(noise_stddev):
+    check(noise_stddev is None or noise_stddev >= 0, "noise_stddev", noise_stddev, "must be >= 0")
 
   def finish(total, weight, state, key):
     if noise_stddev is not None:
