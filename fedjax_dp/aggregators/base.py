@@ -30,6 +30,12 @@ class Aggregator(NamedTuple):
   prepare: Optional[Callable] = None
   finish: Optional[Callable] = None
 
+  @property
+  def linear(self) -> bool:
+    """Whether the aggregate depends on the rows only through their weighted sum: it gives
+    ``prepare`` and ``finish`` (the round may then sum the rows block by block)."""
+    return self.prepare is not None and self.finish is not None
+
 
 def weighted_sum(updates, weights: jax.Array, mask: jax.Array):
   """sum_i mask_i * weights_i * updates_i over the leading client axis."""
