@@ -47,7 +47,7 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.special import ndtri
 
-from fedjax_dp.errors import check, check_choice, traced
+from fedjax_dp.errors import check_choice, check_unless_traced
 
 ATTACKS = ("none", "gaussian", "sign_flip", "sample_duplication", "alie", "ipm", "nonfinite")
 KNOWLEDGE = ("released", "omniscient")
@@ -113,9 +113,7 @@ def gaussian(sigma: float = 1e4, shared=0) -> Attack:
   attacker, or with ``shared`` (1; a hyper-parameter, so it may be traced) one draw that every
   attacker sends, as the DP-RSA authors' released code does (aligned rows: a stronger attack on
   a sum of signs, where independent rows partly cancel)."""
-  # A traced value (the compiled round's hyper-parameter) is checked where the options are read.
-  if not traced(sigma):
-    check(sigma > 0, "attack_sigma", sigma, "must be > 0")
+  check_unless_traced(lambda s: s > 0, "attack_sigma", sigma, "must be > 0")
 
   def attack(updates, byz, key, mask, ids):
     del mask
@@ -185,9 +183,7 @@ def alie(z: Optional[float] = None) -> Attack:
 
 def ipm(epsilon: float = 0.1) -> Attack:
   """Inner-product manipulation (Xie, Koyejo and Gupta, UAI 2020): ``-epsilon * mean`` of regular rows."""
-  # A traced value (the compiled round's hyper-parameter) is checked where the options are read.
-  if not traced(epsilon):
-    check(epsilon > 0, "ipm_epsilon", epsilon, "must be > 0")
+  check_unless_traced(lambda e: e > 0, "ipm_epsilon", epsilon, "must be > 0")
 
   def attack(updates, byz, key, mask, ids):
     del key, ids

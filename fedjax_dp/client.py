@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dp.errors import check, check_choice, traced
+from fedjax_dp.errors import check, check_choice, check_unless_traced
 from fedjax_dp.sampling import SAMPLINGS
 from fedjax_dp.transforms import (DPArgs, GradientRule, dp_gradient, global_norm, per_example_grads,
                                   plain_gradient)
@@ -272,8 +272,7 @@ def make_optimizer(name: str, learning_rate: float, **kwargs) -> optax.GradientT
       one, the compiled round's hyper-parameter, is checked where the settings are read).
   """
   check_choice("optimizer", name, OPTIMIZERS)
-  if not traced(learning_rate):
-    check(learning_rate > 0, "learning_rate", learning_rate, "must be > 0")
+  check_unless_traced(lambda r: r > 0, "learning_rate", learning_rate, "must be > 0")
   if name == "sgd":
     return optax.sgd(learning_rate)
   if name == "momentum":

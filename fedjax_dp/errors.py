@@ -3,12 +3,20 @@
 Every invalid input is reported as a :class:`ConfigError` that names the field,
 the value and what is allowed. The CLI turns it into one line on stderr and
 exit status 2, before anything is compiled or written.
+
+Checks are made where settings are read, on concrete values; :func:`check` refuses a traced
+condition (:class:`TracedCheckError`). The compiled round checks nothing at run time, and needs
+no ``jax.experimental.checkify``: its hyper-parameters are those validated settings as arrays,
+and the numbers it computes itself (adaptive clip bounds) scale the noise they are released
+with, so the privacy accounting does not rest on their range.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, Callable
+
+import numpy as np
 
 
 class ConfigError(ValueError):
@@ -32,8 +40,8 @@ class TracedCheckError(TypeError):
   A value inside a compiled function (a hyper-parameter of the compiled round) has no value
   while the function is traced, so no check can read it there. Settings are checked where they
   are read (:class:`fedjax_dp.config.RunConfig`, the algorithms' option tables), before anything
-  compiles; a function that builds a piece from a value that may be traced checks it only when
-  it is concrete (``if not traced(value): check(...)``).
+  compiles; a function that builds a piece from a value that may be traced checks it with
+  :func:`check_unless_traced`.
   """
 
   def __init__(self, field: str):
@@ -70,6 +78,29 @@ def check(cond: bool, field: str, value: Any, allowed: str) -> None:
     raise TracedCheckError(field)
   if not cond:
     raise ConfigError(field, value, allowed)
+
+
+def check_unless_traced(ok: Callable[[Any], Any], field: str, value: Any, allowed: str) -> None:
+  """Raises :class:`ConfigError` unless ``ok(value)``; a traced ``value`` is not checked.
+
+  For the pieces built both from a caller's numbers and, inside the compiled round, from its
+  hyper-parameters: there the value is traced, and the setting it comes from was checked where
+  the settings are read, before anything compiled. A JAX array is read as a NumPy array (inside
+  a function being compiled, even an operation on a concrete JAX array is traced).
+
+  Args:
+    ok: the condition, a function of the (host) value.
+    field, value, allowed: as :func:`check`'s.
+
+  Raises:
+    ConfigError: ``ok(value)`` is false for a value that is not traced.
+  """
+  if traced(value):
+    return
+  jax = sys.modules.get("jax")
+  if jax is not None and isinstance(value, jax.Array):
+    value = np.asarray(value)
+  check(ok(value), field, value, allowed)
 
 
 def check_positive(field: str, value: float) -> None:

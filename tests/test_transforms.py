@@ -155,6 +155,11 @@ def test_pieces_refuse_bad_concrete_values_and_build_from_traced_ones(field):
   make, bad = PIECES[field]
   with pytest.raises(ConfigError, match=f"invalid {field}="):
     make(bad)
+  # A concrete JAX value is read on the host, even inside a function being compiled.
+  bad_array, good_array = jnp.float32(bad), jnp.float32(0.7)
+  with pytest.raises(ConfigError, match=f"invalid {field}="):
+    jax.eval_shape(lambda: make(bad_array) and 0)
+  jax.eval_shape(lambda: make(good_array) and 0)
 
   def build(v):
     make(v)

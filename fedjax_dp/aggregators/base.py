@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dp.errors import check, check_choice, traced
+from fedjax_dp.errors import check_choice, check_unless_traced
 from fedjax_dp.transforms.core import gaussian_like, salted, SALT_GAUSSIAN
 
 DENOMINATORS = ("realized", "expected")
@@ -66,11 +66,10 @@ def mean(denominator: str = "realized", expected_size: Optional[float] = None,
       hyper-parameters, are checked where the settings they come from are read).
   """
   check_choice("denominator", denominator, DENOMINATORS)
-  if denominator == "expected" and not traced(expected_size):
-    check(expected_size is not None and expected_size > 0, "expected_size", expected_size,
-          "must be > 0 when denominator='expected'")
-  if not traced(noise_stddev):
-    check(noise_stddev is None or noise_stddev >= 0, "noise_stddev", noise_stddev, "must be >= 0")
+  if denominator == "expected":
+    check_unless_traced(lambda e: e is not None and e > 0, "expected_size", expected_size,
+                        "must be > 0 when denominator='expected'")
+  check_unless_traced(lambda s: s is None or s >= 0, "noise_stddev", noise_stddev, "must be >= 0")
 
   def finish(total, weight, state, key):
     if noise_stddev is not None:

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dp.aggregators.base import Aggregator, mean
-from fedjax_dp.errors import check, check_choice, traced
+from fedjax_dp.errors import check, check_choice, check_unless_traced
 
 NAMES = ("mean", "sign_vote", "sign_sum", "geometric_median", "coordinate_median",
          "trimmed_mean", "krum", "centered_clipping")
@@ -134,9 +134,7 @@ def trimmed_mean(beta: float = 0.1) -> Aggregator:
   Args:
     beta: fraction trimmed at each end, in [0, 0.5).
   """
-  # A traced value (the compiled round's hyper-parameter) is checked where the options are read.
-  if not traced(beta):
-    check(0 <= beta < 0.5, "trim_beta", beta, "must be in [0, 0.5)")
+  check_unless_traced(lambda b: 0 <= b < 0.5, "trim_beta", beta, "must be in [0, 0.5)")
 
   def aggregate(updates, weights, mask, state, key):
     del weights, key
@@ -243,9 +241,7 @@ def geometric_median(tol: float = 1e-6, max_iter: int = 100, eps: float = 1e-8) 
     max_iter: iteration cap.
     eps: smoothing of the distances (avoids dividing by 0 at a data point).
   """
-  # A traced value (the compiled round's hyper-parameter) is checked where the options are read.
-  if not traced(tol):
-    check(tol > 0, "gm_tol", tol, "must be > 0")
+  check_unless_traced(lambda t: t > 0, "gm_tol", tol, "must be > 0")
   check(int(max_iter) >= 1, "gm_max_iter", max_iter, "must be >= 1")
 
   def aggregate(updates, weights, mask, state, key):
@@ -269,9 +265,7 @@ def krum(num_byzantine: int, multi: int = 1) -> Aggregator:
   what it has (at least 1 neighbour). Distances are computed on the rows divided by their
   largest entry (the same order, no float32 overflow from a finite row of huge entries).
   """
-  # A traced value (the compiled round's hyper-parameter) is checked where the options are read.
-  if not traced(num_byzantine):
-    check(num_byzantine >= 0, "krum_f", num_byzantine, "must be >= 0")
+  check_unless_traced(lambda f: f >= 0, "krum_f", num_byzantine, "must be >= 0")
   check(int(multi) >= 1, "krum_m", multi, "must be >= 1")
 
   def aggregate(updates, weights, mask, state, key):
@@ -305,9 +299,7 @@ def centered_clipping(tau: float = 1.0, iters: int = 1) -> Aggregator:
   first). Each row moves the result by at most ``tau / n``. Weights are ignored. A cohort with
   no usable row aggregates to zero (no step) and keeps the state.
   """
-  # A traced value (the compiled round's hyper-parameter) is checked where the options are read.
-  if not traced(tau):
-    check(tau > 0, "cc_tau", tau, "must be > 0")
+  check_unless_traced(lambda t: t > 0, "cc_tau", tau, "must be > 0")
   check(int(iters) >= 1, "cc_iters", iters, "must be >= 1")
 
   def init(params):

@@ -3,11 +3,11 @@
 from fedjax_dp.privacy.ledger import ACCOUNTANTS, PrivacyLedger, epsilon_for, make_accountant
 from fedjax_dp.privacy.mechanisms import (
     RELATIONS,
-    SAMPLINGS,
     GaussianSumMechanism,
     NonPrivate,
     calibrate_noise_multiplier,
 )
+from fedjax_dp.sampling import SAMPLINGS
 
 __all__ = [
     "ACCOUNTANTS",

@@ -22,7 +22,7 @@ from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit, 
 from fedjax_dp.privacy.ledger import (ACCOUNTANTS, COARSE_PLD_INTERVAL, PLD_INTERVAL,
                                       RdpCurveDpEvent, event_rdp, accounting, check_supported,
                                       make_accountant)
-from fedjax_dp.sampling import SAMPLINGS, check_design
+from fedjax_dp.sampling import check_design
 
 RELATIONS = {"poisson": "add_remove", "fixed": "replace_one"}
 # The user-level relations in words. Every run releases its population size N (summary.json's

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_dp.errors import check, check_positive, traced
+from fedjax_dp.errors import check_unless_traced
 
 # Salts folded into the key by each random transform (see package docstring).
 SALT_GAUSSIAN = 0x6A55
@@ -67,9 +67,8 @@ def clip_l2(bound: float) -> optax.GradientTransformationExtraArgs:
       checked here: the settings it comes from are, where they are read
       (:class:`fedjax_dp.config.RunConfig`).
   """
-  if not traced(bound):
-    check_positive("clip", bound)
-    check(jnp.isfinite(bound), "clip", bound, "must be a finite number")
+  check_unless_traced(lambda b: b is not None and b > 0, "clip", bound, "must be > 0")
+  check_unless_traced(np.isfinite, "clip", bound, "must be a finite number")
 
   def update(updates, state, params=None, **extra):
     del params, extra
@@ -92,8 +91,7 @@ def add_gaussian_noise(stddev: float, salt: int = SALT_GAUSSIAN) -> optax.Gradie
     ConfigError: a concrete ``stddev`` below 0 (a traced one is checked where the settings it
       comes from are read).
   """
-  if not traced(stddev):
-    check(stddev is not None and stddev >= 0, "noise stddev", stddev, "must be >= 0")
+  check_unless_traced(lambda s: s is not None and s >= 0, "noise stddev", stddev, "must be >= 0")
 
   def update(updates, state, params=None, *, key, **extra):
     del params, extra

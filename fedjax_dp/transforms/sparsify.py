@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dp.errors import check, traced
+from fedjax_dp.errors import check_unless_traced
 
 
 def kept_count(size: int, sparsity) -> jax.Array:
@@ -95,8 +95,8 @@ def sparsify_by_utility(sparsity: float) -> optax.GradientTransformationExtraArg
     ConfigError: a concrete ``sparsity`` outside [0, 1) (a traced one, the compiled round's
       hyper-parameter, is checked where the settings are read).
   """
-  if not traced(sparsity):
-    check(sparsity is not None and 0 <= sparsity < 1, "sparsity", sparsity, "must be in [0, 1)")
+  check_unless_traced(lambda c: c is not None and 0 <= c < 1, "sparsity", sparsity,
+                      "must be in [0, 1)")
 
   def update(updates, state, params=None, *, grad, **extra):
     del params, extra
