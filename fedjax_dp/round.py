@@ -103,13 +103,13 @@ class ClientOut(NamedTuple):
 class ClientInputs(NamedTuple):
   """The cohort's per-client inputs (:func:`run_clients`), each with a leading client axis [C]."""
 
-  batch: CohortBatch  # the clients' ids and mask, and their data unless gathered (Layout.data)
+  batch: CohortBatch  # their ids and mask, and their data unless gathered (ClientLayout.data)
   rows: Any           # their per-client state rows (RoundState.rows); () if none
   hparams: Any        # their own hyper-parameters (Round.client_hparams); () if none
   keys: jax.Array     # their keys (client_keys)
 
 
-class Layout(NamedTuple):
+class ClientLayout(NamedTuple):
   """Where the cohort's data come from and how its clients' work is laid out.
 
   Attributes:
@@ -365,8 +365,8 @@ def _unblocks(tree, length: int, shards: int = 1):
   return jax.tree_util.tree_map(merge, tree)
 
 
-def run_clients(rnd: Round, hp: dict, params, inputs: ClientInputs, layout: Layout = Layout(),
-                accumulate: Optional[Callable] = None):
+def run_clients(rnd: Round, hp: dict, params, inputs: ClientInputs,
+                layout: ClientLayout = ClientLayout(), accumulate: Optional[Callable] = None):
   """The cohort's client updates: one ``vmap``, or blocks of ``layout.chunk`` clients on each
   device of ``layout.mesh`` (:func:`_in_blocks`).
 
@@ -406,11 +406,11 @@ def run_clients(rnd: Round, hp: dict, params, inputs: ClientInputs, layout: Layo
   return _in_blocks(block, inputs, layout, accumulate is not None)
 
 
-def _shards(layout: Layout) -> int:
+def _shards(layout: ClientLayout) -> int:
   return 1 if layout.mesh is None else layout.mesh.size
 
 
-def _in_blocks(block: Callable, inputs: ClientInputs, layout: Layout, summing: bool):
+def _in_blocks(block: Callable, inputs: ClientInputs, layout: ClientLayout, summing: bool):
   """``block(inputs) -> (out, sums)`` run on blocks of ``layout.chunk`` clients on each device
   (:func:`_blocks`); returns ``(out, sums)`` with ``out`` of every client and, when
   ``summing``, the blocks' ``sums`` added up (else None).
@@ -457,7 +457,8 @@ def round_keys(key: jax.Array) -> tuple:
 
 
 def _messages(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.Array,
-              layout: Layout = Layout(), accumulate: Optional[Callable] = None) -> Messages:
+              layout: ClientLayout = ClientLayout(),
+              accumulate: Optional[Callable] = None) -> Messages:
   """The round's :class:`Messages` (:func:`run_clients`' ``layout`` and ``accumulate``); the
   attack step runs only when the uploads are kept (not summed)."""
   k_clients, _, k_attack, _ = round_keys(key)
@@ -483,7 +484,7 @@ def messages(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: j
 
 
 def step(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.Array,
-         layout: Layout = Layout()):
+         layout: ClientLayout = ClientLayout()):
   """One federated round (pure; see the module docstring). Returns ``(state, metrics)``.
 
   ``layout``: where the cohort's data come from and how its clients' work is laid out
@@ -648,7 +649,7 @@ def compiled_step(rnd: Round, placement: str = "device", experiments: Optional[s
   mesh = client_mesh(devices)
   axis = 0 if experiments is None else 1
   name = None if experiments is None or in_sequence else EXPERIMENTS_AXIS
-  layout = Layout(chunk=chunk, axis_name=name, mesh=mesh)
+  layout = ClientLayout(chunk=chunk, axis_name=name, mesh=mesh)
   if placement == "device":
     def fn(state, hp, arrays, ids, mask, key):
       with _recording_conv_layers(rnd):
