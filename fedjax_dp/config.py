@@ -22,6 +22,7 @@ from fedjax_dp.data.specs import SPECS, check_partition
 from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit, check_positive
 from fedjax_dp.models import Model, check_conv_dtype
 from fedjax_dp.privacy.mechanisms import MAX_NOISE_MULTIPLIER
+from fedjax_dp.sampling import check_design
 
 DEFAULT_MODELS = {spec.name: spec.default_model for spec in SPECS}
 
@@ -292,14 +293,7 @@ class RunConfig:
 
   def _check_cohorts_and_devices(self):
     check(self.rounds >= 1, "rounds", self.rounds, "must be >= 1")
-    self._check_choice("sampling")
-    if self.sampling == "poisson":
-      p = self.sampling_prob
-      check(p is not None and 0 < p <= 1, "sampling_prob", p, "must be in (0, 1]")
-    else:
-      check(self.cohort_size is not None and 1 <= self.cohort_size <= self.num_clients,
-            "cohort_size", self.cohort_size,
-            f"must be in [1, num_clients={self.num_clients}] with sampling='fixed'")
+    check_design(self.sampling, self.num_clients, self.sampling_prob, self.cohort_size)
     check(self.capacity is None or 1 <= self.capacity <= self.num_clients, "capacity",
           self.capacity, f"must be in [1, num_clients={self.num_clients}] or unset")
     self._check_choice("placement")

@@ -65,7 +65,7 @@ import optax
 from fedjax_dp import components
 from fedjax_dp.aggregators.base import Aggregator, mean
 from fedjax_dp.components import Option, declare
-from fedjax_dp.errors import check
+from fedjax_dp.errors import check, check_unless_traced
 
 
 def _empty_init(params):
@@ -329,7 +329,7 @@ def krum(num_byzantine, krum_m) -> Aggregator:
   Distances are computed on the rows divided by their largest entry (the same order, no float32
   overflow from a finite row of huge entries).
   """
-  check(num_byzantine >= 0, "krum_f", num_byzantine, "must be >= 0")
+  check_unless_traced(lambda f: f >= 0, "krum_f", num_byzantine, "must be >= 0")
 
   def aggregate(updates, weights, mask, state, key):
     del weights, key

@@ -79,7 +79,7 @@ from fedjax_dp.algorithms.dp_fedavg import make_model
 from fedjax_dp.algorithms.fedavg import Pieces, make_aggregator
 from fedjax_dp.algorithms.options import Option
 from fedjax_dp.algorithms.dpsgd_family import DPSGDPieces, dpsgd_round, example_record
-from fedjax_dp.client import dp_sgd, mean_initial_norm
+from fedjax_dp.client import DPSGDSteps, dp_sgd, mean_initial_norm
 from fedjax_dp.errors import ConfigError, check
 from fedjax_dp.privacy.example_level import (ExampleLevelAccounting, PrivacyClass,
                                              calibrate_example_noise, split_noise_multiplier)
@@ -242,9 +242,9 @@ def build_dpsgd_family(config, data, *, name: str, statistic: str, private: bool
          config.batch_size, config.client_optimizer, config.server_optimizer)
 
   def make():
-    local_train = dp_sgd(objectives.supervised(model.apply), config.local_steps,
-                         config.batch_size, max_examples, sampling, capacity, statistic, private,
-                         data_dependent_noise)
+    local_train = dp_sgd(objectives.supervised(model.apply), DPSGDSteps(
+        config.local_steps, config.batch_size, max_examples, sampling, capacity, statistic,
+        private, data_dependent_noise))
     return dpsgd_round(model, data.num_clients, pieces, local_train=local_train,
                        client_optimizer=config.client_optimizer,
                        server_optimizer=config.server_optimizer, client_args=client_args,

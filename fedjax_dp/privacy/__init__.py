@@ -3,12 +3,12 @@
 from fedjax_dp.privacy.ledger import ACCOUNTANTS, PrivacyLedger, epsilon_for, make_accountant
 from fedjax_dp.privacy.mechanisms import (
     RELATIONS,
-    SAMPLINGS,
     CohortSampling,
     GaussianSumMechanism,
     NonPrivate,
     calibrate_noise_multiplier,
 )
+from fedjax_dp.sampling import SAMPLINGS
 
 __all__ = [
     "ACCOUNTANTS",

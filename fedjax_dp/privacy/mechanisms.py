@@ -23,7 +23,7 @@ from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit, 
 from fedjax_dp.privacy.ledger import (ACCOUNTANTS, COARSE_PLD_INTERVAL, PLD_INTERVAL,
                                       RdpCurveDpEvent, event_rdp, accounting, check_supported,
                                       make_accountant)
-from fedjax_dp.sampling import SAMPLINGS
+from fedjax_dp.sampling import check_design
 
 RELATIONS = {"poisson": "add_remove", "fixed": "replace_one"}
 # A noise multiplier above MAX_NOISE_MULTIPLIER is refused, given or calibrated: it drowns every
@@ -95,15 +95,7 @@ class GaussianSumMechanism:
     check_positive("clip", self.clip)
     check(self.noise_multiplier is not None and self.noise_multiplier >= 0,
           "noise_multiplier", self.noise_multiplier, "must be >= 0")
-    check_choice("sampling", self.sampling, SAMPLINGS)
-    if self.sampling == "poisson":
-      p = self.sampling_prob
-      check(p is not None and 0 < p <= 1, "sampling_prob", p, "must be in (0, 1]")
-    else:
-      check(self.num_clients is not None and self.num_clients >= 1,
-            "num_clients", self.num_clients, "must be >= 1")
-      check(self.cohort_size is not None and 1 <= self.cohort_size <= self.num_clients,
-            "cohort_size", self.cohort_size, f"must be in [1, num_clients={self.num_clients}]")
+    check_design(self.sampling, self.num_clients, self.sampling_prob, self.cohort_size)
     check(0 <= self.byzantine < (self.num_clients or math.inf), "byzantine", self.byzantine,
           f"must be in [0, num_clients={self.num_clients})")
 
