@@ -220,5 +220,5 @@ def test_bad_parameters_raise():
 def test_only_aggregators_linear_in_the_rows_declare_it():
   # The round sums a linear aggregator's rows block by block; it reads the declaration.
   assert mean().linear and robust.get("mean").linear
-  for name in sorted(set(robust.NAMES) - {"mean"}):
+  for name in sorted(set(components.names("aggregator")) - {"mean"}):
     assert not robust.get(name).linear, name
