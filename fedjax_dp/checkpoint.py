@@ -44,6 +44,7 @@ import numpy as np
 
 from fedjax_dp import interrupts, outputs
 from fedjax_dp.errors import ConfigError, check
+from fedjax_dp.observers import Start
 
 KEEP = 2  # checkpoints kept
 
@@ -119,7 +120,7 @@ def _restore(manager, step: int, **items):
 # What resuming reads of a checkpoint's ``host`` item, and its JSON type.
 _HOST = {"round": int, "config": dict, "release": str, "checkpoint_every": int, "sampler": dict,
          "accounting": (dict, type(None)), "log": dict, "leaves": list, "log_arrays": dict}
-_HOST_LOG = ("accuracy", "loss", "diverged")  # what _Log.resume reads of ``host["log"]``
+_HOST_LOG = ("accuracy", "loss", "diverged")  # what Records.resume reads of ``host["log"]``
 
 
 def _damaged(where: str, what: str) -> ConfigError:
@@ -259,42 +260,59 @@ class Checkpointer:
     self.every = every
     self.config = json.loads(json.dumps(config))  # as the JSON item stores it
     self.resume = resume
+    self.folder = self.release = self.tensorboard = None  # the run's, from begin
     self._manager = None
 
-  def begin(self, state, experiment, log) -> tuple:
-    """``(state, rounds done)``: the run's initial state and 0, or, with ``resume``, the latest
-    checkpoint's state and round, with the sampler, the accounting and ``log`` restored."""
-    check(log.out_dir is not None, "checkpoint_every", self.every,
+  def begin(self, state, experiment, rounds: int, release: str, tensorboard: bool) -> tuple:
+    """``(state, start)``: the run's initial state and a :class:`fedjax_dp.observers.Start` at
+    round 0, or, with ``resume``, the latest checkpoint's state and a ``Start`` at its round
+    (the rows ``metrics.jsonl`` keeps, the saved record state and arrays), with the sampler and
+    the accounting of ``experiment`` restored. ``rounds``: the run's; ``release`` and
+    ``tensorboard``: the run's, which a resumed run's must equal and its checkpoints record."""
+    check(experiment.output_dir is not None, "checkpoint_every", self.every,
           "needs an output_dir: checkpoints go to OUTPUT_DIR/checkpoints/")
     for part in (experiment.sampler, experiment.accounting):
       check(part is None or hasattr(part, "load_state"), "checkpoint_every", self.every,
             f"the run's {type(part).__name__} has no state/load_state to checkpoint")
+    self.folder = pathlib.Path(experiment.output_dir)
+    self.release, self.tensorboard = release, bool(tensorboard)
     if not self.resume:
-      return state, 0
-    folder = log.out_dir / outputs.CHECKPOINTS
-    step = latest_round(log.out_dir)
-    check(step is not None, "resume", str(log.out_dir),
+      return state, Start(rounds)
+    step = latest_round(self.folder)
+    check(step is not None, "resume", str(self.folder),
           f"holds no complete checkpoint in {outputs.CHECKPOINTS}/: nothing to resume")
-    with _opened(folder) as manager:
-      return self._resume(manager, step, state, experiment, log)
+    with _opened(self.folder / outputs.CHECKPOINTS) as manager:
+      host, where = _read_host(manager, step), str(manager.directory / str(step))
+      self._check_same_run(host, where, release, tensorboard)
+      check(host["leaves"] == _leaves(state), "resume", where,
+            "the checkpoint's state has other leaves (paths, shapes, dtypes) than this run's")
+      state, arrays = self._restored(manager, step, host, state)
+    self._load(experiment, host, where)
+    rows = _kept_rows(self.folder / outputs.METRICS, step)
+    if tensorboard:  # the resumed run writes the rounds after ``step`` again
+      _kept_events(self.folder / outputs.TENSORBOARD, step)
+    return state, Start(rounds, step, tuple(rows), host["log"], arrays)
 
-  def _resume(self, manager, step: int, state, experiment, log) -> tuple:
-    """:meth:`begin` from checkpoint ``step`` of ``manager``."""
-    import orbax.checkpoint as ocp
-    host, where = _read_host(manager, step), str(manager.directory / str(step))
+  def _check_same_run(self, host: dict, where: str, release: str, tensorboard: bool) -> None:
+    """Refuses a checkpoint written by another configuration, release or TensorBoard choice;
+    takes its ``checkpoint_every`` where none was given."""
     differ = sorted(k for k in set(host["config"]) | set(self.config)
                     if host["config"].get(k) != self.config.get(k))
     check(not differ, "resume", where,
           f"the checkpoint was written by another configuration (it differs in {differ})")
-    check(host["release"] == log.release, "release", log.release,
+    check(host["release"] == release, "release", release,
           f"the checkpoint's run wrote release={host['release']!r} records")
-    check(host.get("tensorboard", experiment.tensorboard) == experiment.tensorboard,
-          "tensorboard", experiment.tensorboard,
+    check(host.get("tensorboard", tensorboard) == tensorboard, "tensorboard", tensorboard,
           f"the checkpoint's run wrote tensorboard={host.get('tensorboard')} (TensorBoard events "
           "of every round or of none): resume it as it ran")
     self.every = self.every or host["checkpoint_every"]
-    check(host["leaves"] == _leaves(state), "resume", where,
-          "the checkpoint's state has other leaves (paths, shapes, dtypes) than this run's")
+
+  @staticmethod
+  def _restored(manager, step: int, host: dict, state) -> tuple:
+    """``(state, arrays)``: checkpoint ``step``'s state, placed as the run's initial ``state``
+    is (:func:`_placed_like`), and its record arrays (``log``), checked against its SHA-256."""
+    import orbax.checkpoint as ocp
+    where = str(manager.directory / str(step))
     leaves, treedef = jax.tree_util.tree_flatten(state)
     # Restored into NumPy, then placed as the run's initial state was (_placed_like).
     try:
@@ -310,6 +328,11 @@ class Checkpointer:
       raise _damaged(where, "the checkpoint's state does not match the SHA-256 saved with it")
     state = treedef.unflatten([_placed_like(restored["round_state"][k], leaf)
                                for k, leaf in _by_index(leaves).items()])
+    return state, restored["log"]
+
+  @staticmethod
+  def _load(experiment, host: dict, where: str) -> None:
+    """Restores ``experiment``'s sampler and accounting from a checkpoint's ``host`` item."""
     try:
       experiment.sampler.load_state(host["sampler"])
       if experiment.accounting is not None:
@@ -319,10 +342,6 @@ class Checkpointer:
     except (KeyError, TypeError, ValueError, IndexError) as e:
       raise _damaged(where, "its host item's sampler or accounting state cannot be loaded "
                      f"({type(e).__name__}: {str(e)[:200]})") from None
-    log.resume(_kept_rows(log.out_dir / outputs.METRICS, step), host["log"], restored["log"])
-    if experiment.tensorboard:  # the resumed run writes the rounds after ``step`` again
-      _kept_events(log.out_dir / outputs.TENSORBOARD, step)
-    return state, step
 
   def close(self) -> None:
     """Stops the checkpoint manager's threads (the run has ended, or failed to begin)."""
@@ -330,20 +349,22 @@ class Checkpointer:
       self._manager.close()
       self._manager = None
 
-  def after_round(self, done: int, rounds: int, state, experiment, log) -> None:
-    """Saves the run when ``done`` rounds are a multiple of ``every`` or all ``rounds``."""
+  def due(self, done: int, rounds: int) -> bool:
+    """Whether the run is saved after ``done`` of its ``rounds``: every ``every`` and the last."""
+    return done % self.every == 0 or done == rounds
+
+  def save(self, done: int, state, experiment, log_host: dict, log_arrays: dict) -> None:
+    """Saves the run after round ``done``: ``state``, ``experiment``'s sampler and accounting,
+    and the records' state (``log_host``, JSON, and ``log_arrays``)."""
     import orbax.checkpoint as ocp
-    if done % self.every and done != rounds:
-      return
     # Opened at the first save: a new run's first record has removed an earlier run's folder,
     # and a resumed run's begin only read.
     if self._manager is None:
-      (log.out_dir / outputs.CHECKPOINTS).mkdir(parents=True, exist_ok=True)
-      self._manager = _manager(log.out_dir / outputs.CHECKPOINTS)
-    log_host, log_arrays = log.state()
+      (self.folder / outputs.CHECKPOINTS).mkdir(parents=True, exist_ok=True)
+      self._manager = _manager(self.folder / outputs.CHECKPOINTS)
     accounting = experiment.accounting
-    host = {"round": done, "config": self.config, "release": log.release,
-            "checkpoint_every": self.every, "tensorboard": bool(experiment.tensorboard),
+    host = {"round": done, "config": self.config, "release": self.release,
+            "checkpoint_every": self.every, "tensorboard": self.tensorboard,
             "sampler": experiment.sampler.state(),
             "accounting": None if accounting is None else accounting.state(),
             "log": log_host, "leaves": _leaves(state),
@@ -352,8 +373,6 @@ class Checkpointer:
     # Checked on resume: a changed or damaged state or host item is refused.
     host["sha256"] = params_sha256(tree)
     host["host_sha256"] = _host_sha256(host)
-    if log.writer is not None:  # the events of the rounds this checkpoint holds are on disk
-      log.writer.flush()
     with _uninterrupted():
       self._manager.save(done, args=ocp.args.Composite(state=ocp.args.StandardSave(tree),
                                                        host=ocp.args.JsonSave(host)))

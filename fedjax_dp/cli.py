@@ -530,6 +530,7 @@ def _privacy_report(args) -> dict:
 
 
 def _cmd_sweep(args) -> int:
+  from fedjax_dp.engine import RunOptions
   from fedjax_dp.sweep import check_axes, parse_grid, sweep
   check(args.checkpoint_every is None, "checkpoint_every", args.checkpoint_every,
         "a sweep is not checkpointed (its experiments run as one vmapped program): run an "
@@ -541,10 +542,10 @@ def _cmd_sweep(args) -> int:
   config = _config_from_args(args, grid, args.seeds)  # planned: bad axes refused before the folder
   out = pathlib.Path(args.output_dir)
   try:
-    result = sweep(config, grid, args.seeds, output_dir=str(out), overwrite=args.overwrite,
-                   group_size=args.group_size, threads=args.threads,
-                   progress=not args.no_progress, release=args.release,
-                   log=lambda line: print(line, file=sys.stderr))
+    options = RunOptions(output_dir=str(out), overwrite=args.overwrite,
+                         progress=not args.no_progress, release=args.release)
+    result = sweep(config, grid, args.seeds, options=options, group_size=args.group_size,
+                   threads=args.threads, log=lambda line: print(line, file=sys.stderr))
   except KeyboardInterrupt:  # sweep() removed its partial files and put earlier ones back
     print(f"fedjax-dp: interrupted: {out} is as it was (a sweep is written whole or not at "
           "all; run it again)", file=sys.stderr)

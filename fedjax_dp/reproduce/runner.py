@@ -83,9 +83,8 @@ def simulate_jobs(jobs: Sequence[Job], data, done: Callable, threads: Optional[i
   """Runs ``jobs`` on ``data`` as sweeps do (:func:`fedjax_dp.sweep.run_configs`: those that
   share a compiled round run as one vmapped program, ``threads`` of them at once) and calls
   ``done(indices, results, setups)`` as each group of them ends."""
-  from fedjax_dp.sweep import run_configs
-  run_configs([j.config for j in jobs], [data] * len(jobs),
-              output_dirs=[j.output_dir for j in jobs], on_group=done, threads=threads)
+  from fedjax_dp.sweep import Task, run_configs
+  run_configs([Task(j.config, data, j.output_dir) for j in jobs], on_group=done, threads=threads)
 
 
 def history(result, diagnostics: Optional[Sequence[str]] = None) -> list:
