@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from fedjax_dp.algorithms import Setup
+from fedjax_dp.algorithms.base import Setup
 from fedjax_dp.algorithms.spfl import (build_dpsgd_family, init_clip_bound,
                                        options, resolve_sigma, statistic_budget)
 from fedjax_dp.transforms import dp_args

@@ -51,7 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp import aggregators, objectives
-from fedjax_dp.algorithms import Setup, cached_round, common_hparams, read_options
+from fedjax_dp.algorithms.base import Setup, cached_round, common_hparams, read_options
 from fedjax_dp.algorithms.options import Option
 from fedjax_dp.client import local_sgd, make_optimizer
 from fedjax_dp.errors import check

@@ -39,7 +39,7 @@ which the paper does and which is not accounted for.
 
 from __future__ import annotations
 
-from fedjax_dp.algorithms import Setup
+from fedjax_dp.algorithms.base import Setup
 from fedjax_dp.algorithms.dp_fedavg import build_fedavg_family
 from fedjax_dp.algorithms.options import Option
 

@@ -38,7 +38,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from fedjax_dp.aggregators import Aggregator
-from fedjax_dp.algorithms import Setup, cached_round, common_hparams, read_options
+from fedjax_dp.algorithms.base import Setup, cached_round, common_hparams, read_options
 from fedjax_dp.algorithms.fedavg import Pieces, fedavg_client
 from fedjax_dp.algorithms.options import Option
 from fedjax_dp.errors import ConfigError, check

@@ -26,7 +26,7 @@ same guarantee.
 
 from __future__ import annotations
 
-from fedjax_dp.algorithms import Setup, cached_round, common_hparams, read_options
+from fedjax_dp.algorithms.base import Setup, cached_round, common_hparams, read_options
 from fedjax_dp.algorithms.options import STATIC_AGGREGATOR
 from fedjax_dp.algorithms.fedavg import Pieces, fedavg_round
 from fedjax_dp.errors import ConfigError, check

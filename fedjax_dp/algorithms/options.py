@@ -10,81 +10,10 @@ the options to users (:func:`describe`).
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from typing import Any, Optional, Sequence
+from typing import Sequence
 
-from fedjax_dp.errors import ConfigError, check
-
-KINDS = ("float", "int", "choice")
-_NONFINITE_WORDS = ("inf", "+inf", "-inf", "nan", "+nan", "-nan", "infinity", "+infinity",
-                    "-infinity")
-
-
-@dataclasses.dataclass(frozen=True)
-class Option:
-  """One setting of an algorithm.
-
-  Attributes:
-    name: the ``--set`` name.
-    default: its value when not set (None: unset, see ``help``).
-    help: what it means.
-    kind: "float", "int" or "choice".
-    low, high: the allowed range of a number (None: unbounded).
-    low_open, high_open: exclude the bound itself.
-    choices: the allowed values of a "choice".
-  """
-
-  name: str
-  default: Any
-  help: str
-  kind: str = "float"
-  low: Optional[float] = None
-  high: Optional[float] = None
-  low_open: bool = False
-  high_open: bool = False
-  choices: tuple = ()
-
-  @property
-  def allowed(self) -> str:
-    """What the option takes, in words."""
-    if self.kind == "choice":
-      text = f"one of {list(self.choices)}"
-    else:
-      text = "an integer" if self.kind == "int" else "a finite number"
-      lo = None if self.low is None else f"{'(' if self.low_open else '['}{self.low:g}"
-      hi = None if self.high is None else f"{self.high:g}{')' if self.high_open else ']'}"
-      if lo and hi:
-        text += f" in {lo}, {hi}"
-      elif lo:
-        text += f" {'>' if self.low_open else '>='} {self.low:g}"
-      elif hi:
-        text += f" {'<' if self.high_open else '<='} {self.high:g}"
-    return text + (" or unset (null)" if self.default is None else "")
-
-  def parse(self, value):
-    """``value`` checked against the type and range (ints as int, numbers as float)."""
-    field = f"option {self.name}"
-    if value is None:
-      check(self.default is None, field, value, f"must be {self.allowed}")
-      return None
-    if self.kind == "choice":
-      check(value in self.choices, field, value, f"must be {self.allowed}")
-      return value
-    if isinstance(value, str) and value.strip().lower() in _NONFINITE_WORDS:
-      raise ConfigError(field, value, "must be a finite number")
-    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    check(is_number, field, value, f"must be {self.allowed}")
-    check(math.isfinite(value), field, value, "must be a finite number")
-    if self.kind == "int":
-      check(float(value).is_integer(), field, value, f"must be {self.allowed}")
-      value = int(value)
-    else:
-      value = float(value)
-    ok = ((self.low is None or (value > self.low if self.low_open else value >= self.low)) and
-          (self.high is None or (value < self.high if self.high_open else value <= self.high)))
-    check(ok, field, value, f"must be {self.allowed}")
-    return value
+from fedjax_dp.components import Option
+from fedjax_dp.errors import check
 
 
 def read(config, table: Sequence[Option]) -> dict:
@@ -99,8 +28,7 @@ def read(config, table: Sequence[Option]) -> dict:
 
 def describe(table: Sequence[Option]) -> list:
   """One ``{"name", "default", "allowed", "help"}`` dict per option, for listings and help."""
-  return [{"name": o.name, "default": o.default, "allowed": o.allowed, "help": o.help}
-          for o in table]
+  return [o.describe() for o in table]
 
 
 # Options of every algorithm that takes Byzantine clients: the attack's strengths and the robust

@@ -37,7 +37,7 @@ from typing import Callable
 import jax
 
 from fedjax_dp import objectives
-from fedjax_dp.algorithms import Setup, cached_round, common_hparams, read_options
+from fedjax_dp.algorithms.base import Setup, cached_round, common_hparams, read_options
 from fedjax_dp.algorithms.options import L2, STATIC_AGGREGATOR
 from fedjax_dp.algorithms.fedavg import Pieces, make_aggregator
 from fedjax_dp.client import sample_batch

@@ -51,7 +51,7 @@ import jax.numpy as jnp
 
 from fedjax_dp import attacks, objectives
 from fedjax_dp.aggregators import Aggregator, robust
-from fedjax_dp.algorithms import Setup, cached_round, common_hparams, read_options
+from fedjax_dp.algorithms.base import Setup, cached_round, common_hparams, read_options
 from fedjax_dp.algorithms.options import L2, Option
 from fedjax_dp.algorithms.robust_sgd import attacker_knowledge, stochastic_gradient
 from fedjax_dp.errors import ConfigError, check

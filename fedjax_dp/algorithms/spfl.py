@@ -73,7 +73,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp import objectives
-from fedjax_dp.algorithms import Setup, cached_round, common_hparams, read_options
+from fedjax_dp.algorithms.base import Setup, cached_round, common_hparams, read_options
 from fedjax_dp.algorithms.dp_fedavg import make_model
 from fedjax_dp.algorithms.fedavg import Pieces, make_aggregator
 from fedjax_dp.algorithms.options import STATIC_AGGREGATOR, Option
