@@ -66,7 +66,7 @@ def params_sha256(params) -> str:
 def _manager(folder: pathlib.Path, saves: bool = True):
   """Orbax's manager of ``folder``: one that ``saves`` removes the temporary folders of saves
   that never finished (awaited by its first save); one that only reads starts no such thread."""
-  import orbax.checkpoint as ocp
+  import orbax.checkpoint as ocp  # lazy: a slow import, which runs without checkpoints skip
   return ocp.CheckpointManager(folder.absolute(), options=ocp.CheckpointManagerOptions(
       max_to_keep=KEEP, enable_async_checkpointing=False, create=False,
       cleanup_tmp_directories=saves))
@@ -109,7 +109,7 @@ def latest_round(output_dir) -> Optional[int]:
 
 
 def _restore(manager, step: int, **items):
-  import orbax.checkpoint as ocp
+  import orbax.checkpoint as ocp  # lazy: a slow import, which runs without checkpoints skip
   try:
     return manager.restore(step, args=ocp.args.Composite(**items))
   except (OSError, ValueError, KeyError) as e:
@@ -131,7 +131,7 @@ def _damaged(where: str, what: str) -> ConfigError:
 def _read_host(manager, step: int) -> dict:
   """The ``host`` item of checkpoint ``step``, checked to hold what resuming reads (:data:`_HOST`):
   a damaged one is refused naming the checkpoint and what it lacks."""
-  import orbax.checkpoint as ocp
+  import orbax.checkpoint as ocp  # lazy: a slow import, which runs without checkpoints skip
   host = _restore(manager, step, host=ocp.args.JsonRestore()).host
   where = str(manager.directory / str(step))
   if not isinstance(host, dict):
@@ -216,6 +216,7 @@ def _kept_events(folder: pathlib.Path, rounds: int) -> None:
 
   An event file is a sequence of records (a little-endian uint64 length, its CRC, an ``Event``
   protobuf, its CRC); the records kept are copied byte for byte."""
+  # Lazy: tensorboardX is optional (fedjax_dp[tensorboard]), read only by a run that writes events.
   from google.protobuf.message import DecodeError
   from tensorboardX.proto import event_pb2
   for path in sorted(folder.glob("events.out.tfevents.*")) if folder.is_dir() else []:
@@ -238,7 +239,9 @@ def _kept_events(folder: pathlib.Path, rounds: int) -> None:
 
 
 class Checkpointer:
-  """The engine's checkpoint hook for one run (:func:`fedjax_dp.engine.run_group`).
+  """Checkpoints of one run: :func:`fedjax_dp.engine.run_group` makes it from the run's
+  options, :meth:`begin` restores a resumed run before its first round, and the
+  :class:`fedjax_dp.observers.Checkpoint` observer saves after the rounds :meth:`due` says.
 
   Args:
     every: save after every this many rounds (and after the last); None with ``resume``: as
@@ -311,7 +314,7 @@ class Checkpointer:
   def _restored(manager, step: int, host: dict, state) -> tuple:
     """``(state, arrays)``: checkpoint ``step``'s state, placed as the run's initial ``state``
     is (:func:`_placed_like`), and its record arrays (``log``), checked against its SHA-256."""
-    import orbax.checkpoint as ocp
+    import orbax.checkpoint as ocp  # lazy: a slow import, which runs without checkpoints skip
     where = str(manager.directory / str(step))
     leaves, treedef = jax.tree_util.tree_flatten(state)
     # Restored into NumPy, then placed as the run's initial state was (_placed_like).
@@ -356,7 +359,7 @@ class Checkpointer:
   def save(self, done: int, state, experiment, log_host: dict, log_arrays: dict) -> None:
     """Saves the run after round ``done``: ``state``, ``experiment``'s sampler and accounting,
     and the records' state (``log_host``, JSON, and ``log_arrays``)."""
-    import orbax.checkpoint as ocp
+    import orbax.checkpoint as ocp  # lazy: a slow import, which runs without checkpoints skip
     # Opened at the first save: a new run's first record has removed an earlier run's folder,
     # and a resumed run's begin only read.
     if self._manager is None:

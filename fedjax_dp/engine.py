@@ -153,7 +153,7 @@ class RunResult:
   def to_dataframe(self):
     """The per-round metrics as a pandas ``DataFrame`` indexed by round, an integer (needs
     pandas)."""
-    try:
+    try:  # lazy: pandas is optional
       import pandas as pd
     except ImportError as e:
       raise ImportError("RunResult.to_dataframe needs pandas (pip install pandas); "
@@ -970,7 +970,7 @@ def run_group(program, experiments, rounds: int, options: Optional[RunOptions] =
   bar = ProgressBar(len(experiments)) if options.progress else None
   runs = [_observers(e, rec, options, checkpointer if i == 0 else None, bar if i == 0 else None)
           for i, (e, rec) in enumerate(zip(experiments, records))]
-  timer, ahead = _Timer(), None
+  ahead = None
   try:
     start = Start(rounds)
     if checkpointer is not None:
@@ -979,6 +979,7 @@ def run_group(program, experiments, rounds: int, options: Optional[RunOptions] =
     for rec, (_, observers) in zip(records, runs):
       rec.resume(start)
       observers.start(start)
+    timer = _Timer()
     ahead = _epsilons_ahead(experiments, rounds - start.done, options.accounting_workers)
     state = _rounds(prepared, (state, hp, run_key), records, [o for _, o in runs],
                     (start.done, rounds, options.eval_every), ahead, stop, timer)

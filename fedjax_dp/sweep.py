@@ -44,6 +44,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from fedjax_dp import algorithms, engine, outputs
+from fedjax_dp.algorithms import options as algorithm_options
 from fedjax_dp.config import field_types, make_config, parse_option, parse_value
 from fedjax_dp.engine import Experiment, RunOptions
 from fedjax_dp.errors import ConfigError, check
@@ -610,10 +611,7 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
     results, group_records = run_configs(
         tasks, dataclasses.replace(options, output_dir=None, overwrite=False), log=log,
         on_group=keep_ledgers, group_size=group_size, threads=threads)
-    group_of = {i: g for g, rec in enumerate(group_records) for i in rec["experiments"]}
-    experiments = [{"values": p.values, "seed": p.seed, "group": group_of[i],
-                    "output_dir": None if out is None else f"experiments/{i:03d}", "result": r}
-                   for i, (p, r) in enumerate(zip(points, results))]
+    experiments = _experiments(points, results, group_records, out is not None)
     rows = _rows(points, experiments, datasets, ledgers, seeds)
     # The programs that ran at once: no more threads than programs.
     result = SweepResult(rows, experiments, group_records, time.perf_counter() - t0, points,
@@ -623,6 +621,16 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
       outputs.write_text_atomic(out / "results.json",
                                 dumps(result.to_json(), indent=2, default=str) + "\n")
   return result
+
+
+def _experiments(points: Sequence[Point], results: Sequence, groups: Sequence[dict],
+                 written: bool) -> list:
+  """:attr:`SweepResult.experiments`: each point's values, seed, group, folder (``written``:
+  ``experiments/NNN``) and :class:`fedjax_dp.engine.RunResult`."""
+  group_of = {i: g for g, rec in enumerate(groups) for i in rec["experiments"]}
+  return [{"values": p.values, "seed": p.seed, "group": group_of[i],
+           "output_dir": f"experiments/{i:03d}" if written else None, "result": r}
+          for i, (p, r) in enumerate(zip(points, results))]
 
 
 def _checked_plan(config, grid: Optional[Mapping[str, Sequence]], seeds: int,
@@ -638,7 +646,7 @@ def _checked_plan(config, grid: Optional[Mapping[str, Sequence]], seeds: int,
   # plan refuses a grid that is not a mapping of lists and an axis a point does not read.
   points = plan(config, {} if grid is None else grid, seeds)
   for p in points:
-    algorithms.options.read(p.config, algorithms.option_table(p.config.algorithm))
+    algorithm_options.read(p.config, algorithms.option_table(p.config.algorithm))
     check_devices(p.config.devices)
   return points
 
