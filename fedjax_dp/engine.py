@@ -74,7 +74,7 @@ from fedjax_dp.errors import check, check_choice
 from fedjax_dp.models import masked_sums, num_params
 from fedjax_dp.observers import (Checkpoint, History, MetricsFile, NormsFile, Observer, Observers,
                                  ProgressBar, Record, ReleasePolicy, Start, SummaryFile,
-                                 TensorBoard, flat)
+                                 TensorBoard, flat, is_released)
 from fedjax_dp.privacy.ahead import Ahead, workers_for
 from fedjax_dp.sampling import Cohort
 
@@ -110,11 +110,6 @@ def _any_guarantee(report: dict) -> bool:
   whole run's, or one privacy class's (example-level runs)."""
   return bool(report.get("formal_guarantee")) or any(
       c.get("formal_guarantee") for c in (report.get("classes") or {}).values())
-
-
-def is_released(name: str, released_metrics) -> bool:
-  """Whether a program metric is in ``released_metrics`` (names; a trailing ``*`` is a prefix)."""
-  return any(name == r or (r.endswith("*") and name.startswith(r[:-1])) for r in released_metrics)
 
 
 class Stopped(Exception):

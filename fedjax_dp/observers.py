@@ -115,6 +115,13 @@ class Observer:
     """At the end of the run, finished or not: releases files and threads."""
 
 
+def is_released(name: str, released_metrics) -> bool:
+  """Whether a program metric is in ``released_metrics`` (names; a trailing ``*`` is a prefix):
+  computed only from the noisy release, so a record keeps it beside the covered values rather
+  than under ``diagnostics`` (:func:`fedjax_dp.engine.summarize_round`)."""
+  return any(name == r or (r.endswith("*") and name.startswith(r[:-1])) for r in released_metrics)
+
+
 @dataclasses.dataclass(frozen=True)
 class ReleasePolicy:
   """What a run's observers may see (``release``, :data:`fedjax_dp.engine.RELEASES`).

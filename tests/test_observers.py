@@ -8,7 +8,7 @@ import pytest
 from fedjax_dp.engine import RunOptions
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.experiment import simulate
-from fedjax_dp.observers import Observer, Record, ReleasePolicy, Start
+from fedjax_dp.observers import Observer, Record, ReleasePolicy, Start, is_released
 
 RUN = dict(num_clients=40, rounds=3, local_steps=2, model="mlp", max_test=100, eval_every=2)
 
@@ -90,6 +90,13 @@ def test_release_policy_view():
     assert not policy.shows_diagnostics(observer)
     assert policy.view(record, observer) == Record(2, 5, {"round": 2, "epsilon": 1.5})
   assert record.row == row  # the run's own record is left as it was
+
+
+def test_released_metrics_are_named_or_prefixed():
+  assert is_released("aggregate_norm", ("aggregate_norm",))
+  assert is_released("clip_bound.layer1", ("clip_bound*",))
+  assert not is_released("aggregate_norm_raw", ("aggregate_norm",))
+  assert not is_released("update_norm", ())
 
 
 def test_every_observer_is_closed_when_one_fails():
