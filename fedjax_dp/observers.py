@@ -5,12 +5,12 @@
   engine.run_group: prepare -> for each round: step -> record -> ReleasePolicy.view -> observers
 
 Each round of each experiment gives one :class:`Record`; every output is an :class:`Observer`
-that receives it: the ``metrics.jsonl`` and ``summary.json`` files (:class:`MetricsFile`),
-TensorBoard events (:class:`TensorBoard`), ``norms.npz`` (:class:`NormsFile`), checkpoints
-(:class:`Checkpoint`), the progress bar (:class:`ProgressBar`), ``summary.json``
-(:class:`SummaryFile`), the records a run returns
-(:class:`History`) and a user's callback (:class:`Callback`, ``simulate(on_round=...)``) or
-own observer (``simulate(observers=[...])``).
+that receives it, in this order: the records a run returns (:class:`History`), ``metrics.jsonl``
+(:class:`MetricsFile`), TensorBoard events (:class:`TensorBoard`), ``norms.npz``
+(:class:`NormsFile`), checkpoints (:class:`Checkpoint`), the progress bar
+(:class:`ProgressBar`), ``summary.json`` (:class:`SummaryFile`, last: a folder with a summary
+holds a whole run), then a user's callback (:class:`Callback`, ``simulate(on_round=...)``) and
+own observers (``simulate(observers=[...])``).
 
 The release policy (:class:`ReleasePolicy`) decides what each observer sees: with
 ``release="all"`` an observer that asks for them (:attr:`Observer.sees_diagnostics`) gets the
