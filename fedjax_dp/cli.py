@@ -544,7 +544,7 @@ def _cmd_sweep(args) -> int:
   try:
     options = RunOptions(output_dir=str(out), overwrite=args.overwrite,
                          progress=not args.no_progress, release=args.release)
-    result = sweep(config, grid, args.seeds, options=options, group_size=args.group_size,
+    result = sweep(config, grid, args.seeds, run_options=options, group_size=args.group_size,
                    threads=args.threads, log=lambda line: print(line, file=sys.stderr))
   except KeyboardInterrupt:  # sweep() removed its partial files and put earlier ones back
     print(f"fedjax-dp: interrupted: {out} is as it was (a sweep is written whole or not at "

@@ -24,7 +24,7 @@ from fedjax_dp.round import check_devices
 from fedjax_dp.sampling import make_sampler
 
 # The RunOptions fields that are a configuration's settings too (RunConfig fields): a run built
-# from a configuration takes them from it (run_options).
+# from a configuration takes them from it (options_for).
 FROM_CONFIG = ("eval_every", "placement", "client_chunk", "devices", "accounting_workers")
 # simulate's keywords that are run options (RunOptions fields), not settings of the configuration.
 RUN_KEYWORDS = tuple(f.name for f in dataclasses.fields(RunOptions) if f.name not in FROM_CONFIG)
@@ -41,7 +41,7 @@ def load_data(config: RunConfig):
 
 
 def simulate(config: Optional[RunConfig] = None, data=None, *,
-             options: Optional[RunOptions] = None, model=None, round=None,
+             run_options: Optional[RunOptions] = None, model=None, round=None,
              hparams: Optional[dict] = None, on_round=None,
              observers: Sequence[Observer] = (), **settings) -> RunResult:
   """Runs a simulation and returns its :class:`fedjax_dp.engine.RunResult`.
@@ -50,7 +50,7 @@ def simulate(config: Optional[RunConfig] = None, data=None, *,
     config: a :class:`RunConfig` (default: the quickstart).
     data: a :class:`fedjax_dp.data.FederatedData` (default: loaded from the
       configuration).
-    options: how the run runs and what it writes (:class:`fedjax_dp.engine.RunOptions`): its
+    run_options: how the run runs and what it writes (:class:`fedjax_dp.engine.RunOptions`): its
       ``output_dir`` (a folder holding an earlier run's files is refused unless ``overwrite``
       or ``resume``, as by ``fedjax-dp run``: :func:`fedjax_dp.outputs.check_output_dir`),
       ``progress``, ``release``, ``tensorboard``, ``checkpoint_every``, ``resume``. Its
@@ -70,7 +70,8 @@ def simulate(config: Optional[RunConfig] = None, data=None, *,
     **settings: field overrides of ``config`` (``simulate(rounds=20, target_epsilon=4.0)``; a
       setting the algorithm does not read, ``clip`` for ``rsa``, is refused, as on the command
       line) and run options by name (:data:`RUN_KEYWORDS`: ``output_dir=DIR``,
-      ``release="private"``, ...), which replace those of ``options``.
+      ``release="private"``, ...), which replace those of ``run_options``. (``options`` is
+      the configuration's field: the algorithm's ``--set`` options.)
 
   Returns:
     The run's :class:`fedjax_dp.engine.RunResult`.
@@ -79,7 +80,7 @@ def simulate(config: Optional[RunConfig] = None, data=None, *,
     ConfigError: on a bad setting or option, before anything compiles.
   """
   given = {k: settings.pop(k) for k in RUN_KEYWORDS if k in settings}
-  options = dataclasses.replace(options or RunOptions(), **given)
+  options = dataclasses.replace(run_options or RunOptions(), **given)
   check_from_config(options)
   config, model = _configured(config, model, settings)
   if options.output_dir is not None and not options.resume:
@@ -99,7 +100,7 @@ def simulate(config: Optional[RunConfig] = None, data=None, *,
   experiment = Experiment(setup.hparams, data, setup.sampler, config.seed, setup.accounting,
                           options.output_dir, recorded_config(config), config.to_dict(), own)
   return engine.run(setup.program, experiment, config.rounds,
-                    run_options(config, setup.program, options))
+                    options_for(config, setup.program, options))
 
 
 def _configured(config: Optional[RunConfig], model, settings: dict) -> tuple:
@@ -116,15 +117,15 @@ def _configured(config: Optional[RunConfig], model, settings: dict) -> tuple:
 
 def check_from_config(options: RunOptions) -> None:
   """Refuses run options that set what a configuration sets (:data:`FROM_CONFIG`): a run built
-  from a configuration takes those from it (:func:`run_options`)."""
+  from a configuration takes those from it (:func:`options_for`)."""
   default = RunOptions()
   for name in FROM_CONFIG:
-    check(getattr(options, name) == getattr(default, name), f"options.{name}",
+    check(getattr(options, name) == getattr(default, name), f"run_options.{name}",
           getattr(options, name), f"is a setting of the configuration: give {name}=... as a "
           "setting (or a field of the RunConfig) instead")
 
 
-def run_options(config: RunConfig, program, options: Optional[RunOptions] = None) -> RunOptions:
+def options_for(config: RunConfig, program, options: Optional[RunOptions] = None) -> RunOptions:
   """``options`` (default: ``RunOptions()``) with the fields that are the configuration's
   settings (:data:`FROM_CONFIG`) taken from ``config``: its evaluation period, placement,
   devices, accounting workers, and the client blocks :func:`client_blocks` chooses for

@@ -49,7 +49,7 @@ from fedjax_dp.config import field_types, make_config, parse_option, parse_value
 from fedjax_dp.engine import Experiment, RunOptions
 from fedjax_dp.errors import ConfigError, check
 from fedjax_dp.experiment import (check_from_config, client_blocks, load_data, recorded_config,
-                                  run_options)
+                                  options_for)
 from fedjax_dp.jsonio import dumps
 from fedjax_dp.round import check_devices
 
@@ -301,7 +301,8 @@ def _points(config, grid: Mapping[str, Sequence], values: dict, types: Mapping,
   ``target_epsilon`` unsets ``noise_multiplier`` and the other way round; an axis the point
   does not read is refused."""
   fields, options = {}, dict(config.options)
-  for given, other in (("target_epsilon", "noise_multiplier"), ("noise_multiplier", "target_epsilon")):
+  for given, other in (("target_epsilon", "noise_multiplier"),
+                       ("noise_multiplier", "target_epsilon")):
     if given in grid and other not in grid:
       fields[other] = None
   for name, v in values.items():
@@ -449,7 +450,7 @@ def run_configs(tasks: Sequence[Task], options: Optional[RunOptions] = None, *, 
     options: the run options they share (:class:`fedjax_dp.engine.RunOptions`: release,
       progress, one bar per group); each group's evaluation period, placement, client chunk,
       devices and accounting workers are its configurations'
-      (:func:`fedjax_dp.experiment.run_options`).
+      (:func:`fedjax_dp.experiment.options_for`).
     log: gets one line per group as it ends.
     on_group: ``on_group(indices, results, setups)`` is called as each group ends (the
       :class:`fedjax_dp.algorithms.Setup` s it ran).
@@ -486,7 +487,7 @@ def run_configs(tasks: Sequence[Task], options: Optional[RunOptions] = None, *, 
                               tasks[i].config.seed, built[i].accounting, tasks[i].output_dir,
                               recorded_config(tasks[i].config)) for i in members]
     done = engine.run_group(program, experiments, first.rounds,
-                            options=run_options(first, program, options), stop=stop)
+                            options=options_for(first, program, options), stop=stop)
     return done, time.perf_counter() - tg
 
   def finish(g, done, seconds):
@@ -552,7 +553,7 @@ def _in_threads(groups: list, threads: int, run_one, finish, stop: threading.Eve
 
 
 def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int = 1, *,
-          options: Optional[RunOptions] = None, load=None, log=None,
+          run_options: Optional[RunOptions] = None, load=None, log=None,
           group_size: Optional[int] = None, threads: Optional[int] = None) -> SweepResult:
   """Runs every grid point times seed; experiments that share a round run as one program.
 
@@ -560,7 +561,7 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
     config: the base :class:`RunConfig` (default: the quickstart).
     grid: axis name -> values (strings are converted by the field's type).
     seeds: seeds per grid point: ``config.seed``, ``config.seed + 1``, ...
-    options: the run options (:class:`fedjax_dp.engine.RunOptions`): ``release`` ("all" or
+    run_options: the run options (:class:`fedjax_dp.engine.RunOptions`): ``release`` ("all" or
       "private"), ``progress`` (a bar per group), and ``output_dir``: if given, each
       experiment writes ``experiments/NNN/metrics.jsonl`` and ``summary.json`` there, and the
       sweep ``results.json`` (:meth:`SweepResult.to_json`); ``overwrite`` replaces an earlier
@@ -582,7 +583,7 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
   Raises:
     ConfigError: on a bad grid, setting or option, before any data set loads.
   """
-  options = options or RunOptions()
+  options = run_options or RunOptions()
   points = _checked_plan(config, grid, seeds, options)
   threads = programs_at_once(group_size, threads, [p.config.devices for p in points])
   out = (None if options.output_dir is None else

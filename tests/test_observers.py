@@ -126,7 +126,7 @@ def test_run_options_are_checked_when_made(options, field):
 
 def test_simulate_takes_run_options_and_refuses_what_the_configuration_sets(tmp_path):
   rows = []
-  simulate(**RUN, options=RunOptions(output_dir=str(tmp_path)), on_round=rows.append)
+  simulate(**RUN, run_options=RunOptions(output_dir=str(tmp_path)), on_round=rows.append)
   assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == len(rows) == 3
-  with pytest.raises(ConfigError, match="options.eval_every.*setting of the configuration"):
-    simulate(**RUN, options=RunOptions(eval_every=5))
+  with pytest.raises(ConfigError, match="run_options.eval_every.*setting of the configuration"):
+    simulate(**RUN, run_options=RunOptions(eval_every=5))
