@@ -70,8 +70,7 @@ def simulate(config: Optional[RunConfig] = None, data=None, *,
     **settings: field overrides of ``config`` (``simulate(rounds=20, target_epsilon=4.0)``; a
       setting the algorithm does not read, ``clip`` for ``rsa``, is refused, as on the command
       line) and run options by name (:data:`RUN_KEYWORDS`: ``output_dir=DIR``,
-      ``release="private"``, ...), which replace those of ``run_options``. (``options`` is
-      the configuration's field: the algorithm's ``--set`` options.)
+      ``release="private"``, ...), which replace ``run_options``' (``options``: ``--set``).
 
   Returns:
     The run's :class:`fedjax_dp.engine.RunResult`.
