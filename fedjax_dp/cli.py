@@ -30,7 +30,7 @@ from fedjax_dp.checkpoint import latest_round, read_meta
 from fedjax_dp.config import (check_finite, check_noise_multiplier, field_help, field_types,
                               load_config_file, make_config, noise_warning, parse_option,
                               parse_value)
-from fedjax_dp.engine import check_checkpoint_release
+from fedjax_dp.engine import RunOptions, check_checkpoint_release
 from fedjax_dp.errors import ConfigError, NoiseWarning, check, check_choice, check_open_unit
 from fedjax_dp.experiment import simulate
 from fedjax_dp.jsonio import dumps
@@ -551,10 +551,10 @@ def _cmd_sweep(args) -> int:
   config = _config_from_args(args, grid, args.seeds)  # planned: bad axes refused before the folder
   out = pathlib.Path(args.output_dir)
   try:
-    result = sweep(config, grid, args.seeds, output_dir=str(out), overwrite=args.overwrite,
-                   group_size=args.group_size, threads=args.threads,
-                   progress=not args.no_progress, release=args.release,
-                   log=lambda line: print(line, file=sys.stderr))
+    options = RunOptions(output_dir=str(out), overwrite=args.overwrite,
+                         progress=not args.no_progress, release=args.release)
+    result = sweep(config, grid, args.seeds, run_options=options, group_size=args.group_size,
+                   threads=args.threads, log=lambda line: print(line, file=sys.stderr))
   except KeyboardInterrupt:  # sweep() removed its partial files and put earlier ones back
     print(f"fedjax-dp: interrupted: {out} is as it was (a sweep is written whole or not at "
           "all; run it again)", file=sys.stderr)

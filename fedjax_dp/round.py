@@ -676,3 +676,15 @@ def compiled_step(rnd: Round, placement: str = "device", experiments: Optional[s
       return inner(state, hp, shard_clients(batch, mesh, axis), key)
   # The new state and the metrics come back whole on every device (and every process).
   return jax.jit(fn, out_shardings=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+
+
+def run_keys(seed: int, secret: Optional[int] = None):
+  """``(k_init, k_run)``: the initial state is ``program.init(k_init, hparams)``, round ``r``'s
+  key ``fold_in(k_run, r)`` (a builder that must see the initial model uses ``k_init`` too).
+  ``secret``: a 128-bit integer folded into ``k_run`` only (a private release's entropy), so the
+  rounds' draws do not follow from ``seed`` while the initial model still does."""
+  k_init, k_run = jax.random.split(jax.random.PRNGKey(seed))
+  if secret is not None:
+    for word in range(4):
+      k_run = jax.random.fold_in(k_run, (secret >> (32 * word)) & 0xFFFFFFFF)
+  return k_init, k_run

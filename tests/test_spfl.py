@@ -16,7 +16,8 @@ from fedjax_dp.algorithms.spfl import HIGH, LOW, privacy_classes
 from fedjax_dp.client import StepStats, mean_initial_norm, poisson_indices
 from fedjax_dp.config import make_config
 from fedjax_dp.data import FederatedData
-from fedjax_dp.engine import run, run_keys
+from fedjax_dp.engine import Experiment, run
+from fedjax_dp.round import run_keys
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.experiment import simulate
 from fedjax_dp.models import get_model
@@ -431,8 +432,8 @@ def test_calibration_meets_the_target_for_every_client(sampling, accountant):
 
 def _run(cfg, data):
   setup = build(cfg, data)
-  return run(setup.program, data, setup.sampler, cfg.rounds, hparams=setup.hparams, seed=cfg.seed,
-             accounting=setup.accounting, progress=False)
+  return run(setup.program, Experiment(setup.hparams, data, setup.sampler, cfg.seed,
+                                      setup.accounting), cfg.rounds)
 
 
 ALGS = ["spfl", "spfl-sound", "dp-fl", "adp-fl", "nodp-fl"]

@@ -73,6 +73,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp import objectives
+from fedjax_dp.round import run_keys
 from fedjax_dp.algorithms.base import (Setup, byzantine_key, cached_round, common_hparams,
                                        read_options)
 from fedjax_dp.algorithms.dp_fedavg import make_model
@@ -345,13 +346,12 @@ def _initial_norm_fn(model, per_client: int):
 
 def initial_spfl_threshold(model, data, seed: int, per_client: int) -> float:
   """SP-FL's initial high-class threshold (Sec. 2.1): the mean initial per-example gradient norm
-  of all clients, at the run's initial model (:func:`fedjax_dp.engine.run_keys`), over each client's first
+  of all clients, at the run's initial model (:func:`fedjax_dp.round.run_keys`), over each client's first
   ``per_client`` examples. It reads the raw data: not private.
 
   Computed on the host by the builder (into ``hp["init_clip_high"]``), so the
   round itself holds no data and is shared by every run of the same shapes.
   """
-  from fedjax_dp.engine import run_keys
   params = model.init(run_keys(seed)[0])
   fn = _initial_norm_fn(model, int(per_client))
   return float(fn(params, data.x[:, :per_client], data.y[:, :per_client], data.counts))

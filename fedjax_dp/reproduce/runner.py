@@ -26,7 +26,7 @@ import numpy as np
 
 from fedjax_dp.errors import check
 from fedjax_dp.provenance import environment
-from fedjax_dp.sweep import MAX_EXPERIMENTS, run_configs
+from fedjax_dp.sweep import MAX_EXPERIMENTS, Task, run_configs
 
 # What a reproduction writes in its --output-dir besides plots and each run's own folder: a folder
 # holding one of these holds an earlier reproduction (kept unless --overwrite).
@@ -83,8 +83,7 @@ def simulate_jobs(jobs: Sequence[Job], data, done: Callable, threads: Optional[i
   """Runs ``jobs`` on ``data`` as sweeps do (:func:`fedjax_dp.sweep.run_configs`: those that
   share a compiled round run as one vmapped program, ``threads`` of them at once) and calls
   ``done(indices, results, setups)`` as each group of them ends."""
-  run_configs([j.config for j in jobs], [data] * len(jobs),
-              output_dirs=[j.output_dir for j in jobs], on_group=done, threads=threads)
+  run_configs([Task(j.config, data, j.output_dir) for j in jobs], on_group=done, threads=threads)
 
 
 def history(result, diagnostics: Optional[Sequence[str]] = None) -> list:
