@@ -349,14 +349,14 @@ def test_a_resume_that_conflicts_with_the_stored_run_is_refused(checkpointed, ar
 def test_a_resume_may_repeat_the_model_the_run_defaulted_to(checkpointed, monkeypatch):
   # A run without --model ran its data set's default, which summary.json's config names (and a
   # --config file from it repeats): no conflict with the checkpoint's unset model.
-  import fedjax_dp.checkpoint as checkpoint
+  from fedjax_dp import cli
   from fedjax_dp.cli import _resumed, build_parser
-  read = checkpoint.read_meta
+  read = cli.read_meta
 
   def unset_model(folder):
     meta = read(folder)
     return dict(meta, config=dict(meta["config"], model=None))
-  monkeypatch.setattr(checkpoint, "read_meta", unset_model)
+  monkeypatch.setattr(cli, "read_meta", unset_model)
   args = build_parser().parse_args(["run", "--resume", str(checkpointed), "--model", "digits_cnn"])
   config, _, _, done = _resumed(args)
   assert config.model is None and config.model_name == "digits_cnn" and done == 8
