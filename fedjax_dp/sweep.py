@@ -45,14 +45,15 @@ import numpy as np
 
 from fedjax_dp import algorithms, engine, outputs
 from fedjax_dp.algorithms import options as algorithm_options
-from fedjax_dp.config import field_types, make_config, parse_option, parse_value
+from fedjax_dp.config import RunConfig, field_types, make_config, parse_option, parse_value
 from fedjax_dp.engine import Experiment, RunOptions
 from fedjax_dp.errors import ConfigError, check
 from fedjax_dp.experiment import (check_from_config, client_blocks, load_data, recorded_config,
                                   options_for)
 from fedjax_dp.jsonio import dumps
 from fedjax_dp.stats import seed_stats
-from fedjax_dp.round import check_devices
+from fedjax_dp.privacy.ledger import PrivacyLedger
+from fedjax_dp.round import check_devices, one_cpu_device
 
 SWEEP_FILES = ("results.json", "experiments")  # everything a sweep writes in its folder
 # What results.json's fields are, beside each experiment's own summary (which has its release block).
@@ -137,7 +138,6 @@ def seeds_composed(epsilon: Optional[float], delta: Optional[float], seeds: int,
             "delta_seeds_composed": seeds * (1 + math.exp(epsilon)) * delta,
             "seeds_composition": "basic, group of 2", **unit}
   if ledgers is not None and all(l is not None for l in ledgers):
-    from fedjax_dp.privacy.ledger import PrivacyLedger
     joint = PrivacyLedger.joint(ledgers)
     return {"epsilon_seeds_composed": joint.epsilon(delta), "delta_seeds_composed": delta,
             "seeds_composition": joint.accountant, **unit}
@@ -233,7 +233,6 @@ def check_grid(grid: Mapping[str, Sequence]) -> dict:
 def check_config(config, unset_ok: bool = False) -> None:
   """Refuses a base configuration that is not a :class:`fedjax_dp.config.RunConfig` (nor None,
   with ``unset_ok``: :func:`sweep`'s quickstart)."""
-  from fedjax_dp.config import RunConfig
   check(isinstance(config, RunConfig) or (unset_ok and config is None), "config", config,
         "must be a RunConfig" + (" or None (the quickstart)" if unset_ok else "")
         + ": fedjax_dp.config.make_config(**settings) makes one from a dict")
@@ -396,7 +395,6 @@ def threads_for(requested: Optional[int], devices: Sequence[Optional[int]]) -> i
   two threads than as one (benchmarks/RESULTS.md). Elsewhere one: a vmapped group fills an
   accelerator, and several devices share a program's clients.
   """
-  from fedjax_dp.round import one_cpu_device
   check_threads(requested)
   if requested is not None:
     return requested
