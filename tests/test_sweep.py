@@ -346,14 +346,14 @@ def test_a_failing_program_stops_the_others_and_its_error_is_raised(monkeypatch)
 
 
 def test_threads_are_one_per_core_on_one_cpu_device_and_checked(monkeypatch):
-  from fedjax_dp import sweep
+  from fedjax_dp import sweep as sweep_module
   from fedjax_dp.sweep import MAX_AUTO_THREADS, threads_for
   import os
   cores = len(os.sched_getaffinity(0))
   assert threads_for(None, [None] * 20) == min(cores, MAX_AUTO_THREADS)
   assert threads_for(None, [None]) == 1  # one experiment: one program
   assert threads_for(3, [None]) == 3
-  monkeypatch.setattr(sweep, "one_cpu_device", lambda devices=None: False)
+  monkeypatch.setattr(sweep_module, "one_cpu_device", lambda devices=None: False)
   assert threads_for(None, [None] * 20) == 1  # accelerators and several devices: one
   for bad in (0, -1, 1.5, True, "2"):
     with pytest.raises(ConfigError, match=r"threads.*integer >= 1"):
