@@ -162,15 +162,17 @@ def _add_algorithms(sub):
 
 
 def _cmd_algorithms(args) -> int:
-  from fedjax_dp.algorithms import ABOUT, option_table
+  from fedjax_dp import components
+  from fedjax_dp.algorithms import choosing_knowledge, option_table, options
   from fedjax_dp.algorithms.options import describe
   from fedjax_dp.jsonio import dumps
-  out = {name: {"paper": paper, "privacy_unit": unit, "options": describe(option_table(name))}
-         for name, (paper, unit, _) in ABOUT.items()}
+  declared = components.declared("algorithm")
+  out = {a.name: {"paper": a.reference, "about": a.about, "privacy_unit": a["privacy_unit"],
+                  "defaults": dict(a["defaults"]), "options": describe(option_table(a.name))}
+         for a in declared}
   if args.json:
     print(dumps(out))
     return 0
-  from fedjax_dp.algorithms import CHOOSES_KNOWLEDGE, NO_BYZANTINE, options
   common = {o.name for o in options.BYZANTINE + options.AGGREGATOR}
 
   def show(opts):
@@ -178,10 +180,14 @@ def _cmd_algorithms(args) -> int:
       print(f"  --set {o['name']}=VALUE  (default {o['default']}; {o['allowed']}): {o['help']}")
 
   for name, info in out.items():
-    print(f"{name}: {info['paper']}\n  privacy unit: {info['privacy_unit']}")
+    print(f"{name}: {info['paper']}\n  {info['about']}\n  privacy unit: {info['privacy_unit']}")
+    if info["defaults"]:
+      print("  its defaults: " + " ".join(f"--{k.replace('_', '-')} {v}"
+                                          for k, v in info["defaults"].items()))
     show([o for o in info["options"] if o["name"] not in common])
-  print(f"every algorithm but {', '.join(sorted(NO_BYZANTINE))} also takes --byzantine K "
-        f"--attack NAME --aggregator NAME ({', '.join(CHOOSES_KNOWLEDGE)} also "
+  alone = sorted(a.name for a in declared if not a["byzantine"])
+  print(f"every algorithm but {', '.join(alone)} also takes --byzantine K "
+        f"--attack NAME --aggregator NAME ({', '.join(choosing_knowledge())} also "
         "--attacker-knowledge released|omniscient) and:")
   show(describe(options.BYZANTINE + options.AGGREGATOR))
   return 0

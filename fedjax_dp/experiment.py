@@ -154,12 +154,11 @@ def recorded_config(config: RunConfig) -> dict:
   ``not_used``) rather than recorded as if they applied, so the rest is a valid ``--config``
   file; ``model`` is the model's name (the data set's default when the configuration names
   none)."""
-  from fedjax_dp.algorithms import ALGORITHMS, unread_by_settings, unused_fields
+  from fedjax_dp.algorithms import unread_by_settings, unused_fields
   d = dict(config.to_dict(), model=config.model_name)
-  if config.algorithm in ALGORITHMS:
-    unused = unused_fields(config) + sorted(unread_by_settings(config))
-    d = {k: v for k, v in d.items() if k not in unused}
-    d["not_used"] = unused
+  unused = unused_fields(config) + sorted(unread_by_settings(config))
+  d = {k: v for k, v in d.items() if k not in unused}
+  d["not_used"] = unused
   return d
 
 

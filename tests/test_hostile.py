@@ -110,9 +110,10 @@ def test_unknown_setting_names_from_python_are_refused_as_in_a_config_file(capsy
 
 def _every_option():
   """(algorithm, option) with one algorithm per option name: every --set option there is."""
-  from fedjax_dp.algorithms import ALGORITHMS, option_table
+  from fedjax_dp import components
+  from fedjax_dp.algorithms import option_table
   seen = {}
-  for name in ALGORITHMS:
+  for name in components.names("algorithm"):
     for o in option_table(name):
       seen.setdefault(o.name, (name, o))
   return sorted(seen.values(), key=lambda p: p[1].name)
@@ -471,8 +472,8 @@ def _small_data(num_clients, examples=8):
 
 @st.composite
 def valid_configs(draw):
-  from fedjax_dp.algorithms import ALGORITHMS
-  algorithm = draw(st.sampled_from(sorted(ALGORITHMS)))
+  from fedjax_dp import components
+  algorithm = draw(st.sampled_from(sorted(components.names("algorithm"))))
   n = draw(st.integers(2, 30))
   d = {"algorithm": algorithm, "num_clients": n, "model": "mlp",
        "rounds": draw(st.integers(1, 10 ** 6)), "seed": draw(st.integers(0, 2 ** 32 - 1)),

@@ -50,10 +50,12 @@ AGGREGATOR = (
            high_open=True),
     Option("gm_tol", 1e-6, "geometric_median: Weiszfeld's relative tolerance", low=0, low_open=True),
     Option("gm_max_iter", 100, "geometric_median: at most this many Weiszfeld iterations",
-           kind="int", low=1),
-    Option("krum_m", 1, "krum: average of the m best-scored rows (multi-Krum)", kind="int", low=1),
+           kind="int", low=1, static=True),
+    Option("krum_m", 1, "krum: average of the m best-scored rows (multi-Krum)", kind="int", low=1,
+           static=True),
     Option("cc_tau", 1.0, "centered_clipping: radius tau", low=0, low_open=True),
-    Option("cc_iters", 1, "centered_clipping: iterations per round", kind="int", low=1),
+    Option("cc_iters", 1, "centered_clipping: iterations per round", kind="int", low=1,
+           static=True),
 )
 STATIC_AGGREGATOR = ("gm_max_iter", "krum_m", "cc_iters")
 # Which attack or aggregator reads each of those options.
