@@ -485,8 +485,8 @@ def valid_configs(draw):
        "noise_multiplier": draw(st.floats(0.1, 1e3)), "target_epsilon": None}
   if draw(st.booleans()):
     d["sampling"], d["cohort_size"] = "fixed", draw(st.integers(1, n))
-  else:
-    d["sampling_prob"] = draw(st.floats(0.01, 1.0))
+  else:  # given, since an algorithm may default to fixed cohorts (ddgauss)
+    d["sampling"], d["sampling_prob"] = "poisson", draw(st.floats(0.01, 1.0))
   if algorithm == "krum":  # Krum needs cohorts of more than 2f + 2 clients
     rows = d.get("cohort_size") or round(d["sampling_prob"] * n)
     d["byzantine"] = min(d["byzantine"], max((rows - 3) // 2, 0))

@@ -35,8 +35,9 @@ rate ``alpha = hp["server_lr"]`` on ``lambda * sum_k sign(m_k) + u x_0``.
 Byzantine workers and their attack come from the run's ``byzantine``,
 ``attack`` and ``attacker_knowledge`` settings. Options (``--set
 name=value``): ``lambda`` (0.01), ``l2`` (u, 0.004), the attack strengths;
-``dp-rsa-f``: ``keep_prob`` or ``epsilon`` (per coordinate per round);
-``dp-rsa-g``: ``sign_sigma`` or ``epsilon``, ``sign_clip`` (the bound that
+``dp-rsa-f``: ``keep_prob`` (0.8) or ``epsilon`` (per coordinate per round,
+calibrating ``keep_prob``); ``dp-rsa-g``: ``sign_sigma`` (0.016) or ``epsilon``
+(calibrating ``sign_sigma``), ``sign_clip`` (the bound that
 gives the formal guarantee; unset: no guarantee, flagged), ``sign_clip_norm``
 ("linf" default, or "l2"). See :mod:`fedjax_dp.privacy.sign` for exactly what
 each guarantee covers.

@@ -58,9 +58,9 @@ Options (``--set name=value``): ``high_fraction`` (0.5), ``beta_high`` (1.0),
 ``init_norm_examples`` (32; spfl's initial threshold reads this many
 examples per client), ``low_cap`` (spfl-sound; default ``clip``),
 ``stat_bound`` (spfl-sound ``B``; default ``4 * clip``), ``stat_noise_ratio``
-(5: the statistic's noise is this times ``sigma``), ``min_clip`` (1e-3),
-``max_clip`` (adp-fl's upper clamp; default ``1000 * clip``),
-``target_quantile`` and ``clip_lr`` (adp-fl; 0.5 and 0.2).
+(5: the statistic's noise is this times ``sigma``), ``min_clip`` (1e-3; adp-fl's options are in :mod:`fedjax_dp.algorithms.adp_fl`).
+Every algorithm of the family runs 100 clients and 2 local steps by default, so that a batch of
+the default size fits each client's examples.
 """
 
 from __future__ import annotations
@@ -114,9 +114,11 @@ SOUND_OPTIONS = CLASSES + (
     Option("stat_bound", None, "spfl-sound: B of the norm statistic min(||g||, B) / B; unset: "
            "4 clip", **POSITIVE),
     STAT_NOISE_RATIO, MIN_CLIP)
-# What every algorithm of the family declares alike: the settings it reads, and clients that
-# hold enough examples for a batch of the default size (the default population's hold two).
-TRAITS = dict(reads=LOCAL | NOISE, defaults={"num_clients": 100})
+# What every algorithm of the family declares alike: the settings it reads, clients that hold
+# enough examples for a batch of the default size (the default population's hold two) and the
+# paper's two local steps (published SP-FL's noise, scaled by the batch's own norms, grows
+# without bound over five).
+TRAITS = dict(reads=LOCAL | NOISE, defaults={"num_clients": 100, "local_steps": 2})
 
 REASON_LOW = ("proportional clipping C_{t,l} = beta * ||g_t(x_i)||_2 (Eq. 7) only scales each "
               "example's gradient by beta, so a step's L2 sensitivity is unbounded, and the noise "
