@@ -11,7 +11,8 @@ from fedjax_dp.config import make_config
 
 # Settings that make a run small, given where the algorithm declares no default of its own for
 # them (the population stays where its cohort needs it).
-SMALL = {"num_clients": "20", "max_test": "100", "eval_every": "1"}
+SMALL = {"num_clients": "20", "max_test": "50", "eval_every": "1", "model": "mlp",
+         "local_steps": "1"}
 
 
 @pytest.mark.parametrize("name", components.names("algorithm"))
