@@ -15,8 +15,8 @@ its host-side sampler and its privacy accounting.
 from __future__ import annotations
 
 from fedjax_dp import components
-# Importing each algorithm module declares its algorithms, in the order `fedjax-dp algorithms`
-# lists them.
+# Importing each algorithm module declares its algorithms (`fedjax-dp algorithms` lists them in
+# the order they are declared).
 from fedjax_dp.algorithms import (adp_fl, ae_dpfl, blur_lus, ddgauss, dp_fedavg,  # noqa: F401
                                   robust_sgd, rsa, spfl)
 from fedjax_dp.algorithms.base import (INT_HPARAMS, NONE, Setup, as_hparams, cached_round,
