@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from fedjax_dp import components
 from fedjax_dp.cli import main
 from fedjax_dp.config import RunConfig, make_config
 from fedjax_dp.errors import ConfigError
@@ -124,8 +125,11 @@ def _every_option():
 def test_wrong_typed_set_values_are_refused_in_one_line(algorithm, option, text, capsys, tmp_path):
   if option.kind == "choice" and text == "abc":
     text = "3"
-  assert main(["run", "--algorithm", algorithm, "--num-clients", "20", "--set", f"{option.name}={text}",
-               "--output-dir", str(tmp_path / "o"), "--no-progress"]) == 2
+  # A population of 20 clients, in cohorts that fit it where the algorithm's own are larger.
+  cohort = ["--cohort-size", "5"] if "cohort_size" in components.get("algorithm", algorithm)[
+      "defaults"] else []
+  assert main(["run", "--algorithm", algorithm, "--num-clients", "20", *cohort, "--set",
+               f"{option.name}={text}", "--output-dir", str(tmp_path / "o"), "--no-progress"]) == 2
   _one_error_line(capsys, f"option {option.name}")
   assert not (tmp_path / "o").exists()
 
