@@ -34,10 +34,10 @@ def _peak_rss_gb() -> float:
 
 def _seconds_per_round(config, data, placement: str, rounds: int) -> float:
   from fedjax_dp.algorithms import build
-  from fedjax_dp.engine import run
+  from fedjax_dp.engine import Experiment, RunOptions, run
   setup = build(config, data)
-  result = run(setup.program, data, setup.sampler, rounds, hparams=setup.hparams, progress=False,
-               placement=placement, eval_every=rounds)
+  result = run(setup.program, Experiment(setup.hparams, data, setup.sampler), rounds,
+               RunOptions(placement=placement, eval_every=rounds))
   return result.summary["diagnostics"]["seconds_per_round_after_first"]
 
 

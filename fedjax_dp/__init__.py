@@ -4,11 +4,13 @@ The package import is light: submodules (and TensorFlow, which only the tfds
 loader needs) are imported on use.
 """
 
-__version__ = "0.1.0"
+from fedjax_dp._version import __version__
+
+__all__ = ["__version__", "simulate"]
 
 
 def __getattr__(name):
-  # ``fedjax_dp.simulate`` without importing JAX at package import.
+  # Lazy, for start-up time: ``fedjax_dp.simulate`` without importing JAX at package import.
   if name == "simulate":
     from fedjax_dp.experiment import simulate
     return simulate

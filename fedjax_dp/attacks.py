@@ -14,6 +14,25 @@ What a row *is* depends on the algorithm: a stochastic gradient for the
 gradient-aggregation baselines, the worker's local model ``z_j`` for RSA /
 DP-RSA, which then sends ``sign(x_0 - z_j)`` (Zhu and Ling, IJCAI 2022, Eq. 7).
 
+Each attack declares itself once, beside its function, with
+``fedjax_dp.components.declare("attack", NAME, reference=..., about=..., options=...,
+reads_honest=...)``; the registry gives ``--attack``'s values, the ``--set`` options, their
+refusal when another attack runs, the hyper-parameters and the compile-cache key. The build
+contract of the kind (what :func:`get` calls):
+
+  ``build(**values) -> fn``: one keyword argument per declared option, named as the option, with
+  no default of its own (the :class:`fedjax_dp.components.Option` holds it). A numeric option's
+  value comes from the round's hyper-parameters, so inside the compiled round it is a traced
+  scalar (an unset one, None in its declaration, is NaN there); a static option's is a Python
+  value. ``fn(updates, byzantine_mask, key, mask, ids) -> updates`` is the pure attack
+  (``mask`` may be None; ``ids`` is given), which :func:`get` wraps in an :class:`Attack`.
+  Inside a :class:`fedjax_dp.round.Round`, the one static attack option the round carries,
+  ``nonfinite_value`` (``Round.nonfinite_value``), reaches the build; another static option of
+  an attack stays at its default there.
+
+The trait every attack declares: ``reads_honest`` (bool), whether its rows are computed from the
+regular rows (see below).
+
 Attacks of Zhu and Ling (2022, Sec. "Numerical experiments"):
 
 * ``gaussian``: each element from N(0, sigma_b^2), sigma_b = 1e4 (``attack_shared``: one draw
@@ -39,17 +58,16 @@ honest data that no mechanism protected, so the run reports
 
 from __future__ import annotations
 
-from typing import Callable, Optional
-
 import dataclasses
+from typing import Callable, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
 from jax.scipy.special import ndtri
 
-from fedjax_dp.errors import check, check_choice
+from fedjax_dp import components
+from fedjax_dp.components import Option, declare
 
-ATTACKS = ("none", "gaussian", "sign_flip", "sample_duplication", "alie", "ipm", "nonfinite")
 KNOWLEDGE = ("released", "omniscient")
 OMNISCIENT_REASON = ("omniscient attack: the Byzantine messages are computed from honest clients' raw "
                      "state (not from what they release), so they depend on data no mechanism "
@@ -61,10 +79,10 @@ class Attack:
   """A Byzantine attack: ``attack(updates, byzantine_mask, key, mask=None, ids=None) -> updates``.
 
   Attributes:
-    name: one of :data:`ATTACKS`.
+    name: a declared attack (``fedjax_dp.components.names("attack")``).
     reads_honest: True when the attackers' rows are computed from the
       regular rows (sample duplication, ALIE, IPM); False when they use only
-      their own row or nothing (Gaussian, sign flip, non-finite).
+      their own row or nothing (Gaussian, sign flip, non-finite): the declared trait.
     fn: the pure function ``fn(updates, byzantine_mask, key, mask, ids)`` (``ids`` given).
   """
 
@@ -101,19 +119,27 @@ def _regular_mean(updates, w):
   return jax.tree_util.tree_map(lambda u: jnp.tensordot(w, u, axes=(0, 0)) / denom, updates)
 
 
-def none() -> Attack:
+@declare("attack", "none", about="the Byzantine clients send their true rows",
+         reads_honest=False)
+def none():
+  """No attack: every row is returned unchanged."""
   def attack(updates, byz, key, mask, ids):
     del byz, key, mask, ids
     return updates
-  return Attack("none", False, attack)
+  return attack
 
 
-def gaussian(sigma: float = 1e4, shared=0) -> Attack:
-  """Attackers send N(0, sigma^2) in every element (Zhu and Ling 2022, attack (i)): a draw per
-  attacker, or with ``shared`` (1; a hyper-parameter, so it may be traced) one draw that every
-  attacker sends, as the DP-RSA authors' released code does (aligned rows: a stronger attack on
-  a sum of signs, where independent rows partly cancel)."""
-  check(sigma > 0, "attack_sigma", sigma, "must be > 0")
+@declare("attack", "gaussian", reference="Zhu and Ling, IJCAI 2022, attack (i)",
+         about="rows of Gaussian noise", reads_honest=False, options=(
+             Option("attack_sigma", 1e4, "std of the gaussian attack's rows", low=0,
+                    low_open=True),
+             Option("attack_shared", 0, "gaussian: 1 sends one draw from every attacker (the "
+                    "DP-RSA authors' code), 0 a draw per attacker", kind="int", low=0, high=1)))
+def gaussian(attack_sigma, attack_shared):
+  """Attackers send N(0, sigma^2) in every element (Zhu and Ling 2022, attack (i)), ``sigma =
+  attack_sigma``: a draw per attacker, or with ``attack_shared`` 1 one draw that every attacker
+  sends, as the DP-RSA authors' released code does (aligned rows: a stronger attack on a sum of
+  signs, where independent rows partly cancel)."""
 
   def attack(updates, byz, key, mask, ids):
     del mask
@@ -127,22 +153,29 @@ def gaussian(sigma: float = 1e4, shared=0) -> Attack:
       own = jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(per_id, i), shape[1:],
                                                  jnp.float32))(ids)
       one = jax.random.normal(jax.random.fold_in(k, 1), shape[1:], jnp.float32)
-      return sigma * jnp.where(jnp.asarray(shared) > 0, one, own)
+      return attack_sigma * jnp.where(jnp.asarray(attack_shared) > 0, one, own)
     noise = [draw(k, u.shape) for k, u in zip(keys, leaves)]
     return _replace(updates, byz, jax.tree_util.tree_unflatten(treedef, noise))
-  return Attack("gaussian", False, attack)
+  return attack
 
 
-def sign_flip(scale: float = -5.0) -> Attack:
-  """Attackers send their true row times ``scale`` (-5 in Zhu and Ling 2022, attack (ii))."""
+@declare("attack", "sign_flip", reference="Zhu and Ling, IJCAI 2022, attack (ii)",
+         about="the attacker's true row times a factor", reads_honest=False, options=(
+             Option("attack_scale", -5.0, "factor of the sign_flip attack (the attacker's true "
+                    "row times it)"),))
+def sign_flip(attack_scale):
+  """Attackers send their true row times ``attack_scale`` (-5 in Zhu and Ling 2022, attack
+  (ii))."""
 
   def attack(updates, byz, key, mask, ids):
     del key, mask, ids
-    return _replace(updates, byz, jax.tree_util.tree_map(lambda u: scale * u, updates))
-  return Attack("sign_flip", False, attack)
+    return _replace(updates, byz, jax.tree_util.tree_map(lambda u: attack_scale * u, updates))
+  return attack
 
 
-def sample_duplication() -> Attack:
+@declare("attack", "sample_duplication", reference="Zhu and Ling, IJCAI 2022, attack (iii)",
+         about="every attacker copies one regular row", reads_honest=True)
+def sample_duplication():
   """Every attacker copies the row of one regular worker, the real regular worker of lowest id
   (Zhu and Ling 2022, attack (iii))."""
 
@@ -152,14 +185,19 @@ def sample_duplication() -> Attack:
     src = jnp.argmin(jnp.where(regular, ids, jnp.iinfo(ids.dtype).max))
     return _replace(updates, byz, jax.tree_util.tree_map(
         lambda u: jnp.broadcast_to(u[src], u.shape), updates))
-  return Attack("sample_duplication", True, attack)
+  return attack
 
 
-def alie(z: Optional[float] = None) -> Attack:
+@declare("attack", "alie", reference="Baruah et al., NeurIPS 2019",
+         about="a little is enough: the regular rows' mean minus z of their standard deviations",
+         reads_honest=True,
+         options=(Option("alie_z", None, "ALIE's shift in standard deviations; unset: the "
+                         "paper's z_max"),))
+def alie(alie_z):
   """"A little is enough" (Baruah et al., NeurIPS 2019): mean - z * std of the regular rows.
 
   Args:
-    z: how many standard deviations to shift; None (or NaN) computes the paper's
+    alie_z: how many standard deviations to shift; None (or NaN) computes the paper's
       ``z_max = Phi^{-1}((n - s) / n)`` with ``s = floor(n / 2 + 1) - b`` from
       the cohort's ``n`` real rows and ``b`` attackers.
   """
@@ -174,66 +212,74 @@ def alie(z: Optional[float] = None) -> Attack:
     b = jnp.sum(byz * (mask if mask is not None else 1.0))
     s = jnp.floor(n / 2 + 1) - b
     z_max = ndtri(jnp.clip((n - s) / jnp.maximum(n, 1.0), 1e-6, 1 - 1e-6))
-    zz = z_max if z is None else jnp.where(jnp.isnan(z), z_max, z)
+    zz = z_max if alie_z is None else jnp.where(jnp.isnan(alie_z), z_max, alie_z)
     new = jax.tree_util.tree_map(lambda m, v: jnp.broadcast_to(m - zz * jnp.sqrt(v), m.shape), mu, var)
     return _replace(updates, byz, jax.tree_util.tree_map(
         lambda u, n_: jnp.broadcast_to(n_[None], u.shape), updates, new))
-  return Attack("alie", True, attack)
+  return attack
 
 
-def ipm(epsilon: float = 0.1) -> Attack:
-  """Inner-product manipulation (Xie, Koyejo and Gupta, UAI 2020): ``-epsilon * mean`` of regular rows."""
-  check(epsilon > 0, "ipm_epsilon", epsilon, "must be > 0")
+@declare("attack", "ipm", reference="Xie, Koyejo and Gupta, UAI 2020",
+         about="inner-product manipulation: minus a multiple of the regular rows' mean",
+         reads_honest=True, options=(
+             Option("ipm_epsilon", 0.1, "IPM's factor: attackers send -epsilon * the regular "
+                    "mean", low=0, low_open=True),))
+def ipm(ipm_epsilon):
+  """Inner-product manipulation (Xie, Koyejo and Gupta, UAI 2020): ``-epsilon * mean`` of the
+  regular rows, ``epsilon = ipm_epsilon``."""
 
   def attack(updates, byz, key, mask, ids):
     del key, ids
     mu = _regular_mean(updates, _regular_weights(byz, mask))
     return _replace(updates, byz, jax.tree_util.tree_map(
-        lambda u, m: jnp.broadcast_to(-epsilon * m[None], u.shape), updates, mu))
-  return Attack("ipm", True, attack)
+        lambda u, m: jnp.broadcast_to(-ipm_epsilon * m[None], u.shape), updates, mu))
+  return attack
 
 
-def nonfinite(value: str = "nan") -> Attack:
+@declare("attack", "nonfinite", about="rows of NaN or Inf (to test the aggregators' rejection)",
+         reads_honest=False, options=(
+             Option("nonfinite_value", "nan", "what the nonfinite attack sends", kind="choice",
+                    choices=("nan", "inf", "mixed")),))
+def nonfinite(nonfinite_value):
   """Attackers send rows of NaN ("nan"), +Inf ("inf") or alternating +-Inf ("mixed")."""
-  check_choice("nonfinite_value", value, ("nan", "inf", "mixed"))
 
   def attack(updates, byz, key, mask, ids):
     del key, mask, ids
     def fill(u):
-      if value == "nan":
+      if nonfinite_value == "nan":
         return jnp.full(u.shape, jnp.nan)
-      if value == "inf":
+      if nonfinite_value == "inf":
         return jnp.full(u.shape, jnp.inf)
       return jnp.where(jnp.arange(u.size).reshape(u.shape) % 2 == 0, jnp.inf, -jnp.inf)
     return _replace(updates, byz, jax.tree_util.tree_map(fill, updates))
-  return Attack("nonfinite", False, attack)
+  return attack
 
 
-ATTACK_HPARAMS = {"attack_sigma": 1e4, "attack_shared": 0, "attack_scale": -5.0,
-                  "alie_z": float("nan"), "ipm_epsilon": 0.1}
+def canonical(name: str) -> str:
+  """An attack's name as declared: "-" may stand for "_" (``sign-flip``)."""
+  return str(name).replace("-", "_")
 
 
-def from_hparams(name: str, hp: dict, nonfinite_value: str = "nan") -> Attack:
-  """The attack ``name`` with its strengths read from ``hp`` (:data:`ATTACK_HPARAMS` keys).
+def get(name: str, hp: Optional[Mapping] = None, static: Optional[Mapping] = None) -> Attack:
+  """The declared attack ``name`` (:func:`canonical`).
 
-  Called inside the compiled round, so the strengths are data (``alie_z``
-  NaN means the paper's ``z_max``); a strength missing from ``hp`` takes its default.
+  Args:
+    name: a declared attack (``fedjax_dp.components.names("attack")``).
+    hp: where its numeric options (strengths) are read, by option name: inside the compiled
+      round its hyper-parameters, so the strengths are data (``alie_z`` NaN: the paper's
+      ``z_max``).
+    static: where its static options are read (``nonfinite_value``), by option name.
+
+  Each option missing from both is at its default; other names are ignored. Python numbers and
+  text are checked against the option's declaration (:meth:`fedjax_dp.components.Option.parse`);
+  arrays pass as they are.
+
+  Raises:
+    ConfigError: for an undeclared name or a value its option does not allow.
   """
-  v = {k: hp.get(k, d) for k, d in ATTACK_HPARAMS.items()}
-  return get(name, sigma=v["attack_sigma"], shared=v["attack_shared"], scale=v["attack_scale"],
-             alie_z=v["alie_z"], ipm_epsilon=v["ipm_epsilon"], nonfinite_value=nonfinite_value)
-
-
-def get(name: str, *, sigma: float = 1e4, shared=0, scale: float = -5.0,
-        alie_z: Optional[float] = None, ipm_epsilon: float = 0.1,
-        nonfinite_value: str = "nan") -> Attack:
-  """An attack by name (one of :data:`ATTACKS`); "-" may stand for "_" (``sign-flip``)."""
-  name = str(name).replace("-", "_")
-  check_choice("attack", name, ATTACKS)
-  makers = {"none": none, "gaussian": lambda: gaussian(sigma, shared),
-            "sign_flip": lambda: sign_flip(scale), "sample_duplication": sample_duplication,
-            "alie": lambda: alie(alie_z), "ipm": lambda: ipm(ipm_epsilon), "nonfinite": lambda: nonfinite(nonfinite_value)}
-  return makers[name]()
+  component = components.get("attack", canonical(name))
+  fn = component.build(**component.values(hp or {}, static or {}))
+  return Attack(component.name, component["reads_honest"], fn)
 
 
 def knowledge_of_unreleased(attack: str, byzantine: int) -> Optional[str]:
@@ -243,4 +289,5 @@ def knowledge_of_unreleased(attack: str, byzantine: int) -> Optional[str]:
   whatever the configuration's ``attacker_knowledge`` says), "released" when it does not."""
   if not byzantine:
     return None
-  return "omniscient" if get(attack).reads_honest else "released"
+  return ("omniscient" if components.get("attack", canonical(attack))["reads_honest"]
+          else "released")

@@ -37,12 +37,24 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import sys
 import time
 from typing import Callable, Optional
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from scipy.stats import beta
 
+from fedjax_dp.algorithms import build
+from fedjax_dp.config import make_config
+from fedjax_dp.data import FederatedData
 from fedjax_dp.errors import ConfigError, check, check_choice
+from fedjax_dp.jsonio import dumps
+from fedjax_dp.models import Model
+from fedjax_dp.models.zoo import MLP
+from fedjax_dp.round import CohortBatch, messages, step
+from fedjax_dp.sampling import Cohort
 
 DELTA = 1e-5
 SCALES = (1.0, 10.0, 100.0)
@@ -55,7 +67,6 @@ DIM = 2            # inputs: feature 0 is the canary's alone (0 for every other 
 
 def clopper_pearson_upper(errors, n: int, alpha: float) -> np.ndarray:
   """One-sided upper confidence bound, level ``1 - alpha``, on a rate of ``errors`` in ``n``."""
-  from scipy.stats import beta
   k = np.asarray(errors, np.float64)
   safe = np.minimum(k, n - 1)
   return np.where(k >= n, 1.0, beta.ppf(1.0 - alpha, safe + 1.0, n - safe))
@@ -121,8 +132,6 @@ def epsilon_lower_bound(r0: np.ndarray, r1: np.ndarray, delta: float, confidence
 
 def linear_model():
   """Softmax regression on ``DIM`` features, 2 classes (6 parameters)."""
-  from fedjax_dp.models import Model
-  from fedjax_dp.models.zoo import MLP
   return Model("audit_linear", MLP(2, hidden=()), (DIM,), 2)
 
 
@@ -133,7 +142,6 @@ def federation(num_clients: int, examples: int, seed: int, special=None, alone: 
   ``label`` (the canary, an anti-canary, or a zero example); with ``alone`` that
   client holds just that example.
   """
-  from fedjax_dp.data import FederatedData
   rng = np.random.default_rng([seed, 0xA0D1])
   x = np.zeros((num_clients, examples, DIM), np.float32)
   x[..., 1] = rng.normal(size=(num_clients, examples))
@@ -149,22 +157,17 @@ def federation(num_clients: int, examples: int, seed: int, special=None, alone: 
 
 
 def _config(**fields):
-  from fedjax_dp.config import make_config
   base = dict(model=linear_model(), rounds=1, delta=DELTA, target_epsilon=None, client_lr=1.0,
               server_lr=1.0, local_steps=1, batch_size=1, eval_every=1)
   return make_config(base, **fields)
 
 
 def _zero_state(rnd, hp):
-  import jax
-  import jax.numpy as jnp
   state = rnd.init(jax.random.PRNGKey(0), hp)
   return state._replace(params=jax.tree_util.tree_map(jnp.zeros_like, state.params))
 
 
 def _flat(tree):
-  import jax
-  import jax.numpy as jnp
   return jnp.concatenate([jnp.ravel(t) for t in jax.tree_util.tree_leaves(tree)])
 
 
@@ -172,8 +175,6 @@ def _flat(tree):
 def _step_fn(rnd):
   """``(keys, ids, mask, state, hp, x, y, counts) -> [trials, d]``: the new global model after one
   :func:`fedjax_dp.round.step` per trial, compiled once per Round (both neighbours, any noise)."""
-  import jax
-  from fedjax_dp.round import CohortBatch, step
 
   def one(k, i, m, state, hp, x, y, c):
     new, _ = step(rnd, state, hp, CohortBatch(x[i], y[i], c[i], i, m), k)
@@ -184,7 +185,6 @@ def _step_fn(rnd):
 
 def _round_releases(setup, data, hp, ids, mask, key, trials: int):
   """One round per trial on ``data`` with cohorts ``ids``, ``mask`` (``[trials, C]``)."""
-  import jax
   rnd = setup.program
   keys = jax.random.split(key, trials)
   return np.asarray(_step_fn(rnd)(keys, ids, mask, _zero_state(rnd, hp), hp, data.x, data.y,
@@ -193,7 +193,6 @@ def _round_releases(setup, data, hp, ids, mask, key, trials: int):
 
 def _canary_coords(setup, hp) -> np.ndarray:
   """The model coordinates only the canary's feature reaches (its row of the kernel)."""
-  import jax
   params = _zero_state(setup.program, hp).params
   marked = jax.tree_util.tree_map_with_path(
       lambda path, p: p.at[0].set(1.0) if getattr(path[-1], "key", None) == "kernel" else p, params)
@@ -236,7 +235,6 @@ def _user_level(algorithm: str, sampling: str, options=None):
   example with the other label, whose update is the canary's negated).
   """
   def run(trials, key, factor, scale):
-    import jax
     cfg = dict(algorithm=algorithm, num_clients=NUM_USERS, sampling=sampling, clip=1.0,
                noise_multiplier=1.5 if sampling == "poisson" else 3.0, options=options or {})
     cfg.update(sampling_prob=0.5) if sampling == "poisson" else cfg.update(cohort_size=4)
@@ -251,14 +249,12 @@ def _user_level(algorithm: str, sampling: str, options=None):
         mask = np.where(ids == canary, 0.0, mask).astype(np.float32)
       hp = _hp(setup, "noise_multiplier", factor)
       out.append(_round_releases(setup, data, hp, ids, mask, jax.random.fold_in(key, world), trials))
-    from fedjax_dp.sampling import Cohort
     claim = _claim(setup, Cohort(np.arange(NUM_USERS, dtype=np.int32), np.ones(NUM_USERS, np.float32)))
     return out[0], out[1], claim, _canary_coords(setup, hp)
   return run
 
 
 def _build(config, data):
-  from fedjax_dp.algorithms import build
   return build(config, data)
 
 
@@ -271,8 +267,6 @@ def _example_level(algorithm: str, example_sampling: str, cls: Optional[str] = N
   scales the noise by the batch's own norms); the other 63 are benign.
   """
   def run(trials, key, factor, scale):
-    import jax
-    from fedjax_dp.sampling import Cohort
     options = {"example_sampling": example_sampling}
     if cls is not None:
       options["high_fraction"] = 0.5
@@ -307,7 +301,6 @@ def _example_level(algorithm: str, example_sampling: str, cls: Optional[str] = N
 def _message_fn(rnd):
   """``(keys, x0, row, hp, x, y, count) -> [trials, d]``: one worker's message per trial (the
   worker piece the master hears), compiled once per Round."""
-  import jax
 
   def one(k, x0, row, hp, x, y, c):
     return _flat(rnd.client(hp)(x0, x, y, c, row, (), k).upload)
@@ -324,8 +317,6 @@ def _sign(variant: str, options: dict, perturb_key: str, flip: bool):
   probability ``1 - keep_prob`` (else it scales ``hp[perturb_key]``).
   """
   def run(trials, key, factor, scale):
-    import jax
-    from fedjax_dp.sampling import Cohort
     cfg = dict(algorithm=variant, num_clients=1, sampling="fixed", cohort_size=1, options=options)
     data = federation(1, 4, 0)
     setup = _build(_config(**cfg), data)
@@ -356,10 +347,6 @@ def _omniscient(trials, key, factor, scale):
   workers, one Byzantine; worker 0's model is ``-/+ scale`` in every coordinate
   (worlds 0/1), the other workers' models are fixed N(0, 1) draws.
   """
-  import jax
-  import jax.numpy as jnp
-  from fedjax_dp.round import CohortBatch, messages
-  from fedjax_dp.sampling import Cohort
   K = 5
   cfg = dict(algorithm="dp-rsa-f", num_clients=K, sampling="fixed", cohort_size=K, byzantine=1,
              attack="ipm", attacker_knowledge="omniscient",
@@ -480,7 +467,6 @@ def audit(mechanism: str, trials: Optional[int] = None, seed: int = 0, confidenc
   the release runs with while the ledger accounts the nominal one: a factor
   below 1 is a mis-calibrated implementation, which a sound audit must catch.
   """
-  import jax
   check_choice("mechanism", mechanism, sorted(AUDITS))
   a = AUDITS[mechanism]
   trials = a.trials if trials is None else trials
@@ -561,8 +547,6 @@ def _parse_scales(text):
 
 def command(args) -> int:
   """``fedjax-dp audit``: 0 when the bound is within the claim, 1 when it exceeds it."""
-  import sys
-  from fedjax_dp.jsonio import dumps
   if args.list:  # it audits nothing: a setting of an audit would be ignored
     for flag in ("mechanism", "trials", "scales"):
       check(getattr(args, flag) is None, flag, getattr(args, flag),

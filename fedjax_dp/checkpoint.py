@@ -22,7 +22,7 @@ effect when the save has finished (:func:`_uninterrupted`); the last :data:`KEEP
 are kept. The ``host`` item is saved with the SHA-256 of the state and of itself, and a resume
 whose files do not match them is refused. Resuming truncates ``metrics.jsonl`` to the
 checkpoint's round and recomputes the rounds after it: round ``r``'s key is
-``fold_in(k_run, r)`` (:func:`fedjax_dp.engine.run_keys`) and the sampler
+``fold_in(k_run, r)`` (:func:`fedjax_dp.round.run_keys`) and the sampler
 continues from its saved state, so on the same machine a resumed run ends with
 the same parameters, bit for bit, as an uninterrupted one
 (:func:`params_sha256`), and ``metrics.jsonl`` has every round once. A resumed run that writes
@@ -44,6 +44,7 @@ import numpy as np
 
 from fedjax_dp import interrupts, outputs
 from fedjax_dp.errors import ConfigError, check
+from fedjax_dp.observers import Start
 
 KEEP = 2  # checkpoints kept
 
@@ -65,7 +66,7 @@ def params_sha256(params) -> str:
 def _manager(folder: pathlib.Path, saves: bool = True):
   """Orbax's manager of ``folder``: one that ``saves`` removes the temporary folders of saves
   that never finished (awaited by its first save); one that only reads starts no such thread."""
-  import orbax.checkpoint as ocp
+  import orbax.checkpoint as ocp  # lazy: a slow import, which runs without checkpoints skip
   return ocp.CheckpointManager(folder.absolute(), options=ocp.CheckpointManagerOptions(
       max_to_keep=KEEP, enable_async_checkpointing=False, create=False,
       cleanup_tmp_directories=saves))
@@ -108,7 +109,7 @@ def latest_round(output_dir) -> Optional[int]:
 
 
 def _restore(manager, step: int, **items):
-  import orbax.checkpoint as ocp
+  import orbax.checkpoint as ocp  # lazy: a slow import, which runs without checkpoints skip
   try:
     return manager.restore(step, args=ocp.args.Composite(**items))
   except (OSError, ValueError, KeyError) as e:
@@ -119,7 +120,7 @@ def _restore(manager, step: int, **items):
 # What resuming reads of a checkpoint's ``host`` item, and its JSON type.
 _HOST = {"round": int, "config": dict, "release": str, "checkpoint_every": int, "sampler": dict,
          "accounting": (dict, type(None)), "log": dict, "leaves": list, "log_arrays": dict}
-_HOST_LOG = ("accuracy", "loss", "diverged")  # what _Log.resume reads of ``host["log"]``
+_HOST_LOG = ("accuracy", "loss", "diverged")  # what Records.resume reads of ``host["log"]``
 
 
 def _damaged(where: str, what: str) -> ConfigError:
@@ -130,7 +131,7 @@ def _damaged(where: str, what: str) -> ConfigError:
 def _read_host(manager, step: int) -> dict:
   """The ``host`` item of checkpoint ``step``, checked to hold what resuming reads (:data:`_HOST`):
   a damaged one is refused naming the checkpoint and what it lacks."""
-  import orbax.checkpoint as ocp
+  import orbax.checkpoint as ocp  # lazy: a slow import, which runs without checkpoints skip
   host = _restore(manager, step, host=ocp.args.JsonRestore()).host
   where = str(manager.directory / str(step))
   if not isinstance(host, dict):
@@ -215,6 +216,7 @@ def _kept_events(folder: pathlib.Path, rounds: int) -> None:
 
   An event file is a sequence of records (a little-endian uint64 length, its CRC, an ``Event``
   protobuf, its CRC); the records kept are copied byte for byte."""
+  # Lazy: tensorboardX is optional (fedjax_dp[tensorboard]), read only by a run that writes events.
   from google.protobuf.message import DecodeError
   from tensorboardX.proto import event_pb2
   for path in sorted(folder.glob("events.out.tfevents.*")) if folder.is_dir() else []:
@@ -237,7 +239,9 @@ def _kept_events(folder: pathlib.Path, rounds: int) -> None:
 
 
 class Checkpointer:
-  """The engine's checkpoint hook for one run (:func:`fedjax_dp.engine.run_group`).
+  """Checkpoints of one run: :func:`fedjax_dp.engine.run_group` makes it from the run's
+  options, :meth:`begin` restores a resumed run before its first round, and the
+  :class:`fedjax_dp.observers.Checkpoint` observer saves after the rounds :meth:`due` says.
 
   Args:
     every: save after every this many rounds (and after the last); None with ``resume``: as
@@ -259,42 +263,59 @@ class Checkpointer:
     self.every = every
     self.config = json.loads(json.dumps(config))  # as the JSON item stores it
     self.resume = resume
+    self.folder = self.release = self.tensorboard = None  # the run's, from begin
     self._manager = None
 
-  def begin(self, state, experiment, log) -> tuple:
-    """``(state, rounds done)``: the run's initial state and 0, or, with ``resume``, the latest
-    checkpoint's state and round, with the sampler, the accounting and ``log`` restored."""
-    check(log.out_dir is not None, "checkpoint_every", self.every,
+  def begin(self, state, experiment, rounds: int, release: str, tensorboard: bool) -> tuple:
+    """``(state, start)``: the run's initial state and a :class:`fedjax_dp.observers.Start` at
+    round 0, or, with ``resume``, the latest checkpoint's state and a ``Start`` at its round
+    (the rows ``metrics.jsonl`` keeps, the saved record state and arrays), with the sampler and
+    the accounting of ``experiment`` restored. ``rounds``: the run's; ``release`` and
+    ``tensorboard``: the run's, which a resumed run's must equal and its checkpoints record."""
+    check(experiment.output_dir is not None, "checkpoint_every", self.every,
           "needs an output_dir: checkpoints go to OUTPUT_DIR/checkpoints/")
     for part in (experiment.sampler, experiment.accounting):
       check(part is None or hasattr(part, "load_state"), "checkpoint_every", self.every,
             f"the run's {type(part).__name__} has no state/load_state to checkpoint")
+    self.folder = pathlib.Path(experiment.output_dir)
+    self.release, self.tensorboard = release, bool(tensorboard)
     if not self.resume:
-      return state, 0
-    folder = log.out_dir / outputs.CHECKPOINTS
-    step = latest_round(log.out_dir)
-    check(step is not None, "resume", str(log.out_dir),
+      return state, Start(rounds)
+    step = latest_round(self.folder)
+    check(step is not None, "resume", str(self.folder),
           f"holds no complete checkpoint in {outputs.CHECKPOINTS}/: nothing to resume")
-    with _opened(folder) as manager:
-      return self._resume(manager, step, state, experiment, log)
+    with _opened(self.folder / outputs.CHECKPOINTS) as manager:
+      host, where = _read_host(manager, step), str(manager.directory / str(step))
+      self._check_same_run(host, where, release, tensorboard)
+      check(host["leaves"] == _leaves(state), "resume", where,
+            "the checkpoint's state has other leaves (paths, shapes, dtypes) than this run's")
+      state, arrays = self._restored(manager, step, host, state)
+    self._load(experiment, host, where)
+    rows = _kept_rows(self.folder / outputs.METRICS, step)
+    if tensorboard:  # the resumed run writes the rounds after ``step`` again
+      _kept_events(self.folder / outputs.TENSORBOARD, step)
+    return state, Start(rounds, step, tuple(rows), host["log"], arrays)
 
-  def _resume(self, manager, step: int, state, experiment, log) -> tuple:
-    """:meth:`begin` from checkpoint ``step`` of ``manager``."""
-    import orbax.checkpoint as ocp
-    host, where = _read_host(manager, step), str(manager.directory / str(step))
+  def _check_same_run(self, host: dict, where: str, release: str, tensorboard: bool) -> None:
+    """Refuses a checkpoint written by another configuration, release or TensorBoard choice;
+    takes its ``checkpoint_every`` where none was given."""
     differ = sorted(k for k in set(host["config"]) | set(self.config)
                     if host["config"].get(k) != self.config.get(k))
     check(not differ, "resume", where,
           f"the checkpoint was written by another configuration (it differs in {differ})")
-    check(host["release"] == log.release, "release", log.release,
+    check(host["release"] == release, "release", release,
           f"the checkpoint's run wrote release={host['release']!r} records")
-    check(host.get("tensorboard", experiment.tensorboard) == experiment.tensorboard,
-          "tensorboard", experiment.tensorboard,
+    check(host.get("tensorboard", tensorboard) == tensorboard, "tensorboard", tensorboard,
           f"the checkpoint's run wrote tensorboard={host.get('tensorboard')} (TensorBoard events "
           "of every round or of none): resume it as it ran")
     self.every = self.every or host["checkpoint_every"]
-    check(host["leaves"] == _leaves(state), "resume", where,
-          "the checkpoint's state has other leaves (paths, shapes, dtypes) than this run's")
+
+  @staticmethod
+  def _restored(manager, step: int, host: dict, state) -> tuple:
+    """``(state, arrays)``: checkpoint ``step``'s state, placed as the run's initial ``state``
+    is (:func:`_placed_like`), and its record arrays (``log``), checked against its SHA-256."""
+    import orbax.checkpoint as ocp  # lazy: a slow import, which runs without checkpoints skip
+    where = str(manager.directory / str(step))
     leaves, treedef = jax.tree_util.tree_flatten(state)
     # Restored into NumPy, then placed as the run's initial state was (_placed_like).
     try:
@@ -310,6 +331,11 @@ class Checkpointer:
       raise _damaged(where, "the checkpoint's state does not match the SHA-256 saved with it")
     state = treedef.unflatten([_placed_like(restored["round_state"][k], leaf)
                                for k, leaf in _by_index(leaves).items()])
+    return state, restored["log"]
+
+  @staticmethod
+  def _load(experiment, host: dict, where: str) -> None:
+    """Restores ``experiment``'s sampler and accounting from a checkpoint's ``host`` item."""
     try:
       experiment.sampler.load_state(host["sampler"])
       if experiment.accounting is not None:
@@ -319,10 +345,6 @@ class Checkpointer:
     except (KeyError, TypeError, ValueError, IndexError) as e:
       raise _damaged(where, "its host item's sampler or accounting state cannot be loaded "
                      f"({type(e).__name__}: {str(e)[:200]})") from None
-    log.resume(_kept_rows(log.out_dir / outputs.METRICS, step), host["log"], restored["log"])
-    if experiment.tensorboard:  # the resumed run writes the rounds after ``step`` again
-      _kept_events(log.out_dir / outputs.TENSORBOARD, step)
-    return state, step
 
   def close(self) -> None:
     """Stops the checkpoint manager's threads (the run has ended, or failed to begin)."""
@@ -330,20 +352,22 @@ class Checkpointer:
       self._manager.close()
       self._manager = None
 
-  def after_round(self, done: int, rounds: int, state, experiment, log) -> None:
-    """Saves the run when ``done`` rounds are a multiple of ``every`` or all ``rounds``."""
-    import orbax.checkpoint as ocp
-    if done % self.every and done != rounds:
-      return
+  def due(self, done: int, rounds: int) -> bool:
+    """Whether the run is saved after ``done`` of its ``rounds``: every ``every`` and the last."""
+    return done % self.every == 0 or done == rounds
+
+  def save(self, done: int, state, experiment, log_host: dict, log_arrays: dict) -> None:
+    """Saves the run after round ``done``: ``state``, ``experiment``'s sampler and accounting,
+    and the records' state (``log_host``, JSON, and ``log_arrays``)."""
+    import orbax.checkpoint as ocp  # lazy: a slow import, which runs without checkpoints skip
     # Opened at the first save: a new run's first record has removed an earlier run's folder,
     # and a resumed run's begin only read.
     if self._manager is None:
-      (log.out_dir / outputs.CHECKPOINTS).mkdir(parents=True, exist_ok=True)
-      self._manager = _manager(log.out_dir / outputs.CHECKPOINTS)
-    log_host, log_arrays = log.state()
+      (self.folder / outputs.CHECKPOINTS).mkdir(parents=True, exist_ok=True)
+      self._manager = _manager(self.folder / outputs.CHECKPOINTS)
     accounting = experiment.accounting
-    host = {"round": done, "config": self.config, "release": log.release,
-            "checkpoint_every": self.every, "tensorboard": bool(experiment.tensorboard),
+    host = {"round": done, "config": self.config, "release": self.release,
+            "checkpoint_every": self.every, "tensorboard": self.tensorboard,
             "sampler": experiment.sampler.state(),
             "accounting": None if accounting is None else accounting.state(),
             "log": log_host, "leaves": _leaves(state),
@@ -352,8 +376,6 @@ class Checkpointer:
     # Checked on resume: a changed or damaged state or host item is refused.
     host["sha256"] = params_sha256(tree)
     host["host_sha256"] = _host_sha256(host)
-    if log.writer is not None:  # the events of the rounds this checkpoint holds are on disk
-      log.writer.flush()
     with _uninterrupted():
       self._manager.save(done, args=ocp.args.Composite(state=ocp.args.StandardSave(tree),
                                                        host=ocp.args.JsonSave(host)))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -21,8 +22,29 @@ import time
 import warnings
 from typing import Optional, Sequence
 
-from fedjax_dp import audit, plots
-from fedjax_dp.errors import ConfigError, check
+from fedjax_dp import audit, components, interrupts, plots
+from fedjax_dp.algorithms import choosing_knowledge, option_table, options, refuse_unused
+from fedjax_dp.algorithms.options import describe
+from fedjax_dp.checkpoint import latest_round, read_meta
+from fedjax_dp.config import (check_finite, check_noise_multiplier, field_help, field_types,
+                              load_config_file, make_config, noise_warning, parse_option,
+                              parse_value)
+from fedjax_dp.engine import RunOptions, check_checkpoint_release
+from fedjax_dp.errors import ConfigError, NoiseWarning, check, check_choice, check_open_unit
+from fedjax_dp.experiment import simulate
+from fedjax_dp.jsonio import dumps
+from fedjax_dp.outputs import (METRICS, RUN_FILES, SUMMARY, check_output_dir, check_writable,
+                               replacing)
+from fedjax_dp.privacy import (ACCOUNTANTS, CohortSampling, GaussianSumMechanism,
+                               calibrate_noise_multiplier, epsilon_for)
+from fedjax_dp.privacy.ledger import check_supported
+from fedjax_dp.privacy.sign import SignFlipMechanism, _check_rdp, composed_epsilon
+from fedjax_dp.reproduce import (REPRODUCTIONS, finished_a_run, own_files, render_reproduction,
+                                 run_reproduction, scales)
+from fedjax_dp.reproduce.runner import RESULT_FILES
+from fedjax_dp.round import use_cpu_devices
+from fedjax_dp.sampling import SAMPLINGS
+from fedjax_dp.sweep import check_axes, parse_grid, plan, sweep
 
 EXIT_INVALID, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_MEMORY = 2, 3, 130, 4
 EXIT_BROKEN_PIPE = 141  # as a process killed by SIGPIPE: its reader went away
@@ -77,14 +99,20 @@ def _add_cpu_devices(p):
 
 def _add_config_flags(p):
   """``--config``, ``--set`` and one flag per :class:`RunConfig` field (run and sweep)."""
-  from fedjax_dp.config import field_help, field_types
   p.add_argument("--config", metavar="FILE.json", help="JSON object of RunConfig fields (and "
                  "'options'); the flags below override it (default: none, the quickstart)")
   p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                  help="an option of the algorithm (repeatable), e.g. --set lambda=0.4; fedjax-dp "
                  "algorithms lists each algorithm's (default: none, the option's own default)")
+  p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                 help="a Python module (dotted name, importable from the current folder or "
+                 "PYTHONPATH) to import first, whose components (attacks, aggregators, "
+                 "algorithms declared with fedjax_dp.components.declare) the run may then name; "
+                 "repeatable, recorded in the run's configuration as plugins; installed packages "
+                 "declare theirs under the entry-point group fedjax_dp.plugins instead (default: "
+                 "none)")
   for name, typ in field_types().items():
-    if name != "options":
+    if name not in ("options", "plugins"):
       p.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
                      metavar=typ.__name__.upper(), help=field_help(name))
 
@@ -123,8 +151,6 @@ def _add_sweep(sub):
 def _add_privacy(sub):
   p = sub.add_parser("privacy", help="epsilon of a sampled Gaussian mechanism, or the noise for a target epsilon "
                      "(one JSON object; an infinite epsilon is written as null with epsilon_nonfinite)")
-  from fedjax_dp.privacy import ACCOUNTANTS
-  from fedjax_dp.sampling import SAMPLINGS
   p.add_argument("--mechanism", default="gaussian", help="gaussian: the sampled Gaussian sum; "
                  "sign-flip: DP-RSA's randomized signs (default: gaussian; one of: gaussian, "
                  "sign-flip)")
@@ -159,13 +185,13 @@ def _add_algorithms(sub):
   p = sub.add_parser("algorithms", help="list every algorithm with its paper, privacy unit and "
                      "--set options (name, default, allowed values, meaning)")
   p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+  p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                 help="also list the components this Python module declares (repeatable; as "
+                 "for run) (default: none)")
 
 
 def _cmd_algorithms(args) -> int:
-  from fedjax_dp import components
-  from fedjax_dp.algorithms import choosing_knowledge, option_table, options
-  from fedjax_dp.algorithms.options import describe
-  from fedjax_dp.jsonio import dumps
+  components.load_plugins(args.plugin)
   declared = components.declared("algorithm")
   out = {a.name: {"paper": a.reference, "about": a.about, "privacy_unit": a["privacy_unit"],
                   "defaults": dict(a["defaults"]), "options": describe(option_table(a.name))}
@@ -173,11 +199,12 @@ def _cmd_algorithms(args) -> int:
   if args.json:
     print(dumps(out))
     return 0
-  common = {o.name for o in options.BYZANTINE + options.AGGREGATOR}
+  common = {o.name for o in options.byzantine()}
 
-  def show(opts):
+  def show(opts, indent="  "):
     for o in opts:
-      print(f"  --set {o['name']}=VALUE  (default {o['default']}; {o['allowed']}): {o['help']}")
+      print(f"{indent}--set {o['name']}=VALUE  (default {o['default']}; {o['allowed']}): "
+            f"{o['help']}")
 
   for name, info in out.items():
     print(f"{name}: {info['paper']}\n  {info['about']}\n  privacy unit: {info['privacy_unit']}")
@@ -188,13 +215,16 @@ def _cmd_algorithms(args) -> int:
   alone = sorted(a.name for a in declared if not a["byzantine"])
   print(f"every algorithm but {', '.join(alone)} also takes --byzantine K "
         f"--attack NAME --aggregator NAME ({', '.join(choosing_knowledge())} also "
-        "--attacker-knowledge released|omniscient) and:")
-  show(describe(options.BYZANTINE + options.AGGREGATOR))
+        "--attacker-knowledge released|omniscient), each with its own --set options:")
+  for kind in options.BYZANTINE_KINDS:
+    for c in components.declared(kind):
+      reference = f" ({c.reference})" if c.reference else ""
+      print(f"  --{kind} {c.name}: {c.about}{reference}")
+      show(describe(c.options), indent="    ")
   return 0
 
 
 def _add_reproduce(sub):
-  from fedjax_dp.reproduce import REPRODUCTIONS, scales
   listing = "\n".join(f"  {paper} --scale {name}: {about}" for paper in sorted(REPRODUCTIONS)
                        for name, about in scales(paper).items())
   p = sub.add_parser("reproduce", help="reproduce a paper's experiments at a given scale",
@@ -220,7 +250,6 @@ def _add_reproduce(sub):
 
 
 def _parse_options(items) -> dict:
-  from fedjax_dp.config import parse_option
   out = {}
   for item in items:
     check("=" in item, "--set", item, "must look like NAME=VALUE")
@@ -233,14 +262,15 @@ def _parse_options(items) -> dict:
 
 def _settings(args) -> tuple:
   """What ``--config``, the field flags and ``--set`` give: ``(base, overrides, options)``."""
-  from fedjax_dp.config import field_types, load_config_file, parse_value
   base = load_config_file(args.config) if args.config else {}
   types = field_types()
   overrides = {}
   for name, typ in types.items():
     text = getattr(args, name, None)
-    if name != "options" and text is not None:
+    if name not in ("options", "plugins") and text is not None:
       overrides[name] = parse_value(name, text, typ)
+  if args.plugin:  # added to a --config file's
+    overrides["plugins"] = tuple(dict.fromkeys([*base.get("plugins", ()), *args.plugin]))
   options = dict(base.pop("options", {}) or {})
   options.update(_parse_options(args.set))
   return base, overrides, options
@@ -254,8 +284,6 @@ def _config_from_args(args, grid: Optional[dict] = None, seeds: int = 1):
   setting given is refused only when no grid point reads it; the plan of ``grid`` x ``seeds``
   refuses bad axes, values and seeds, and an axis that a point does not read
   (:func:`fedjax_dp.sweep.plan`), before any folder is touched."""
-  from fedjax_dp.algorithms import refuse_unused
-  from fedjax_dp.config import field_types, make_config, parse_value
   base, overrides, options = _settings(args)
   # A flag or --set beside an axis of the same name would be replaced in every experiment.
   flags = {**overrides, **options}
@@ -274,7 +302,6 @@ def _config_from_args(args, grid: Optional[dict] = None, seeds: int = 1):
   given = set(base) | {k for k, v in overrides.items() if v is not None}
   config = make_config(base, options=options, **overrides)
   if grid:  # a setting given beside the grid is refused only where no grid point reads it
-    from fedjax_dp.sweep import plan
     refuse_unused(config, given - set(grid), [p.config for p in plan(config, grid, seeds)])
   else:
     refuse_unused(config, given)
@@ -284,7 +311,6 @@ def _config_from_args(args, grid: Optional[dict] = None, seeds: int = 1):
 def _show_warning(python_show, message, category, *args, **kwargs):
   """Warnings the library gives the user (:class:`fedjax_dp.errors.NoiseWarning`) as one line on
   stderr; others as Python shows them (``python_show``)."""
-  from fedjax_dp.errors import NoiseWarning
   if issubclass(category, NoiseWarning):
     print(f"fedjax-dp: warning: {message}", file=sys.stderr)
   else:
@@ -295,8 +321,6 @@ def _resumed(args) -> tuple:
   """``(config, release, tensorboard, rounds done)`` of the run ``--resume`` names, from its
   latest checkpoint; a setting given (flag, ``--config``, ``--set``) that differs from the stored
   one is refused."""
-  from fedjax_dp.checkpoint import read_meta
-  from fedjax_dp.config import make_config
   check(not args.overwrite, "overwrite", True, "cannot be combined with --resume, which continues "
         "the run in its folder")
   check(args.output_dir is None or pathlib.Path(args.output_dir).resolve()
@@ -320,7 +344,6 @@ def _resumed(args) -> tuple:
       same = False
     check(same, name, value, f"conflicts with the resumed run's {name}={loaded.get(name)!r} "
           f"({where}): leave it out to continue that run")
-  from fedjax_dp.algorithms import option_table
   # An option the run left unset ran with its default: repeating that default is no conflict.
   defaults = {o.name: o.default for o in option_table(config.algorithm)}
   known = sorted(defaults)
@@ -368,10 +391,8 @@ def _finished_summary(path: pathlib.Path) -> dict:
 
 
 def _cmd_run(args) -> int:
-  from fedjax_dp.outputs import METRICS, SUMMARY, check_output_dir, check_writable
   check(args.checkpoint_every is None or args.checkpoint_every >= 1, "checkpoint_every",
         args.checkpoint_every, "must be an integer >= 1")
-  from fedjax_dp.engine import check_checkpoint_release
   check_checkpoint_release(args.release or "all", args.checkpoint_every)
   if args.resume is not None:
     config, release, tensorboard, done = _resumed(args)
@@ -386,7 +407,6 @@ def _cmd_run(args) -> int:
     tensorboard = bool(args.tensorboard)
     out = check_output_dir(DEFAULT_RUN_DIR if args.output_dir is None else args.output_dir,
                            overwrite=args.overwrite)
-  from fedjax_dp.experiment import simulate
   rounds = []
   before = _run_files(out) if args.resume is None else None
   t0 = time.perf_counter()
@@ -397,7 +417,6 @@ def _cmd_run(args) -> int:
                       tensorboard=tensorboard, checkpoint_every=args.checkpoint_every,
                       resume=args.resume is not None, overwrite=args.overwrite)
   except KeyboardInterrupt:
-    from fedjax_dp.checkpoint import latest_round
     kept = done + len(rounds)
     changed = bool(kept) or _run_files(out) != before
     if changed and not kept and (out / METRICS).is_file():
@@ -428,7 +447,6 @@ def _run_files(folder: pathlib.Path) -> Optional[dict]:
   inode; None when ``folder`` does not exist. Taken before a run and after it is interrupted:
   whether it changed the folder (an ``--overwrite`` removes the earlier run's files, folders
   whole, when it writes its first row, and only then writes into them)."""
-  from fedjax_dp.outputs import RUN_FILES
   if not folder.is_dir():
     return None
   found = {}
@@ -445,7 +463,6 @@ def _report(s: dict, config, seconds: Optional[float], out: pathlib.Path,
             wrote: bool = True) -> int:
   """Prints a run's final line from its summary ``s`` (and, if ``wrote``, the files written);
   the exit status."""
-  from fedjax_dp.outputs import METRICS, SUMMARY
   eps = s.get("epsilon")
   eps_text = (f"epsilon={eps:.3f} at delta={s['delta']:g}" if eps is not None
               else f"no formal DP guarantee ({s.get('guarantee_note')})")
@@ -463,17 +480,12 @@ def _report(s: dict, config, seconds: Optional[float], out: pathlib.Path,
 
 def _cmd_privacy(args) -> int:
   """Prints one strict-JSON object: the epsilon of a mechanism, or the noise for a target epsilon."""
-  from fedjax_dp.jsonio import dumps
   print(dumps(_privacy_report(args)))
   return 0
 
 
 def _privacy_report(args) -> dict:
   import math
-  from fedjax_dp.config import check_finite, check_noise_multiplier, noise_warning
-  from fedjax_dp.errors import check_choice, check_open_unit
-  from fedjax_dp.privacy import ACCOUNTANTS, GaussianSumMechanism, calibrate_noise_multiplier, epsilon_for
-  from fedjax_dp.privacy.ledger import check_supported
   for name in ("keep_prob", "sampling_prob", "noise_multiplier", "target_epsilon", "delta"):
     # argparse's float() accepts "inf" and "nan": refused before any computation.
     check_finite(name, getattr(args, name))
@@ -481,7 +493,6 @@ def _privacy_report(args) -> dict:
   check_choice("mechanism", args.mechanism, ("gaussian", "sign-flip"))
   check_choice("accountant", args.accountant, ACCOUNTANTS)
   if args.mechanism == "gaussian":  # before the flags it decides are checked against it
-    from fedjax_dp.sampling import SAMPLINGS
     args.sampling = args.sampling or "poisson"
     check_choice("sampling", args.sampling, SAMPLINGS)
   # A flag the chosen mechanism and sampling do not read is refused, not ignored.
@@ -496,7 +507,6 @@ def _privacy_report(args) -> dict:
           + ("" if args.mechanism == "sign-flip" else f" --sampling {args.sampling}")
           + ": leave it out")
   if args.mechanism == "sign-flip":
-    from fedjax_dp.privacy.sign import SignFlipMechanism, _check_rdp, composed_epsilon
     _check_rdp(args.accountant)
     check(args.keep_prob is not None and 0.5 < args.keep_prob < 1, "keep_prob", args.keep_prob, "must be in (0.5, 1)")
     check(args.dimension is not None and args.dimension >= 1, "dimension", args.dimension, "must be >= 1")
@@ -506,20 +516,20 @@ def _privacy_report(args) -> dict:
   check_open_unit("delta", args.delta)
   check((args.noise_multiplier is None) != (args.target_epsilon is None), "noise_multiplier/target_epsilon",
         (args.noise_multiplier, args.target_epsilon), "give exactly one of --noise-multiplier and --target-epsilon")
-  common = dict(sampling=args.sampling, sampling_prob=args.sampling_prob, num_clients=args.num_clients,
-                cohort_size=args.cohort_size, byzantine=args.byzantine or 0)
+  cohorts = CohortSampling(args.sampling, args.sampling_prob, args.num_clients, args.cohort_size,
+                           args.byzantine or 0)
   out = {"sampling": args.sampling, "rounds": args.rounds, "delta": args.delta, "accountant": args.accountant}
   if args.target_epsilon is not None:
-    z = calibrate_noise_multiplier(args.target_epsilon, args.delta, args.rounds, accountant=args.accountant, **common)
+    z = calibrate_noise_multiplier(args.target_epsilon, args.delta, args.rounds, cohorts,
+                                   args.accountant)
     out.update(target_epsilon=args.target_epsilon, noise_multiplier=z)
     warning = noise_warning(z, f"calibrated for target_epsilon={args.target_epsilon:g}")
     if warning is not None:  # one line on stderr, as a run's (_show_warning)
-      from fedjax_dp.errors import NoiseWarning
       warnings.warn(warning, NoiseWarning, stacklevel=2)
   else:
     z = args.noise_multiplier
     out["noise_multiplier"] = z
-  mech = GaussianSumMechanism(1.0, z, **common)
+  mech = GaussianSumMechanism(1.0, z, **dataclasses.asdict(cohorts))
   event = mech.round_event()
   check_supported(event, args.accountant, mech.relation)
   eps = epsilon_for(event, args.rounds, args.delta, args.accountant, mech.relation)
@@ -536,7 +546,6 @@ def _privacy_report(args) -> dict:
 
 
 def _cmd_sweep(args) -> int:
-  from fedjax_dp.sweep import check_axes, parse_grid, sweep
   check(args.checkpoint_every is None, "checkpoint_every", args.checkpoint_every,
         "a sweep is not checkpointed (its experiments run as one vmapped program): run an "
         "experiment alone with fedjax-dp run --checkpoint-every K")
@@ -547,10 +556,10 @@ def _cmd_sweep(args) -> int:
   config = _config_from_args(args, grid, args.seeds)  # planned: bad axes refused before the folder
   out = pathlib.Path(args.output_dir)
   try:
-    result = sweep(config, grid, args.seeds, output_dir=str(out), overwrite=args.overwrite,
-                   group_size=args.group_size, threads=args.threads,
-                   progress=not args.no_progress, release=args.release,
-                   log=lambda line: print(line, file=sys.stderr))
+    options = RunOptions(output_dir=str(out), overwrite=args.overwrite,
+                         progress=not args.no_progress, release=args.release)
+    result = sweep(config, grid, args.seeds, run_options=options, group_size=args.group_size,
+                   threads=args.threads, log=lambda line: print(line, file=sys.stderr))
   except KeyboardInterrupt:  # sweep() removed its partial files and put earlier ones back
     print(f"fedjax-dp: interrupted: {out} is as it was (a sweep is written whole or not at "
           "all; run it again)", file=sys.stderr)
@@ -578,17 +587,12 @@ def _cmd_sweep(args) -> int:
 
 
 def _cmd_reproduce(args) -> int:
-  from fedjax_dp.outputs import check_output_dir, replacing
-  from fedjax_dp.reproduce import REPRODUCTIONS, finished_a_run, own_files, run_reproduction
-  from fedjax_dp.reproduce.runner import RESULT_FILES
-  from fedjax_dp.errors import check_choice
   check_choice("paper", args.paper, sorted(REPRODUCTIONS))
   if args.render:  # it runs nothing: a setting of a run would be ignored
     for flag in ("scale", "seeds", "threads", "data_dir", "overwrite"):
       check(getattr(args, flag) in (None, False), flag, getattr(args, flag),
             "is not read by --render, which runs nothing (it rewrites results.md and the "
             "figures from the saved results): leave it out")
-    from fedjax_dp.reproduce import render_reproduction
     return render_reproduction(args.paper, args.output_dir)
   out = check_output_dir(args.output_dir, overwrite=args.overwrite, results=RESULT_FILES)
   # Earlier results come back if the run fails before writing any (a bad scale or seeds, which
@@ -660,7 +664,6 @@ def _stop_if_signalled() -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
-  from fedjax_dp import interrupts
   _SIGNALLED.clear()
   with interrupts.handling(_interrupt), warnings.catch_warnings():
     warnings.showwarning = functools.partial(_show_warning, warnings.showwarning)
@@ -673,7 +676,6 @@ def _main(argv: list) -> int:
     if not argv:
       argv = ["run"]
     args = parser.parse_args(argv)
-    from fedjax_dp.round import use_cpu_devices
     use_cpu_devices(getattr(args, "cpu_devices", None))
     cmd = {"run": _cmd_run, "sweep": _cmd_sweep, "privacy": _cmd_privacy, "reproduce": _cmd_reproduce,
            "algorithms": _cmd_algorithms, "audit": audit.command, "plot": plots.command}[args.command]

@@ -28,16 +28,17 @@ and raw norm statistics a client reports (:class:`StepStats`, diagnostics).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dp.errors import check, check_choice
+from fedjax_dp.errors import check, check_choice, check_unless_traced
 from fedjax_dp.sampling import SAMPLINGS
-from fedjax_dp.transforms import DPArgs, dp_gradient, global_norm, per_example_grads, plain_gradient
-from fedjax_dp.transforms.per_example import STATISTICS
+from fedjax_dp.transforms import (DPArgs, GradientRule, dp_gradient, global_norm, per_example_grads,
+                                  plain_gradient)
 
 
 def sample_batch(x: jax.Array, y: jax.Array, count: jax.Array, key: jax.Array, batch_size: int):
@@ -132,18 +133,12 @@ def fixed_indices(count: jax.Array, size: int, max_examples: int, key: jax.Array
   return idx, jnp.ones((size,), jnp.float32), jnp.zeros((), jnp.float32)
 
 
-def dp_sgd(objective: Callable, local_steps: int, batch_size: int, max_examples: int,
-           sampling: str = "poisson", capacity: Optional[int] = None, statistic: str = "none",
-           private: bool = True, data_dependent_noise: bool = False,
-           unroll: int | bool = 1) -> Callable:
-  """Q local DP-SGD steps on one client's data, as one ``lax.scan``.
+@dataclasses.dataclass(frozen=True)
+class DPSGDSteps:
+  """The static structure of a client's local DP-SGD steps (:func:`dp_sgd`); the numbers (its
+  :class:`DPArgs`, the optimizer's learning rate) come per call.
 
-  The arguments are the static structure; the numbers come per call (the
-  client's :class:`DPArgs`, and the optimizer, built inside the trace from
-  the round's ``hparams``).
-
-  Args:
-    objective: ``(params, (x, y, mask), anchor) -> loss``.
+  Attributes:
     local_steps: Q.
     batch_size: ``L``: the expected (Poisson) or exact (fixed) batch size;
       the Poisson rate of a client with ``|D_n|`` examples is ``L / |D_n|``.
@@ -158,18 +153,60 @@ def dp_sgd(objective: Callable, local_steps: int, batch_size: int, max_examples:
       run then has no formal guarantee).
     unroll: ``lax.scan`` unroll factor.
 
+  Raises:
+    ConfigError: a field out of range. A run's ``local_steps`` and ``batch_size`` are checked
+      where its settings are read (:class:`fedjax_dp.config.RunConfig`); these checks are for
+      a caller's own numbers.
+  """
+
+  local_steps: int
+  batch_size: int
+  max_examples: int
+  sampling: str = "poisson"
+  capacity: Optional[int] = None
+  statistic: str = "none"
+  private: bool = True
+  data_dependent_noise: bool = False
+  unroll: int | bool = 1
+
+  def __post_init__(self):
+    check(self.local_steps >= 1, "local_steps", self.local_steps, "must be >= 1")
+    check(self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1")
+    check_choice("example_sampling", self.sampling, SAMPLINGS)
+    check(1 <= self.batch_capacity <= self.max_examples, "capacity", self.batch_capacity,
+          f"must be in [1, {self.max_examples}]")
+
+  @property
+  def batch_capacity(self) -> int:
+    """Rows a step's batch is packed into: the Poisson capacity, or the fixed batch size."""
+    if self.sampling == "poisson":
+      return int(self.capacity or self.max_examples)
+    return int(self.batch_size)
+
+  @property
+  def rule(self) -> GradientRule:
+    """The static part of each step's gradient (:func:`dp_gradient`); refuses an unknown
+    ``statistic``."""
+    return GradientRule(float(self.batch_size), self.statistic, self.data_dependent_noise)
+
+
+def dp_sgd(objective: Callable, steps: DPSGDSteps) -> Callable:
+  """Q local DP-SGD steps on one client's data, as one ``lax.scan``.
+
+  Args:
+    objective: ``(params, (x, y, mask), anchor) -> loss``.
+    steps: the static structure (:class:`DPSGDSteps`).
+
   Returns:
     ``train(params0, x, y, count, key, args, optimizer) -> (params_Q, StepStats)``,
-    where ``optimizer`` is the client optimizer applied to the noisy gradient
-    (fresh state each round).
+    where ``args`` are the client's :class:`DPArgs` and ``optimizer`` is the client optimizer
+    applied to the noisy gradient (fresh state each round), both built inside the trace from
+    the round's ``hparams``.
+
+  Raises:
+    ConfigError: an unknown ``steps.statistic``.
   """
-  check(local_steps >= 1, "local_steps", local_steps, "must be >= 1")
-  check(batch_size >= 1, "batch_size", batch_size, "must be >= 1")
-  check_choice("example_sampling", sampling, SAMPLINGS)
-  check_choice("statistic", statistic, STATISTICS)
-  cap = int(capacity or max_examples) if sampling == "poisson" else int(batch_size)
-  check(1 <= cap <= max_examples, "capacity", cap, f"must be in [1, {max_examples}]")
-  L = float(batch_size)
+  rule, cap, L = steps.rule, steps.batch_capacity, float(steps.batch_size)
 
   def train(params0, x, y, count, key, args: DPArgs, optimizer: optax.GradientTransformation):
     rate = L / jnp.maximum(count, 1).astype(jnp.float32)
@@ -177,30 +214,36 @@ def dp_sgd(objective: Callable, local_steps: int, batch_size: int, max_examples:
     def step(carry, k):
       params, opt_state = carry
       k_batch, k_noise, k_stat = jax.random.split(k, 3)
-      if sampling == "poisson":
-        idx, mask, overflow = poisson_indices(count, rate, cap, max_examples, k_batch)
+      if steps.sampling == "poisson":
+        idx, mask, overflow = poisson_indices(count, rate, cap, steps.max_examples, k_batch)
       else:
-        idx, mask, overflow = fixed_indices(count, cap, max_examples, k_batch)
-      if private:
-        g, info = dp_gradient(objective, params, params0, x[idx], y[idx], mask, args, k_noise, L,
-                              statistic, data_dependent_noise, k_stat)
+        idx, mask, overflow = fixed_indices(count, cap, steps.max_examples, k_batch)
+      batch = (x[idx], y[idx], mask)
+      if steps.private:
+        g, info = dp_gradient(objective, params, params0, batch, args, k_noise, rule, k_stat)
       else:
-        g, info = plain_gradient(objective, params, params0, x[idx], y[idx], mask, k_noise, L)
+        g, info = plain_gradient(objective, params, params0, batch, L)
       upd, opt_state = optimizer.update(g, opt_state, params)
       return (optax.apply_updates(params, upd), opt_state), dict(info, overflow=overflow)
 
-    keys = jax.random.split(key, local_steps)
-    (params, _), infos = jax.lax.scan(step, (params0, optimizer.init(params0)), keys, unroll=unroll)
-    examples = jnp.sum(infos["examples"])
-    stats = StepStats(
-        loss=jnp.sum(infos["loss_sum"]) / jnp.maximum(examples, 1.0),
-        norm_sum=jnp.sum(infos["norm_sum"]), examples=examples,
-        clipped=jnp.sum(infos["clipped"]), noise_std=jnp.mean(infos["noise_std"]),
-        stat_sum=jnp.sum(infos["stat"]), overflow=jnp.sum(infos["overflow"]),
-        nonfinite=jnp.sum(infos["nonfinite"]))
-    return params, stats
+    keys = jax.random.split(key, steps.local_steps)
+    (params, _), infos = jax.lax.scan(step, (params0, optimizer.init(params0)), keys,
+                                      unroll=steps.unroll)
+    return params, _step_stats(infos)
 
   return train
+
+
+def _step_stats(infos: dict) -> StepStats:
+  """The :class:`StepStats` of the steps' stacked ``info`` dicts (:func:`dp_gradient`'s, with
+  each step's ``overflow``)."""
+  examples = jnp.sum(infos["examples"])
+  return StepStats(
+      loss=jnp.sum(infos["loss_sum"]) / jnp.maximum(examples, 1.0),
+      norm_sum=jnp.sum(infos["norm_sum"]), examples=examples,
+      clipped=jnp.sum(infos["clipped"]), noise_std=jnp.mean(infos["noise_std"]),
+      stat_sum=jnp.sum(infos["stat"]), overflow=jnp.sum(infos["overflow"]),
+      nonfinite=jnp.sum(infos["nonfinite"]))
 
 
 def mean_initial_norm(objective: Callable, params, x, y, counts, per_client: int) -> jax.Array:
@@ -221,9 +264,15 @@ def mean_initial_norm(objective: Callable, params, x, y, counts, per_client: int
 
 
 def make_optimizer(name: str, learning_rate: float, **kwargs) -> optax.GradientTransformation:
-  """Named optax optimizer: "sgd", "momentum" (0.9), "adam" (FedAdam on the server), "adagrad", "yogi"."""
+  """Named optax optimizer: "sgd", "momentum" (0.9), "adam" (FedAdam on the server), "adagrad",
+  "yogi".
+
+  Raises:
+    ConfigError: an unknown ``name``, or a concrete ``learning_rate`` that is not > 0 (a traced
+      one, the compiled round's hyper-parameter, is checked where the settings are read).
+  """
   check_choice("optimizer", name, OPTIMIZERS)
-  check(learning_rate > 0, "learning_rate", learning_rate, "must be > 0")
+  check_unless_traced(lambda r: r > 0, "learning_rate", learning_rate, "must be > 0")
   if name == "sgd":
     return optax.sgd(learning_rate)
   if name == "momentum":

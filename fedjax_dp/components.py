@@ -173,6 +173,24 @@ class Component:
     return {o.name: (o.parse(given[o.name]) if o.name in given else o.default)
             for o in self.options}
 
+  def values(self, numeric: Mapping[str, Any], static: Mapping[str, Any]) -> dict:
+    """The keyword arguments of :attr:`build`: each numeric option's value from ``numeric`` (a
+    round's hyper-parameters), each static option's from ``static``, a missing one at its
+    default; names of other options are ignored. A Python value (number, text, None) is checked
+    by :meth:`Option.parse`; any other (an array, a traced value inside the compiled round)
+    passes as it is.
+
+    Raises:
+      ConfigError: for a Python value its option does not allow.
+    """
+    out = {}
+    for o in self.options:
+      given = static if o.static else numeric
+      value = given.get(o.name, o.default)
+      python = value is None or isinstance(value, (bool, int, float, str))
+      out[o.name] = o.parse(value) if python else value
+    return out
+
   def static_key(self, values: Mapping[str, Any]) -> tuple:
     """The part of ``values`` that shapes the compiled round: ``(kind, name, ((option,
     value), ...))`` over the static options, hashable by construction."""

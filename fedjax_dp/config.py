@@ -20,6 +20,9 @@ from typing import Any, Mapping, Optional
 from fedjax_dp import components
 from fedjax_dp.data.specs import SPECS, check_partition
 from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit, check_positive
+from fedjax_dp.models import Model, check_conv_dtype
+from fedjax_dp.privacy.mechanisms import MAX_NOISE_MULTIPLIER
+from fedjax_dp.sampling import check_design
 
 DEFAULT_MODELS = {spec.name: spec.default_model for spec in SPECS}
 
@@ -45,9 +48,8 @@ def check_finite(field: str, value: Any) -> None:
 
 # What each field type takes, in words (the same in config files and on the command line).
 TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-# A noise multiplier above MAX_NOISE_MULTIPLIER is refused (it drowns every update, and the
-# accountants overflow on its square); one above NOISE_WARNING is warned about.
-MAX_NOISE_MULTIPLIER = 1e6
+# A noise multiplier above NOISE_WARNING is warned about (one above
+# fedjax_dp.privacy.mechanisms.MAX_NOISE_MULTIPLIER is refused).
 NOISE_WARNING = 1e3
 
 
@@ -96,11 +98,10 @@ def _values(module: str, name: str):
   return read
 
 
-def _declared(kind: str):
-  """Reads the allowed values of a field from the names of ``kind``'s declared components
-  (:func:`fedjax_dp.components.names`, sorted) when asked (the modules that declare them are
-  imported then)."""
-  return lambda: tuple(sorted(components.names(kind)))
+def _declared(kind: str, sort: bool = False):
+  """Reads the names of the declared components of ``kind`` when asked (built-in and plugins':
+  :func:`fedjax_dp.components.names`), in the order they were declared or ``sort``ed."""
+  return lambda: tuple(sorted(components.names(kind)) if sort else components.names(kind))
 
 
 def _field(default, help: str, values=None, **kw):
@@ -118,7 +119,7 @@ class RunConfig:
   algorithm: str = _field("dp_fedavg", "the algorithm (fedjax-dp algorithms lists each with its "
                           "paper, privacy unit, --set options and its own defaults of these "
                           "settings, which apply where they are not given)",
-                          _declared("algorithm"))
+                          _declared("algorithm", sort=True))
   # Data.
   dataset: str = _field("digits", "the data set (digits ships with scikit-learn; the others are "
                         "read from --data-dir)", _values("fedjax_dp.data.specs", "DATASETS"))
@@ -215,14 +216,14 @@ class RunConfig:
   byzantine: int = _field(0, "number of Byzantine clients, the last ids (an int in [0, "
                           "num_clients))")
   attack: str = _field("none", "what the Byzantine clients send; strengths via --set",
-                       _values("fedjax_dp.attacks", "ATTACKS"))
+                       _declared("attack"))
   attacker_knowledge: str = _field(
       "released", "what an attack that reads the regular clients sees (released: what they "
       "release; omniscient: their raw state, which voids the DP guarantee)",
       _values("fedjax_dp.attacks", "KNOWLEDGE"))
   aggregator: Optional[str] = _field(None, "the server's aggregator (none: the algorithm's own); "
                                      "parameters via --set",
-                                     _values("fedjax_dp.aggregators.robust", "NAMES"))
+                                     _declared("aggregator"))
   # Run.
   seed: int = _field(0, "PRNG seed: same seed, same result (an int in [0, 2**32))")
   data_seed: Optional[int] = _field(None, "seed of the data's split into clients and of its "
@@ -231,16 +232,42 @@ class RunConfig:
   eval_every: int = _field(5, "evaluate on the test set every this many rounds and after the last")
   options: Mapping[str, Any] = _field(dataclasses.MISSING, "the algorithm's own settings, "
                                       "name -> value (CLI: --set NAME=VALUE)", default_factory=dict)
+  plugins: tuple = _field((), "Python modules imported before the other settings are checked, "
+                          "whose imports declare the run's own components (attacks, "
+                          "aggregators, algorithms; CLI: --plugin MODULE, repeatable)")
 
   def __post_init__(self):
-    # Every field has its type and every numeric field is finite, checked before anything else.
-    from fedjax_dp.models import Model, check_conv_dtype
+    """Loads the plugins, then checks every field, in this order: types and finiteness, then the
+    data and model, the cohorts and devices, training, privacy, evaluation and robustness.
+
+    Raises:
+      ConfigError: the first field whose value is not allowed, by name.
+    """
+    # The plugins first: the components they declare are among the values checked below.
+    check(isinstance(self.plugins, (list, tuple))
+          and all(isinstance(m, str) and m for m in self.plugins), "plugins", self.plugins,
+          "must be a list of Python module names (dotted, e.g. [\"my_components\"])")
+    object.__setattr__(self, "plugins", tuple(self.plugins))
+    components.load_plugins(self.plugins)
+    self._check_types()
+    self._check_data_and_model()
+    self._check_cohorts_and_devices()
+    self._check_training()
+    self._check_privacy()
+    check(self.eval_every >= 1, "eval_every", self.eval_every, "must be >= 1")
+    self._check_robustness()
+
+  def _check_types(self):
+    """Every field has its type and every numeric field is finite, checked before anything
+    else."""
     hints = type_hints()
     for f in dataclasses.fields(self):
       value = getattr(self, f.name)
       if f.name != "options" and not isinstance(value, Model):
         check_finite(f.name, value)
         check_type(f.name, value, hints[f.name])
+
+  def _check_data_and_model(self):
     # An empty path names no folder (the loaders would fall back on FEDJAX_DP_DATA silently).
     check(self.data_dir != "", "data_dir", self.data_dir, "must be a folder path, or none (unset: "
           "the FEDJAX_DP_DATA environment variable)")
@@ -263,15 +290,10 @@ class RunConfig:
     for f in ("max_train", "max_test"):
       v = getattr(self, f)
       check(v is None or v >= 1, f, v, "must be >= 1 or unset")
+
+  def _check_cohorts_and_devices(self):
     check(self.rounds >= 1, "rounds", self.rounds, "must be >= 1")
-    self._check_choice("sampling")
-    if self.sampling == "poisson":
-      p = self.sampling_prob
-      check(p is not None and 0 < p <= 1, "sampling_prob", p, "must be in (0, 1]")
-    else:
-      check(self.cohort_size is not None and 1 <= self.cohort_size <= self.num_clients,
-            "cohort_size", self.cohort_size,
-            f"must be in [1, num_clients={self.num_clients}] with sampling='fixed'")
+    check_design(self.sampling, self.num_clients, self.sampling_prob, self.cohort_size)
     check(self.capacity is None or 1 <= self.capacity <= self.num_clients, "capacity",
           self.capacity, f"must be in [1, num_clients={self.num_clients}] or unset")
     self._check_choice("placement")
@@ -281,6 +303,8 @@ class RunConfig:
           "must be an integer >= 1 (or none: every device)")
     check(self.accounting_workers is None or self.accounting_workers >= 0, "accounting_workers",
           self.accounting_workers, "must be an integer >= 0 (or none: automatic)")
+
+  def _check_training(self):
     check(self.local_steps >= 1, "local_steps", self.local_steps, "must be >= 1")
     check(self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1")
     self._check_choice("client_optimizer")
@@ -289,6 +313,8 @@ class RunConfig:
     self._check_choice("server_optimizer")
     check_positive("server_lr", self.server_lr)
     self._check_choice("denominator")
+
+  def _check_privacy(self):
     check_positive("clip", self.clip)
     nm, te = self.noise_multiplier, self.target_epsilon
     check_noise_multiplier(nm)
@@ -297,10 +323,12 @@ class RunConfig:
           f"must be unset (None) when target_epsilon={te} is set: the ledger calibrates the noise")
     check_open_unit("delta", self.delta)
     self._check_choice("accountant")
-    check(self.eval_every >= 1, "eval_every", self.eval_every, "must be >= 1")
+
+  def _check_robustness(self):
     check(isinstance(self.byzantine, int) and 0 <= self.byzantine < self.num_clients, "byzantine",
           self.byzantine, f"must be an int in [0, num_clients={self.num_clients})")
-    # "sign-flip" is accepted for "sign_flip"; the configuration holds the canonical name.
+    # "-" may stand for "_" in an attack's name ("sign-flip"); the configuration holds the
+    # declared name.
     object.__setattr__(self, "attack", self.attack.replace("-", "_"))
     self._check_choice("attack")
     self._check_choice("attacker_knowledge")
@@ -346,6 +374,7 @@ class RunConfig:
     """The fields as plain values (a :class:`fedjax_dp.models.Model` by its name)."""
     d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
     d["options"] = dict(self.options)
+    d["plugins"] = list(self.plugins)
     d["model"] = None if self.model is None else self.model_name
     return d
 

@@ -39,7 +39,7 @@ it is secret, not public (:data:`RANDOMNESS`, the release block's
 
 Files in ``output_dir``: ``metrics.jsonl`` (one record per round),
 ``summary.json``, with ``release="all"`` ``norms.npz`` (every real client's
-pre-clip update norm per round, :class:`_Log`), and with ``tensorboard``
+pre-clip update norm per round, :class:`fedjax_dp.observers.NormsFile`), and with ``tensorboard``
 TensorBoard event files in ``tensorboard/`` (the records' numbers as scalars
 tagged by their ``metrics.jsonl`` names, the diagnostics under
 ``diagnostics/`` with a histogram of the update norms; with
@@ -50,23 +50,33 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 import math
+import numbers
 import pathlib
 import secrets
 import threading
 import time
 import weakref
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
-from fedjax_dp import outputs
 from fedjax_dp import provenance as run_provenance
-from fedjax_dp.checkpoint import params_sha256
+# The module, not its names: tests replace round.compiled_step to watch the programs.
+from fedjax_dp import round as round_lib
+from fedjax_dp.checkpoint import Checkpointer, params_sha256
+from fedjax_dp.data import FederatedData
 from fedjax_dp.errors import check, check_choice
-from fedjax_dp.jsonio import dumps
+from fedjax_dp.models import masked_sums, num_params
+from fedjax_dp.observers import (Checkpoint, History, MetricsFile, NormsFile, Observer, Observers,
+                                 ProgressBar, Record, ReleasePolicy, Start, SummaryFile,
+                                 TensorBoard, flat, is_released)
+from fedjax_dp.privacy.ahead import Ahead, workers_for
+from fedjax_dp.sampling import Cohort
 
 PLACEMENTS = ("device", "host")
 RELEASES = ("all", "private")
@@ -102,22 +112,6 @@ def _any_guarantee(report: dict) -> bool:
       c.get("formal_guarantee") for c in (report.get("classes") or {}).values())
 
 
-def is_released(name: str, released_metrics) -> bool:
-  """Whether a program metric is in ``released_metrics`` (names; a trailing ``*`` is a prefix)."""
-  return any(name == r or (r.endswith("*") and name.startswith(r[:-1])) for r in released_metrics)
-
-
-def _flat(record: dict, prefix: str = "") -> dict:
-  """``{"diagnostics": {"update_norm": {"q50": x}}}`` -> ``{"update_norm.q50": x}`` (numbers only)."""
-  out = {}
-  for k, v in record.items():
-    if isinstance(v, dict):
-      out.update(_flat(v, "" if k == "diagnostics" else f"{prefix}{k}."))
-    elif isinstance(v, (int, float)) and not isinstance(v, bool) or v is None:
-      out[prefix + k] = v
-  return out
-
-
 class Stopped(Exception):
   """A run ended before its last round because its caller asked it to (:func:`run_group`'s
   ``stop``)."""
@@ -146,7 +140,7 @@ class RunResult:
     """Per-round metrics as arrays ``[rounds]``: name -> float64 values, NaN where a round has
     none (test accuracy between evaluations). Diagnostics are flattened into the same names
     (``train_loss``, ``update_norm.q50``, ...)."""
-    rows = [_flat(r) for r in self.history]
+    rows = [flat(r) for r in self.history]
     names = sorted({k for r in rows for k in r})
     return {k: np.array([np.nan if r.get(k) is None else float(r[k]) for r in rows])
             for k in names}
@@ -154,7 +148,7 @@ class RunResult:
   def to_dataframe(self):
     """The per-round metrics as a pandas ``DataFrame`` indexed by round, an integer (needs
     pandas)."""
-    try:
+    try:  # lazy: pandas is optional
       import pandas as pd
     except ImportError as e:
       raise ImportError("RunResult.to_dataframe needs pandas (pip install pandas); "
@@ -172,8 +166,6 @@ def _evaluate_fn(model, experiments: Optional[str] = None):
   ``experiments``: None for one model; "shared": parameters with a leading
   experiment axis, one test set; "stacked": a test set per experiment too.
   """
-  from fedjax_dp.models import masked_sums
-
   def evaluate(params, xs, ys, ms):
     def chunk(args):
       x, y, m = args
@@ -274,7 +266,6 @@ def provenance(model, state, data) -> dict:
   Public by design: the population size and the test set are part of the
   setting; per-client example counts are raw and go to the diagnostics.
   """
-  from fedjax_dp.models import num_params
   params = state.params
   return {
       "model": {"name": getattr(model, "name", type(model).__name__),
@@ -292,18 +283,6 @@ def noise_multiplier(accounting) -> Optional[float]:
   return getattr(getattr(accounting, "mechanism", None), "noise_multiplier", None)
 
 
-def run_keys(seed: int, secret: Optional[int] = None):
-  """``(k_init, k_run)``: the initial state is ``program.init(k_init, hparams)``, round ``r``'s
-  key ``fold_in(k_run, r)`` (a builder that must see the initial model uses ``k_init`` too).
-  ``secret``: a 128-bit integer folded into ``k_run`` only (a private release's entropy), so the
-  rounds' draws do not follow from ``seed`` while the initial model still does."""
-  k_init, k_run = jax.random.split(jax.random.PRNGKey(seed))
-  if secret is not None:
-    for word in range(4):
-      k_run = jax.random.fold_in(k_run, (secret >> (32 * word)) & 0xFFFFFFFF)
-  return k_init, k_run
-
-
 def check_checkpoint_release(release: str, every) -> None:
   """Refuses checkpoints (``every``: how often, None without) of a private release: they would
   hold its secret draws (the sampler's state, the round key) and every client's raw state."""
@@ -319,6 +298,91 @@ def clip_bound(program, hparams) -> Optional[float]:
   return None if bound is None else float(hparams[bound])
 
 
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+  """How a run (or a group of experiments) runs and what it writes, apart from what it computes:
+  checked once, when made.
+
+  Attributes:
+    eval_every: evaluate on the test set every this many rounds (and after the last).
+    placement: "device" keeps every client's data on the accelerator and gathers the cohort
+      inside the compiled round; "host" keeps the clients' data on the host and gathers each
+      cohort's rows there (``data.rows(ids)``), the next round's while the current one runs
+      (for populations that do not fit on the device: device memory O(cohort)).
+    client_chunk: run the cohort in blocks of this many vmapped clients on each device
+      (:func:`fedjax_dp.round.run_clients`); None: all at once.
+    devices: split the cohort's clients over this many devices (default: every device JAX
+      sees; :func:`fedjax_dp.round.compiled_step`); cohorts are padded with inert slots to a
+      multiple of the device count.
+    accounting_workers: worker processes computing a PLD run's per-round epsilons ahead of its
+      rounds (:mod:`fedjax_dp.privacy.ahead`; the same values); None: automatic (none on a
+      CPU). A group has one set of workers; experiments that report the same epsilon share it.
+    release: "all" keeps the raw diagnostics under ``diagnostics`` in every record and in the
+      summary; "private" leaves them out, so the outputs hold only what the guarantee covers
+      and what is public by design (module docstring; :class:`fedjax_dp.observers.ReleasePolicy`),
+      and draws the mechanism's randomness (the rounds' keys, the cohorts) from secret entropy
+      instead of the seed (:data:`RANDOMNESS`); checkpoints are refused with it.
+    progress: show a progress bar (one per group of experiments).
+    output_dir: the command's folder: a run's ``metrics.jsonl``, ``summary.json`` (and
+      ``norms.npz``, module docstring) go there; a sweep's ``results.json`` and its
+      experiments' folders. In a group each experiment writes to its own
+      (:attr:`Experiment.output_dir`). None: nothing is written.
+    overwrite: replace an earlier run's files in ``output_dir`` (removed when the new run
+      writes its first round; :func:`fedjax_dp.outputs.check_output_dir`).
+    tensorboard: also write TensorBoard event files to each ``output_dir/tensorboard/``
+      (needs tensorboardX: ``pip install 'fedjax_dp[tensorboard]'``).
+    checkpoint_every: save the whole run every this many rounds (and after the last) into
+      ``output_dir/checkpoints/`` (:mod:`fedjax_dp.checkpoint`; one experiment only).
+    resume: continue the run in ``output_dir`` from its latest checkpoint (same configuration;
+      ``checkpoint_every`` then says how often to go on saving, default as the checkpoint's run).
+
+  Raises:
+    ConfigError: on a value outside the ranges above, a private release with checkpoints,
+      or TensorBoard without tensorboardX.
+  """
+
+  eval_every: int = 1
+  placement: str = "device"
+  client_chunk: Optional[int] = None
+  devices: Optional[int] = None
+  accounting_workers: Optional[int] = None
+  release: str = "all"
+  progress: bool = False
+  output_dir: Optional[str] = None
+  overwrite: bool = False
+  tensorboard: bool = False
+  checkpoint_every: Optional[int] = None
+  resume: bool = False
+
+  def __post_init__(self):
+    check(_integer(self.eval_every) and self.eval_every >= 1, "eval_every", self.eval_every,
+          "must be >= 1")
+    check_choice("placement", self.placement, PLACEMENTS)
+    check(self.client_chunk is None or _integer(self.client_chunk) and self.client_chunk >= 1,
+          "client_chunk", self.client_chunk, "must be >= 1")
+    check(self.accounting_workers is None or _integer(self.accounting_workers)
+          and self.accounting_workers >= 0, "accounting_workers", self.accounting_workers,
+          "must be an integer >= 0 or unset")
+    check_choice("release", self.release, RELEASES)
+    check(self.checkpoint_every is None or _integer(self.checkpoint_every)
+          and self.checkpoint_every >= 1, "checkpoint_every", self.checkpoint_every,
+          "must be an integer >= 1")
+    check_checkpoint_release(self.release, self.checkpoint_every)
+    if self.tensorboard:
+      check(importlib.util.find_spec("tensorboardX") is not None, "tensorboard", True,
+            "needs the tensorboardX package: pip install 'fedjax_dp[tensorboard]'")
+
+  @property
+  def checkpointed(self) -> bool:
+    """Whether the run saves (or resumes from) checkpoints."""
+    return self.checkpoint_every is not None or self.resume
+
+
+def _integer(value) -> bool:
+  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 @dataclasses.dataclass
 class Experiment:
   """One run of a group that shares a :class:`fedjax_dp.round.Round` (:func:`run_group`).
@@ -327,13 +391,14 @@ class Experiment:
     hparams: its hyper-parameters (name -> array).
     data: its :class:`fedjax_dp.data.FederatedData`.
     sampler: its host sampler (``sample() -> Cohort``).
-    seed: its PRNG seed (:func:`run_keys`).
+    seed: its PRNG seed (:func:`fedjax_dp.round.run_keys`).
     accounting: its privacy accounting (``on_round``, ``report``), or None.
     output_dir: where its ``metrics.jsonl`` and ``summary.json`` go (none: not written).
     config: its configuration, copied into the summary.
-    on_round: called with each of its round records.
-    tensorboard: also write TensorBoard event files to ``output_dir/tensorboard/`` (needs
-      ``output_dir`` and tensorboardX: ``pip install 'fedjax_dp[tensorboard]'``).
+    settings: its whole configuration (JSON-able), stored in its checkpoints, which a resumed
+      run's must equal (default: ``config``).
+    observers: its own :class:`fedjax_dp.observers.Observer` s, called after the run's outputs
+      with each round's record as the release policy shows it.
   """
 
   hparams: dict
@@ -343,63 +408,32 @@ class Experiment:
   accounting: Any = None
   output_dir: Optional[str] = None
   config: Optional[dict] = None
-  on_round: Optional[Callable[[dict], None]] = None
-  tensorboard: bool = False
+  settings: Optional[dict] = None
+  observers: Sequence[Observer] = ()
 
 
-def run(program, data, sampler, rounds: int, *, hparams: Optional[dict] = None, seed: int = 0,
-        accounting=None,
-        eval_every: int = 1, output_dir: Optional[str] = None, tensorboard: bool = False,
-        progress: bool = True,
-        config: Optional[dict] = None, placement: str = "device",
-        on_round: Optional[Callable[[dict], None]] = None, release: str = "all",
-        client_chunk: Optional[int] = None, devices: Optional[int] = None,
-        checkpoint=None, accounting_workers: Optional[int] = None) -> RunResult:
-  """Runs ``rounds`` federated rounds and returns the history and a summary.
+def run(program, experiment: Experiment, rounds: int,
+        options: Optional[RunOptions] = None) -> RunResult:
+  """Runs ``rounds`` federated rounds of one experiment and returns its history and summary.
 
   Args:
     program: the algorithm's :class:`fedjax_dp.round.Round`.
-    hparams: its hyper-parameters (name -> array).
-    data: a :class:`fedjax_dp.data.FederatedData`.
-    sampler: a host sampler with ``sample() -> Cohort``.
+    experiment: its hyper-parameters, data, sampler, seed (same seed, same result), accounting,
+      output folder and observers (:class:`Experiment`).
     rounds: number of rounds T.
-    seed: PRNG seed: same seed, same result.
-    accounting: privacy accounting (``on_round``, ``report``), or None.
-    eval_every: evaluate on the test set every this many rounds (and at the end).
-    output_dir: if given, ``metrics.jsonl`` gets one line per round (flushed as
-      it goes) and ``summary.json`` is written at the end (and ``norms.npz``, module
-      docstring).
-    tensorboard: also write TensorBoard event files to ``output_dir/tensorboard/``
-      (:class:`Experiment`).
-    progress: show a progress bar.
-    config: the run's configuration, copied into the summary.
-    placement: "device" keeps every client's data on the accelerator and
-      gathers the cohort inside the compiled round; "host" keeps the clients'
-      data on the host and gathers each cohort's rows there (``data.rows(ids)``),
-      the next round's while the current one runs (for populations that do not
-      fit on the device: device memory O(cohort)).
-    on_round: optional callback with each round's record.
-    release: "all" (default) keeps the raw diagnostics under ``diagnostics``
-      in every record and in the summary; "private" leaves them out, so the
-      outputs hold only what the guarantee covers and what is public by
-      design (module docstring), and draws the mechanism's randomness (the
-      rounds' keys, the cohorts) from secret entropy instead of ``seed``
-      (:data:`RANDOMNESS`); checkpoints are refused with it.
-    client_chunk: run the cohort in blocks of this many vmapped clients on each device
-      (:func:`fedjax_dp.round.run_clients`); None: all at once.
-    devices: split the cohort's clients over this many devices (default: all).
-    checkpoint: a :class:`fedjax_dp.checkpoint.Checkpointer`: save the run every K
-      rounds into ``output_dir/checkpoints/``, or resume it from there.
-    accounting_workers: worker processes computing a PLD run's per-round epsilons ahead of
-      its rounds (:mod:`fedjax_dp.privacy.ahead`; the same values); None: automatic (none on
-      a CPU).
+    options: how it runs and what it writes (:class:`RunOptions`; default: ``RunOptions()``).
+      ``options.output_dir`` is the experiment's folder unless it names its own.
+
+  Returns:
+    Its :class:`RunResult`.
+
+  Raises:
+    ConfigError: on bad input, before anything compiles.
   """
-  experiment = Experiment(dict(hparams or {}), data, sampler, seed, accounting, output_dir, config,
-                          on_round, tensorboard)
-  return run_group(program, [experiment], rounds, eval_every=eval_every, progress=progress,
-                   placement=placement, release=release, client_chunk=client_chunk,
-                   devices=devices, checkpoint=checkpoint,
-                   accounting_workers=accounting_workers)[0]
+  options = options or RunOptions()
+  if experiment.output_dir is None and options.output_dir is not None:
+    experiment = dataclasses.replace(experiment, output_dir=options.output_dir)
+  return run_group(program, [experiment], rounds, options)[0]
 
 
 def _epsilons_ahead(experiments, rounds: int, requested: Optional[int]):
@@ -408,8 +442,7 @@ def _epsilons_ahead(experiments, rounds: int, requested: Optional[int]):
   the experiments' next ``rounds`` reports will give when they are known before the rounds
   (a ledger whose event does not depend on the draw, ``upcoming``); the reports that depend
   on the cohorts (``pending``) are given to them as each round is accounted
-  (:meth:`_Log.account`)."""
-  from fedjax_dp.privacy.ahead import Ahead, workers_for
+  (:meth:`Records.account`)."""
   workers = workers_for(requested, jax.default_backend())
   if not workers:
     return None
@@ -473,7 +506,6 @@ def _pad_cohort(cohort, capacity: int, shards: int = 1):
   runs its share in client blocks and skips those that hold padding only (a Poisson cohort is
   padded far past its mean). Every draw a client's slot could decide is keyed by its id (client
   keys, attacks), so the slots change only the order of float sums."""
-  from fedjax_dp.sampling import Cohort
   real = np.flatnonzero(cohort.mask > 0)
   slots = _dealt_slots(capacity, shards)[:len(real)]
   ids, mask = np.zeros(capacity, cohort.ids.dtype), np.zeros(capacity, cohort.mask.dtype)
@@ -481,40 +513,35 @@ def _pad_cohort(cohort, capacity: int, shards: int = 1):
   return Cohort(ids, mask)
 
 
-class _Log:
-  """One experiment's records: its history, its open ``metrics.jsonl``, its last evaluation.
+class Records:
+  """One experiment's records: each round's :class:`fedjax_dp.observers.Record`, its last
+  evaluation, and its summary.
 
-  With an output folder and ``release="all"`` it keeps each round's client norms and writes
-  them to ``norms.npz`` beside ``summary.json`` at the end of the run: arrays
-  ``round`` ``[R]`` (int32), ``offsets`` ``[R + 1]`` (int64), ``norms`` (float32, every round's
-  real clients' pre-clip update norms one after another: round ``round[i]``'s are
-  ``norms[offsets[i]:offsets[i + 1]]``) and ``clip`` (the clip bound; NaN without one). With
-  the experiment's ``tensorboard`` it writes each record to ``tensorboard/`` (module docstring).
+  Args:
+    program: the group's :class:`fedjax_dp.round.Round` (its ``released_metrics``, its clip).
+    experiment: the :class:`Experiment`.
+    options: the run's :class:`RunOptions` (its release, client block, checkpoints).
+    shards: the devices the cohort's slots are dealt out over (:func:`_pad_cohort`).
   """
 
-  def __init__(self, program, experiment: Experiment, release: str,
-               client_block: Optional[int] = None, checkpointed: bool = False, shards: int = 1):
+  def __init__(self, program, experiment: Experiment, options: RunOptions, shards: int = 1):
     self.e = experiment
-    self.shards = shards  # the devices the cohort's slots are dealt out over (_pad_cohort)
-    self.release = release
-    self.client_block = client_block
+    self.options = options
+    self.shards = shards
     self.slots = 0  # the most client slots a round has run on each device
-    self.checkpointed = checkpointed  # the run saves checkpoints/ beside its outputs
     self.released_metrics = tuple(getattr(program, "released_metrics", ()))
     self.clip = clip_bound(program, experiment.hparams)
-    self.history = []
     self.accuracy = self.loss = None
     self.diverged = False
-    self.out_dir = pathlib.Path(experiment.output_dir) if experiment.output_dir else None
-    self.file = None
-    if self.out_dir is not None:
-      self.file = outputs.MetricsFile(self.out_dir)
-    self.norms = [] if self.out_dir is not None and release == "all" else None
-    self.writer = None
     self.resumed_from = None  # the checkpoint's round, once resumed (:meth:`resume`)
     # The provenance blocks of the processes that ran the rounds before a resume, in order.
     self.earlier_provenance = []
     self._environment = None
+
+  @property
+  def writes_norms(self) -> bool:
+    """Whether the run writes ``norms.npz`` (with an output folder, under release "all")."""
+    return self.e.output_dir is not None and self.options.release == "all"
 
   def account(self, cohort, ahead=None) -> dict:
     """Composes a round of ``cohort`` in the experiment's accounting and returns the epsilon
@@ -531,7 +558,12 @@ class _Log:
     return {"epsilon": rep.get("epsilon"),
             **{k: v for k, v in rep.items() if k.startswith("epsilon_")}}
 
-  def round(self, r: int, metrics: dict, accounted: dict, evaluation, seconds: float) -> dict:
+  def round(self, r: int, rounds: int, metrics: dict, accounted: dict, evaluation,
+            seconds: float) -> Record:
+    """Round ``r``'s (0-based) whole record: the released values, the accounting's fields
+    ``accounted``, the ``evaluation`` ``(accuracy, loss)`` or None, and under ``diagnostics``
+    the raw statistics (:func:`summarize_round`) with the round's ``seconds``; the release
+    policy hides what an observer may not see."""
     released, diag = summarize_round(metrics, self.clip, self.released_metrics)
     rec = {"round": r + 1, **released, **accounted}
     if evaluation is not None:
@@ -539,40 +571,8 @@ class _Log:
       rec["test_accuracy"], rec["test_loss"] = self.accuracy, self.loss
       if not math.isfinite(self.loss):
         rec["diverged"] = self.diverged = True
-    if self.release == "all":
-      rec["diagnostics"] = dict(diag, seconds=seconds)
-    self.history.append(rec)
-    if self.file is not None:
-      self.file.write(dumps(rec) + "\n")
-      self.file.flush()
-    norms = client_norms(metrics, self.shards)
-    if self.norms is not None:
-      self.norms.append(norms.astype(np.float32))
-    if self.e.tensorboard:
-      self._tensorboard(rec, norms)
-    if self.e.on_round is not None:
-      self.e.on_round(rec)
-    return rec
-
-  def _tensorboard(self, rec: dict, norms: np.ndarray) -> None:
-    """The record's numbers as scalars at step ``round`` (diagnostics under ``diagnostics/``,
-    with a histogram of the clients' update norms)."""
-    if self.writer is None:  # after metrics.jsonl: its first write removed an earlier run's files
-      from tensorboardX import SummaryWriter
-      # A resumed run's file has a name of its own: tensorboardX names a file by the second it
-      # opens it and truncates a file of that name (one the checkpoint's run opened that second).
-      suffix = "" if self.resumed_from is None else f".resumed-{self.resumed_from}"
-      self.writer = SummaryWriter(str(self.out_dir / outputs.TENSORBOARD), flush_secs=10,
-                                  filename_suffix=suffix)
-    step = rec["round"]
-    scalars = _flat({k: v for k, v in rec.items() if k not in ("round", "diagnostics")})
-    if "diagnostics" in rec:
-      scalars.update({f"diagnostics/{k}": v for k, v in _flat(rec["diagnostics"]).items()})
-      if norms.size:
-        self.writer.add_histogram("diagnostics/update_norm", norms, step)
-    for tag, v in scalars.items():
-      if v is not None:
-        self.writer.add_scalar(tag, v, step)
+    rec["diagnostics"] = dict(diag, seconds=seconds)
+    return Record(r + 1, rounds, rec, client_norms(metrics, self.shards))
 
   def environment(self) -> dict:
     """This process's provenance block (:func:`fedjax_dp.provenance.environment`), read once."""
@@ -580,57 +580,32 @@ class _Log:
       self._environment = run_provenance.environment()
     return self._environment
 
-  def state(self) -> tuple:
-    """``(host, arrays)``: what a checkpoint keeps of these records besides ``metrics.jsonl``'s
-    rows: the last evaluation and whether the run diverged (JSON), the provenance of every
-    process that ran its rounds so far, the rounds' client norms."""
+  def state(self) -> dict:
+    """What a checkpoint keeps of these records besides ``metrics.jsonl``'s rows and the norms:
+    the last evaluation and whether the run diverged, the provenance of every process that ran
+    its rounds so far (JSON)."""
     processes = list(self.earlier_provenance)
     if not processes or processes[-1] != self.environment():
       processes.append(self.environment())
-    host = {"accuracy": self.accuracy, "loss": self.loss, "diverged": self.diverged,
+    return {"accuracy": self.accuracy, "loss": self.loss, "diverged": self.diverged,
             "provenance": processes}
-    if self.norms is None:
-      return host, {}
-    return host, {"norms": np.concatenate(self.norms).astype(np.float32),
-                  "norm_counts": np.array([len(n) for n in self.norms], np.int64)}
 
-  def resume(self, rows: list, host: dict, arrays: dict) -> None:
-    """Continues from a checkpoint: ``rows`` (those ``metrics.jsonl`` keeps) and :meth:`state`'s
-    parts; new rows are appended to ``metrics.jsonl``."""
-    self.history = list(rows)
-    self.resumed_from = len(rows)
-    self.accuracy, self.loss, self.diverged = host["accuracy"], host["loss"], host["diverged"]
-    self.earlier_provenance = list(host.get("provenance", []))  # none in older checkpoints
-    if self.norms is not None:
-      self.norms = np.split(arrays["norms"], np.cumsum(arrays["norm_counts"])[:-1])
-    if self.out_dir is not None:
-      self.file = outputs.MetricsFile(self.out_dir, append=True)
+  def resume(self, start: Start) -> None:
+    """Continues from a checkpoint (``start.log``: :meth:`state` as saved)."""
+    if start.log is None:
+      return
+    self.resumed_from = start.done
+    log = start.log
+    self.accuracy, self.loss, self.diverged = log["accuracy"], log["loss"], log["diverged"]
+    self.earlier_provenance = list(log.get("provenance", []))  # none in older checkpoints
 
-  def close(self):
-    if self.file is not None:
-      self.file.close()
-    if self.writer is not None:
-      self.writer.close()
-
-  def _write_norms(self) -> None:
-    rounds = np.array([rec["round"] for rec in self.history], np.int32)
-    offsets = np.concatenate([[0], np.cumsum([len(n) for n in self.norms])]).astype(np.int64)
-    clip = np.float64(np.nan if self.clip is None else self.clip)
-
-    def write(tmp):
-      with open(tmp, "wb") as f:
-        np.savez(f, round=rounds, offsets=offsets, norms=np.concatenate(self.norms), clip=clip)
-    outputs.write_atomic(self.out_dir / outputs.NORMS, write)
-
-  def finish(self, program, state, rounds: int, timing: dict) -> RunResult:
-    from fedjax_dp.round import traced_conv_layers
+  def summary(self, program, state, rounds: int, timing: dict) -> dict:
+    """The run's ``summary.json``: the final evaluation, the privacy report, the configuration,
+    the model's hash, what the run used (:func:`provenance`), the release block and, under
+    release "all", the raw diagnostics (``timing`` among them)."""
     e = self.e
-    summary = {
-        "final_accuracy": self.accuracy,
-        "final_test_loss": self.loss,
-        "diverged": self.diverged,
-        "rounds": rounds,
-    }
+    summary = {"final_accuracy": self.accuracy, "final_test_loss": self.loss,
+               "diverged": self.diverged, "rounds": rounds}
     if e.accounting is not None:
       summary.update(e.accounting.report())
     noise = noise_multiplier(e.accounting)
@@ -644,19 +619,36 @@ class _Log:
     from_clients = getattr(e.data, "test_from_clients", False)
     # The natural partition's test set is the clients' own held-out data: its size is raw too.
     test_examples = summary["data"].pop("test_examples") if from_clients else None
-    # How the rounds ran: clients per vmapped block (None: the whole cohort at once), and the
-    # implementation of each convolution layer as the compiled round traced it.
+    summary["provenance"] = self._provenance(program)
+    summary["release"] = self._release(_any_guarantee(summary), from_clients)
+    if self.options.release == "all":
+      summary["diagnostics"] = self._diagnostics(timing, test_examples)
+    return summary
+
+  def _provenance(self, program) -> dict:
+    """The ``provenance`` block: this process's environment, how the rounds ran (clients per
+    vmapped block, None for the whole cohort at once, and the implementation of each
+    convolution layer as the compiled round traced it) and, for a resumed run, which library,
+    packages and source ran the rounds before."""
     # Blocks as wide as a device's share of the padded cohort are the whole cohort at once
     # (round.run_clients).
-    block = self.client_block if (self.client_block or 0) < self.slots else None
-    summary["provenance"] = dict(self.environment(), client_block=block,
-                                 conv_layers=traced_conv_layers(program))
-    if self.resumed_from is not None:  # which library, packages and source ran the rounds before
-      summary["provenance"]["resumed"] = {"from_round": self.resumed_from,
-                                          "earlier_processes": self.earlier_provenance}
+    chunk = self.options.client_chunk
+    block = chunk if (chunk or 0) < self.slots else None
+    out = dict(self.environment(), client_block=block,
+               conv_layers=round_lib.traced_conv_layers(program))
+    if self.resumed_from is not None:
+      out["resumed"] = {"from_round": self.resumed_from,
+                        "earlier_processes": self.earlier_provenance}
+    return out
+
+  def _release(self, guarantee: bool, from_clients: bool) -> dict:
+    """The ``release`` block: what the guarantee covers (nothing without one for any client;
+    not the test-set figures where the test set is the clients' own held-out data), what is
+    public by design, what the seed is, and what is raw."""
+    release = self.options.release
     covered = ({"summary": list(SUMMARY_COVERED),
                 "metrics_rows": list(ROW_COVERED) + list(self.released_metrics)}
-               if _any_guarantee(summary) else
+               if guarantee else
                {"summary": [], "metrics_rows": [],
                 "note": "no formal guarantee holds for any client of this run: nothing is covered"})
     if from_clients and covered["summary"]:
@@ -664,55 +656,42 @@ class _Log:
       covered["note"] = (", ".join(FROM_TEST_SET) + ": computed on the clients' own held-out "
                          "examples (the natural partition's test set), so raw statistics of "
                          "their private data: not covered")
-    summary["release"] = {
-        "mode": self.release,
+    block = {
+        "mode": release,
         "covered_by_guarantee": covered,
         "public_by_design": list(PUBLIC_BY_DESIGN),
-        "randomness": RANDOMNESS[self.release],
+        "randomness": RANDOMNESS[release],
         "diagnostics": ("raw, unnoised statistics (realized cohort sizes, client losses, pre-clip "
                         "norms, timings, the sampler's capacity): not covered by the guarantee"
-                        + (", and left out of this run's outputs" if self.release == "private" else
+                        + (", and left out of this run's outputs" if release == "private" else
                            ", grouped under 'diagnostics'")
                         + ("; norms.npz holds every sampled client's pre-clip update norm of "
-                           "every round, raw" if self.norms is not None else "")),
+                           "every round, raw" if self.writes_norms else "")),
     }
-    if self.checkpointed:
-      summary["release"]["checkpoints"] = (
+    if self.options.checkpointed:
+      block["checkpoints"] = (
           "checkpoints/ holds the whole run at its last saves, to resume it: every client's raw "
           "state rows (e.g. DP-RSA's workers' models), the server's state, the sampler's state "
           "and the accounting's events: raw, not covered, and with config.seed they give every "
           "draw of the rounds after a save; keep it private or remove it before sharing the "
           "folder")
-    if self.release == "all":
-      counts = np.asarray(e.data.counts)
-      summary["diagnostics"] = {
-          # Raw statistics of the clients' data (unnoised; public only under example-level DP).
-          "data": {"train_examples": int(counts.sum()),
-                   "examples_per_client": {"min": int(counts.min()),
-                                           "median": float(np.median(counts)),
-                                           "max": int(counts.max())},
-                   **({"test_examples": test_examples} if from_clients else {})},
-          **timing,
-          "cohort_capacity": int(e.sampler.capacity),
-          "capacity_grew": int(getattr(e.sampler, "capacity_grew", 0)),
-      }
-    if self.norms is not None:
-      self._write_norms()
-    if self.out_dir is not None:
-      outputs.write_text_atomic(self.out_dir / "summary.json",
-                                dumps(summary, indent=2, default=str) + "\n")
-    return RunResult(self.history, summary, state)
+    return block
 
-
-def _check_tensorboard(experiments) -> None:
-  """An experiment that writes TensorBoard files needs an output folder, and tensorboardX."""
-  import importlib.util
-  for e in experiments:
-    if e.tensorboard:
-      check(e.output_dir is not None, "tensorboard", True,
-            "needs an output_dir: the event files go to OUTPUT_DIR/tensorboard/")
-      check(importlib.util.find_spec("tensorboardX") is not None, "tensorboard", True,
-            "needs the tensorboardX package: pip install 'fedjax_dp[tensorboard]'")
+  def _diagnostics(self, timing: dict, test_examples: Optional[int]) -> dict:
+    """The summary's raw diagnostics: the clients' data's sizes (unnoised; public only under
+    example-level DP), the ``timing``, and the sampler's capacity."""
+    counts = np.asarray(self.e.data.counts)
+    sampler = self.e.sampler
+    return {
+        "data": {"train_examples": int(counts.sum()),
+                 "examples_per_client": {"min": int(counts.min()),
+                                         "median": float(np.median(counts)),
+                                         "max": int(counts.max())},
+                 **({"test_examples": test_examples} if test_examples is not None else {})},
+        **timing,
+        "cohort_capacity": int(sampler.capacity),
+        "capacity_grew": int(getattr(sampler, "capacity_grew", 0)),
+    }
 
 
 # Device copies of data sets' arrays, by the host arrays they copy: weak references both ways, so
@@ -748,15 +727,196 @@ def secret_entropy(count: int) -> list:
   draw (each process drawing its own would mix several runs in one)."""
   words = np.array([[secrets.randbits(32) for _ in range(4)] for _ in range(count)], np.uint32)
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
     words = np.asarray(multihost_utils.broadcast_one_to_all(words))
   return [sum(int(w) << (32 * i) for i, w in enumerate(row)) for row in words.reshape(count, 4)]
 
 
-def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progress: bool = True,
-              placement: str = "device", release: str = "all",
-              client_chunk: Optional[int] = None, devices: Optional[int] = None,
-              checkpoint=None, accounting_workers: Optional[int] = None,
+def _check_group(experiments, rounds: int, options: RunOptions) -> None:
+  """Refuses what a group cannot run, before anything compiles."""
+  check(rounds >= 1, "rounds", rounds, "must be >= 1")
+  check(len(experiments) >= 1, "experiments", len(experiments), "need at least one")
+  if options.tensorboard:
+    for e in experiments:
+      check(e.output_dir is not None, "tensorboard", True,
+            "needs an output_dir: the event files go to OUTPUT_DIR/tensorboard/")
+  check(not options.checkpointed or len(experiments) == 1, "checkpoint_every",
+        options.checkpoint_every, "checkpoints one run only, not a group of experiments (a "
+        "sweep): run each experiment alone")
+  check(options.release == "all" or not any(getattr(e.data, "test_from_clients", False)
+                                             for e in experiments), "release", options.release,
+        "'private' writes only what the guarantee covers, and this data set's test set holds "
+        "its clients' own held-out examples (a natural partition), so its test accuracy is not "
+        "covered: use release='all' (the release block says what is raw) or a pooled partition")
+  if options.placement == "device":
+    for e in experiments:
+      check(type(e.data).rows is FederatedData.rows, "placement", options.placement,
+            f"'device' needs the clients' arrays, but data set {e.data.name!r} generates its "
+            "rows on demand: use placement='host'")
+
+
+class _Program:
+  """A group's compiled program, prepared: its initial state and keys on the device mesh, its
+  step, its evaluator, and how each round's cohorts become the step's inputs.
+
+  The state, hyper-parameters and run keys start where every round leaves them (replicated
+  over the mesh), so round 2 reuses round 1's compilation. ``placement="device"`` gathers the
+  cohort inside the step from the data sets placed once (:func:`placed_arrays`); "host"
+  gathers the cohort's rows on the host and sends them (the next round's while a round runs,
+  unless the run is checkpointed: a checkpoint must see the sampler as it stands after the
+  round it saves).
+  """
+
+  def __init__(self, program, experiments, options: RunOptions):
+    self.program = program
+    self.experiments = experiments
+    self.single = len(experiments) == 1
+    self.mode = group_mode(experiments)
+    self.step = round_lib.compiled_step(program, options.placement, self.mode, options.client_chunk,
+                              options.devices,
+                              in_sequence=self.mode is not None and not experiments_vmapped())
+    mesh = round_lib.client_mesh(options.devices)
+    self.shards = mesh.size
+    self.replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    self.prefetch = options.placement == "host" and not options.checkpointed
+    self.round_keys = _round_keys(self.single, self.replicated)
+    self.evaluate = self._evaluator()
+    self.arrays = self._arrays() if options.placement == "device" else None
+
+  def stack(self, trees):
+    """One experiment's tree as it is, several experiments' stacked on a leading axis."""
+    return trees[0] if self.single else jax.tree_util.tree_map(lambda *xs: np.stack(xs), *trees)
+
+  def unstack(self, tree, i: int):
+    """Experiment ``i``'s part of a (stacked) tree."""
+    return tree if self.single else jax.tree_util.tree_map(lambda a: a[i], tree)
+
+  def initial(self, release: str) -> tuple:
+    """``(state, hparams, run keys)`` placed on the mesh. A private release draws its rounds'
+    keys and its cohorts from secret entropy (:data:`RANDOMNESS`): each sampler is reseeded."""
+    experiments = self.experiments
+    hps = [{k: jnp.asarray(v) for k, v in e.hparams.items()} for e in experiments]
+    secrets_ = (secret_entropy(len(experiments)) if release == "private"
+                else [None] * len(experiments))
+    for e, secret in zip(experiments, secrets_):
+      if secret is not None:
+        e.sampler.reseed(secret)
+    keys = [round_lib.run_keys(e.seed, secret) for e, secret in zip(experiments, secrets_)]
+    states = [self.program.init(k_init, h) for (k_init, _), h in zip(keys, hps)]
+    state = jax.tree_util.tree_map(jnp.asarray, self.stack(states))
+    del states
+    return jax.tree_util.tree_map(  # every process holds the same (NaN included)
+        lambda a: jax.make_array_from_callback(np.shape(a), self.replicated,
+                                               lambda index, a=np.asarray(a): a[index]),
+        (state, self.stack(hps), self.stack([k_run for _, k_run in keys])))
+
+  def _evaluator(self):
+    """The test-set evaluation of the experiments' parameters (:func:`make_evaluator`)."""
+    model = self.program.model
+    if self.mode == "stacked":
+      datas = [e.data for e in self.experiments]
+      return make_evaluator(model, [d.test_x for d in datas], [d.test_y for d in datas],
+                            experiments=self.mode)
+    data = self.experiments[0].data
+    return make_evaluator(model, data.test_x, data.test_y, experiments=self.mode)
+
+  def _arrays(self):
+    """The clients' arrays on the device: one data set's, or each distinct data set once and
+    which one each experiment reads (:class:`fedjax_dp.round.DataSets`)."""
+    fields = ("x", "y", "counts")
+    if self.mode != "stacked":
+      return placed_arrays(tuple(getattr(self.experiments[0].data, f) for f in fields))
+    datas = [e.data for e in self.experiments]
+    distinct = list({id(d): d for d in datas}.values())
+    which = {id(d): i for i, d in enumerate(distinct)}
+    return round_lib.DataSets(
+        placed_arrays(tuple(getattr(d, f) for d in distinct for f in fields),
+                      lambda: tuple(jnp.asarray(np.stack([getattr(d, f) for d in distinct]))
+                                    for f in fields)),
+        jnp.asarray([which[id(d)] for d in datas], jnp.int32))
+
+  def inputs(self, records) -> tuple:
+    """The next round's cohorts and the step's inputs for them, each cohort padded to the
+    group's largest capacity, a multiple of the device count (``records``' ``slots`` grow)."""
+    cohorts = [e.sampler.sample() for e in self.experiments]
+    n = self.shards
+    capacity = -(-max(len(c.ids) for c in cohorts) // n) * n
+    for rec in records:
+      rec.slots = max(rec.slots, capacity // n)
+    padded = [_pad_cohort(c, capacity, n) for c in cohorts]
+    if self.arrays is not None:
+      return cohorts, (self.stack([c.ids for c in padded]), self.stack([c.mask for c in padded]))
+    batches = [round_lib.CohortBatch(*e.data.rows(c.ids), c.ids, c.mask)  # gathered on the host
+               for e, c in zip(self.experiments, padded)]
+    return cohorts, jax.device_put(self.stack(batches))
+
+  def call(self, state, hp, inputs, key):
+    """One round of every experiment: ``(state, metrics)``."""
+    if self.arrays is not None:
+      return self.step(state, hp, self.arrays, *inputs, key)
+    return self.step(state, hp, inputs, key)
+
+
+def _observers(experiment: Experiment, records: Records, options: RunOptions, checkpointer,
+               bar: Optional[ProgressBar]) -> tuple:
+  """``(history, observers)``: the experiment's :class:`fedjax_dp.observers.History` and every
+  observer of its records in order: the history, its files (``metrics.jsonl``, TensorBoard,
+  ``norms.npz`` under release "all"), its checkpoints, the group's progress bar, ``summary.json``
+  (last, when the other files are whole), then its own observers."""
+  history = History()
+  run = [history]
+  tensorboard = norms = None
+  if experiment.output_dir is not None:
+    folder = pathlib.Path(experiment.output_dir)
+    run.append(MetricsFile(folder))
+    if options.tensorboard:
+      run.append(tensorboard := TensorBoard(folder))
+    if records.writes_norms:
+      run.append(norms := NormsFile(folder, records.clip))
+  if checkpointer is not None:
+    run.append(Checkpoint(checkpointer, experiment, records, norms, tensorboard))
+  if bar is not None:
+    run.append(bar)
+  if experiment.output_dir is not None:
+    run.append(SummaryFile(pathlib.Path(experiment.output_dir)))
+  return history, Observers(ReleasePolicy(options.release), run + list(experiment.observers))
+
+
+def _checkpointer(experiment: Experiment, options: RunOptions):
+  """The run's :class:`fedjax_dp.checkpoint.Checkpointer`, None when it is not checkpointed."""
+  if not options.checkpointed:
+    return None
+  settings = experiment.settings if experiment.settings is not None else experiment.config
+  return Checkpointer(options.checkpoint_every, settings or {}, options.resume)
+
+
+class _Timer:
+  """A run's timings (raw diagnostics): the whole run, its first round and the rounds after."""
+
+  def __init__(self):
+    self.start = time.perf_counter()
+    self.first_round = None
+
+  def round(self, seconds: float) -> None:
+    if self.first_round is None:
+      self.first_round = seconds
+
+  def timing(self, rounds: int, done: int, experiments: int, ahead) -> dict:
+    """The summary's timing fields for ``rounds`` of which ``done`` ran before this process."""
+    total = time.perf_counter() - self.start
+    timing = {"seconds_total": total, "seconds_first_round": self.first_round,
+              "seconds_per_round_after_first": None if self.first_round is None else
+              (total - self.first_round) / max(rounds - done - 1, 1)}
+    if done:
+      timing["resumed_from_round"] = done
+    if experiments > 1:
+      timing["experiments_in_group"] = experiments
+    if ahead is not None and ahead.started:
+      timing["accounting_workers"] = ahead.started
+      timing["epsilons_from_accounting_workers"] = ahead.computed
+    return timing
+
+
+def run_group(program, experiments, rounds: int, options: Optional[RunOptions] = None,
               stop=None) -> list:
   """Runs experiments that share one :class:`fedjax_dp.round.Round` as one compiled program.
 
@@ -764,193 +924,94 @@ def run_group(program, experiments, rounds: int, *, eval_every: int = 1, progres
   a leading experiment axis of ``(state, hparams, cohort, key)`` (and of the
   data sets when they differ, :func:`group_mode`), so the whole group compiles
   once and each round is one call. Each experiment keeps its own sampler,
-  accounting, keys and records, so its results equal its run alone (up to
+  accounting, keys, records and observers, so its results equal its run alone (up to
   floating-point reassociation): a cohort is padded with inert slots to the
-  group's largest capacity, and padded clients change nothing. Arguments as
-  :func:`run`; returns one :class:`RunResult` per experiment. A round's
-  ``seconds`` is the whole group's. ``client_chunk``: clients per block on each device
-  (:func:`fedjax_dp.round.run_clients`). ``devices``: the cohort's clients are
-  split over this many devices (default: every device JAX sees;
-  :func:`fedjax_dp.round.compiled_step`); cohorts are padded with inert slots
-  to a multiple of the device count. ``checkpoint``: one experiment only (a
-  group is not checkpointed). ``accounting_workers``: as :func:`run` (one set of workers for
-  the group; experiments that report the same epsilon share it). ``stop``: a
-  :class:`threading.Event` that, once set, ends the run with :class:`Stopped` before its next
-  round (a sweep's other programs running at once failed or were interrupted).
+  group's largest capacity, and padded clients change nothing. A round's
+  ``seconds`` is the whole group's.
+
+  Args:
+    program: the group's :class:`fedjax_dp.round.Round`.
+    experiments: the :class:`Experiment` s.
+    rounds: number of rounds T.
+    options: :class:`RunOptions` (default: ``RunOptions()``); checkpoints need one experiment.
+    stop: a :class:`threading.Event` that, once set, ends the run with :class:`Stopped` before
+      its next round (a sweep's other programs running at once failed or were interrupted).
+
+  Returns:
+    One :class:`RunResult` per experiment, in order.
+
+  Raises:
+    ConfigError: on bad input, before anything compiles.
+    Stopped: when ``stop`` was set.
   """
-  check(rounds >= 1, "rounds", rounds, "must be >= 1")
-  check(eval_every >= 1, "eval_every", eval_every, "must be >= 1")
-  check(accounting_workers is None or accounting_workers >= 0, "accounting_workers",
-        accounting_workers, "must be an integer >= 0 or unset")
-  check_choice("placement", placement, PLACEMENTS)
-  check_choice("release", release, RELEASES)
-  check(len(experiments) >= 1, "experiments", len(experiments), "need at least one")
-  _check_tensorboard(experiments)
-  check(checkpoint is None or len(experiments) == 1, "checkpoint_every",
-        getattr(checkpoint, "every", None), "checkpoints one run only, not a group of "
-        "experiments (a sweep): run each experiment alone")
-  check_checkpoint_release(release, None if checkpoint is None else checkpoint.every)
-  check(release == "all" or not any(getattr(e.data, "test_from_clients", False)
-                                     for e in experiments), "release", release,
-        "'private' writes only what the guarantee covers, and this data set's test set holds "
-        "its clients' own held-out examples (a natural partition), so its test accuracy is not "
-        "covered: use release='all' (the release block says what is raw) or a pooled partition")
-  from fedjax_dp.round import CohortBatch, DataSets, client_mesh, compiled_step
-  single = len(experiments) == 1
-  mode = group_mode(experiments)
-  stack = (lambda trees: trees[0]) if single else (
-      lambda trees: jax.tree_util.tree_map(lambda *xs: np.stack(xs), *trees))
-  hps = [{k: jnp.asarray(v) for k, v in e.hparams.items()} for e in experiments]
-  hp = stack(hps)
-  # A private release draws its rounds' keys and its cohorts from secret entropy (RANDOMNESS).
-  secrets_ = secret_entropy(len(experiments)) if release == "private" else [None] * len(experiments)
-  for e, secret in zip(experiments, secrets_):
-    if secret is not None:
-      e.sampler.reseed(secret)
-  keys = [run_keys(e.seed, secret) for e, secret in zip(experiments, secrets_)]
-  states = [program.init(k_init, h) for (k_init, _), h in zip(keys, hps)]
-  state = jax.tree_util.tree_map(jnp.asarray, stack(states))
-  del states
-  datas = [e.data for e in experiments] if mode == "stacked" else [experiments[0].data]
-  if mode == "stacked":
-    evaluate = make_evaluator(program.model, [d.test_x for d in datas], [d.test_y for d in datas],
-                              experiments=mode)
-  else:
-    evaluate = make_evaluator(program.model, datas[0].test_x, datas[0].test_y, experiments=mode)
-  check(client_chunk is None or client_chunk >= 1, "client_chunk", client_chunk, "must be >= 1")
-  step = compiled_step(program, placement, mode, client_chunk, devices,
-                       in_sequence=mode is not None and not experiments_vmapped())
-  mesh = client_mesh(devices)
-  n_devices = mesh.size
-  # Host placement gathers the next cohort while a round runs; a checkpoint must see the
-  # sampler as it stands after the round it saves, so checkpointed runs do not prefetch.
-  prefetch = placement == "host" and checkpoint is None
-  # The state and hyper-parameters start where every round leaves them (replicated over the
-  # mesh), so round 2 reuses round 1's compilation; so do the experiments' run keys.
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  state, hp, run_key = jax.tree_util.tree_map(  # every process holds the same (NaN included)
-      lambda a: jax.make_array_from_callback(np.shape(a), replicated,
-                                             lambda index, a=np.asarray(a): a[index]),
-      (state, hp, stack([k_run for _, k_run in keys])))
-  round_keys = _round_keys(single, replicated)
-
-  if placement == "device":
-    from fedjax_dp.data import FederatedData
-    for d in datas:
-      check(type(d).rows is FederatedData.rows, "placement", placement,
-            f"'device' needs the clients' arrays, but data set {d.name!r} generates its rows on "
-            "demand: use placement='host'")
-    fields = ("x", "y", "counts")
-    if mode == "stacked":  # each distinct data set once, and which one each experiment reads
-      distinct = list({id(d): d for d in datas}.values())
-      which = {id(d): i for i, d in enumerate(distinct)}
-      arrays = DataSets(
-          placed_arrays(tuple(getattr(d, f) for d in distinct for f in fields),
-                        lambda: tuple(jnp.asarray(np.stack([getattr(d, f) for d in distinct]))
-                                      for f in fields)),
-          jnp.asarray([which[id(d)] for d in datas], jnp.int32))
-      del distinct
-    else:
-      arrays = placed_arrays(tuple(getattr(datas[0], f) for f in fields))
-    del datas
-
-    def inputs(cohorts):
-      return stack([c.ids for c in cohorts]), stack([c.mask for c in cohorts])
-
-    def call(state, inputs, key):
-      return step(state, hp, arrays, *inputs, key)
-  else:
-    def inputs(cohorts):  # gathered on the host, sent on its way to the devices
-      batches = [CohortBatch(*e.data.rows(c.ids), c.ids, c.mask)
-                 for e, c in zip(experiments, cohorts)]
-      return jax.device_put(stack(batches))
-
-    def call(state, inputs, key):
-      return step(state, hp, inputs, key)
-
-  def prepare():
-    """The next round's cohorts and the step's inputs for them."""
-    cohorts = [e.sampler.sample() for e in experiments]
-    capacity = -(-max(len(c.ids) for c in cohorts) // n_devices) * n_devices
-    for log in logs:
-      log.slots = max(log.slots, capacity // n_devices)
-    return cohorts, inputs([_pad_cohort(c, capacity, n_devices) for c in cohorts])
-
-  logs = [_Log(program, e, release, client_chunk, checkpoint is not None, n_devices)
-          for e in experiments]
-  start = 0
-  if checkpoint is not None:
-    try:
-      state, start = checkpoint.begin(state, experiments[0], logs[0])
-    except BaseException:
-      checkpoint.close()
-      raise
-  bar = None
-  if progress:
-    from tqdm.auto import tqdm
-    bar = tqdm(total=rounds, initial=start, unit="round", dynamic_ncols=True)
-  t_start = time.perf_counter()
-  first_round_s = None
+  options = options or RunOptions()
+  _check_group(experiments, rounds, options)
+  prepared = _Program(program, experiments, options)
+  state, hp, run_key = prepared.initial(options.release)
+  records = [Records(program, e, options, prepared.shards) for e in experiments]
+  checkpointer = _checkpointer(experiments[0], options)
+  bar = ProgressBar(len(experiments)) if options.progress else None
+  runs = [_observers(e, rec, options, checkpointer if i == 0 else None, bar if i == 0 else None)
+          for i, (e, rec) in enumerate(zip(experiments, records))]
   ahead = None
   try:
-    ahead = _epsilons_ahead(experiments, rounds - start, accounting_workers)
-    pending = None
-    for r in range(start, rounds):
-      if stop is not None and stop.is_set():
-        raise Stopped(f"stopped before round {r + 1} of {rounds}")
-      t0 = time.perf_counter()
-      cohorts, ready = pending if pending is not None else prepare()
-      state, metrics = call(state, ready, round_keys(run_key, r))
-      # The step runs asynchronously: its privacy cost is accounted, and the next cohort drawn,
-      # gathered and sent, meanwhile.
-      accounted = [log.account(c, ahead) for log, c in zip(logs, cohorts)]
-      pending = prepare() if prefetch and r + 1 < rounds else None
-      metrics = jax.device_get(metrics)
-      seconds = time.perf_counter() - t0
-      evaluation = None
-      if (r + 1) % eval_every == 0 or r + 1 == rounds:
-        acc, tl = jax.device_get(evaluate(program.eval_params(state)))
-        evaluation = (np.atleast_1d(acc), np.atleast_1d(tl))
-      if first_round_s is None:
-        first_round_s = seconds
-      for i, log in enumerate(logs):
-        m = metrics if single else jax.tree_util.tree_map(lambda a: a[i], metrics)
-        ev = None if evaluation is None else (float(evaluation[0][i]), float(evaluation[1][i]))
-        log.round(r, m, accounted[i], ev, seconds)
-      if checkpoint is not None:
-        checkpoint.after_round(r + 1, rounds, state, experiments[0], logs[0])
-      if bar is not None:
-        log = logs[0]
-        post = {"acc": f"{log.accuracy:.4f}" if log.accuracy is not None else "-"}
-        diag = log.history[-1].get("diagnostics", {})
-        if diag.get("train_loss") is not None:  # the clients' raw loss, a diagnostic
-          post["raw loss"] = f"{diag['train_loss']:.3f}"
-        if log.history[-1].get("epsilon") is not None:
-          post["eps"] = f"{log.history[-1]['epsilon']:.2f}"
-        if not single:
-          post["experiments"] = len(experiments)
-        bar.set_postfix(post, refresh=False)
-        bar.update(1)
+    start = Start(rounds)
+    if checkpointer is not None:
+      state, start = checkpointer.begin(state, experiments[0], rounds, options.release,
+                                        options.tensorboard)
+    for rec, (_, observers) in zip(records, runs):
+      rec.resume(start)
+      observers.start(start)
+    timer = _Timer()
+    ahead = _epsilons_ahead(experiments, rounds - start.done, options.accounting_workers)
+    state = _rounds(prepared, (state, hp, run_key), records, [o for _, o in runs],
+                    (start.done, rounds, options.eval_every), ahead, stop, timer)
+    timing = timer.timing(rounds, start.done, len(experiments), ahead)
+    return [_finish(prepared, rec, history, observers, prepared.unstack(state, i), rounds, timing)
+            for i, (rec, (history, observers)) in enumerate(zip(records, runs))]
   finally:
-    if bar is not None:
-      bar.close()
-    for log in logs:
-      log.close()
-    if checkpoint is not None:
-      checkpoint.close()
+    for _, observers in runs:
+      observers.close()
     if ahead is not None:
       ahead.close()
-  total = time.perf_counter() - t_start
-  timing = {"seconds_total": total, "seconds_first_round": first_round_s,
-            "seconds_per_round_after_first": None if first_round_s is None else
-            (total - first_round_s) / max(rounds - start - 1, 1)}
-  if start:
-    timing["resumed_from_round"] = start
-  if not single:
-    timing["experiments_in_group"] = len(experiments)
-  if ahead is not None and ahead.started:
-    timing["accounting_workers"] = ahead.started
-    timing["epsilons_from_accounting_workers"] = ahead.computed
-  return [log.finish(program, state if single else jax.tree_util.tree_map(lambda a: a[i], state),
-                     rounds, timing)
-          for i, log in enumerate(logs)]
+
+
+def _finish(prepared: _Program, records: Records, history: History, observers: Observers,
+            state, rounds: int, timing: dict) -> RunResult:
+  """An experiment's :class:`RunResult` after ``rounds`` from its final ``state``, given to its
+  observers."""
+  result = RunResult(history.rows, records.summary(prepared.program, state, rounds, timing), state)
+  observers.finish(result)
+  return result
+
+
+def _rounds(prepared: _Program, initial: tuple, records, observers, span: tuple, ahead, stop,
+            timer: _Timer):
+  """Runs rounds ``done`` to ``rounds - 1`` (``span``: ``(done, rounds, eval_every)``) from
+  ``initial`` ``(state, hparams, run key)``, giving each experiment's record to its
+  ``observers``; returns the final state."""
+  state, hp, run_key = initial
+  done, rounds, eval_every = span
+  pending = None
+  for r in range(done, rounds):
+    if stop is not None and stop.is_set():
+      raise Stopped(f"stopped before round {r + 1} of {rounds}")
+    t0 = time.perf_counter()
+    cohorts, ready = pending if pending is not None else prepared.inputs(records)
+    state, metrics = prepared.call(state, hp, ready, prepared.round_keys(run_key, r))
+    # The step runs asynchronously: its privacy cost is accounted, and the next cohort drawn,
+    # gathered and sent, meanwhile.
+    accounted = [rec.account(c, ahead) for rec, c in zip(records, cohorts)]
+    pending = prepared.inputs(records) if prepared.prefetch and r + 1 < rounds else None
+    metrics = jax.device_get(metrics)
+    seconds = time.perf_counter() - t0
+    evaluation = None
+    if (r + 1) % eval_every == 0 or r + 1 == rounds:
+      acc, tl = jax.device_get(prepared.evaluate(prepared.program.eval_params(state)))
+      evaluation = (np.atleast_1d(acc), np.atleast_1d(tl))
+    timer.round(seconds)
+    for i, (rec, obs) in enumerate(zip(records, observers)):
+      ev = None if evaluation is None else (float(evaluation[0][i]), float(evaluation[1][i]))
+      record = rec.round(r, rounds, prepared.unstack(metrics, i), accounted[i], ev, seconds)
+      obs.round(dataclasses.replace(record, state=state) if prepared.single else record)
+  return state

@@ -3,12 +3,20 @@
 Every invalid input is reported as a :class:`ConfigError` that names the field,
 the value and what is allowed. The CLI turns it into one line on stderr and
 exit status 2, before anything is compiled or written.
+
+Checks are made where settings are read, on concrete values; :func:`check` refuses a traced
+condition (:class:`TracedCheckError`). The compiled round checks nothing at run time, and needs
+no ``jax.experimental.checkify``: its hyper-parameters are those validated settings as arrays,
+and the numbers it computes itself (adaptive clip bounds) scale the noise they are released
+with, so the privacy accounting does not rest on their range.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, Callable
+
+import numpy as np
 
 
 class ConfigError(ValueError):
@@ -26,23 +34,73 @@ class NoiseWarning(UserWarning):
   command line prints it in one line, before the first round)."""
 
 
+class TracedCheckError(TypeError):
+  """A programming error: :func:`check` was given a traced condition.
+
+  A value inside a compiled function (a hyper-parameter of the compiled round) has no value
+  while the function is traced, so no check can read it there. Settings are checked where they
+  are read (:class:`fedjax_dp.config.RunConfig`, the algorithms' option tables), before anything
+  compiles; a function that builds a piece from a value that may be traced checks it with
+  :func:`check_unless_traced`.
+  """
+
+  def __init__(self, field: str):
+    self.field = field
+    super().__init__(f"check of {field!r} on a traced value: a value inside a compiled function "
+                     "cannot be checked there; check it where the settings are read")
+
+
+def traced(value: Any) -> bool:
+  """Whether ``value`` is a JAX tracer: a value inside a function being compiled (such as a
+  hyper-parameter of the compiled round), which has no concrete value to check.
+
+  Python numbers, NumPy arrays and concrete JAX arrays are not traced; a traced value exists
+  only once JAX is loaded (this module does not import it).
+  """
+  jax = sys.modules.get("jax")
+  return jax is not None and isinstance(value, jax.core.Tracer)
+
+
 def check(cond: bool, field: str, value: Any, allowed: str) -> None:
   """Raises :class:`ConfigError` unless ``cond`` holds.
 
-  A condition on a traced value (a hyper-parameter inside a compiled round,
-  where pieces are built from ``hparams``) cannot be decided there and is
-  skipped: hyper-parameters are validated on the host before building (the
-  configuration and the algorithms' options).
+  Args:
+    cond: a concrete condition (a Python bool, or a NumPy / concrete JAX boolean).
+    field: the setting's name, for the message.
+    value: the value given.
+    allowed: what is allowed, for the message.
+
+  Raises:
+    ConfigError: ``cond`` is false.
+    TracedCheckError: ``cond`` is traced (a programming error: see its docstring).
   """
-  try:
-    ok = bool(cond)
-  except Exception as e:  # pylint: disable=broad-except
-    jax = sys.modules.get("jax")  # a traced condition exists only once jax is loaded
-    if jax is not None and isinstance(e, jax.errors.ConcretizationTypeError):
-      return
-    raise
-  if not ok:
+  if traced(cond):
+    raise TracedCheckError(field)
+  if not cond:
     raise ConfigError(field, value, allowed)
+
+
+def check_unless_traced(ok: Callable[[Any], Any], field: str, value: Any, allowed: str) -> None:
+  """Raises :class:`ConfigError` unless ``ok(value)``; a traced ``value`` is not checked.
+
+  For the pieces built both from a caller's numbers and, inside the compiled round, from its
+  hyper-parameters: there the value is traced, and the setting it comes from was checked where
+  the settings are read, before anything compiled. A JAX array is read as a NumPy array (inside
+  a function being compiled, even an operation on a concrete JAX array is traced).
+
+  Args:
+    ok: the condition, a function of the (host) value.
+    field, value, allowed: as :func:`check`'s.
+
+  Raises:
+    ConfigError: ``ok(value)`` is false for a value that is not traced.
+  """
+  if traced(value):
+    return
+  jax = sys.modules.get("jax")
+  if jax is not None and isinstance(value, jax.Array):
+    value = np.asarray(value)
+  check(ok(value), field, value, allowed)
 
 
 def check_positive(field: str, value: float) -> None:

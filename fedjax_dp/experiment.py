@@ -2,52 +2,60 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
-from typing import TYPE_CHECKING, Optional
+from typing import Optional, Sequence
 
+import flax.linen as nn
 import jax
 
-from fedjax_dp.config import RunConfig
-from fedjax_dp.engine import RunResult, noise_multiplier, run
-from fedjax_dp.errors import NoiseWarning
+from fedjax_dp import algorithms, engine
+from fedjax_dp.attacks import knowledge_of_unreleased
+from fedjax_dp.config import RunConfig, make_config, noise_warning
+from fedjax_dp.data import Split, load_federated
+from fedjax_dp.engine import Experiment, RunOptions, RunResult, noise_multiplier
+from fedjax_dp.errors import NoiseWarning, check
+from fedjax_dp.models import Model
+from fedjax_dp.observers import Callback, Observer
+from fedjax_dp.outputs import check_output_dir
+from fedjax_dp.privacy.accounting import LedgerAccounting
+from fedjax_dp.privacy.mechanisms import user_level_mechanism
 from fedjax_dp.round import check_devices
+from fedjax_dp.sampling import make_sampler
 
-if TYPE_CHECKING:  # an annotation only: importing the models (and flax) waits for their use
-  from fedjax_dp.models import Model
+# The RunOptions fields that are a configuration's settings too (RunConfig fields): a run built
+# from a configuration takes them from it (options_for).
+FROM_CONFIG = ("eval_every", "placement", "client_chunk", "devices", "accounting_workers")
+# simulate's keywords that are run options (RunOptions fields), not settings of the configuration.
+RUN_KEYWORDS = tuple(f.name for f in dataclasses.fields(RunOptions) if f.name not in FROM_CONFIG)
 
 
 def load_data(config: RunConfig):
   """The configuration's :class:`FederatedData` (local files first; tfds only with ``download``)."""
-  from fedjax_dp.data import load_federated
-  return load_federated(
-      config.dataset, config.num_clients, partition=config.partition, seed=config.split_seed,
-      data_dir=config.data_dir, alpha=config.dirichlet_alpha,
-      shards_per_client=config.shards_per_client, max_train=config.max_train,
-      max_test=config.max_test, download=config.download,
-      min_labels=config.min_labels_per_client)
+  split = Split(config.num_clients, config.partition, alpha=config.dirichlet_alpha,
+                shards_per_client=config.shards_per_client,
+                min_labels=config.min_labels_per_client)
+  return load_federated(config.dataset, split, seed=config.split_seed, data_dir=config.data_dir,
+                        max_train=config.max_train, max_test=config.max_test,
+                        download=config.download)
 
 
-def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional[str] = None,
-             progress: bool = False, on_round=None, release: str = "all", *, model=None,
-             round=None, hparams: Optional[dict] = None, tensorboard: bool = False,
-             checkpoint_every: Optional[int] = None, resume: bool = False,
-             overwrite: bool = False, **settings) -> RunResult:
+def simulate(config: Optional[RunConfig] = None, data=None, *,
+             run_options: Optional[RunOptions] = None, model=None, round=None,
+             hparams: Optional[dict] = None, on_round=None,
+             observers: Sequence[Observer] = (), **settings) -> RunResult:
   """Runs a simulation and returns its :class:`fedjax_dp.engine.RunResult`.
 
   Args:
-    config: a :class:`RunConfig` (default: the quickstart); ``settings`` are
-      field overrides (``simulate(rounds=20, target_epsilon=4.0)``). A setting the
-      algorithm does not read (``clip`` for ``rsa``) is refused, as on the command line.
+    config: a :class:`RunConfig` (default: the quickstart).
     data: a :class:`fedjax_dp.data.FederatedData` (default: loaded from the
       configuration).
-    output_dir: where ``metrics.jsonl`` and ``summary.json`` go (none: in memory only); a folder
-      holding an earlier run's files is refused unless ``overwrite`` (or ``resume``), as by
-      ``fedjax-dp run`` (:func:`fedjax_dp.outputs.check_output_dir`).
-    progress: show a progress bar.
-    on_round: optional callback with each round's record.
-    release: "all" or "private" (see :func:`fedjax_dp.engine.run`).
-    tensorboard: also write TensorBoard event files to ``output_dir/tensorboard/``
-      (:func:`fedjax_dp.engine.run`).
+    run_options: how the run runs and what it writes (:class:`fedjax_dp.engine.RunOptions`): its
+      ``output_dir`` (a folder holding an earlier run's files is refused unless ``overwrite``
+      or ``resume``, as by ``fedjax-dp run``: :func:`fedjax_dp.outputs.check_output_dir`),
+      ``progress``, ``release``, ``tensorboard``, ``checkpoint_every``, ``resume``. Its
+      fields that are settings of the configuration too (:data:`FROM_CONFIG`) come from the
+      configuration: give those as settings.
     model: a model name of :data:`fedjax_dp.models.MODELS` (as ``config.model``), a flax
       ``nn.Module`` (mapping a batch ``[B, *example_shape]`` to ``[B, num_classes]``
       logits) or a :class:`fedjax_dp.models.Model`, used instead of ``config.model`` by the
@@ -57,49 +65,74 @@ def simulate(config: Optional[RunConfig] = None, data=None, output_dir: Optional
       declare (:func:`fedjax_dp.privacy.mechanisms.user_level_mechanism`), for
       the configured sampling, delta and accountant.
     hparams: the hand-built round's hyper-parameters (name -> number).
-    checkpoint_every: save the whole run every this many rounds (and after the last) into
-      ``output_dir/checkpoints/`` (:mod:`fedjax_dp.checkpoint`).
-    resume: continue the run in ``output_dir`` from its latest checkpoint (same configuration;
-      ``checkpoint_every`` then says how often to go on saving).
-    overwrite: replace an earlier run's files in ``output_dir`` (removed when the new run writes
-      its first round).
+    on_round: called with each round's record (:class:`fedjax_dp.observers.Callback`).
+    observers: more :class:`fedjax_dp.observers.Observer` s of the run's records.
+    **settings: field overrides of ``config`` (``simulate(rounds=20, target_epsilon=4.0)``; a
+      setting the algorithm does not read, ``clip`` for ``rsa``, is refused, as on the command
+      line) and run options by name (:data:`RUN_KEYWORDS`: ``output_dir=DIR``,
+      ``release="private"``, ...), which replace ``run_options``' (``options``: ``--set``).
+
+  Returns:
+    The run's :class:`fedjax_dp.engine.RunResult`.
+
+  Raises:
+    ConfigError: on a bad setting or option, before anything compiles.
   """
-  from fedjax_dp.algorithms import build, refuse_unused
-  from fedjax_dp.config import make_config, noise_warning
-  if isinstance(model, str):  # a name is a setting like any other (validated by RunConfig)
-    settings, model = {**settings, "model": model}, None
-  config = make_config(**settings) if config is None else (config.replace(**settings) if settings
-                                                           else config)
-  refuse_unused(config, settings)
-  check_devices(config.devices)
-  if output_dir is not None and not resume:
-    from fedjax_dp.outputs import check_output_dir
-    check_output_dir(output_dir, overwrite=overwrite)
+  given = {k: settings.pop(k) for k in RUN_KEYWORDS if k in settings}
+  options = dataclasses.replace(run_options or RunOptions(), **given)
+  check_from_config(options)
+  config, model = _configured(config, model, settings)
+  if options.output_dir is not None and not options.resume:
+    check_output_dir(options.output_dir, overwrite=options.overwrite)
   if data is None:
     data = load_data(config)
   if model is not None:
     config = config.replace(model=as_model(model, data))
-  if round is not None:
-    setup = custom_setup(round, hparams, config, data)
-  else:
-    setup = build(config, data)
+  setup = (custom_setup(round, hparams, config, data) if round is not None
+           else algorithms.build(config, data))
   how = ("as given" if config.target_epsilon is None else
          f"calibrated for target_epsilon={config.target_epsilon:g}")
   warning = noise_warning(noise_multiplier(setup.accounting), how)
   if warning is not None:  # before the first round: the run goes on
     warnings.warn(warning, NoiseWarning, stacklevel=2)
-  checkpoint = None
-  if checkpoint_every is not None or resume:
-    from fedjax_dp.checkpoint import Checkpointer
-    checkpoint = Checkpointer(checkpoint_every, config.to_dict(), resume)
-  return run(setup.program, data, setup.sampler, config.rounds, hparams=setup.hparams,
-             seed=config.seed, accounting=setup.accounting, eval_every=config.eval_every,
-             output_dir=output_dir, tensorboard=tensorboard, progress=progress,
-             config=recorded_config(config),
-             placement=config.placement, on_round=on_round, release=release,
-             client_chunk=client_blocks(config, setup.program.model, setup.program.model_batch),
-             devices=config.devices, checkpoint=checkpoint,
-             accounting_workers=config.accounting_workers)
+  own = ([] if on_round is None else [Callback(on_round)]) + list(observers)
+  experiment = Experiment(setup.hparams, data, setup.sampler, config.seed, setup.accounting,
+                          options.output_dir, recorded_config(config), config.to_dict(), own)
+  return engine.run(setup.program, experiment, config.rounds,
+                    options_for(config, setup.program, options))
+
+
+def _configured(config: Optional[RunConfig], model, settings: dict) -> tuple:
+  """``(config, model)``: ``config`` (default: the quickstart) with ``settings``, checked (a
+  setting the algorithm does not read is refused), and a model name moved into it."""
+  if isinstance(model, str):  # a name is a setting like any other (validated by RunConfig)
+    settings, model = {**settings, "model": model}, None
+  config = make_config(**settings) if config is None else (config.replace(**settings) if settings
+                                                           else config)
+  algorithms.refuse_unused(config, settings)
+  check_devices(config.devices)
+  return config, model
+
+
+def check_from_config(options: RunOptions) -> None:
+  """Refuses run options that set what a configuration sets (:data:`FROM_CONFIG`): a run built
+  from a configuration takes those from it (:func:`options_for`)."""
+  default = RunOptions()
+  for name in FROM_CONFIG:
+    check(getattr(options, name) == getattr(default, name), f"run_options.{name}",
+          getattr(options, name), f"is a setting of the configuration: give {name}=... as a "
+          "setting (or a field of the RunConfig) instead")
+
+
+def options_for(config: RunConfig, program, options: Optional[RunOptions] = None) -> RunOptions:
+  """``options`` (default: ``RunOptions()``) with the fields that are the configuration's
+  settings (:data:`FROM_CONFIG`) taken from ``config``: its evaluation period, placement,
+  devices, accounting workers, and the client blocks :func:`client_blocks` chooses for
+  ``program`` (a :class:`fedjax_dp.round.Round`)."""
+  return dataclasses.replace(
+      options or RunOptions(), eval_every=config.eval_every, placement=config.placement,
+      client_chunk=client_blocks(config, program.model, program.model_batch),
+      devices=config.devices, accounting_workers=config.accounting_workers)
 
 
 # Clients per block that the automatic choice aims at on one CPU device; over several CPU devices
@@ -154,9 +187,8 @@ def recorded_config(config: RunConfig) -> dict:
   ``not_used``) rather than recorded as if they applied, so the rest is a valid ``--config``
   file; ``model`` is the model's name (the data set's default when the configuration names
   none)."""
-  from fedjax_dp.algorithms import unread_by_settings, unused_fields
   d = dict(config.to_dict(), model=config.model_name)
-  unused = unused_fields(config) + sorted(unread_by_settings(config))
+  unused = algorithms.unused_fields(config) + sorted(algorithms.unread_by_settings(config))
   d = {k: v for k, v in d.items() if k not in unused}
   d["not_used"] = unused
   return d
@@ -165,9 +197,6 @@ def recorded_config(config: RunConfig) -> dict:
 def as_model(model, data):
   """A :class:`fedjax_dp.models.Model` from a flax module (shapes from ``data``) or a Model
   (a model's name goes in the configuration, :func:`simulate`)."""
-  import flax.linen as nn
-  from fedjax_dp.errors import check
-  from fedjax_dp.models import Model
   if isinstance(model, Model):
     return model
   check(isinstance(model, nn.Module), "model", type(model).__name__,
@@ -180,19 +209,13 @@ def custom_setup(rnd, hparams: Optional[dict], config: RunConfig, data):
   the configuration, privacy from the round's pieces; with Byzantine clients (``hparams``'
   ``byzantine``) an attack that reads the regular rows reads their unreleased updates, which
   voids the guarantee (``attacker_knowledge: "omniscient"``), as in DP-FedAvg."""
-  from fedjax_dp.algorithms import Setup, as_hparams
-  from fedjax_dp.attacks import knowledge_of_unreleased
-  from fedjax_dp.errors import check
-  from fedjax_dp.privacy.accounting import LedgerAccounting
-  from fedjax_dp.privacy.mechanisms import user_level_mechanism
-  from fedjax_dp.sampling import make_sampler
   check(hparams is not None, "hparams", hparams, "must be given with a hand-built round")
   sampler = make_sampler(config.sampling, data.num_clients, config.seed, config.sampling_prob,
                          config.cohort_size, config.capacity)
   hp = {"server_lr": 1.0, "byzantine": 0, "expected_size": sampler.expected_size, **hparams}
-  hp = as_hparams(hp)
+  hp = algorithms.as_hparams(hp)
   mechanism = user_level_mechanism(rnd, hp, config.sampling, config.sampling_prob,
                                    data.num_clients, config.cohort_size)
   knowledge = knowledge_of_unreleased(rnd.attack, int(hp["byzantine"]))
-  return Setup(rnd, sampler, LedgerAccounting(mechanism, config.delta, config.accountant,
-                                              attacker_knowledge=knowledge), hp)
+  return algorithms.Setup(rnd, sampler, LedgerAccounting(mechanism, config.delta, config.accountant,
+                                                         attacker_knowledge=knowledge), hp)

@@ -12,14 +12,14 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from fedjax_dp.errors import check
+from fedjax_dp.errors import check_unless_traced
+from fedjax_dp.models import cross_entropy
 
 Objective = Callable  # (params, batch, anchor) -> scalar
 
 
 def supervised(apply_fn: Callable) -> Objective:
   """Mean cross-entropy of ``apply_fn(params, x)`` over the batch's real examples."""
-  from fedjax_dp.models import cross_entropy
 
   def objective(params, batch, anchor):
     del anchor
@@ -37,7 +37,7 @@ def sq_distance(params, anchor) -> jax.Array:
 
 def proximal(objective: Objective, mu: float) -> Objective:
   """FedProx (Li et al. 2020): adds (mu/2) ||w - w_t||^2."""
-  check(mu >= 0, "mu", mu, "must be >= 0")
+  check_unless_traced(lambda m: m >= 0, "mu", mu, "must be >= 0")
 
   def wrapped(params, batch, anchor):
     return objective(params, batch, anchor) + 0.5 * mu * sq_distance(params, anchor)
@@ -66,8 +66,9 @@ def blur(objective: Objective, lam: float, radius: float) -> Objective:
     lam: lambda >= 0 (the paper's grid: 0.05, 0.1, 0.2, 0.4, 0.8).
     radius: S > 0, normally the clip bound (both may be traced hyper-parameters).
   """
-  check(lam is not None and lam >= 0, "lambda", lam, "must be >= 0")
-  check(radius is not None and radius > 0, "radius", radius, "must be > 0 (the clip bound S)")
+  check_unless_traced(lambda v: v is not None and v >= 0, "lambda", lam, "must be >= 0")
+  check_unless_traced(lambda v: v is not None and v > 0, "radius", radius,
+                      "must be > 0 (the clip bound S)")
   r2 = jnp.square(radius)
 
   def wrapped(params, batch, anchor):

@@ -93,14 +93,43 @@ def _bars(err: Sequence) -> list:
   return [math.nan if e is None else e for e in err]
 
 
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """How :func:`curves_figure` lays out its panels and legend.
+
+  Attributes:
+    size: one panel's (width, height) in inches.
+    sharey: the panels share their y axis.
+    legend_columns: the legend's columns.
+    legend_size: the legend's font size.
+    legend_outside: the legend right of the last panel, off the curves (else inside the first).
+  """
+
+  size: tuple = (4.2, 3.4)
+  sharey: bool = True
+  legend_columns: int = 1
+  legend_size: int = 8
+  legend_outside: bool = False
+
+
 def curves_figure(panels: Sequence[tuple], path, *, xlabel: str, ylabel="test accuracy",
-                  logx: bool = False, ylim: Optional[tuple] = None, size: tuple = (4.2, 3.4),
-                  sharey: bool = True, legend_columns: int = 1, legend_size: int = 8,
-                  legend_outside: bool = False):
+                  logx: bool = False, ylim: Optional[tuple] = None, layout: Layout = Layout()):
   """One panel per ``(title, [Curve])`` of ``panels``, side by side; writes ``path`` and returns
-  the figure. ``ylabel``: the first panel's label, or a sequence of one per panel;
-  ``legend_outside``: the legend right of the last panel, off the curves."""
-  fig, axes = _panels(len(panels), size, sharey)
+  the figure.
+
+  Args:
+    panels: ``(title, [Curve])`` per panel.
+    path: the image file written.
+    xlabel: every panel's x label.
+    ylabel: the first panel's label, or a sequence of one per panel.
+    logx: a logarithmic x axis.
+    ylim: the y axis's ``(low, high)`` (none: matplotlib's).
+    layout: the panels' size, shared y axis and legend.
+
+  Returns:
+    The matplotlib figure.
+  """
+  fig, axes = _panels(len(panels), layout.size, layout.sharey)
   for ax, (title, curves) in zip(axes, panels):
     for c in curves:
       if c.err is None:  # a curve of one point (a run evaluated once) is drawn as a mark
@@ -116,7 +145,8 @@ def curves_figure(panels: Sequence[tuple], path, *, xlabel: str, ylabel="test ac
     if ylim is not None:
       ax.set_ylim(*ylim)
     ax.grid(alpha=0.3)
-  return _save(fig, axes, ylabel, path, legend_columns, legend_size, legend_outside)
+  return _save(fig, axes, ylabel, path, layout.legend_columns, layout.legend_size,
+               layout.legend_outside)
 
 
 def plot_curves(panels: Sequence[tuple], path, **kwargs):
@@ -257,7 +287,7 @@ def plot_runs(dirs: Sequence, out):
     if pr:
       eps.append(Curve(label, [r["round"] for r in pr], [r["epsilon"] for r in pr]))
   panels = [("test accuracy", acc)] + ([("privacy spent", eps)] if eps else [])
-  return curves_figure(panels, out, xlabel="round", sharey=False,
+  return curves_figure(panels, out, xlabel="round", layout=Layout(sharey=False),
                        ylabel=["test accuracy", "epsilon"][:len(panels)])
 
 
@@ -296,6 +326,7 @@ def read_norms(folder) -> dict:
 def plot_norms(folder, out):
   """The clients' pre-clip update norms per round (median and the 10-90% band) against the clip
   bound, from ``folder/norms.npz``; writes ``out`` and returns the figure."""
+  # Lazy: engine imports JAX, which reading and plotting files does not need.
   from fedjax_dp.engine import quantiles
   out = _check_out(out)
   z = read_norms(folder)

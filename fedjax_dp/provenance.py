@@ -15,6 +15,12 @@ import platform
 import subprocess
 from typing import Optional
 
+import jax
+
+from fedjax_dp._version import __version__
+from fedjax_dp.data import specs
+from fedjax_dp.data.sources.common import resolve_data_dir
+
 # The distributions whose versions a run records (import name as pip knows it).
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "dp-accounting", "numpy")
 # What partition's parameters each partition has (RunConfig fields).
@@ -54,11 +60,9 @@ def environment() -> dict:
   """The ``provenance`` block: ``fedjax_dp`` (version), ``python``, ``packages`` (name ->
   version, None when missing), ``devices`` (``platform``, ``kind``, ``count``) and ``git``
   (:func:`git_revision`)."""
-  import jax
-  import fedjax_dp
   devices = jax.devices()
   return {
-      "fedjax_dp": fedjax_dp.__version__,
+      "fedjax_dp": __version__,
       "python": platform.python_version(),
       "packages": {p: _version(p) for p in PACKAGES},
       "devices": {"platform": devices[0].platform, "kind": devices[0].device_kind,
@@ -82,8 +86,6 @@ def data_dir(config: Optional[dict]) -> Optional[str]:
   """The folder a recorded configuration's data files were looked for in: its ``data_dir``,
   else ``$FEDJAX_DP_DATA`` (which the configuration does not record); None for the bundled
   digits, without a configuration, or with neither set (tensorflow-datasets' own folder)."""
-  from fedjax_dp.data import specs
-  from fedjax_dp.data.sources.common import resolve_data_dir
   if not config or config.get("dataset") not in specs.BY_NAME:
     return None
   if specs.get(config["dataset"]).source == "digits":

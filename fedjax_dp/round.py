@@ -43,6 +43,11 @@ import numpy as np
 import optax
 
 from fedjax_dp import attacks as attacks_lib
+from fedjax_dp.aggregators.base import weighted_sum
+from fedjax_dp.aggregators.robust import finite_rows
+from fedjax_dp.client import make_optimizer
+from fedjax_dp.errors import check
+from fedjax_dp.models import conv_layers
 from fedjax_dp.transforms import global_norm
 
 
@@ -93,6 +98,59 @@ class ClientOut(NamedTuple):
   norm: Any = 0.0             # norm of the update before any transform (raw diagnostic)
   aux: Any = ()               # pytree of per-client values for the server rule and metrics
   raw: Any = None             # what a model-level attack acts on (RSA: the worker's model)
+
+
+class ClientInputs(NamedTuple):
+  """The cohort's per-client inputs (:func:`run_clients`), each with a leading client axis [C]."""
+
+  batch: CohortBatch  # their ids and mask, and their data unless gathered (ClientLayout.data)
+  rows: Any           # their per-client state rows (RoundState.rows); () if none
+  hparams: Any        # their own hyper-parameters (Round.client_hparams); () if none
+  keys: jax.Array     # their keys (client_keys)
+
+
+class ClientLayout(NamedTuple):
+  """Where the cohort's data come from and how its clients' work is laid out.
+
+  Attributes:
+    data: the population's ``(x, y, counts)`` (or :class:`DataSets`): each block of clients
+      gathers its own rows from it (so the cohort's data is never held at once); None: the
+      cohort's :class:`CohortBatch` holds them.
+    chunk: clients per block on each device; None: the whole cohort in one ``vmap``.
+    axis_name: the name of a sweep's ``vmap``-ed experiment axis around the round, or None.
+    mesh: the devices the clients are split over (:func:`client_mesh`); None: one device.
+  """
+
+  data: Any = None
+  chunk: Optional[int] = None
+  axis_name: Optional[str] = None
+  mesh: Optional[jax.sharding.Mesh] = None
+
+
+class Sums(NamedTuple):
+  """A linear aggregator's sums over the cohort's uploads, added up block by block."""
+
+  total: Any            # sum_i w_i m_i u_i of the prepared uploads (Aggregator.prepare)
+  weight: jax.Array     # sum_i w_i m_i
+  nonfinite: jax.Array  # real uploads holding a NaN or Inf (nonfinite_rows)
+
+
+class Uploads(NamedTuple):
+  """The cohort's uploads as the attack receives them, and who sent them."""
+
+  rows: Any             # [C, ...] what each client releases (padded rows zero)
+  byzantine: jax.Array  # [C] 1.0 for a Byzantine client (attacks.byzantine_mask)
+  mask: jax.Array       # [C] 1.0 for a real client
+  ids: jax.Array        # [C] the clients' ids
+
+
+class Messages(NamedTuple):
+  """What a round's clients computed and what the server receives (:func:`messages`)."""
+
+  out: ClientOut        # every client's outputs (its upload None when summed)
+  sent: Any             # the uploads after the attack (padded rows zero); None when summed
+  byzantine: jax.Array  # [C] 1.0 for a Byzantine client
+  sums: Optional[Sums]  # the uploads' sums when a linear aggregator summed them block by block
 
 
 def tree_sub(a, b):
@@ -171,12 +229,12 @@ class Piece:
     return self.make(hp)
 
 
-def attack_uploads(rnd: "Round", state: RoundState, out: ClientOut, uploads, byz, mask, ids, hp,
-                   key):
+def attack_uploads(rnd: "Round", state: RoundState, out: ClientOut, uploads: Uploads, hp: dict,
+                   key: jax.Array):
   """The default attack step: the attack replaces the Byzantine rows of the uploads."""
   del state, out
-  return attacks_lib.from_hparams(rnd.attack, hp, rnd.nonfinite_value)(uploads, byz, key,
-                                                                       mask=mask, ids=ids)
+  attack = attacks_lib.get(rnd.attack, hp, {"nonfinite_value": rnd.nonfinite_value})
+  return attack(uploads.rows, uploads.byzantine, key, mask=uploads.mask, ids=uploads.ids)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -188,7 +246,7 @@ class Round:
     num_clients: the population size (rows of per-client state, Byzantine ids).
     client: ``hp -> (params, x, y, count, row, client_hp, key) -> ClientOut``.
     aggregator: ``hp -> Aggregator``.
-    attack: the attack's name (:data:`fedjax_dp.attacks.ATTACKS`); its
+    attack: a declared attack's name (:mod:`fedjax_dp.attacks`); its
       strengths and the number of Byzantine clients are in ``hp``.
     nonfinite_value: what the ``nonfinite`` attack sends ("nan", "inf", "mixed").
     weighting: "uniform" or "examples".
@@ -204,8 +262,10 @@ class Round:
       from the aggregate in place of :func:`server_update`'s optimizer step (AE-DPFL trains the
       model on labels read off the aggregate), or None. Its key is the round's own
       (:func:`round_keys`), apart from the aggregator's and the attack's.
-    attack_step: how the attack enters, ``(rnd, state, out, uploads, byz, mask, ids, hp, key)
-      -> sent`` (:func:`attack_uploads` by default).
+    attack_step: how the attack enters, ``(rnd, state, out, uploads: Uploads, hp, key) -> sent``
+      (:func:`attack_uploads` by default). With attack "none" and no ``init_row`` it must send
+      the uploads as they are: a round split into blocks of clients then sums them block by
+      block without calling it (:func:`step`).
     metrics: ``(state, new_params, out, sent, mask, hp) -> dict`` of extra scalars, or None.
     released_metrics: metric names computed only from the released aggregate
       (see :mod:`fedjax_dp.engine`).
@@ -235,7 +295,6 @@ class Round:
 
   def init(self, key: jax.Array, hparams: dict) -> RoundState:
     """The state before round 1 (the server optimizer's state, per-client rows, server state)."""
-    from fedjax_dp.client import make_optimizer
     params = self.model.init(key)
     opt = make_optimizer(self.server_optimizer, 1.0)
     rows = ()
@@ -257,7 +316,6 @@ def server_update(rnd: Round, state: RoundState, aggregate, hp):
   ``hp["server_lr"]``, so the rate is data (SGD, momentum, Adam, ... all end
   in a learning-rate scale in optax).
   """
-  from fedjax_dp.client import make_optimizer
   if rnd.descent:
     grads = jax.tree_util.tree_map(lambda a, p: a + hp["l2"] * p, aggregate, state.params)
   else:
@@ -270,7 +328,6 @@ def server_update(rnd: Round, state: RoundState, aggregate, hp):
 
 def nonfinite_rows(rows, mask) -> jax.Array:
   """Real rows holding a NaN or Inf (the robust aggregators reject them)."""
-  from fedjax_dp.aggregators.robust import finite_rows
   return jnp.sum(mask) - jnp.sum(finite_rows(rows, mask))
 
 
@@ -308,70 +365,83 @@ def _unblocks(tree, length: int, shards: int = 1):
   return jax.tree_util.tree_map(merge, tree)
 
 
-def run_clients(rnd: Round, hp: dict, params, batch: CohortBatch, rows, chp, keys, *,
-                data=None, chunk: Optional[int] = None, accumulate=None,
-                axis_name: Optional[str] = None, mesh: Optional[jax.sharding.Mesh] = None):
-  """The cohort's client updates: one ``vmap``, or, with ``chunk``, blocks of ``chunk`` clients
-  on each device of ``mesh`` (:func:`client_mesh`; None: one device).
+def run_clients(rnd: Round, hp: dict, params, inputs: ClientInputs,
+                layout: ClientLayout = ClientLayout(), accumulate: Optional[Callable] = None):
+  """The cohort's client updates: one ``vmap``, or blocks of ``layout.chunk`` clients on each
+  device of ``layout.mesh`` (:func:`_in_blocks`).
 
-  ``data``: the population's ``(x, y, counts)`` (or :class:`DataSets`); each block gathers its own
-  clients' rows from it (so the cohort's data is never held at once), else
-  ``batch`` holds them. Blocks run one after another (``lax.scan``) and a block
-  of padded slots only is skipped. Inside a sweep's ``vmap`` over experiments
-  (``axis_name``, the name of that axis) a block is skipped when it holds padded
-  slots only in every experiment: the skip stays a branch instead of becoming a
-  select of both (the other experiments' real clients in that block are computed
-  for all, and masked where padded). ``accumulate``: ``(prepare, weighting)``
-  of a linear aggregator (:class:`fedjax_dp.aggregators.Aggregator`): each
-  block adds its masked, prepared uploads to a running weighted sum, and the
-  uploads themselves are not kept. Returns ``(out, total, weight, nonfinite)``; ``out``
-  holds every client's outputs (its ``upload`` None when accumulating) and
-  ``total``, ``weight`` the weighted sum and total weight, ``nonfinite`` the real uploads holding
-  a NaN or Inf (:func:`nonfinite_rows`, as the whole cohort's would count; None otherwise).
+  Args:
+    rnd: the round (its ``client(hp)`` runs on each client; ``weighting`` weighs the sums).
+    hp: the round's hyper-parameters.
+    params: the global model every client starts from.
+    inputs: the cohort's per-client inputs.
+    layout: where the clients' data come from and how their work is laid out.
+    accumulate: the ``prepare`` of a linear aggregator
+      (:attr:`fedjax_dp.aggregators.Aggregator.linear`), or None: each block adds its masked,
+      prepared uploads to running :class:`Sums`, and the uploads themselves are not kept.
+
+  Returns:
+    ``(out, sums)``: every client's :class:`ClientOut` (its ``upload`` None when accumulating)
+    and the uploads' :class:`Sums` (``nonfinite`` counted as the whole cohort's would be), or
+    None when not accumulating.
   """
   client = rnd.client(hp)
 
-  def block(ids, mask, x, y, counts, rows, chp, keys):
-    if data is not None:
-      x, y, counts = gather_clients(data, ids)
-    out = jax.vmap(client, in_axes=(None, 0, 0, 0, 0, 0, 0))(params, x, y, counts, rows, chp, keys)
+  def block(inputs):
+    batch = inputs.batch
+    x, y, counts = ((batch.x, batch.y, batch.counts) if layout.data is None
+                    else gather_clients(layout.data, batch.ids))
+    out = jax.vmap(client, in_axes=(None, 0, 0, 0, 0, 0, 0))(
+        params, x, y, counts, inputs.rows, inputs.hparams, inputs.keys)
     if accumulate is None:
-      return out, None, None, None
-    prepare, weighting = accumulate
-    uploads = mask_rows(out.upload, mask)
-    u, m = prepare(uploads, mask)
-    w = client_weights(weighting, CohortBatch(None, None, counts, ids, mask))
-    from fedjax_dp.aggregators import weighted_sum
-    return (out._replace(upload=None), weighted_sum(u, w, m), jnp.sum(w * m),
-            nonfinite_rows(uploads, mask))
+      return out, None
+    uploads = mask_rows(out.upload, batch.mask)
+    u, m = accumulate(uploads, batch.mask)
+    w = client_weights(rnd.weighting, batch._replace(counts=counts))
+    return out._replace(upload=None), Sums(weighted_sum(u, w, m), jnp.sum(w * m),
+                                           nonfinite_rows(uploads, batch.mask))
 
-  args = (batch.ids, batch.mask, batch.x, batch.y, batch.counts, rows, chp, keys)
-  size = batch.ids.shape[0]
-  shards = 1 if mesh is None else mesh.size
-  if chunk is None or chunk * shards >= size:
-    return block(*args)
-  count = -(-size // (shards * chunk))  # blocks of every device's ceil(size / shards) clients
-  blocks = _blocks(args, chunk, count, shards)
+  if layout.chunk is None or layout.chunk * _shards(layout) >= inputs.batch.ids.shape[0]:
+    return block(inputs)
+  return _in_blocks(block, inputs, layout, accumulate is not None)
+
+
+def _shards(layout: ClientLayout) -> int:
+  return 1 if layout.mesh is None else layout.mesh.size
+
+
+def _in_blocks(block: Callable, inputs: ClientInputs, layout: ClientLayout, summing: bool):
+  """``block(inputs) -> (out, sums)`` run on blocks of ``layout.chunk`` clients on each device
+  (:func:`_blocks`); returns ``(out, sums)`` with ``out`` of every client and, when
+  ``summing``, the blocks' ``sums`` added up (else None).
+
+  Blocks run one after another (``lax.scan``) and a block of padded slots only is skipped (its
+  ``out`` and ``sums`` zeros). Inside a sweep's ``vmap`` over experiments
+  (``layout.axis_name``) a block is skipped when it holds padded slots only in every
+  experiment: the skip stays a branch instead of becoming a select of both (the other
+  experiments' real clients in that block are computed for all, and masked where padded).
+  """
+  size, shards = inputs.batch.ids.shape[0], _shards(layout)
+  count = -(-size // (shards * layout.chunk))  # blocks of every device's ceil(size / shards)
+  blocks = _blocks(inputs, layout.chunk, count, shards)
   if shards > 1:
-    blocks = shard_clients(blocks, mesh, 1)
-  first = jax.tree_util.tree_map(lambda a: a[0], blocks)
-  shapes = jax.eval_shape(block, *first)
+    blocks = shard_clients(blocks, layout.mesh, 1)
+  shapes = jax.eval_shape(block, jax.tree_util.tree_map(lambda a: a[0], blocks))
 
   def zeros(*_):
     return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
-  def body(carry, blk):
-    live = jnp.any(blk[1] > 0)
-    if axis_name is not None:
-      live = jax.lax.pmax(live.astype(jnp.int32), axis_name) > 0
-    out, *sums = jax.lax.cond(live, block, zeros, *blk)
-    if accumulate is not None:
-      carry = jax.tree_util.tree_map(jnp.add, carry, tuple(sums))
-    return carry, out
+  def body(sums, blk):
+    live = jnp.any(blk.batch.mask > 0)
+    if layout.axis_name is not None:
+      live = jax.lax.pmax(live.astype(jnp.int32), layout.axis_name) > 0
+    out, block_sums = jax.lax.cond(live, block, zeros, blk)
+    if summing:
+      sums = jax.tree_util.tree_map(jnp.add, sums, block_sums)
+    return sums, out
 
-  init = tuple(zeros()[1:]) if accumulate is not None else (None, None, None)
-  (total, weight, nonfinite), out = jax.lax.scan(body, init, blocks)
-  return _unblocks(out, size, shards), total, weight, nonfinite
+  sums, out = jax.lax.scan(body, zeros()[1], blocks)
+  return _unblocks(out, size, shards), sums
 
 
 def round_keys(key: jax.Array) -> tuple:
@@ -386,60 +456,61 @@ def round_keys(key: jax.Array) -> tuple:
           jax.random.fold_in(k_agg, SALT_SERVER))
 
 
-def _messages(rnd, state, hp, batch, key, data, chunk, accumulate, axis_name=None, mesh=None):
-  """``(out, sent, byzantine mask, (total, weight))`` of a round (:func:`messages`)."""
+def _messages(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.Array,
+              layout: ClientLayout = ClientLayout(),
+              accumulate: Optional[Callable] = None) -> Messages:
+  """The round's :class:`Messages` (:func:`run_clients`' ``layout`` and ``accumulate``); the
+  attack step runs only when the uploads are kept (not summed)."""
   k_clients, _, k_attack, _ = round_keys(key)
   keys = client_keys(k_clients, batch.ids)
   rows = gather_rows(state.rows, batch.ids)
   chp = () if rnd.client_hparams is None else rnd.client_hparams(state.server, hp, batch.ids)
-  out, total, weight, nonfinite = run_clients(rnd, hp, state.params, batch, rows, chp, keys,
-                                              data=data, chunk=chunk, accumulate=accumulate,
-                                              axis_name=axis_name, mesh=mesh)
+  out, sums = run_clients(rnd, hp, state.params, ClientInputs(batch, rows, chp, keys), layout,
+                          accumulate)
   byz = attacks_lib.byzantine_mask(batch.ids, rnd.num_clients, hp["byzantine"])
   sent = None
   if accumulate is None:
-    sent = rnd.attack_step(rnd, state, out, mask_rows(out.upload, batch.mask), byz, batch.mask,
-                           batch.ids, hp, k_attack)
-  return out, sent, byz, (total, weight, nonfinite)
+    uploads = Uploads(mask_rows(out.upload, batch.mask), byz, batch.mask, batch.ids)
+    sent = rnd.attack_step(rnd, state, out, uploads, hp, k_attack)
+  return Messages(out, sent, byz, sums)
 
 
 def messages(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.Array):
   """What the server receives in one round, exactly as :func:`step` computes it before
   aggregating: ``(out, sent)``, the clients' :class:`ClientOut` and the cohort's uploads after
   the attack (padded rows zero). For audits of what a round releases."""
-  out, sent, _, _ = _messages(rnd, state, hp, batch, key, None, None, None)
-  return out, sent
+  msgs = _messages(rnd, state, hp, batch, key)
+  return msgs.out, msgs.sent
 
 
-def step(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.Array, *,
-         data=None, chunk: Optional[int] = None, axis_name: Optional[str] = None,
-         mesh: Optional[jax.sharding.Mesh] = None):
+def step(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.Array,
+         layout: ClientLayout = ClientLayout()):
   """One federated round (pure; see the module docstring). Returns ``(state, metrics)``.
 
-  ``data``, ``chunk``, ``axis_name``, ``mesh``: see :func:`run_clients` (``batch.x``, ``batch.y``
-  and ``batch.counts`` are unused with ``data``). With ``chunk``, a round whose
-  aggregate is linear in the uploads (the noised mean) and that has no attack
-  and no per-client state sums the uploads block by block, so its memory does
-  not grow with the cohort; any other keeps every client's upload (the
-  aggregators that need all rows at once say what they hold).
+  ``layout``: where the cohort's data come from and how its clients' work is laid out
+  (:func:`run_clients`; ``batch.x``, ``batch.y`` and ``batch.counts`` are unused with
+  ``layout.data``). Split into blocks (``layout.chunk``), a round whose aggregator is linear
+  (:attr:`fedjax_dp.aggregators.Aggregator.linear`: the noised mean) and that has no attack and
+  no per-client state sums the uploads block by block, so its memory does not grow with the
+  cohort; any other keeps every client's upload (the aggregators that need all rows at once
+  say what they hold).
   """
   aggregator = rnd.aggregator(hp)
-  accumulate = None
-  if (chunk is not None and aggregator.finish is not None and rnd.attack == "none"
-      and rnd.attack_step is attack_uploads and rnd.init_row is None):
-    accumulate = (aggregator.prepare, rnd.weighting)
-  out, sent, byz, summed = _messages(rnd, state, hp, batch, key, data, chunk, accumulate,
-                                     axis_name, mesh)
+  summed = (layout.chunk is not None and aggregator.linear and rnd.attack == "none"
+            and rnd.init_row is None)
+  msgs = _messages(rnd, state, hp, batch, key, layout, aggregator.prepare if summed else None)
   k_agg = round_keys(key)[1]
-  if accumulate is None:
-    counts = batch.counts if data is None else gather_clients(data, batch.ids)[2]
+  if msgs.sums is None:
+    counts = batch.counts if layout.data is None else gather_clients(layout.data, batch.ids)[2]
     aggregate, agg_state = aggregator.aggregate(
-        sent, client_weights(rnd.weighting, batch._replace(counts=counts)), batch.mask,
+        msgs.sent, client_weights(rnd.weighting, batch._replace(counts=counts)), batch.mask,
         state.agg_state, k_agg)
-    nonfinite = nonfinite_rows(sent, batch.mask)
+    nonfinite = nonfinite_rows(msgs.sent, batch.mask)
   else:
-    total, weight, nonfinite = summed
-    aggregate, agg_state = aggregator.finish(total, weight, state.agg_state, k_agg)
+    aggregate, agg_state = aggregator.finish(msgs.sums.total, msgs.sums.weight, state.agg_state,
+                                             k_agg)
+    nonfinite = msgs.sums.nonfinite
+  out = msgs.out
   if rnd.server_step is None:
     params, opt_state = server_update(rnd, state, aggregate, hp)
   else:
@@ -452,9 +523,9 @@ def step(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.A
              "aggregate_norm": global_norm(aggregate),
              "nonfinite_rows": nonfinite,
              "nonfinite_updates": jnp.sum(batch.mask * ~jnp.isfinite(out.norm)),
-             "byzantine_in_cohort": jnp.sum(byz * batch.mask)}
+             "byzantine_in_cohort": jnp.sum(msgs.byzantine * batch.mask)}
   if rnd.metrics is not None:
-    metrics.update(rnd.metrics(state, params, out, sent, batch.mask, hp))
+    metrics.update(rnd.metrics(state, params, out, msgs.sent, batch.mask, hp))
   new_state = RoundState(params, opt_state, agg_state, new_rows, server, state.round + 1)
   return new_state, metrics
 
@@ -472,7 +543,6 @@ def one_cpu_device(devices: Optional[int] = None) -> bool:
 def use_cpu_devices(n: Optional[int]) -> None:
   """Sets JAX's CPU device count to ``n`` (None: unchanged; ``--cpu-devices``) before JAX starts;
   refused when this process already started JAX with another count."""
-  from fedjax_dp.errors import check
   if n is None:
     return
   check(not isinstance(n, bool) and isinstance(n, int) and n >= 1, "cpu_devices", n,
@@ -490,7 +560,6 @@ def check_devices(devices: Optional[int]) -> int:
   """The number of devices a run splits its clients over: ``devices``, or every device JAX sees
   (across every process) when None; more than JAX sees is refused (run and sweep call it
   before any data set loads)."""
-  from fedjax_dp.errors import check
   available = jax.devices()
   n = len(available) if devices is None else devices
   check(1 <= n <= len(available), "devices", devices,
@@ -533,7 +602,6 @@ _CONV_LAYERS: "weakref.WeakKeyDictionary[Round, dict]" = weakref.WeakKeyDictiona
 
 @contextlib.contextmanager
 def _recording_conv_layers(rnd: Round):
-  from fedjax_dp.models import conv_layers
   with conv_layers() as found:
     yield
   _CONV_LAYERS[rnd] = found
@@ -581,15 +649,16 @@ def compiled_step(rnd: Round, placement: str = "device", experiments: Optional[s
   mesh = client_mesh(devices)
   axis = 0 if experiments is None else 1
   name = None if experiments is None or in_sequence else EXPERIMENTS_AXIS
+  layout = ClientLayout(chunk=chunk, axis_name=name, mesh=mesh)
   if placement == "device":
     def fn(state, hp, arrays, ids, mask, key):
       with _recording_conv_layers(rnd):
-        return step(rnd, state, hp, CohortBatch(None, None, None, ids, mask), key, data=arrays,
-                    chunk=chunk, axis_name=name, mesh=mesh)
+        return step(rnd, state, hp, CohortBatch(None, None, None, ids, mask), key,
+                    layout._replace(data=arrays))
   else:
     def fn(state, hp, batch, key):
       with _recording_conv_layers(rnd):
-        return step(rnd, state, hp, batch, key, chunk=chunk, axis_name=name, mesh=mesh)
+        return step(rnd, state, hp, batch, key, layout)
   if experiments is not None:
     if placement == "device":
       data = None if experiments == "shared" else DataSets(None, 0)
@@ -607,3 +676,15 @@ def compiled_step(rnd: Round, placement: str = "device", experiments: Optional[s
       return inner(state, hp, shard_clients(batch, mesh, axis), key)
   # The new state and the metrics come back whole on every device (and every process).
   return jax.jit(fn, out_shardings=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+
+
+def run_keys(seed: int, secret: Optional[int] = None):
+  """``(k_init, k_run)``: the initial state is ``program.init(k_init, hparams)``, round ``r``'s
+  key ``fold_in(k_run, r)`` (a builder that must see the initial model uses ``k_init`` too).
+  ``secret``: a 128-bit integer folded into ``k_run`` only (a private release's entropy), so the
+  rounds' draws do not follow from ``seed`` while the initial model still does."""
+  k_init, k_run = jax.random.split(jax.random.PRNGKey(seed))
+  if secret is not None:
+    for word in range(4):
+      k_run = jax.random.fold_in(k_run, (secret >> (32 * word)) & 0xFFFFFFFF)
+  return k_init, k_run

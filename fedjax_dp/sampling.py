@@ -16,6 +16,33 @@ from fedjax_dp.errors import check, check_choice
 SAMPLINGS = ("poisson", "fixed")
 
 
+def check_design(kind: str, num_clients: int | None = None, prob: float | None = None,
+                 cohort_size: int | None = None) -> None:
+  """Refuses a cohort sampling design outside its range: the one statement of these ranges.
+
+  A run's settings are checked where they are read, by
+  :class:`fedjax_dp.config.RunConfig` (the boundary); the public classes that take these numbers
+  from a caller directly (the samplers here and
+  :class:`fedjax_dp.privacy.mechanisms.GaussianSumMechanism`) check theirs with it too.
+
+  Args:
+    kind: "poisson" or "fixed" (:data:`SAMPLINGS`).
+    num_clients: the population size (needed by "fixed").
+    prob: "poisson": each client's probability per round, in (0, 1].
+    cohort_size: "fixed": clients per round, in [1, num_clients].
+
+  Raises:
+    ConfigError: naming the first setting outside its range.
+  """
+  check_choice("sampling", kind, SAMPLINGS)
+  if kind == "poisson":
+    check(prob is not None and 0 < prob <= 1, "sampling_prob", prob, "must be in (0, 1]")
+  else:
+    check(num_clients is not None and num_clients >= 1, "num_clients", num_clients, "must be >= 1")
+    check(cohort_size is not None and 1 <= cohort_size <= num_clients, "cohort_size", cohort_size,
+          f"must be in [1, num_clients={num_clients}] with sampling='fixed'")
+
+
 @dataclasses.dataclass(frozen=True)
 class Cohort:
   ids: np.ndarray    # [capacity] int32
@@ -71,13 +98,16 @@ class PoissonSampler(_Sampler):
   would change the sampling distribution and void the privacy analysis. If a
   draw does exceed the capacity, the capacity grows to fit it (the round
   recompiles once) and ``capacity_grew`` records it.
+
+  Raises:
+    ConfigError: ``num_clients``, ``prob`` or ``capacity`` out of range (:func:`check_design`).
   """
 
   kind = "poisson"
 
   def __init__(self, num_clients: int, prob: float, seed: int, capacity: int | None = None):
     check(num_clients >= 1, "num_clients", num_clients, "must be >= 1")
-    check(0 < prob <= 1, "sampling_prob", prob, "must be in (0, 1]")
+    check_design(self.kind, num_clients, prob=prob)
     self.num_clients = int(num_clients)
     self.prob = float(prob)
     self.capacity = int(capacity) if capacity else poisson_capacity(num_clients, prob)
@@ -100,14 +130,16 @@ class PoissonSampler(_Sampler):
 
 
 class FixedSizeSampler(_Sampler):
-  """A uniformly random subset of exactly ``cohort_size`` clients, without replacement."""
+  """A uniformly random subset of exactly ``cohort_size`` clients, without replacement.
+
+  Raises:
+    ConfigError: ``num_clients`` or ``cohort_size`` out of range (:func:`check_design`).
+  """
 
   kind = "fixed"
 
   def __init__(self, num_clients: int, cohort_size: int, seed: int):
-    check(num_clients >= 1, "num_clients", num_clients, "must be >= 1")
-    check(1 <= cohort_size <= num_clients, "cohort_size", cohort_size,
-          f"must be in [1, num_clients={num_clients}]")
+    check_design(self.kind, num_clients, cohort_size=cohort_size)
     self.num_clients = int(num_clients)
     self.capacity = int(cohort_size)
     self.capacity_grew = 0

@@ -43,8 +43,16 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from fedjax_dp import outputs
+from fedjax_dp import algorithms, engine, outputs
+from fedjax_dp.algorithms import options as algorithm_options
+from fedjax_dp.config import field_types, make_config, parse_option, parse_value
+from fedjax_dp.engine import Experiment, RunOptions
 from fedjax_dp.errors import ConfigError, check
+from fedjax_dp.experiment import (check_from_config, client_blocks, load_data, recorded_config,
+                                  options_for)
+from fedjax_dp.jsonio import dumps
+from fedjax_dp.stats import seed_stats
+from fedjax_dp.round import check_devices
 
 SWEEP_FILES = ("results.json", "experiments")  # everything a sweep writes in its folder
 # What results.json's fields are, beside each experiment's own summary (which has its release block).
@@ -234,7 +242,7 @@ def check_config(config, unset_ok: bool = False) -> None:
 def check_axes(grid: Mapping[str, Sequence]) -> None:
   """Refuses the names that cannot be grid axes (before any setting is read)."""
   check("seed" not in grid, "grid", "seed", "seeds are not a grid axis: use seeds (--seeds N)")
-  for name in ("options", "output_dir"):
+  for name in ("options", "output_dir", "plugins"):
     check(name not in grid, "grid", name, "cannot be a grid axis")
 
 
@@ -246,28 +254,13 @@ def plan(config, grid: Mapping[str, Sequence], seeds: int = 1) -> list:
   checked by the algorithm when built); a name that is neither is refused here. Giving ``target_epsilon`` unsets ``noise_multiplier``
   and the other way round, as on the command line.
   """
-  from fedjax_dp.algorithms import option_table, unread_fields
-  from fedjax_dp.config import field_types, parse_option, parse_value
   types = field_types()
   check_config(config)
   check(isinstance(seeds, int) and not isinstance(seeds, bool) and seeds >= 1, "seeds", seeds,
         "must be an integer >= 1")
   grid = check_grid(grid)
   check_axes(grid)
-  algorithms = list(grid.get("algorithm", [config.algorithm]))
-  own = {a: {o.name for o in option_table(a)} for a in algorithms}
-  for name in grid:
-    if name in types:
-      continue
-    which = ("algorithm " + repr(algorithms[0]) if len(algorithms) == 1 else
-             "the grid's algorithms " + ", ".join(map(repr, algorithms)))
-    check(any(name in o for o in own.values()), "grid", name,
-          f"is neither a run setting (a field of `fedjax-dp run`: see its --help) nor an option "
-          f"of {which} (one of {sorted(set().union(*own.values()))})")
-    unread = [a for a in algorithms if name not in own[a]]
-    check(not unread, "grid", name, f"is not an option of {', '.join(map(repr, unread))}: "
-          "its values would run the same experiment of those algorithms once per value; sweep them "
-          "separately")
+  _check_axis_names(config, grid, types)
   check(config.seed + seeds <= 2 ** 32, "seeds", seeds, f"runs seeds {config.seed} to "
         f"{config.seed + seeds - 1}, past the largest seed 2**32 - 1: lower seed or seeds")
   grid = {k: [(parse_value(k, v, types[k]) if isinstance(v, str) else v) if k in types
@@ -280,29 +273,53 @@ def plan(config, grid: Mapping[str, Sequence], seeds: int = 1) -> list:
   check(count <= MAX_EXPERIMENTS, "seeds", seeds, f"with the grid's "
         f"{count // seeds} points makes {count} experiments, more than one sweep runs (at most "
         f"{MAX_EXPERIMENTS}): split the grid into several sweeps")
-  unset = {}
-  for given, other in (("target_epsilon", "noise_multiplier"), ("noise_multiplier", "target_epsilon")):
+  return [point for combo in itertools.product(*grid.values())
+          for point in _points(config, grid, dict(zip(grid, combo)), types, seeds)]
+
+
+def _check_axis_names(config, grid: Mapping[str, Sequence], types: Mapping) -> None:
+  """Refuses a grid name that is neither a run setting (a field in ``types``) nor an option of
+  every algorithm the grid runs."""
+  names = list(grid.get("algorithm", [config.algorithm]))
+  own = {a: {o.name for o in algorithms.option_table(a)} for a in names}
+  for name in grid:
+    if name in types:
+      continue
+    which = ("algorithm " + repr(names[0]) if len(names) == 1 else
+             "the grid's algorithms " + ", ".join(map(repr, names)))
+    check(any(name in o for o in own.values()), "grid", name,
+          f"is neither a run setting (a field of `fedjax-dp run`: see its --help) nor an option "
+          f"of {which} (one of {sorted(set().union(*own.values()))})")
+    unread = [a for a in names if name not in own[a]]
+    check(not unread, "grid", name, f"is not an option of {', '.join(map(repr, unread))}: "
+          "its values would run the same experiment of those algorithms once per value; sweep them "
+          "separately")
+
+
+def _points(config, grid: Mapping[str, Sequence], values: dict, types: Mapping,
+            seeds: int) -> list:
+  """The :class:`Point` s of one grid point (``values``: axis -> value), one per seed. Giving
+  ``target_epsilon`` unsets ``noise_multiplier`` and the other way round; an axis the point
+  does not read is refused."""
+  fields, options = {}, dict(config.options)
+  for given, other in (("target_epsilon", "noise_multiplier"),
+                       ("noise_multiplier", "target_epsilon")):
     if given in grid and other not in grid:
-      unset[other] = None
-  out = []
-  for combo in itertools.product(*grid.values()):
-    values, fields, options = {}, dict(unset), dict(config.options)
-    for name, v in zip(grid, combo):
-      if name in types:
-        fields[name] = v
-      else:
-        options[name] = v
-      values[name] = v
-    with _naming(_grid_point(values)):
-      point = config.replace(**fields, options=options)
-    unread = unread_fields(point)
-    for name in fields:  # an axis this point does not read would run it once per value
-      check(name not in grid or name not in unread or fields[name] is None, "grid", name,
-            f"{unread.get(name)}: at the {_grid_point(values)} its values would run the same "
-            "experiment; sweep the points that read it separately")
-    out += [Point(values, config.seed + s, point.replace(seed=config.seed + s))
-            for s in range(seeds)]
-  return out
+      fields[other] = None
+  for name, v in values.items():
+    if name in types:
+      fields[name] = v
+    else:
+      options[name] = v
+  with _naming(_grid_point(values)):
+    point = config.replace(**fields, options=options)
+  unread = algorithms.unread_fields(point)
+  for name in fields:  # an axis this point does not read would run it once per value
+    check(name not in grid or name not in unread or fields[name] is None, "grid", name,
+          f"{unread.get(name)}: at the {_grid_point(values)} its values would run the same "
+          "experiment; sweep the points that read it separately")
+  return [Point(values, config.seed + s, point.replace(seed=config.seed + s))
+          for s in range(seeds)]
 
 
 def _data_key(config) -> tuple:
@@ -399,47 +416,109 @@ def programs_at_once(group_size: Optional[int], threads: Optional[int],
   return threads_for(threads, devices)
 
 
-def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Sequence] = None,
-                progress: bool = False, release: str = "all", log=None, on_group=None,
-                group_size: Optional[int] = None, names: Optional[Sequence[str]] = None,
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """One configuration for :func:`run_configs` to run.
+
+  Attributes:
+    config: its :class:`fedjax_dp.config.RunConfig`.
+    data: its :class:`fedjax_dp.data.FederatedData`.
+    output_dir: where its ``metrics.jsonl`` and ``summary.json`` go (None: not written).
+    name: what to call it in an error (a sweep's grid point), None: nothing added.
+  """
+
+  config: Any
+  data: Any
+  output_dir: Optional[str] = None
+  name: Optional[str] = None
+
+
+def run_configs(tasks: Sequence[Task], options: Optional[RunOptions] = None, *, log=None,
+                on_group=None, group_size: Optional[int] = None,
                 threads: Optional[int] = None) -> tuple:
   """Runs configurations, those that share a round as one program each; returns
-  ``(results, groups)``: a :class:`fedjax_dp.engine.RunResult` per configuration, in order,
+  ``(results, groups)``: a :class:`fedjax_dp.engine.RunResult` per task, in order,
   and one record per group (``experiments``: their indices, ``seconds``).
 
-  Every configuration is built on its data set (``datas[i]``) before anything runs (so a bad
+  Every task's configuration is built on its data set before anything runs (so a bad
   value stops the whole batch before compiling). Groups:
   the same :class:`fedjax_dp.round.Round`, rounds, evaluation period, placement, client chunk,
   devices, accounting workers and data shapes
-  (:func:`fedjax_dp.engine.run_group`). ``on_group(indices, results, setups)`` is called as
-  each group ends (the :class:`fedjax_dp.algorithms.Setup` s it ran); ``log`` gets one line per
-  group. ``group_size``: at most this many experiments per program (a larger group runs as
-  several; equal sizes share one compilation); default: no limit.
-  ``names``: what to call each configuration in an error (a sweep's grid points). A group's
-  record says whether its experiments ran ``side_by_side`` (vmapped) or one after another
-  inside its program (:func:`fedjax_dp.engine.experiments_vmapped`). ``threads``: programs run
-  at once, each in its own thread (:func:`threads_for`; default: one per core on one CPU
-  device, else one); with fewer groups than threads, each group runs in as many parts
-  (near-equal, so that equal parts share one compilation), and ``on_group`` is called as
-  each ends, in that order, from the caller's thread. With one thread the programs run in the
-  caller's thread; with several, in threads of their own, which do not see the caller's
-  thread-local JAX settings (``with jax.default_device(...)`` and the like: use
-  ``jax.config.update`` or ``threads=1``).
+  (:func:`fedjax_dp.engine.run_group`).
+
+  Args:
+    tasks: the configurations, their data sets, output folders and names (:class:`Task`).
+    options: the run options they share (:class:`fedjax_dp.engine.RunOptions`: release,
+      progress, one bar per group); each group's evaluation period, placement, client chunk,
+      devices and accounting workers are its configurations'
+      (:func:`fedjax_dp.experiment.options_for`).
+    log: gets one line per group as it ends.
+    on_group: ``on_group(indices, results, setups)`` is called as each group ends (the
+      :class:`fedjax_dp.algorithms.Setup` s it ran).
+    group_size: at most this many experiments per program (a larger group runs as several;
+      equal sizes share one compilation); default: no limit.
+    threads: programs run at once, each in its own thread (:func:`threads_for`; default: one
+      per core on one CPU device, else one); with fewer groups than threads, each group runs
+      in as many parts (near-equal, so that equal parts share one compilation), and
+      ``on_group`` is called as each ends, in that order, from the caller's thread. With one
+      thread the programs run in the caller's thread; with several, in threads of their own,
+      which do not see the caller's thread-local JAX settings (``with
+      jax.default_device(...)`` and the like: use ``jax.config.update`` or ``threads=1``).
+
+  Returns:
+    ``(results, groups)``; a group's record says whether its experiments ran ``side_by_side``
+    (vmapped) or one after another inside its program
+    (:func:`fedjax_dp.engine.experiments_vmapped`).
   """
-  from fedjax_dp.algorithms import build
-  from fedjax_dp.engine import Experiment, experiments_vmapped, run_group
-  from fedjax_dp.experiment import client_blocks, recorded_config
-  threads = programs_at_once(group_size, threads, [c.devices for c in configs])
+  options = options or RunOptions()
+  check_from_config(options)
+  threads = programs_at_once(group_size, threads, [t.config.devices for t in tasks])
   built = []
-  for c, d, name in zip(configs, datas, names or [None] * len(configs)):
-    with _naming(name):
-      built.append(build(c, d))
-  output_dirs = list(output_dirs or [None] * len(configs))
+  for t in tasks:
+    with _naming(t.name):
+      built.append(algorithms.build(t.config, t.data))
+  groups = _groups(tasks, built, group_size, threads)
+  results, records = [None] * len(tasks), [None] * len(groups)
+  stop = threading.Event()
+
+  def run_one(members):
+    tg = time.perf_counter()
+    first, program = tasks[members[0]].config, built[members[0]].program
+    experiments = [Experiment(built[i].hparams, tasks[i].data, built[i].sampler,
+                              tasks[i].config.seed, built[i].accounting, tasks[i].output_dir,
+                              recorded_config(tasks[i].config)) for i in members]
+    done = engine.run_group(program, experiments, first.rounds,
+                            options=options_for(first, program, options), stop=stop)
+    return done, time.perf_counter() - tg
+
+  def finish(g, done, seconds):
+    members, first = groups[g], tasks[groups[g][0]].config
+    for i, res in zip(members, done):
+      results[i] = res
+    records[g] = {"experiments": list(members), "seconds": seconds,
+                  "side_by_side": len(members) > 1 and engine.experiments_vmapped()}
+    if log is not None:  # a private release prints no timing (a raw diagnostic)
+      log(f"[group {g + 1}/{len(groups)}] {len(members)} experiments of {first.algorithm}"
+          + ("" if options.release == "private" else f": {seconds:.1f}s"))
+    if on_group is not None:
+      on_group(members, done, [built[i] for i in members])
+
+  _in_threads(groups, threads, run_one, finish, stop)
+  return results, records
+
+
+def _groups(tasks: Sequence[Task], built: Sequence, group_size: Optional[int],
+            threads: int) -> list:
+  """The tasks' indices by compiled program: those with the same round (the built ``Setup`` s'
+  program), rounds, evaluation period, placement, client blocks, devices, accounting workers and
+  data shapes; at most ``group_size`` each, and split into near-equal parts where there are
+  fewer groups than ``threads``, so that every thread has one."""
   groups = {}
-  for i, (c, setup) in enumerate(zip(configs, built)):
+  for i, (t, setup) in enumerate(zip(tasks, built)):
+    c = t.config
     key = (id(setup.program), c.rounds, c.eval_every, c.placement,
            client_blocks(c, setup.program.model, setup.program.model_batch), c.devices,
-           c.accounting_workers, _shape_key(datas[i]))
+           c.accounting_workers, _shape_key(t.data))
     groups.setdefault(key, []).append(i)
   if group_size is not None:
     groups = {(key, k): members[k:k + group_size] for key, members in groups.items()
@@ -449,42 +528,19 @@ def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Seq
     parts = -(-threads // len(groups))
     groups = [[int(i) for i in part] for members in groups
               for part in np.array_split(members, min(parts, len(members)))]
-  results, records = [None] * len(configs), [None] * len(groups)
-  stop = threading.Event()
+  return groups
 
-  def run_one(members):
-    tg = time.perf_counter()
-    first = configs[members[0]]
-    experiments = [Experiment(built[i].hparams, datas[i], built[i].sampler, configs[i].seed,
-                              built[i].accounting, output_dirs[i], recorded_config(configs[i]))
-                   for i in members]
-    program = built[members[0]].program
-    done = run_group(program, experiments, first.rounds,
-                     eval_every=first.eval_every, progress=progress, placement=first.placement,
-                     release=release,
-                     client_chunk=client_blocks(first, program.model, program.model_batch),
-                     devices=first.devices, accounting_workers=first.accounting_workers,
-                     stop=stop)
-    return done, time.perf_counter() - tg
 
-  def finish(g, done, seconds):
-    members, first = groups[g], configs[groups[g][0]]
-    for i, res in zip(members, done):
-      results[i] = res
-    records[g] = {"experiments": list(members), "seconds": seconds,
-                  "side_by_side": len(members) > 1 and experiments_vmapped()}
-    if log is not None:  # a private release prints no timing (a raw diagnostic)
-      log(f"[group {g + 1}/{len(groups)}] {len(members)} experiments of {first.algorithm}"
-          + ("" if release == "private" else f": {seconds:.1f}s"))
-    if on_group is not None:
-      on_group(members, done, [built[i] for i in members])
-
-  if threads == 1:  # in the caller's thread, under its thread-local JAX settings
+def _in_threads(groups: list, threads: int, run_one, finish, stop: threading.Event) -> None:
+  """``finish(g, *run_one(groups[g]))`` for every group: in the caller's thread with one
+  thread (under its thread-local JAX settings), else ``threads`` programs at once (the first
+  ``threads`` groups, then each as one ends), ``finish`` called in the caller's thread as each
+  ends; the first failure (or Ctrl-C here) sets ``stop``, which ends the others before their
+  next round, and is raised."""
+  if threads == 1:
     for g, members in enumerate(groups):
       finish(g, *run_one(members))
-    return results, records
-  # Programs run at once in threads (the first ``threads`` groups, then each as one ends); the
-  # first failure (or Ctrl-C here) stops the others before their next round, and is raised.
+    return
   with concurrent.futures.ThreadPoolExecutor(threads) as pool:
     futures = {pool.submit(run_one, members): g for g, members in enumerate(groups)}
     try:
@@ -495,12 +551,10 @@ def run_configs(configs: Sequence, datas: Sequence, *, output_dirs: Optional[Seq
       for future in futures:
         future.cancel()
       raise
-  return results, records
 
 
 def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int = 1, *,
-          output_dir: Optional[str] = None, overwrite: bool = False, progress: bool = False,
-          release: str = "all", load=None, log=None,
+          run_options: Optional[RunOptions] = None, load=None, log=None,
           group_size: Optional[int] = None, threads: Optional[int] = None) -> SweepResult:
   """Runs every grid point times seed; experiments that share a round run as one program.
 
@@ -508,44 +562,40 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
     config: the base :class:`RunConfig` (default: the quickstart).
     grid: axis name -> values (strings are converted by the field's type).
     seeds: seeds per grid point: ``config.seed``, ``config.seed + 1``, ...
-    output_dir: if given, each experiment writes ``experiments/NNN/metrics.jsonl`` and
-      ``summary.json`` there, and the sweep ``results.json`` (:meth:`SweepResult.to_json`).
-    overwrite: replace an earlier sweep's files there (they are moved aside while the sweep
-      runs and deleted when it has finished; a sweep that fails or is interrupted leaves them as
-      they were); without it a folder holding ``results.json`` or ``experiments/`` is refused
-      before anything loads.
-    progress: a progress bar per group.
-    release: "all" or "private" (:func:`fedjax_dp.engine.run`).
+    run_options: the run options (:class:`fedjax_dp.engine.RunOptions`): ``release`` ("all" or
+      "private"), ``progress`` (a bar per group), and ``output_dir``: if given, each
+      experiment writes ``experiments/NNN/metrics.jsonl`` and ``summary.json`` there, and the
+      sweep ``results.json`` (:meth:`SweepResult.to_json`); ``overwrite`` replaces an earlier
+      sweep's files there (they are moved aside while the sweep runs and deleted when it has
+      finished; a sweep that fails or is interrupted leaves them as they were); without it a
+      folder holding ``results.json`` or ``experiments/`` is refused before anything loads.
+      A sweep is not checkpointed, and its experiments' evaluation period, placement, client
+      chunk, devices and accounting workers are their configurations'.
     load: ``config -> FederatedData`` (default: :func:`fedjax_dp.experiment.load_data`);
       called once per distinct data set (data fields and seed).
     log: where one line per finished group goes (default: nowhere).
     group_size: at most this many experiments per compiled program (:func:`run_configs`).
     threads: programs run at once (:func:`threads_for`; default: one per core on one CPU
       device, else one).
+
+  Returns:
+    The :class:`SweepResult`.
+
+  Raises:
+    ConfigError: on a bad grid, setting or option, before any data set loads.
   """
-  from fedjax_dp.algorithms import option_table, options
-  from fedjax_dp.config import make_config
-  from fedjax_dp.experiment import load_data
-  from fedjax_dp.jsonio import dumps
-  from fedjax_dp.reproduce.runner import seed_stats
-  from fedjax_dp.round import check_devices
-  check_config(config, unset_ok=True)
-  config = make_config() if config is None else config
-  # plan refuses a grid that is not a mapping of lists and an axis a point does not read.
-  points = plan(config, {} if grid is None else grid, seeds)
-  for p in points:  # options and device counts are checked before any data set loads
-    options.read(p.config, option_table(p.config.algorithm))
-    check_devices(p.config.devices)
+  options = run_options or RunOptions()
+  points = _checked_plan(config, grid, seeds, options)
   threads = programs_at_once(group_size, threads, [p.config.devices for p in points])
-  out = None if output_dir is None else outputs.check_output_dir(output_dir, overwrite=overwrite,
-                                                                  results=SWEEP_FILES)
-  load = load or load_data
+  out = (None if options.output_dir is None else
+         outputs.check_output_dir(options.output_dir, overwrite=options.overwrite,
+                                  results=SWEEP_FILES))
   t0 = time.perf_counter()
   datasets = {}
   for p in points:  # one load per distinct data set
     key = _data_key(p.config)
     if key not in datasets:
-      datasets[key] = load(p.config)
+      datasets[key] = (load or load_data)(p.config)
 
   # An earlier sweep's files stay until this one has finished (an interrupted or failed sweep
   # leaves them as they were, and its own partial files go).
@@ -557,39 +607,72 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
       for i, setup in zip(members, setups):
         ledgers[i] = getattr(setup.accounting, "ledger", None)
 
+    tasks = [Task(p.config, datasets[_data_key(p.config)],
+                  None if out is None else str(out / "experiments" / f"{i:03d}"), p.name)
+             for i, p in enumerate(points)]
     results, group_records = run_configs(
-        [p.config for p in points], [datasets[_data_key(p.config)] for p in points],
-        output_dirs=[None if out is None else str(out / "experiments" / f"{i:03d}")
-                     for i in range(len(points))],
-        progress=progress, release=release, log=log, group_size=group_size, threads=threads,
-        on_group=keep_ledgers, names=[p.name for p in points])
-    group_of = {i: g for g, rec in enumerate(group_records) for i in rec["experiments"]}
-    experiments = [{"values": p.values, "seed": p.seed, "group": group_of[i],
-                    "output_dir": None if out is None else f"experiments/{i:03d}", "result": r}
-                   for i, (p, r) in enumerate(zip(points, results))]
-    rows, shared = [], {}  # shared: the row's data keys -> same_clients (one check per set)
-    for c in range(0, len(points), seeds):
-      keys = tuple(_data_key(p.config) for p in points[c:c + seeds])
-      if keys not in shared:
-        shared[keys] = same_clients([datasets[k] for k in keys])
-      block = experiments[c:c + seeds]
-      summaries = [e["result"].summary for e in block]
-      eps = [s.get("epsilon") for s in summaries]
-      eps = None if any(e is None for e in eps) else max(eps)
-      rows.append({**block[0]["values"], **seed_stats([s["final_accuracy"] for s in summaries]),
-                   # The largest epsilon among the seeds (they differ only where it depends
-                   # on data).
-                   "epsilon": eps, **seeds_composed(
-                       eps, summaries[0].get("delta"), len(block), ledgers[c:c + seeds],
-                       shared[keys],
-                       summaries[0].get("neighbouring_relation"),
-                       _split_reads_labels(points[c].config)),
-                   "grid": dict(block[0]["values"])})
+        tasks, dataclasses.replace(options, output_dir=None, overwrite=False), log=log,
+        on_group=keep_ledgers, group_size=group_size, threads=threads)
+    experiments = _experiments(points, results, group_records, out is not None)
+    rows = _rows(points, experiments, datasets, ledgers, seeds)
     # The programs that ran at once: no more threads than programs.
     result = SweepResult(rows, experiments, group_records, time.perf_counter() - t0, points,
-                         min(threads, len(group_records)), release)
+                         min(threads, len(group_records)), options.release)
     if out is not None:
       out.mkdir(parents=True, exist_ok=True)
       outputs.write_text_atomic(out / "results.json",
                                 dumps(result.to_json(), indent=2, default=str) + "\n")
   return result
+
+
+def _experiments(points: Sequence[Point], results: Sequence, groups: Sequence[dict],
+                 written: bool) -> list:
+  """:attr:`SweepResult.experiments`: each point's values, seed, group, folder (``written``:
+  ``experiments/NNN``) and :class:`fedjax_dp.engine.RunResult`."""
+  group_of = {i: g for g, rec in enumerate(groups) for i in rec["experiments"]}
+  return [{"values": p.values, "seed": p.seed, "group": group_of[i],
+           "output_dir": f"experiments/{i:03d}" if written else None, "result": r}
+          for i, (p, r) in enumerate(zip(points, results))]
+
+
+def _checked_plan(config, grid: Optional[Mapping[str, Sequence]], seeds: int,
+                  options: RunOptions) -> list:
+  """:func:`plan` of ``config`` (default: the quickstart), with ``options``, every point's
+  algorithm options and device count checked before any data set loads."""
+  check_from_config(options)
+  check(not options.checkpointed, "checkpoint_every", options.checkpoint_every,
+        "a sweep is not checkpointed (its experiments run as one vmapped program): run an "
+        "experiment alone with checkpoint_every")
+  check_config(config, unset_ok=True)
+  config = make_config() if config is None else config
+  # plan refuses a grid that is not a mapping of lists and an axis a point does not read.
+  points = plan(config, {} if grid is None else grid, seeds)
+  for p in points:
+    algorithm_options.read(p.config, algorithms.option_table(p.config.algorithm))
+    check_devices(p.config.devices)
+  return points
+
+
+def _rows(points: Sequence[Point], experiments: list, datasets: Mapping, ledgers: Sequence,
+          seeds: int) -> list:
+  """:attr:`SweepResult.rows`: one per grid point, over its ``seeds`` consecutive experiments
+  (their data sets, ``datasets`` by :func:`_data_key`, and ``ledgers``)."""
+  rows, shared = [], {}  # shared: the row's data keys -> same_clients (one check per set)
+  for c in range(0, len(points), seeds):
+    keys = tuple(_data_key(p.config) for p in points[c:c + seeds])
+    if keys not in shared:
+      shared[keys] = same_clients([datasets[k] for k in keys])
+    block = experiments[c:c + seeds]
+    summaries = [e["result"].summary for e in block]
+    eps = [s.get("epsilon") for s in summaries]
+    eps = None if any(e is None for e in eps) else max(eps)
+    rows.append({**block[0]["values"], **seed_stats([s["final_accuracy"] for s in summaries]),
+                 # The largest epsilon among the seeds (they differ only where it depends
+                 # on data).
+                 "epsilon": eps, **seeds_composed(
+                     eps, summaries[0].get("delta"), len(block), ledgers[c:c + seeds],
+                     shared[keys],
+                     summaries[0].get("neighbouring_relation"),
+                     _split_reads_labels(points[c].config)),
+                 "grid": dict(block[0]["values"])})
+  return rows

@@ -5,11 +5,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fedjax_dp import components
 from fedjax_dp.aggregators import mean, robust
 
 D_A, D_B = (3,), (2, 2)
-CC = dict(cc_tau=3.0, cc_iters=10)
-ROBUST = [n for n in robust.NAMES if n != "mean"]
+NAMES = components.names("aggregator")
+ROBUST = [n for n in NAMES if n != "mean"]
 
 
 _CACHE = {}
@@ -17,7 +18,8 @@ _CACHE = {}
 
 def make(name):
   if name not in _CACHE:
-    _CACHE[name] = robust.get(name, num_byzantine=2, trim_beta=0.2, **CC)
+    _CACHE[name] = robust.get(name, {"byzantine": 2, "trim_beta": 0.2, "cc_tau": 3.0},
+                              {"cc_iters": 10})
   return _CACHE[name]
 
 
@@ -48,7 +50,7 @@ def honest(n=10, seed=0):
   return 1.0 + 0.1 * np.random.default_rng(seed).normal(size=(n, 7))
 
 
-@pytest.mark.parametrize("name", robust.NAMES)
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("jit", [True, False])
 def test_permutation_invariance(name, jit):
   rows = honest()
@@ -57,7 +59,7 @@ def test_permutation_invariance(name, jit):
                              rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", robust.NAMES)
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("pad_value", [0.0, 1e6])
 def test_padded_rows_are_ignored(name, pad_value):
   rows = honest()
@@ -66,7 +68,7 @@ def test_padded_rows_are_ignored(name, pad_value):
   np.testing.assert_allclose(run(make(name), padded, mask), run(make(name), rows), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", robust.NAMES)
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, "mixed"])
 def test_nonfinite_rows_rejected_like_padding(name, bad):
   rows = honest()
@@ -83,7 +85,7 @@ def test_nonfinite_rows_rejected_like_padding(name, bad):
   np.testing.assert_allclose(run(make(name), rows_nan_one), run(make(name), rows[1:]), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", robust.NAMES)
+@pytest.mark.parametrize("name", NAMES)
 def test_all_rows_rejected_gives_zero_step(name):
   out = run(make(name), np.full((4, 7), np.nan))
   np.testing.assert_array_equal(out, np.zeros(7))
@@ -104,7 +106,7 @@ def test_a_stateful_aggregator_with_no_usable_row_takes_no_step_and_keeps_its_st
     np.testing.assert_array_equal(flat(after), flat(state))
 
 
-@pytest.mark.parametrize("name", robust.NAMES)
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("scale", [1e4, 1e30])
 def test_large_norm_attackers(name, scale):
   """b=2 of 10 rows at norm ~1e4, or finite rows whose squared norm overflows float32 (1e30):
@@ -151,7 +153,7 @@ def test_sign_vote_and_sum_values():
 def test_geometric_median_optimality(max_iter):
   rows = np.random.default_rng(5).normal(size=(9, 7))
   w = np.random.default_rng(6).uniform(0.5, 2.0, 9)
-  z = run(robust.geometric_median(tol=1e-9, max_iter=max_iter), rows, weights=w)
+  z = run(robust.geometric_median(gm_tol=1e-9, gm_max_iter=max_iter), rows, weights=w)
   diff = z - rows
   grad = (w[:, None] * diff / np.linalg.norm(diff, axis=1, keepdims=True)).sum(0)
   if max_iter == 500:
@@ -176,7 +178,7 @@ def test_geometric_median_leaves_a_row_that_is_not_the_median():
   best = minimize(cost, plane.mean(0), method="Nelder-Mead",
                   options={"xatol": 1e-9, "fatol": 1e-12}).x
   rows = np.concatenate([plane, np.zeros((3, 5))], axis=1)  # the helpers' trees take 7 columns
-  z = run(robust.geometric_median(), rows)  # the defaults (tol 1e-6): plain Weiszfeld's first
+  z = run(robust.get("geometric_median"), rows)  # the defaults (tol 1e-6): plain Weiszfeld's first
   np.testing.assert_allclose(z[:2], best, atol=1e-4)  # step off the row was under tol: it stayed
   assert cost(z[:2]) < cost(plane[0]) - 0.02
 
@@ -185,14 +187,14 @@ def test_krum_selects_an_honest_row():
   rows = honest()
   attacked = rows.copy()
   attacked[-2:] = 50.0
-  out = run(robust.krum(2), attacked)
+  out = run(robust.krum(2, krum_m=1), attacked)
   assert min(np.linalg.norm(rows[:-2] - out, axis=1)) < 1e-5
-  multi = run(robust.krum(2, multi=3), attacked)
+  multi = run(robust.krum(2, krum_m=3), attacked)
   assert np.linalg.norm(multi - rows[:-2].mean(0)) < 0.5
 
 
 def test_centered_clipping_moves_at_most_tau_per_row_and_keeps_state():
-  agg = robust.centered_clipping(tau=1.0, iters=1)
+  agg = robust.centered_clipping(cc_tau=1.0, cc_iters=1)
   u = tree(np.full((4, 7), 100.0))
   state = agg.init(jax.tree_util.tree_map(lambda x: x[0], u))
   out, state = agg.aggregate(u, jnp.ones(4), jnp.ones(4), state, jax.random.PRNGKey(0))
@@ -203,8 +205,20 @@ def test_centered_clipping_moves_at_most_tau_per_row_and_keeps_state():
 
 def test_bad_parameters_raise():
   from fedjax_dp.errors import ConfigError
-  for fn in (lambda: robust.trimmed_mean(0.5), lambda: robust.geometric_median(tol=0),
-             lambda: robust.krum(-1), lambda: robust.centered_clipping(tau=0),
+  # Options are checked against their declarations when an aggregator is built by name.
+  for fn in (lambda: robust.get("trimmed_mean", {"trim_beta": 0.5}),
+             lambda: robust.get("geometric_median", {"gm_tol": 0}),
+             lambda: robust.get("geometric_median", static={"gm_max_iter": 0}),
+             lambda: robust.krum(-1, krum_m=1), lambda: robust.get("krum", {"byzantine": -1}),
+             lambda: robust.get("centered_clipping", {"cc_tau": 0}),
+             lambda: robust.get("centered_clipping", static={"cc_iters": 1.5}),
              lambda: robust.get("average")):
     with pytest.raises(ConfigError):
       fn()
+
+
+def test_only_aggregators_linear_in_the_rows_declare_it():
+  # The round sums a linear aggregator's rows block by block; it reads the declaration.
+  assert mean().linear and robust.get("mean").linear
+  for name in sorted(set(components.names("aggregator")) - {"mean"}):
+    assert not robust.get(name).linear, name

@@ -4,6 +4,7 @@ what is allowed, before any data set loads or anything compiles (never a Python 
 import numpy as np
 import pytest
 
+from fedjax_dp.client import DPSGDSteps, dp_sgd
 from fedjax_dp.config import RunConfig, load_config_file, make_config
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.sweep import plan, sweep
@@ -160,3 +161,17 @@ def test_accounting_workers_started_are_at_most_one_per_core_or_the_automatic_li
   assert make_config(accountant="pld", accounting_workers=1000).accounting_workers == 1000
   assert workers_for(1000, "cpu") == cap and workers_for(1, "cpu") == 1
   assert workers_for(0, "gpu") == 0 and workers_for(None, "cpu") == 0
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(local_steps=0), "local_steps"), (dict(batch_size=0), "batch_size"),
+    (dict(sampling="uniform"), "example_sampling"), (dict(capacity=9), "capacity"),
+    (dict(sampling="fixed", batch_size=9), "capacity")])
+def test_dp_sgd_steps_refuse_numbers_out_of_range(kw, field):
+  with pytest.raises(ConfigError, match=f"invalid {field}="):
+    DPSGDSteps(**{"local_steps": 1, "batch_size": 2, "max_examples": 5, **kw})
+
+
+def test_dp_sgd_refuses_an_unknown_statistic_before_tracing():
+  with pytest.raises(ConfigError, match="invalid statistic='median'"):
+    dp_sgd(lambda params, batch, anchor: 0.0, DPSGDSteps(1, 2, 5, statistic="median"))

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from fedjax_dp import attacks
+from fedjax_dp import attacks, components
 from fedjax_dp.errors import ConfigError
 
+ATTACKS = components.names("attack")
 N = 8
 BYZ = np.array([0, 0, 0, 0, 0, 0, 1, 1], np.float32)  # the last two ids
 MASK = np.array([1, 1, 1, 1, 1, 0, 1, 1], np.float32)  # row 5 is padding
@@ -47,12 +48,12 @@ def test_byzantine_mask_is_the_last_ids():
 
 
 def test_every_attack_declares_whether_it_reads_honest_rows():
-  reads = {name: attacks.get(name).reads_honest for name in attacks.ATTACKS}
+  reads = {name: attacks.get(name).reads_honest for name in ATTACKS}
   assert reads == {"none": False, "gaussian": False, "sign_flip": False, "sample_duplication": True,
                    "alie": True, "ipm": True, "nonfinite": False}
 
 
-@pytest.mark.parametrize("name", attacks.ATTACKS)
+@pytest.mark.parametrize("name", ATTACKS)
 @pytest.mark.parametrize("jit", [True, False])
 def test_regular_rows_untouched(name, jit):
   x, out = apply(attacks.get(name), jit=jit)
@@ -62,14 +63,14 @@ def test_regular_rows_untouched(name, jit):
 
 
 def test_gaussian_scale():
-  x, out = apply(attacks.get("gaussian", sigma=1e4))
+  x, out = apply(attacks.get("gaussian", {"attack_sigma": 1e4}))
   v = out[BYZ == 1].ravel()
   # 124 samples: the sample sd is within 25% of sigma with overwhelming probability.
   assert abs(v.std() / 1e4 - 1) < 0.25 and abs(v.mean()) < 4 * 1e4 / np.sqrt(v.size)
   assert not np.allclose(out[6], out[7])  # independent rows
   # attack_shared: every attacker sends one draw (the DP-RSA authors' code), traced or not
   for shared in (1, jnp.float32(1)):
-    _, same = apply(attacks.get("gaussian", sigma=1e4, shared=shared))
+    _, same = apply(attacks.get("gaussian", {"attack_sigma": 1e4, "attack_shared": shared}))
     np.testing.assert_array_equal(same[6], same[7])
     np.testing.assert_array_equal(same[BYZ == 0], x[BYZ == 0])
     assert abs(same[6].std() / 1e4 - 1) < 0.35
@@ -83,11 +84,11 @@ def test_gaussian_scale():
                  "w": jnp.stack([draw(kw, i, (50,)) for i in ids])})
   np.testing.assert_allclose(out[BYZ == 1], own(range(N))[BYZ == 1], rtol=1e-6)
   ids = [3, 1, 4, 15, 9, 2, 6, 5]
-  _, by_id = apply(attacks.get("gaussian", sigma=1e4), ids=ids)
+  _, by_id = apply(attacks.get("gaussian", {"attack_sigma": 1e4}), ids=ids)
   np.testing.assert_allclose(by_id[BYZ == 1], own(ids)[BYZ == 1], rtol=1e-6)
 
 
-@pytest.mark.parametrize("name", attacks.ATTACKS)
+@pytest.mark.parametrize("name", ATTACKS)
 def test_attackers_messages_follow_their_ids_not_their_rows(name):
   """The cohort's rows reversed (their ids with them) and padded with two more: every
   message is the same, so a cohort's order, padding and split over devices change none."""
@@ -106,7 +107,7 @@ def test_attackers_messages_follow_their_ids_not_their_rows(name):
 def test_sign_flip_is_minus_five_times_true_row():
   x, out = apply(attacks.get("sign-flip"))
   np.testing.assert_allclose(out[BYZ == 1], -5 * x[BYZ == 1], rtol=1e-6)
-  x, out = apply(attacks.get("sign_flip", scale=-2.0))
+  x, out = apply(attacks.get("sign_flip", {"attack_scale": -2.0}))
   np.testing.assert_allclose(out[BYZ == 1], -2 * x[BYZ == 1], rtol=1e-6)
 
 
@@ -137,22 +138,22 @@ def test_alie_default_z_and_explicit_z():
   z = norm.ppf((n - (np.floor(n / 2 + 1) - b)) / n)
   np.testing.assert_allclose(out[6], mu - z * sd, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(out[7], mu - z * sd, rtol=1e-4, atol=1e-5)
-  x, out = apply(attacks.get("alie", alie_z=1.5), mask=None)
+  x, out = apply(attacks.get("alie", {"alie_z": 1.5}), mask=None)
   mu, sd = regular_stats(x, None)
   np.testing.assert_allclose(out[7], mu - 1.5 * sd, rtol=1e-4, atol=1e-5)
 
 
 def test_ipm_excludes_padding():
-  x, out = apply(attacks.get("ipm", ipm_epsilon=0.5))
+  x, out = apply(attacks.get("ipm", {"ipm_epsilon": 0.5}))
   mu, _ = regular_stats(x)
   np.testing.assert_allclose(out[6], -0.5 * mu, rtol=1e-5, atol=1e-6)
-  x_nomask, out_nomask = apply(attacks.get("ipm", ipm_epsilon=0.5), mask=None)
+  x_nomask, out_nomask = apply(attacks.get("ipm", {"ipm_epsilon": 0.5}), mask=None)
   assert not np.allclose(out_nomask[6], out[6])  # the padded row would have counted
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "mixed"])
 def test_nonfinite(value):
-  _, out = apply(attacks.get("nonfinite", nonfinite_value=value))
+  _, out = apply(attacks.get("nonfinite", static={"nonfinite_value": value}))
   assert not np.any(np.isfinite(out[BYZ == 1]))
   if value == "nan":
     assert np.all(np.isnan(out[BYZ == 1]))
@@ -161,7 +162,7 @@ def test_nonfinite(value):
 
 
 def test_bad_names_and_parameters():
-  for kw in (dict(name="sybil"), dict(name="gaussian", sigma=0), dict(name="ipm", ipm_epsilon=-1),
-             dict(name="nonfinite", nonfinite_value="zero")):
+  for args in (("sybil",), ("gaussian", {"attack_sigma": 0}), ("ipm", {"ipm_epsilon": -1}),
+               ("gaussian", {"attack_shared": 2}), ("nonfinite", {}, {"nonfinite_value": "zero"})):
     with pytest.raises(ConfigError):
-      attacks.get(**kw)
+      attacks.get(*args)

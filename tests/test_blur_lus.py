@@ -22,8 +22,8 @@ VARIANTS = ("dp_fedavg", "dp_fedavg+blur", "dp_fedavg+lus", "blur+lus")
 
 @pytest.fixture(scope="module")
 def digits():
-  from fedjax_dp.data import load_federated
-  return load_federated("digits", 40, partition="iid", seed=0)
+  from fedjax_dp.data import Split, load_federated
+  return load_federated("digits", Split(40, "iid"), seed=0)
 
 
 def _cfg(**kw):

@@ -117,10 +117,10 @@ def test_figure_plan():
   # ... only when Table 2 runs the figures' alpha
   assert len(cheng2022.figure_plan(spec["figures"], spec["config"], 1, [("cnn2", 0.1)],
                                    spec["epsilons"])) == 30
-  q = cheng2022._job(spec["config"], *next(j for j in jobs if j[0] == "fig3"))
+  q = cheng2022._job(spec["config"], next(j for j in jobs if j.table == "fig3"))
   assert q.config.local_steps == 10 and q.labels["local_steps"] == 10
   assert q.labels["sampling_prob"] == 0.06
-  p = cheng2022._job(spec["config"], *next(j for j in jobs if j[0] == "fig4"))
+  p = cheng2022._job(spec["config"], next(j for j in jobs if j.table == "fig4"))
   assert p.config.sampling_prob == 0.02 and p.config.capacity == cheng2022.capacity_for(500, 0.02)
   assert p.labels["local_steps"] == 30
   assert "figures" not in cheng2022.SCALES["cifar-small"]

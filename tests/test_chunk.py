@@ -8,15 +8,15 @@ import pytest
 from fedjax_dp.algorithms import build
 from fedjax_dp.config import make_config
 from fedjax_dp.data import FederatedData
-from fedjax_dp.engine import run
+from fedjax_dp.engine import Experiment, RunOptions, run
 from fedjax_dp.experiment import load_data
 from fedjax_dp.round import compiled_step
 
 
 def _run(config, data, chunk):
   setup = build(config, data)
-  return run(setup.program, data, setup.sampler, config.rounds, hparams=setup.hparams, seed=3,
-             accounting=setup.accounting, progress=False, client_chunk=chunk)
+  return run(setup.program, Experiment(setup.hparams, data, setup.sampler, 3, setup.accounting),
+             config.rounds, RunOptions(client_chunk=chunk))
 
 
 @pytest.mark.parametrize("algorithm,extra", [

@@ -11,7 +11,7 @@ from fedjax_dp.errors import ConfigError
 from fedjax_dp.experiment import load_data, simulate
 from fedjax_dp.models import get_model
 from fedjax_dp.objectives import supervised
-from fedjax_dp.transforms.per_example import dp_args, dp_gradient, per_example_grads
+from fedjax_dp.transforms.per_example import GradientRule, dp_args, dp_gradient, per_example_grads
 
 
 def _dot_dtypes(jaxpr) -> set:
@@ -44,15 +44,16 @@ def test_forward_runs_in_the_compute_dtype_and_the_clipped_gradients_are_float32
   # The per-example gradients dp_gradient clips, and the noisy gradient it returns.
   _, grads = per_example_grads(objective, params, params, x, y)
   args = dp_args(clip=1.0, noise_multiplier=1.0)
-  g, _ = dp_gradient(objective, params, params, x, y, jnp.ones(6), args, jax.random.PRNGKey(1), 6.0)
+  g, _ = dp_gradient(objective, params, params, (x, y, jnp.ones(6)), args, jax.random.PRNGKey(1),
+                     GradientRule(6.0))
   for leaf in jax.tree_util.tree_leaves((grads, g)):
     assert leaf.dtype == jnp.float32
   # The model's matmuls (forward and backward) run in the compute dtype...
   jaxpr = jax.make_jaxpr(lambda p: per_example_grads(objective, p, p, x, y))(params)
   assert _dot_dtypes(jaxpr.jaxpr) == {dtype}
   # ...and the clip's weighted sum of the per-example gradients in float32.
-  jaxpr = jax.make_jaxpr(lambda p: dp_gradient(objective, p, p, x, y, jnp.ones(6), args,
-                                               jax.random.PRNGKey(1), 6.0))(params)
+  jaxpr = jax.make_jaxpr(lambda p: dp_gradient(objective, p, p, (x, y, jnp.ones(6)), args,
+                                               jax.random.PRNGKey(1), GradientRule(6.0)))(params)
   assert _dot_dtypes(jaxpr.jaxpr) == {dtype, "float32"}
 
 

@@ -187,14 +187,14 @@ def test_digits():
 
 
 def test_load_federated_digits():
-  fd = data.load_federated("digits", 20, "dirichlet", seed=0, alpha=0.5)
+  fd = data.load_federated("digits", data.Split(20, "dirichlet", alpha=0.5), seed=0)
   assert fd.num_clients == 20 and fd.total_examples == 1438
   assert fd.counts.min() >= 1 and fd.example_shape == (8, 8, 1)
-  fd2 = data.load_federated("digits", 20, "dirichlet", seed=0, alpha=0.5)
+  fd2 = data.load_federated("digits", data.Split(20, "dirichlet", alpha=0.5), seed=0)
   np.testing.assert_array_equal(fd.x, fd2.x)
-  fd = data.load_federated("digits", 10, "shards", shards_per_client=2)
+  fd = data.load_federated("digits", data.Split(10, "shards", shards_per_client=2))
   assert set(fd.counts.tolist()) == {2 * (1438 // 20)}
-  fd = data.load_federated("digits", 7, "iid", max_train=70)
+  fd = data.load_federated("digits", data.Split(7, "iid"), max_train=70)
   assert fd.counts.tolist() == [10] * 7
 
 
@@ -440,21 +440,21 @@ def test_missing_tfds(tmp_path, monkeypatch):
   assert "pip install 'fedjax_dp[tfds]'" in str(e.value)
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    (dict(num_clients=0), "num_clients"),
-    (dict(num_clients=5000), "num_clients"),
-    (dict(num_clients=5, partition="dirichlet", alpha=0.0), "alpha"),
-    (dict(num_clients=5, partition="shards", shards_per_client=0),
+@pytest.mark.parametrize("split,kwargs,field", [
+    (dict(num_clients=0), {}, "num_clients"),
+    (dict(num_clients=5000), {}, "num_clients"),
+    (dict(num_clients=5, partition="dirichlet", alpha=0.0), {}, "alpha"),
+    (dict(num_clients=5, partition="shards", shards_per_client=0), {},
      "shards_per_client"),
-    (dict(num_clients=1000, partition="shards", shards_per_client=2),
+    (dict(num_clients=1000, partition="shards", shards_per_client=2), {},
      "shards_per_client"),
-    (dict(num_clients=5, partition="natural"), "partition"),
-    (dict(num_clients=5, partition="bogus"), "partition"),
-    (dict(num_clients=5, max_train=0), "max_train"),
+    (dict(num_clients=5, partition="natural"), {}, "partition"),
+    (dict(num_clients=5, partition="bogus"), {}, "partition"),
+    (dict(num_clients=5), dict(max_train=0), "max_train"),
 ])
-def test_load_federated_errors(kwargs, field):
+def test_load_federated_errors(split, kwargs, field):
   with pytest.raises(ConfigError) as e:
-    data.load_federated("digits", **kwargs)
+    data.load_federated("digits", data.Split(**split), **kwargs)
   assert e.value.field == field
   assert f"invalid {field}=" in str(e.value)
 

@@ -210,9 +210,8 @@ def test_fine_scale_approaches_dp_fedavgs_fixed_cohort_epsilon():
   from fedjax_dp.privacy.ledger import PrivacyLedger, epsilon_for
   from fedjax_dp.privacy.mechanisms import gaussian_round_event
   n_pop, m, z, rounds, delta = 1000, 50, 1.0, 100, 1e-5
-  mech = pdd.mechanism_for(z, clip=1.0, bits=24, beta=math.exp(-0.5), dim=2 ** 10,
-                           cohort_size=m, num_clients=n_pop, sampling="fixed",
-                           scale=2000.0)
+  mech = pdd.mechanism_for(z, clip=1.0, quantization=pdd.Quantization(24, math.exp(-0.5), 2000.0),
+                           dim=2 ** 10, cohort_size=m, num_clients=n_pop, sampling="fixed")
   ledger = PrivacyLedger(delta, "rdp", "replace_one")
   ledger.compose(mech.round_event(), rounds)
   ours = ledger.epsilon()
@@ -230,8 +229,9 @@ def test_byzantine_clients_leave_a_mixture_of_cohorts_and_noise_shares():
   n_pop, m, z, rounds, delta = 100, 10, 1.0, 20, 1e-5
 
   def eps(byzantine):
-    mech = pdd.mechanism_for(z, clip=1.0, bits=24, beta=math.exp(-0.5), dim=2 ** 10,
-                             cohort_size=m, num_clients=n_pop, sampling="fixed", scale=2000.0,
+    mech = pdd.mechanism_for(z, clip=1.0,
+                             quantization=pdd.Quantization(24, math.exp(-0.5), 2000.0),
+                             dim=2 ** 10, cohort_size=m, num_clients=n_pop, sampling="fixed",
                              byzantine=byzantine)
     ledger = PrivacyLedger(delta, "rdp", "replace_one")
     ledger.compose(mech.round_event(), rounds)
@@ -251,8 +251,8 @@ def test_calibration_meets_the_target_through_the_ledger():
   from fedjax_dp.privacy.ledger import PrivacyLedger
 
   def make(z):
-    return pdd.mechanism_for(z, clip=0.5, bits=16, beta=math.exp(-0.5), dim=2 ** 12,
-                             cohort_size=10, num_clients=60, sampling="fixed")
+    return pdd.mechanism_for(z, clip=0.5, quantization=pdd.Quantization(16, math.exp(-0.5)),
+                             dim=2 ** 12, cohort_size=10, num_clients=60, sampling="fixed")
   z = pdd.calibrate_noise_multiplier(4.0, 1e-5, 30, make)
 
   def eps(zz):
@@ -277,8 +277,8 @@ def test_pieces_declare_the_mechanism_and_a_swapped_aggregator_voids_it():
   from fedjax_dp.algorithms import build
   from fedjax_dp.algorithms.ddgauss import round_mechanism
   from fedjax_dp.algorithms.fedavg import Pieces, make_aggregator
-  from fedjax_dp.data import load_federated
-  data = load_federated("digits", num_clients=60, seed=0)
+  from fedjax_dp.data import Split, load_federated
+  data = load_federated("digits", Split(60), seed=0)
   setup = build(_config(), data)
   mech = setup.accounting.mechanism
   assert isinstance(mech, pdd.DDGaussMechanism) and mech.formal_guarantee
@@ -305,13 +305,13 @@ def test_the_secure_sum_decodes_the_mean_of_the_clipped_updates():
   from fedjax_dp.algorithms import as_hparams
   from fedjax_dp.algorithms.ddgauss import ddgauss_metrics, ddgauss_round, model_vector
   from fedjax_dp.algorithms.fedavg import Pieces, Training, fedavg_client
-  from fedjax_dp.data import load_federated
+  from fedjax_dp.data import Split, load_federated
   from fedjax_dp.models import get_model
   from fedjax_dp.round import CohortBatch, client_keys, messages, round_keys
   model = get_model("mlp", (8, 8, 1), 10, hidden=(16,))
   size, dim, _ = model_vector(model)
   assert dim == 2048 and 1024 < size <= 2048
-  data = load_federated("digits", num_clients=20, seed=0)
+  data = load_federated("digits", Split(20), seed=0)
   training = Training(local_steps=2, batch_size=4, client_optimizer="sgd", server_optimizer="sgd")
   rnd = ddgauss_round(model, 20, "fixed", training)
   m, clip = 8, 0.5
@@ -336,8 +336,8 @@ def test_the_secure_sum_decodes_the_mean_of_the_clipped_updates():
     return flat(agg) - want, sent, ddgauss_metrics(state, None, out, sent, mask, hp)
 
   def decoded(z, bits, scale):
-    mech = pdd.mechanism_for(z, clip=clip, bits=16, beta=math.exp(-0.5), dim=dim, cohort_size=m,
-                             num_clients=20, sampling="fixed", scale=scale)
+    mech = pdd.mechanism_for(z, clip=clip, quantization=pdd.Quantization(16, math.exp(-0.5), scale),
+                             dim=dim, cohort_size=m, num_clients=20, sampling="fixed")
     hp = as_hparams(dict(client_lr=0.1, clip=clip, noise_multiplier=z, scale=mech.scale,
                          sigma=mech.sigma, bound=mech.bound, beta=mech.beta, bits=bits,
                          rounding_tries=32, rotation_seed=3, expected_size=m, byzantine=0,

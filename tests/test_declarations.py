@@ -73,8 +73,8 @@ def _setup(digits, algorithm, **options):
 
 @pytest.fixture(scope="module")
 def digits():
-  from fedjax_dp.data import load_federated
-  return load_federated("digits", num_clients=10, seed=0)
+  from fedjax_dp.data import Split, load_federated
+  return load_federated("digits", Split(10), seed=0)
 
 
 def test_runs_that_differ_in_a_static_option_get_their_own_round(digits):

@@ -11,15 +11,17 @@ from scipy import stats
 from fedjax_dp.algorithms import build
 from fedjax_dp.round import CohortBatch, client_keys, compiled_step
 from fedjax_dp.config import make_config
-from fedjax_dp.data import load_federated
+from fedjax_dp.data import Split, load_federated
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.experiment import simulate
-from fedjax_dp.sampling import FixedSizeSampler, PoissonSampler
+from fedjax_dp.privacy import GaussianSumMechanism
+from fedjax_dp.sampling import (SAMPLINGS, FixedSizeSampler, PoissonSampler, check_design,
+                                make_sampler)
 
 
 @pytest.fixture(scope="module")
 def digits():
-  return load_federated("digits", 60, seed=0)
+  return load_federated("digits", Split(60), seed=0)
 
 
 def _config(**kw):
@@ -152,6 +154,24 @@ def test_fixed_size_sampler():
   assert c.size == 7 and len(set(c.ids.tolist())) == 7
   with pytest.raises(ConfigError, match="cohort_size"):
     FixedSizeSampler(5, 6, seed=0)
+
+
+@pytest.mark.parametrize("kind, kw, field", [
+    ("poisson", dict(prob=0.0), "sampling_prob"), ("poisson", dict(prob=1.5), "sampling_prob"),
+    ("fixed", dict(cohort_size=0), "cohort_size"), ("fixed", dict(cohort_size=11), "cohort_size"),
+    ("uniform", dict(prob=0.1), "sampling")])
+def test_one_statement_of_the_sampling_ranges_refuses_for_each_layer(kind, kw, field):
+  # The run's settings, the samplers and the mechanism record refuse the same ranges, stated once.
+  prob, cohort = kw.get("prob", 0.1), kw.get("cohort_size", 2)
+  refusals = [lambda: check_design(kind, 10, **kw),
+              lambda: make_config(sampling=kind, num_clients=10, sampling_prob=prob,
+                                  cohort_size=cohort),
+              lambda: GaussianSumMechanism(1.0, 1.0, kind, prob, 10, cohort)]
+  if kind in SAMPLINGS:
+    refusals.append(lambda: make_sampler(kind, 10, 0, prob, cohort))
+  for refuse in refusals:
+    with pytest.raises(ConfigError, match=f"invalid {field}="):
+      refuse()
 
 
 def test_quickstart_reaches_sensible_accuracy():

@@ -545,6 +545,8 @@ INVALID = [
     ("data_seed", {"data_seed": "0"}),
     ("eval_every", {"eval_every": 0}), ("options", {"options": [1, 2]}), ("options", {"options": "abc"}),
     ("download", {"download": "yes"}), ("data_dir", {"data_dir": 3}),
+    ("plugins", {"plugins": "my_components"}), ("plugins", {"plugins": [3]}),
+    ("plugins", {"plugins": [""]}),
 ]
 
 

@@ -103,7 +103,7 @@ def test_real_shakespeare_natural(shared_data_dir):
   if not (shared_data_dir / "tff-h5").is_dir():
     pytest.skip(f"{shared_data_dir / 'tff-h5'} absent (set FEDJAX_DP_DATA to a folder with "
                 "tff-h5/shakespeare_{train,test}.h5)")
-  fd = data.load_federated("shakespeare", 715, "natural", data_dir=str(shared_data_dir))
+  fd = data.load_federated("shakespeare", data.Split(715, "natural"), data_dir=str(shared_data_dir))
   assert fd.num_clients == 715 and fd.example_shape == (80,)
   assert fd.total_examples == 30_249 and fd.test_y.shape == (4_657, 80)
   assert fd.y.min() >= IGNORE and fd.y.max() < 90 and fd.x.max() < 90
@@ -114,7 +114,7 @@ def test_real_shakespeare_natural(shared_data_dir):
   assert x[0, 0] == BOS and _text(x[0, 1:1 + 17]) == snippets[0][:17].decode()
   assert (y[-1] != IGNORE).sum() == (sum(len(s) + 2 for s in snippets) - 1) - 80 * (len(y) - 1)
   with pytest.raises(ConfigError, match="num_clients=716"):
-    data.load_federated("shakespeare", 716, "natural", data_dir=str(shared_data_dir))
+    data.load_federated("shakespeare", data.Split(716, "natural"), data_dir=str(shared_data_dir))
 
 
 # ------------------------------------------------------------------- federated EMNIST
@@ -129,28 +129,29 @@ def test_federated_emnist_natural_from_generated_files(tmp_path):
           w: {"pixels": rng.uniform(size=(n, 28, 28)).astype(np.float32),
               "label": rng.integers(0, 10 if digits else 62, size=n).astype(np.int32)}
           for w, n in sizes.items()})
-  fd = data.load_federated("federated_emnist", 3, "natural", data_dir=str(tmp_path))
+  fd = data.load_federated("federated_emnist", data.Split(3, "natural"), data_dir=str(tmp_path))
   assert fd.num_classes == 62 and fd.counts.tolist() == [3, 5, 2]
   assert fd.x.shape == (3, 5, 28, 28, 1) and fd.test_x.shape == (10, 28, 28, 1)
-  digits = data.load_federated("federated_emnist_digits", 2, "natural", data_dir=str(tmp_path),
-                               max_test=4)
+  digits = data.load_federated("federated_emnist_digits", data.Split(2, "natural"),
+                               data_dir=str(tmp_path), max_test=4)
   assert digits.num_classes == 10 and digits.counts.tolist() == [3, 5]
   assert digits.test_y.shape == (4,)
-  pooled = data.load_federated("federated_emnist", 5, "iid", data_dir=str(tmp_path))
+  pooled = data.load_federated("federated_emnist", data.Split(5, "iid"), data_dir=str(tmp_path))
   assert pooled.total_examples == 10 and pooled.num_clients == 5
   # The natural partition's test set is its writers' own held-out data; pooled, it is apart
   # from every (made-up) client's data set.
   assert fd.test_from_clients and digits.test_from_clients and not pooled.test_from_clients
   with pytest.raises(ConfigError, match="num_clients=4: must be <= 3"):
-    data.load_federated("federated_emnist", 4, "natural", data_dir=str(tmp_path))
+    data.load_federated("federated_emnist", data.Split(4, "natural"), data_dir=str(tmp_path))
   with pytest.raises(ConfigError, match="max_train"):
-    data.load_federated("federated_emnist", 3, "natural", data_dir=str(tmp_path), max_train=5)
+    data.load_federated("federated_emnist", data.Split(3, "natural"), data_dir=str(tmp_path),
+                        max_train=5)
   with pytest.raises(ConfigError) as e:
-    data.load_federated("shakespeare", 3, "natural", data_dir=str(tmp_path))
+    data.load_federated("shakespeare", data.Split(3, "natural"), data_dir=str(tmp_path))
   assert e.value.field == "data_dir" and "shakespeare_train.h5" in str(e.value)
   assert str(tmp_path / "tff-h5") in str(e.value)
   with pytest.raises(ConfigError, match="partition='dirichlet'"):
-    data.load_federated("shakespeare", 3, "dirichlet", data_dir=str(tmp_path))
+    data.load_federated("shakespeare", data.Split(3, "dirichlet"), data_dir=str(tmp_path))
 
 
 # ------------------------------------------------------------------- the LSTM

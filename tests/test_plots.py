@@ -10,7 +10,7 @@ from fedjax_dp import outputs, plots
 from fedjax_dp.cli import main
 from fedjax_dp.engine import RunResult
 from fedjax_dp.errors import ConfigError
-from fedjax_dp.reproduce.runner import seed_stats
+from fedjax_dp.stats import seed_stats
 from fedjax_dp.sweep import SweepResult
 
 TINY = ["--dataset", "digits", "--num-clients", "60", "--model", "mlp", "--rounds", "3",

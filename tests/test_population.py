@@ -7,7 +7,7 @@ import pytest
 from fedjax_dp.algorithms import build
 from fedjax_dp.config import make_config
 from fedjax_dp.data.synthetic import synthetic_population
-from fedjax_dp.engine import run
+from fedjax_dp.engine import Experiment, RunOptions, run
 from fedjax_dp.errors import ConfigError
 
 
@@ -28,13 +28,14 @@ def test_a_million_generated_clients_run_on_the_host():
   assert not np.array_equal(x[0], x[1]) and set(y.ravel()) <= set(range(10))
   config = _config(1_000_000)
   setup = build(config, data)
-  result = run(setup.program, data, setup.sampler, config.rounds, hparams=setup.hparams,
-               accounting=setup.accounting, progress=False, placement="host")
+  result = run(setup.program, Experiment(setup.hparams, data, setup.sampler,
+                                        accounting=setup.accounting),
+               config.rounds, RunOptions(placement="host"))
   assert [h["round"] for h in result.history] == [1, 2, 3]
   assert np.isfinite(result.summary["final_test_loss"]) and result.summary["epsilon"] > 0
   with pytest.raises(ConfigError, match="placement"):
-    run(setup.program, data, setup.sampler, 1, hparams=setup.hparams, progress=False,
-        placement="device")
+    run(setup.program, Experiment(setup.hparams, data, setup.sampler), 1,
+        RunOptions(placement="device"))
 
 
 def test_prefetched_host_cohorts_give_the_device_placement_result():
@@ -44,8 +45,9 @@ def test_prefetched_host_cohorts_give_the_device_placement_result():
   results = []
   for placement in ("device", "host"):
     setup = build(config, data)
-    results.append(run(setup.program, data, setup.sampler, config.rounds, hparams=setup.hparams,
-                       accounting=setup.accounting, progress=False, placement=placement))
+    results.append(run(setup.program, Experiment(setup.hparams, data, setup.sampler,
+                                                 accounting=setup.accounting),
+                       config.rounds, RunOptions(placement=placement)))
   device, host = results
   for a, b in zip(jax.tree_util.tree_leaves(device.state), jax.tree_util.tree_leaves(host.state)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

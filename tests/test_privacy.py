@@ -8,7 +8,8 @@ import pytest
 from dp_accounting import pld, rdp
 
 from fedjax_dp.errors import ConfigError
-from fedjax_dp.privacy import GaussianSumMechanism, NonPrivate, PrivacyLedger, calibrate_noise_multiplier
+from fedjax_dp.privacy import (CohortSampling, GaussianSumMechanism, NonPrivate, PrivacyLedger,
+                               calibrate_noise_multiplier)
 from fedjax_dp.privacy import mechanisms
 from fedjax_dp.privacy.accounting import LedgerAccounting
 from fedjax_dp.privacy.ledger import RdpCurveDpEvent, epsilon_for
@@ -120,7 +121,7 @@ def test_fixed_cohorts_with_byzantine_clients_are_a_mixture_over_the_byzantine_c
   assert epsilon(50, "poisson")[0] == epsilon(0, "poisson")[0]  # each client drawn apart
   # Calibrated to the same accounting: the target is met against the Byzantine clients too
   # (cohorts of 2 of 20 clients, 5 Byzantine: a mixture of three curves).
-  z = calibrate_noise_multiplier(4.0, 1e-5, 20, "fixed", None, 20, 2, byzantine=5)
+  z = calibrate_noise_multiplier(4.0, 1e-5, 20, CohortSampling("fixed", None, 20, 2, byzantine=5))
   for byzantine, low, high in ((5, 4.0 - 1e-3, 4.0), (0, 0, 4.0 - 1e-2)):  # more than b = 0 needs
     led = PrivacyLedger(1e-5, relation="replace_one")
     led.compose(GaussianSumMechanism(1.0, z, "fixed", None, 20, 2, byzantine).round_event(), 20)
@@ -141,7 +142,7 @@ def test_epsilon_grows_with_rounds_and_shrinks_with_noise():
 @pytest.mark.parametrize("sampling,kw", [("poisson", dict(sampling_prob=0.05)),
                                           ("fixed", dict(num_clients=2000, cohort_size=100))])
 def test_calibration_round_trips(sampling, kw):
-  z = calibrate_noise_multiplier(3.0, 1e-5, 200, sampling=sampling, **kw)
+  z = calibrate_noise_multiplier(3.0, 1e-5, 200, CohortSampling(sampling, **kw))
   mech = GaussianSumMechanism(1.0, z, sampling=sampling, **kw)
   led = PrivacyLedger(1e-5, relation=mech.relation)
   led.compose(mech.round_event(), 200)

@@ -9,10 +9,10 @@ import pytest
 
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.plots import Curve, plot_curves, plot_quantiles
-from fedjax_dp.reproduce.runner import (Job, group_by, num_seeds, read_records, run_jobs,
-                                        seed_stats)
+from fedjax_dp.reproduce.runner import Execution, Job, group_by, num_seeds, read_records, run_jobs
 from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference, verdict,
                                        verdict_table)
+from fedjax_dp.stats import seed_stats
 
 
 def test_seed_stats_sample_std():
@@ -122,9 +122,9 @@ def test_run_jobs(tmp_path):
   runs_path = tmp_path / "runs.jsonl"
   runs_path.write_text("old\n")
   records = run_jobs(jobs, lambda job, res: {"accuracy": res.summary["final_accuracy"]},
-                     load_data=load, execute=_fake_run, runs_path=runs_path,
-                     diagnostics=("update_norm",), on_record=lambda rs: partial.append(len(rs)),
-                     log=lines.append, compilation_cache=False)
+                     load_data=load, runs_path=runs_path, diagnostics=("update_norm",),
+                     on_record=lambda rs: partial.append(len(rs)),
+                     execution=Execution(_fake_run, compilation_cache=False, log=lines.append))
   assert loaded == ["a", "b"]  # one data set per key, loaded when the key changes
   assert partial == [2, 4, 6, 8]  # after each group of two
   written = [json.loads(line) for line in runs_path.read_text().splitlines()]
@@ -142,8 +142,6 @@ def test_run_jobs(tmp_path):
       (m, s) for m in "xy" for s in (0, 0, 1, 1)]
   # a setting without a row comes last
   assert [r["method"] for r in read_records(tmp_path, rows[1:], ("method",))] == ["y"] * 4 + ["x"] * 4
-  with pytest.raises(ConfigError):
-    run_jobs(jobs, dict, execute=_fake_run, compilation_cache=False)
 
 
 def test_run_jobs_hands_its_threads_to_the_programs():
@@ -155,8 +153,9 @@ def test_run_jobs_hands_its_threads_to_the_programs():
 
   jobs = [Job(None, {"seed": s}) for s in (0, 1)]
   records = run_jobs(jobs, lambda job, res: {"accuracy": res.summary["final_accuracy"]},
-                     data={"acc": 0.5}, execute=execute, log=lambda line: None,
-                     compilation_cache=False, threads=3)
+                     load_data=lambda _: {"acc": 0.5},
+                     execution=Execution(execute, threads=3, compilation_cache=False,
+                                         log=lambda line: None))
   assert seen == [3] and [r["accuracy"] for r in records] == [0.5, 1.5]
 
 

@@ -92,8 +92,7 @@ BATCH = CohortBatch(jnp.zeros((5, 2, 1)), jnp.zeros((5, 2), jnp.int32), jnp.ones
 
 def _hp(**kw):
   from fedjax_dp.algorithms import options
-  hp = {o.name: o.default for o in options.BYZANTINE + options.AGGREGATOR
-        if o.name not in options.STATIC_AGGREGATOR and o.kind != "choice"}
+  hp = {o.name: o.default for o in options.byzantine() if not o.static}
   hp.update(alie_z=float("nan"), server_lr=0.1, client_lr=0.1, l2=0.004, byzantine=1, **{"lambda": 0.01})
   hp.update(kw)
   from fedjax_dp.algorithms import as_hparams

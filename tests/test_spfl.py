@@ -16,7 +16,8 @@ from fedjax_dp.algorithms.spfl import HIGH, LOW, privacy_classes
 from fedjax_dp.client import StepStats, mean_initial_norm, poisson_indices
 from fedjax_dp.config import make_config
 from fedjax_dp.data import FederatedData
-from fedjax_dp.engine import run, run_keys
+from fedjax_dp.engine import Experiment, run
+from fedjax_dp.round import run_keys
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.experiment import simulate
 from fedjax_dp.models import get_model
@@ -25,7 +26,8 @@ from fedjax_dp.privacy.example_level import (ExampleDPSGDMechanism, ExampleLevel
                                              split_noise_multiplier)
 from fedjax_dp.round import Round
 from fedjax_dp.sampling import Cohort
-from fedjax_dp.transforms import clip_factors, dp_args, dp_gradient, global_norm, per_example_grads
+from fedjax_dp.transforms import (GradientRule, clip_factors, dp_args, dp_gradient, global_norm,
+                                  per_example_grads)
 
 SHAPE = (8, 8, 1)
 
@@ -82,8 +84,8 @@ def test_per_example_clip_bound_holds(jit):
   np.testing.assert_allclose(np.asarray(fp), 0.7, rtol=1e-6)
   # The sum the step releases (sigma = 0): its norm is at most (examples) * C.
   args = dp_args(clip, 1.0, 0.0)
-  grad, info = jax.jit(lambda a: dp_gradient(objective, params, params, x, y, jnp.ones(12), a,
-                                             jax.random.PRNGKey(1), 1.0))(args)
+  grad, info = jax.jit(lambda a: dp_gradient(objective, params, params, (x, y, jnp.ones(12)), a,
+                                             jax.random.PRNGKey(1), GradientRule(1.0)))(args)
   assert float(global_norm(grad)) <= 12 * clip * (1 + 1e-5)
   assert int(info["clipped"]) == int(np.sum(~small))
 
@@ -95,8 +97,8 @@ def test_noise_std_is_sigma_times_bound_in_force():
   tol = 4.0 / math.sqrt(2 * n_params)  # 4 standard errors of a sample std
 
   def noise(args, mask, data_dependent=False):
-    fn = jax.jit(lambda a, k: dp_gradient(objective, params, params, x, y, mask, a, k, 1.0,
-                                          data_dependent_noise=data_dependent))
+    rule = GradientRule(1.0, data_dependent_noise=data_dependent)
+    fn = jax.jit(lambda a, k: dp_gradient(objective, params, params, (x, y, mask), a, k, rule))
     noisy, info = fn(args, jax.random.PRNGKey(3))
     clean, _ = fn(args._replace(noise_multiplier=jnp.zeros_like(args.noise_multiplier)),
                   jax.random.PRNGKey(3))
@@ -125,15 +127,16 @@ def test_the_statistics_noise_has_a_key_of_its_own():
   _, objective, params = _setup()
   x, y = _batch(6)
   args = dp_args(0.5, 1.0, 1.0, stat_noise=3.0)
-  fn = jax.jit(lambda k, ks: dp_gradient(objective, params, params, x, y, jnp.ones(6), args, k,
-                                         6.0, "norm", stat_key=ks))
+  rule = GradientRule(6.0, "norm")
+  fn = jax.jit(lambda k, ks: dp_gradient(objective, params, params, (x, y, jnp.ones(6)), args, k,
+                                         rule, stat_key=ks))
   k = jax.random.PRNGKey(1)
   (g1, i1), (g2, i2) = fn(k, jax.random.PRNGKey(2)), fn(k, jax.random.PRNGKey(3))
   for a, b in zip(jax.tree_util.tree_leaves(g1), jax.tree_util.tree_leaves(g2)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert float(i1["stat"]) != float(i2["stat"])
   with pytest.raises(ConfigError, match="stat_key"):
-    dp_gradient(objective, params, params, x, y, jnp.ones(6), args, k, 6.0, "norm")
+    dp_gradient(objective, params, params, (x, y, jnp.ones(6)), args, k, rule)
 
 
 def test_nonfinite_example_gradient_is_zeroed_before_clipping():
@@ -141,8 +144,8 @@ def test_nonfinite_example_gradient_is_zeroed_before_clipping():
   x, y = _batch(6)
   x = x.at[2].set(jnp.inf)
   args = dp_args(0.5, 1.0, 0.0)
-  grad, info = jax.jit(lambda a: dp_gradient(objective, params, params, x, y, jnp.ones(6), a,
-                                             jax.random.PRNGKey(1), 1.0))(args)
+  grad, info = jax.jit(lambda a: dp_gradient(objective, params, params, (x, y, jnp.ones(6)), a,
+                                             jax.random.PRNGKey(1), GradientRule(1.0)))(args)
   assert int(info["nonfinite"]) == 1
   assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree_util.tree_leaves(grad))
   assert float(global_norm(grad)) <= 5 * 0.5 * (1 + 1e-5)
@@ -429,8 +432,8 @@ def test_calibration_meets_the_target_for_every_client(sampling, accountant):
 
 def _run(cfg, data):
   setup = build(cfg, data)
-  return run(setup.program, data, setup.sampler, cfg.rounds, hparams=setup.hparams, seed=cfg.seed,
-             accounting=setup.accounting, progress=False)
+  return run(setup.program, Experiment(setup.hparams, data, setup.sampler, cfg.seed,
+                                      setup.accounting), cfg.rounds)
 
 
 ALGS = ["spfl", "spfl-sound", "dp-fl", "adp-fl", "nodp-fl"]

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from fedjax_dp.config import make_config
+from fedjax_dp.engine import RunOptions
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.experiment import simulate
 from fedjax_dp.sweep import parse_grid, plan, seeds_composed, sweep
@@ -50,7 +51,7 @@ def test_each_experiment_equals_its_single_run_and_the_grid_is_one_program(tmp_p
 
   # clip and noise are numbers (one group); two seeds partition the data differently (stacked).
   result = sweep(_base(), {"clip": ["0.2", "1.0"], "noise_multiplier": [0.5]}, seeds=2,
-                 output_dir=str(tmp_path), load=load, threads=1)
+                 run_options=RunOptions(output_dir=str(tmp_path)), load=load, threads=1)
   assert len(result.experiments) == 4 and len(result.groups) == 1
   assert [(e["values"]["clip"], e["seed"]) for e in result.experiments] == [
       (0.2, 0), (0.2, 1), (1.0, 0), (1.0, 1)]
@@ -187,8 +188,8 @@ def test_sweep_command_writes_rows_and_protects_earlier_results(tmp_path, capsys
 
   files = sorted(p.relative_to(out) for p in out.rglob("*"))
   with pytest.raises(KeyboardInterrupt):
-    sweep_lib.sweep(_base(), {"local_steps": ["1", "2"]}, seeds=1, output_dir=str(out),
-                    overwrite=True, log=stop)
+    sweep_lib.sweep(_base(), {"local_steps": ["1", "2"]}, seeds=1,
+                    run_options=RunOptions(output_dir=str(out), overwrite=True), log=stop)
   assert sorted(p.relative_to(out) for p in out.rglob("*")) == files
   assert (out / "results.json").read_text() == before
   assert main(args[:2] + ["clip=0.3"] + args[3:] + ["--overwrite"]) == 0
@@ -311,7 +312,7 @@ def test_programs_run_at_once_in_threads_equal_their_single_runs(tmp_path):
   cache = {}
   load = lambda cfg: cache.setdefault(cfg.seed, load_data(cfg))
   result = sweep(_base(rounds=2), {"clip": ["0.3", "0.6"]}, seeds=2, load=load, threads=2,
-                 output_dir=str(tmp_path))
+                 run_options=RunOptions(output_dir=str(tmp_path)))
   assert result.threads == 2
   assert sorted(g["experiments"] for g in result.groups) == [[0, 1], [2, 3]]
   assert [e["group"] for e in result.experiments] == [0, 0, 1, 1]

@@ -7,8 +7,10 @@ import optax
 import pytest
 
 from fedjax_dp import aggregators
-from fedjax_dp.errors import ConfigError
-from fedjax_dp.transforms import add_gaussian_noise, clip_l2, global_norm
+from fedjax_dp.client import make_optimizer
+from fedjax_dp.errors import ConfigError, TracedCheckError, check
+from fedjax_dp.transforms import add_gaussian_noise, clip_l2, global_norm, sparsify_by_utility
+from fedjax_dp.transforms.sign import clip_linf, sign_flip, sign_gaussian
 
 
 def _tree(key, scale=1.0):
@@ -120,3 +122,47 @@ def test_mean_aggregator_noise_on_sum():
       updates, jnp.ones(3), jnp.ones(3), None, jax.random.PRNGKey(3))
   # Noise N(0, s^2) on the sum, then divided by 4.
   assert abs(float(jnp.std(agg["w"])) / (s / 4) - 1) < 6 / np.sqrt(2 * n)
+
+
+def test_check_refuses_a_traced_condition_as_a_programming_error():
+  # Inside a compiled function a value has no value to check: check says so instead of
+  # passing silently, and it is not a ConfigError (the user's input is not at fault).
+  with pytest.raises(TracedCheckError, match="'clip' on a traced value") as e:
+    jax.jit(lambda v: check(v > 0, "clip", v, "must be > 0"))(1.0)
+  assert isinstance(e.value, TypeError) and not isinstance(e.value, ConfigError)
+  check(jnp.float32(1.0) > 0, "clip", 1.0, "must be > 0")  # a concrete JAX value is checked
+  with pytest.raises(ConfigError, match="clip"):
+    check(jnp.float32(-1.0) > 0, "clip", -1.0, "must be > 0")
+
+
+# Each public piece refuses a bad concrete number, and builds from a traced one (a hyper-parameter
+# of the compiled round, checked where the settings are read) without pretending to check it.
+PIECES = {
+    "clip": (lambda v: clip_l2(v), 0.0),
+    "noise stddev": (lambda v: add_gaussian_noise(v), -1.0),
+    "keep_prob": (lambda v: sign_flip(v), 0.4),
+    "sign_clip": (lambda v: clip_linf(v), 0.0),
+    "sign_sigma": (lambda v: sign_gaussian(v), 0.0),
+    "sparsity": (lambda v: sparsify_by_utility(v), 1.0),
+    "noise_stddev": (lambda v: aggregators.mean(noise_stddev=v), -1.0),
+    "expected_size": (lambda v: aggregators.mean("expected", expected_size=v), 0.0),
+    "learning_rate": (lambda v: make_optimizer("sgd", v), 0.0),
+}
+
+
+@pytest.mark.parametrize("field", sorted(PIECES))
+def test_pieces_refuse_bad_concrete_values_and_build_from_traced_ones(field):
+  make, bad = PIECES[field]
+  with pytest.raises(ConfigError, match=f"invalid {field}="):
+    make(bad)
+  # A concrete JAX value is read on the host, even inside a function being compiled.
+  bad_array, good_array = jnp.float32(bad), jnp.float32(0.7)
+  with pytest.raises(ConfigError, match=f"invalid {field}="):
+    jax.eval_shape(lambda: make(bad_array) and 0)
+  jax.eval_shape(lambda: make(good_array) and 0)
+
+  def build(v):
+    make(v)
+    return v
+
+  assert float(jax.jit(build)(0.7)) == pytest.approx(0.7)

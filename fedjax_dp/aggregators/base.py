@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dp.errors import check, check_choice
+from fedjax_dp.errors import check_choice, check_unless_traced
 from fedjax_dp.transforms.core import gaussian_like, salted, SALT_GAUSSIAN
 
 DENOMINATORS = ("realized", "expected")
@@ -29,6 +29,12 @@ class Aggregator(NamedTuple):
   aggregate: Callable[..., tuple]
   prepare: Optional[Callable] = None
   finish: Optional[Callable] = None
+
+  @property
+  def linear(self) -> bool:
+    """Whether the aggregate depends on the rows only through their weighted sum: it gives
+    ``prepare`` and ``finish`` (the round may then sum the rows block by block)."""
+    return self.prepare is not None and self.finish is not None
 
 
 def weighted_sum(updates, weights: jax.Array, mask: jax.Array):
@@ -53,12 +59,17 @@ def mean(denominator: str = "realized", expected_size: Optional[float] = None,
     expected_size: required for "expected".
     noise_stddev: standard deviation of the noise on the sum (``z * S`` for
       DP-FedAvg; may be a traced hyper-parameter), or None for no noise.
+
+  Raises:
+    ConfigError: an unknown ``denominator``, a missing ``expected_size`` with "expected", or a
+      concrete ``expected_size`` <= 0 or ``noise_stddev`` < 0 (traced ones, the compiled round's
+      hyper-parameters, are checked where the settings they come from are read).
   """
   check_choice("denominator", denominator, DENOMINATORS)
   if denominator == "expected":
-    check(expected_size is not None and expected_size > 0, "expected_size", expected_size,
-          "must be > 0 when denominator='expected'")
-  check(noise_stddev is None or noise_stddev >= 0, "noise_stddev", noise_stddev, "must be >= 0")
+    check_unless_traced(lambda e: e is not None and e > 0, "expected_size", expected_size,
+                        "must be > 0 when denominator='expected'")
+  check_unless_traced(lambda s: s is None or s >= 0, "noise_stddev", noise_stddev, "must be >= 0")
 
   def finish(total, weight, state, key):
     if noise_stddev is not None:

@@ -1,9 +1,31 @@
-"""Byzantine-robust aggregators under the shared contract.
+"""Byzantine-robust aggregators under the shared contract, each declared as a component.
 
 Every aggregator here is ``Aggregator(init, aggregate)`` with
 ``aggregate(updates, weights, mask, state, key) -> (aggregate, state)`` (see
 :mod:`fedjax_dp.aggregators`), where the leaves of ``updates`` have a leading
 client axis ``[N, ...]``.
+
+Each declares itself once, beside its function, with
+``fedjax_dp.components.declare("aggregator", NAME, reference=..., about=..., options=...,
+**traits)``; the registry gives ``--aggregator``'s values, the ``--set`` options, their refusal
+when another aggregator runs, the hyper-parameters and the compile-cache key. The build contract
+of the kind (what :func:`get` calls):
+
+  ``build(**values) -> Aggregator``: one keyword argument per declared option, named as the
+  option, with no default of its own (the :class:`fedjax_dp.components.Option` holds it). A
+  numeric option's value comes from the round's hyper-parameters, so inside the compiled round
+  it is a traced scalar (an unset one, None in its declaration, is NaN there); a static option's
+  is a Python value. The build returns the aggregator without the non-finite guard, which
+  :func:`get` adds.
+
+Traits an aggregator may declare:
+
+* ``reads_byzantine`` (default False): ``build`` also takes ``num_byzantine``, the run's
+  Byzantine count f (hyper-parameter ``byzantine``), as Krum does.
+* ``check_cohort`` (default none): ``check_cohort(values, cohort=n, byzantine=f, fixed=...)``
+  raises :class:`fedjax_dp.errors.ConfigError` when the run's expected cohort of ``n`` clients
+  (``fixed``: a fixed-size one) does not suit the aggregator with option ``values``; called once,
+  when the run's settings are read.
 
 Rows that must not count:
 
@@ -17,7 +39,7 @@ Rows that must not count:
 
 :func:`guard_nonfinite` wraps any aggregator (e.g. the plain ``mean`` of
 :mod:`fedjax_dp.aggregators.base`) with the same rejection; :func:`get` builds
-every aggregator by name already guarded.
+every declared aggregator by name already guarded.
 
 Aggregators that need a whole-vector geometry (geometric median, Krum,
 centered clipping) view each client's pytree as one flat vector.
@@ -34,15 +56,16 @@ block by block without them.
 
 from __future__ import annotations
 
+from typing import Mapping, Optional
+
 import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_dp import components
 from fedjax_dp.aggregators.base import Aggregator, mean
-from fedjax_dp.errors import check, check_choice
-
-NAMES = ("mean", "sign_vote", "sign_sum", "geometric_median", "coordinate_median",
-         "trimmed_mean", "krum", "centered_clipping")
+from fedjax_dp.components import Option, declare
+from fedjax_dp.errors import check, check_unless_traced
 
 
 def _empty_init(params):
@@ -114,41 +137,11 @@ def _coord_median(values: jax.Array, mask: jax.Array) -> jax.Array:
   return jnp.where(n > 0, med, 0.0)
 
 
-def coordinate_median() -> Aggregator:
-  """Coordinate-wise median of the real rows (Yin et al., ICML 2018). Weights are ignored."""
-
-  def aggregate(updates, weights, mask, state, key):
-    del weights, key
-    m = finite_rows(updates, mask)
-    return _unrows(_coord_median(_rows(updates), m), updates), state
-
-  return Aggregator(_empty_init, aggregate)
-
-
-def trimmed_mean(beta: float = 0.1) -> Aggregator:
-  """Coordinate-wise trimmed mean (Yin et al., ICML 2018).
-
-  For each coordinate, drops the ``floor(beta * n)`` largest and smallest of the
-  ``n`` real values and averages the rest. Weights are ignored.
-
-  Args:
-    beta: fraction trimmed at each end, in [0, 0.5).
-  """
-  check((0 <= beta) & (beta < 0.5), "trim_beta", beta, "must be in [0, 0.5)")
-
-  def aggregate(updates, weights, mask, state, key):
-    del weights, key
-    m = finite_rows(updates, mask)
-    n = jnp.sum(m > 0).astype(jnp.int32)
-    f = jnp.floor(beta * n).astype(jnp.int32)
-    s = _sorted_real(_rows(updates), m)
-    idx = jnp.arange(s.shape[0])[:, None]
-    keep = (idx >= f) & (idx < n - f)
-    total = jnp.sum(jnp.where(keep, s, 0.0), axis=0)
-    out = total / jnp.maximum(n - 2 * f, 1)
-    return _unrows(out, updates), state
-
-  return Aggregator(_empty_init, aggregate)
+@declare("aggregator", "mean", reference="McMahan et al., AISTATS 2017",
+         about="the realized-weight mean of the rows (not robust to large rows)")
+def realized_mean() -> Aggregator:
+  """The mean weighted by the realized weights, :func:`fedjax_dp.aggregators.mean`."""
+  return mean("realized")
 
 
 def _sign_total(updates, weights, mask):
@@ -160,6 +153,8 @@ def _sign_total(updates, weights, mask):
       updates)
 
 
+@declare("aggregator", "sign_vote", reference="Bernstein et al., ICLR 2019",
+         about="majority vote of the rows' signs (signSGD)")
 def sign_vote() -> Aggregator:
   """Majority vote of signs, ``sign(sum_i w_i sign(u_i))`` (signSGD, Bernstein et al., ICLR 2019).
 
@@ -175,6 +170,8 @@ def sign_vote() -> Aggregator:
   return Aggregator(_empty_init, aggregate)
 
 
+@declare("aggregator", "sign_sum", reference="Li et al., AAAI 2019",
+         about="sum of the rows' signs, the master's term of RSA")
 def sign_sum() -> Aggregator:
   """Sum of the rows' signs, ``sum_i w_i sign(u_i)``: the master's term of RSA (Li et al., AAAI 2019).
 
@@ -192,8 +189,7 @@ def sign_sum() -> Aggregator:
   return Aggregator(_empty_init, aggregate)
 
 
-def weiszfeld(values: jax.Array, w: jax.Array, tol: float = 1e-6, max_iter: int = 100,
-              eps: float = 1e-8):
+def weiszfeld(values: jax.Array, w: jax.Array, tol: float, max_iter: int, eps: float = 1e-8):
   """Geometric median of the rows of ``[N, D]`` with weights ``w`` (zero weight: excluded).
 
   Weiszfeld's iterations ``z <- sum_i (w_i / ||x_i - z||) x_i / sum_i (...)`` from the
@@ -233,40 +229,107 @@ def weiszfeld(values: jax.Array, w: jax.Array, tol: float = 1e-6, max_iter: int 
   return z, it
 
 
-def geometric_median(tol: float = 1e-6, max_iter: int = 100, eps: float = 1e-8) -> Aggregator:
-  """Weighted geometric median of the flattened rows (Weiszfeld; Chen et al. 2017).
+@declare("aggregator", "geometric_median", reference="Chen, Su and Xu, POMACS 2017",
+         about="weighted geometric median of the flattened rows (Weiszfeld)", options=(
+             Option("gm_tol", 1e-6, "geometric_median: Weiszfeld's relative tolerance", low=0,
+                    low_open=True),
+             Option("gm_max_iter", 100, "geometric_median: at most this many Weiszfeld "
+                    "iterations", kind="int", low=1, static=True)))
+def geometric_median(gm_tol, gm_max_iter) -> Aggregator:
+  """Weighted geometric median of the flattened rows (:func:`weiszfeld`; Chen et al. 2017).
 
   Args:
-    tol: relative step size at which Weiszfeld's iterations stop.
-    max_iter: iteration cap.
-    eps: smoothing of the distances (avoids dividing by 0 at a data point).
+    gm_tol: relative step size at which Weiszfeld's iterations stop.
+    gm_max_iter: iteration cap (a Python int: the loop's bound).
   """
-  check(tol > 0, "gm_tol", tol, "must be > 0")
-  check(int(max_iter) >= 1, "gm_max_iter", max_iter, "must be >= 1")
 
   def aggregate(updates, weights, mask, state, key):
     del key
     m = finite_rows(updates, mask)
-    z, _ = weiszfeld(_rows(updates), weights * m, tol, int(max_iter), eps)
+    z, _ = weiszfeld(_rows(updates), weights * m, gm_tol, int(gm_max_iter))
     return _unrows(z, updates), state
 
   return Aggregator(_empty_init, aggregate)
 
 
-def krum(num_byzantine: int, multi: int = 1) -> Aggregator:
+@declare("aggregator", "coordinate_median", reference="Yin et al., ICML 2018",
+         about="coordinate-wise median of the rows")
+def coordinate_median() -> Aggregator:
+  """Coordinate-wise median of the real rows (Yin et al., ICML 2018). Weights are ignored."""
+
+  def aggregate(updates, weights, mask, state, key):
+    del weights, key
+    m = finite_rows(updates, mask)
+    return _unrows(_coord_median(_rows(updates), m), updates), state
+
+  return Aggregator(_empty_init, aggregate)
+
+
+@declare("aggregator", "trimmed_mean", reference="Yin et al., ICML 2018",
+         about="coordinate-wise mean of the rows without the largest and smallest", options=(
+             Option("trim_beta", 0.1, "trimmed_mean: fraction trimmed at each end", low=0,
+                    high=0.5, high_open=True),))
+def trimmed_mean(trim_beta) -> Aggregator:
+  """Coordinate-wise trimmed mean (Yin et al., ICML 2018).
+
+  For each coordinate, drops the ``floor(beta * n)`` largest and smallest of the
+  ``n`` real values and averages the rest. Weights are ignored.
+
+  Args:
+    trim_beta: ``beta``, the fraction trimmed at each end, in [0, 0.5).
+  """
+
+  def aggregate(updates, weights, mask, state, key):
+    del weights, key
+    m = finite_rows(updates, mask)
+    n = jnp.sum(m > 0).astype(jnp.int32)
+    f = jnp.floor(trim_beta * n).astype(jnp.int32)
+    s = _sorted_real(_rows(updates), m)
+    idx = jnp.arange(s.shape[0])[:, None]
+    keep = (idx >= f) & (idx < n - f)
+    total = jnp.sum(jnp.where(keep, s, 0.0), axis=0)
+    out = total / jnp.maximum(n - 2 * f, 1)
+    return _unrows(out, updates), state
+
+  return Aggregator(_empty_init, aggregate)
+
+
+def _krum_fits(values: Mapping, *, cohort: int, byzantine: int, fixed: bool) -> None:
+  """Refuses cohorts outside Krum's assumption (the ``check_cohort`` trait).
+
+  A fixed cohort of fewer than ``krum_m`` rows would make multi-Krum a plain mean; Krum's f is
+  the population's Byzantine count (any of them may be sampled), and a cohort of
+  ``n <= 2f + 2`` rows scores each row by one neighbour, where identical attackers win.
+  """
+  if fixed:
+    check(values["krum_m"] <= cohort, "option krum_m", values["krum_m"],
+          f"must be <= cohort_size={cohort} (multi-Krum averages the krum_m best-scored rows "
+          "of a cohort)")
+  if byzantine:
+    check(cohort > 2 * byzantine + 2, "byzantine", byzantine,
+          f"is too many for Krum with cohorts of {cohort} clients: it needs more than 2f + 2 = "
+          f"{2 * byzantine + 2} rows (f: the Byzantine clients, any of whom may be in a "
+          "cohort); lower byzantine or raise the cohort")
+
+
+@declare("aggregator", "krum", reference="Blanchard et al., NeurIPS 2017",
+         about="the (mean of the m) rows closest to their n - f - 2 nearest rows", options=(
+             Option("krum_m", 1, "krum: average of the m best-scored rows (multi-Krum)",
+                    kind="int", low=1, static=True),),
+         reads_byzantine=True, check_cohort=_krum_fits)
+def krum(num_byzantine, krum_m) -> Aggregator:
   """(Multi-)Krum (Blanchard et al., NeurIPS 2017). Weights are ignored.
 
   Each real row's score is the sum of squared distances to its
   ``n - f - 2`` nearest real rows (``f = num_byzantine``, at least 1 neighbour);
-  the mean of the ``multi`` lowest-scoring rows is returned. A run passes the population's
+  the mean of the ``krum_m`` lowest-scoring rows is returned. A run passes the population's
   Byzantine count as ``f`` (any of them may be in a cohort) and refuses configurations whose
-  expected cohort has ``n <= 2f + 2`` rows, outside Krum's assumption
-  (:func:`fedjax_dp.algorithms.read_options`); a smaller realized Poisson cohort is scored with
-  what it has (at least 1 neighbour). Distances are computed on the rows divided by their
-  largest entry (the same order, no float32 overflow from a finite row of huge entries).
+  expected cohort has ``n <= 2f + 2`` rows, outside Krum's assumption (:func:`_krum_fits`);
+  a smaller realized Poisson cohort is scored with what it has (at least 1 neighbour).
+  Distances are computed on the rows divided by their largest entry (the same order, no float32
+  overflow from a finite row of huge entries).
   """
-  check(num_byzantine >= 0, "krum_f", num_byzantine, "must be >= 0")
-  check(int(multi) >= 1, "krum_m", multi, "must be >= 1")
+  check_unless_traced(lambda f: f >= 0, "krum_f", num_byzantine, "must be >= 0")
 
   def aggregate(updates, weights, mask, state, key):
     del weights, key
@@ -284,23 +347,26 @@ def krum(num_byzantine: int, multi: int = 1) -> Aggregator:
     score = jnp.sum(jnp.where(take & jnp.isfinite(d), d, 0.0), axis=1)
     score = jnp.where(real, score, jnp.inf)
     order = jnp.argsort(score)
-    chosen = jnp.zeros(x.shape[0]).at[order[:int(multi)]].set(1.0) * m
+    chosen = jnp.zeros(x.shape[0]).at[order[:int(krum_m)]].set(1.0) * m
     out = chosen @ x / jnp.maximum(jnp.sum(chosen), 1.0)
     return _unrows(out, updates), state
 
   return Aggregator(_empty_init, aggregate)
 
 
-def centered_clipping(tau: float = 1.0, iters: int = 1) -> Aggregator:
+@declare("aggregator", "centered_clipping", reference="Karimireddy, He and Jaggi, ICML 2021",
+         about="iterated clipping of the rows around the previous aggregate", options=(
+             Option("cc_tau", 1.0, "centered_clipping: radius tau", low=0, low_open=True),
+             Option("cc_iters", 1, "centered_clipping: iterations per round", kind="int", low=1,
+                    static=True)))
+def centered_clipping(cc_tau, cc_iters) -> Aggregator:
   """Centered clipping (Karimireddy, He and Jaggi, ICML 2021, Eq. 2).
 
-  ``v <- v + (1/n) sum_i (x_i - v) min(1, tau / ||x_i - v||)``, ``iters``
+  ``v <- v + (1/n) sum_i (x_i - v) min(1, tau / ||x_i - v||)``, ``cc_iters``
   times, from the previous round's aggregate (kept in the state; zeros at
-  first). Each row moves the result by at most ``tau / n``. Weights are ignored. A cohort with
-  no usable row aggregates to zero (no step) and keeps the state.
+  first), with ``tau = cc_tau``. Each row moves the result by at most ``tau / n``. Weights are
+  ignored. A cohort with no usable row aggregates to zero (no step) and keeps the state.
   """
-  check(tau > 0, "cc_tau", tau, "must be > 0")
-  check(int(iters) >= 1, "cc_iters", iters, "must be >= 1")
 
   def init(params):
     return jax.tree_util.tree_map(jnp.zeros_like, params)
@@ -311,10 +377,10 @@ def centered_clipping(tau: float = 1.0, iters: int = 1) -> Aggregator:
     x = jnp.where(m[:, None] > 0, _rows(updates), 0.0)
     n = jnp.maximum(jnp.sum(m), 1.0)
     v = _rows(jax.tree_util.tree_map(lambda s: s[None], state))[0]
-    for _ in range(int(iters)):
+    for _ in range(int(cc_iters)):
       diff = x - v
       norm = jnp.sqrt(jnp.sum(diff * diff, axis=1))
-      scale = jnp.minimum(1.0, tau / jnp.maximum(norm, 1e-30)) * m
+      scale = jnp.minimum(1.0, cc_tau / jnp.maximum(norm, 1e-30)) * m
       v = v + scale @ diff / n
     kept = _unrows(v, updates)
     out = jax.tree_util.tree_map(lambda o: jnp.where(jnp.sum(m) > 0, o, 0.0), kept)
@@ -323,32 +389,25 @@ def centered_clipping(tau: float = 1.0, iters: int = 1) -> Aggregator:
   return Aggregator(init, aggregate)
 
 
-def get(name: str, *, num_byzantine: int = 0, trim_beta: float = 0.1, gm_tol: float = 1e-6,
-        gm_max_iter: int = 100, krum_m: int = 1, cc_tau: float = 1.0, cc_iters: int = 1) -> Aggregator:
-  """An aggregator by name, guarded against non-finite rows (see :func:`guard_nonfinite`).
+def get(name: str, hp: Optional[Mapping] = None, static: Optional[Mapping] = None) -> Aggregator:
+  """The declared aggregator ``name``, guarded against non-finite rows (:func:`guard_nonfinite`).
 
   Args:
-    name: one of :data:`NAMES`. "mean" is the realized-weight mean of
-      :mod:`fedjax_dp.aggregators.base` (not robust to large rows).
-    num_byzantine: f, used by Krum.
-    trim_beta, gm_tol, gm_max_iter, krum_m, cc_tau, cc_iters: see each aggregator.
-  """
-  check_choice("aggregator", name, NAMES)
-  if name == "mean":
-    agg = mean("realized")
-  elif name == "sign_vote":
-    agg = sign_vote()
-  elif name == "sign_sum":
-    agg = sign_sum()
-  elif name == "geometric_median":
-    agg = geometric_median(gm_tol, gm_max_iter)
-  elif name == "coordinate_median":
-    agg = coordinate_median()
-  elif name == "trimmed_mean":
-    agg = trimmed_mean(trim_beta)
-  elif name == "krum":
-    agg = krum(num_byzantine, krum_m)
-  else:
-    agg = centered_clipping(cc_tau, cc_iters)
-  return guard_nonfinite(agg)
+    name: a declared aggregator (``fedjax_dp.components.names("aggregator")``). "mean" is the
+      realized-weight mean of :mod:`fedjax_dp.aggregators.base` (not robust to large rows).
+    hp: where its numeric options are read (a round's hyper-parameters; ``byzantine``, the f of
+      an aggregator declaring ``reads_byzantine``), by option name.
+    static: where its static options are read (e.g. the run's options), by option name.
 
+  Each option missing from both is at its default; other names are ignored. Python numbers and
+  text are checked against the option's declaration (:meth:`fedjax_dp.components.Option.parse`);
+  arrays (a round's hyper-parameters, checked when the settings were read) pass as they are.
+
+  Raises:
+    ConfigError: for an undeclared name or a value its option does not allow.
+  """
+  component = components.get("aggregator", name)
+  values = component.values(hp or {}, static or {})
+  if component.traits.get("reads_byzantine", False):
+    values["num_byzantine"] = (hp or {}).get("byzantine", 0)
+  return guard_nonfinite(component.build(**values))

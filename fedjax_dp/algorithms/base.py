@@ -71,16 +71,21 @@ class Setup(NamedTuple):
   hparams: Optional[dict] = None
 
 
-def option_table(name: str) -> tuple:
+def option_table(name: str, in_use: Optional[Mapping] = None) -> tuple:
   """Every ``--set`` option algorithm ``name`` takes: its own, then, where it takes Byzantine
-  clients (its ``byzantine`` trait), the attack's and the aggregators'.
+  clients (its ``byzantine`` trait), those of every declared attack and aggregator
+  (:func:`options.byzantine`).
+
+  Args:
+    name: a declared algorithm.
+    in_use: ``{"attack": name, "aggregator": name}`` of a run: an option that two components of
+      one kind declare is read as the running one declares it (:func:`options.byzantine`).
 
   Raises:
     ConfigError: naming the declared algorithms, for an unknown ``name``.
   """
   declared = components.get("algorithm", name)
-  return declared.options + ((options.BYZANTINE + options.AGGREGATOR) if declared["byzantine"]
-                             else ())
+  return declared.options + (options.byzantine(in_use) if declared["byzantine"] else ())
 
 
 def unused_fields(config) -> list:
@@ -91,13 +96,14 @@ def unused_fields(config) -> list:
 
 
 def common_hparams(config, opts: dict, **extra) -> dict:
-  """The hparams every round reads (server rate, Byzantine clients, attack and aggregator
-  strengths, ``l2``) plus ``extra``, as arrays (:func:`as_hparams`)."""
+  """The hparams every round reads (server rate, Byzantine clients, the numeric options of every
+  declared attack and aggregator, ``l2``) plus ``extra``, as arrays (:func:`as_hparams`); an
+  unset numeric option (None in its declaration) enters as NaN."""
   hp = {"server_lr": config.server_lr, "l2": 0.0, "byzantine": config.byzantine}
-  for o in options.BYZANTINE + options.AGGREGATOR:
-    if o.kind != "choice" and o.name not in options.STATIC_AGGREGATOR:
-      hp[o.name] = opts.get(o.name, o.default)
-  hp["alie_z"] = float("nan") if hp["alie_z"] is None else hp["alie_z"]
+  for o in options.byzantine():
+    if not o.static:
+      value = opts.get(o.name, o.default)
+      hp[o.name] = float("nan") if value is None else value
   hp.update(extra)
   return as_hparams(hp)
 
@@ -137,6 +143,13 @@ MAX_ROUNDS = 32
 _ROUNDS: collections.OrderedDict = collections.OrderedDict()
 
 
+def byzantine_key(config, opts: Mapping, aggregator: str) -> tuple:
+  """What the run's attack and ``aggregator`` give a compiled round's cache key: their names and
+  static options' values in ``opts`` (:meth:`fedjax_dp.components.Component.static_key`)."""
+  return (components.get("attack", config.attack).static_key(opts),
+          components.get("aggregator", aggregator).static_key(opts))
+
+
 def round_key(config, opts: Mapping, model, *derived) -> tuple:
   """The static structure of a run's round, derived from the declarations.
 
@@ -149,17 +162,17 @@ def round_key(config, opts: Mapping, model, *derived) -> tuple:
 
   Returns:
     A hashable tuple: the algorithm's static options
-    (:meth:`fedjax_dp.components.Component.static_key`), the static options of the attack and
-    the aggregators it takes (:func:`fedjax_dp.algorithms.option_table`), the
-    :data:`STRUCTURAL` settings it reads, ``model`` and ``derived``.
+    (:meth:`fedjax_dp.components.Component.static_key`), where it takes Byzantine clients the
+    attack's and the aggregator's names and static options (:func:`byzantine_key`; the
+    aggregator: ``config.aggregator``, else the algorithm's own, its ``aggregator`` trait, else
+    the mean), the :data:`STRUCTURAL` settings it reads, ``model`` and ``derived``.
   """
   declared = components.get("algorithm", config.algorithm)
-  own = {o.name for o in declared.options}
-  shared = tuple((o.name, opts.get(o.name, o.default)) for o in option_table(config.algorithm)
-                 if o.static and o.name not in own)
+  aggregator = config.aggregator or declared["aggregator"] or "mean"
+  byzantine = byzantine_key(config, opts, aggregator) if declared["byzantine"] else ()
   unused = set(unused_fields(config))
   settings = tuple((f, getattr(config, f)) for f in STRUCTURAL if f not in unused)
-  return (declared.static_key(opts), shared, settings, model) + tuple(derived)
+  return (declared.static_key(opts), byzantine, settings, model) + tuple(derived)
 
 
 def cached_round(key: tuple, make: Callable):
@@ -179,37 +192,35 @@ def cached_round(key: tuple, make: Callable):
 
 def read_options(config) -> dict:
   """The settings (``--set``) of ``config.algorithm``, read against its :func:`option_table`
-  (its own options and, where it takes Byzantine clients, the attack's and the aggregators').
+  (its own options and, where it takes Byzantine clients, those of every declared attack and
+  aggregator, the running ones' first).
 
-  Every builder reads its settings through this, once, before building: a misspelt name, a
-  wrong type, a non-finite or out-of-range value fails before compilation instead of being
-  ignored.
+  Where the algorithm takes Byzantine clients, it refuses the options of an attack or aggregator
+  that does not run, and lets the run's aggregator check its cohorts (its ``check_cohort``
+  trait, :mod:`fedjax_dp.aggregators.robust`). Every builder reads its settings through this,
+  once, before building: a misspelt name, a wrong type, a non-finite or out-of-range value
+  fails before compilation instead of being ignored.
 
   Returns:
     Option name -> value (defaults for the ones not given).
 
   Raises:
     ConfigError: for an option the algorithm does not take, a bad value, an option of an attack
-      or aggregator the run does not use, or a Krum run with too few rows.
+      or aggregator the run does not use, or cohorts the run's aggregator refuses.
   """
-  opts = options.read(config, option_table(config.algorithm))
-  if components.get("algorithm", config.algorithm)["byzantine"]:
-    if "krum_m" in (config.options or {}) and config.sampling == "fixed":
-      # More rows than a cohort would make multi-Krum a plain mean.
-      check(opts["krum_m"] <= config.cohort_size, "option krum_m", opts["krum_m"],
-            f"must be <= cohort_size={config.cohort_size} (multi-Krum averages the krum_m "
-            "best-scored rows of a cohort)")
-    own = components.get("algorithm", config.algorithm)["aggregator"]
-    in_use = {"attack": config.attack,
-              "aggregator": config.aggregator or own or "the algorithm's own"}
-    options.refuse_inapplicable(config.options or {}, in_use)
-    if in_use["aggregator"] == "krum" and config.byzantine:
-      # Krum's f is the population's Byzantine count (any of them may be sampled); with a cohort
-      # of n <= 2f + 2 rows it scores each row by one neighbour, and identical attackers win.
-      n = (config.cohort_size if config.sampling == "fixed"
-           else round(config.sampling_prob * config.num_clients))
-      check(n > 2 * config.byzantine + 2, "byzantine", config.byzantine,
-            f"is too many for Krum with cohorts of {n} clients: it needs more than 2f + 2 = "
-            f"{2 * config.byzantine + 2} rows (f: the Byzantine clients, any of whom may be in a "
-            "cohort); lower byzantine or raise the cohort")
+  declared = components.get("algorithm", config.algorithm)
+  if not declared["byzantine"]:
+    return options.read(config, option_table(config.algorithm))
+  in_use = {"attack": config.attack,
+            "aggregator": config.aggregator or declared["aggregator"] or "the algorithm's own"}
+  opts = options.read(config, option_table(config.algorithm, in_use))
+  options.refuse_inapplicable(config.options or {}, in_use)
+  known = in_use["aggregator"] in components.names("aggregator")
+  check_cohort = (components.get("aggregator", in_use["aggregator"]).traits.get("check_cohort")
+                  if known else None)
+  if check_cohort is not None:
+    fixed = config.sampling == "fixed"
+    check_cohort(opts, cohort=(config.cohort_size if fixed
+                               else round(config.sampling_prob * config.num_clients)),
+                 byzantine=config.byzantine, fixed=fixed)
   return opts

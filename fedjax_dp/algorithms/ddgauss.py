@@ -221,13 +221,13 @@ def build_ddgauss(config, data) -> Setup:
       model, data.num_clients, config.sampling, Training.of(config), attack=config.attack,
       nonfinite_value=opts["nonfinite_value"]))
   dim = model_vector(model)[1]
+  quantization = pdd.Quantization(opts["bits"], opts["beta"], opts["scale"], opts["k_stddevs"])
 
   def make(z):
     return pdd.mechanism_for(
-        z, clip=config.clip, bits=opts["bits"], beta=opts["beta"], dim=dim,
+        z, clip=config.clip, quantization=quantization, dim=dim,
         cohort_size=sampler.expected_size, num_clients=data.num_clients,
-        sampling=config.sampling, scale=opts["scale"], k_stddevs=opts["k_stddevs"],
-        byzantine=config.byzantine)
+        sampling=config.sampling, byzantine=config.byzantine)
 
   if config.target_epsilon is not None:
     z = pdd.calibrate_noise_multiplier(config.target_epsilon, config.delta, config.rounds, make)

@@ -28,10 +28,9 @@ from __future__ import annotations
 
 from fedjax_dp.algorithms.base import (LOCAL, NOISE, NONE, USER, Setup, algorithm, cached_round,
                                        common_hparams, read_options, round_key)
-from fedjax_dp.algorithms.options import STATIC_AGGREGATOR
 from fedjax_dp.algorithms.fedavg import Pieces, Training, fedavg_round
 from fedjax_dp.errors import ConfigError, check
-from fedjax_dp.privacy import calibrate_noise_multiplier
+from fedjax_dp.privacy import CohortSampling, calibrate_noise_multiplier
 from fedjax_dp.privacy.accounting import LedgerAccounting
 from fedjax_dp.privacy.mechanisms import user_level_mechanism
 from fedjax_dp.sampling import make_sampler
@@ -57,9 +56,9 @@ def resolve_noise_multiplier(config, data) -> float:
   """The configured noise multiplier, or the smallest one meeting ``target_epsilon``."""
   if config.target_epsilon is not None:
     return calibrate_noise_multiplier(
-        config.target_epsilon, config.delta, config.rounds, config.sampling,
-        config.sampling_prob, data.num_clients, config.cohort_size, config.accountant,
-        config.byzantine)
+        config.target_epsilon, config.delta, config.rounds,
+        CohortSampling(config.sampling, config.sampling_prob, data.num_clients,
+                       config.cohort_size, config.byzantine), config.accountant)
   if config.noise_multiplier is None:
     raise ConfigError("noise_multiplier", None, "set noise_multiplier >= 0 or target_epsilon > 0")
   return float(config.noise_multiplier)
@@ -121,11 +120,10 @@ def build_fedavg_family(config, data, *, private: bool, regularizer: str = "none
                          config.cohort_size, config.capacity)
   z = resolve_noise_multiplier(config, data) if private else 0.0
   model = make_model(config, data)
-  static = {k: opts[k] for k in STATIC_AGGREGATOR}
   rnd = cached_round(round_key(config, opts, model, data.num_clients), lambda: fedavg_round(
       model, data.num_clients, pieces, Training.of(config), attack=config.attack,
       nonfinite_value=opts["nonfinite_value"], lus_batches=opts.get("lus_batches", 1),
-      static=static))
+      static=opts))
   hparams = common_hparams(
       config, opts, client_lr=config.client_lr, clip=config.clip, noise_multiplier=z,
       expected_size=sampler.expected_size, **{"lambda": opts.get("lambda", 0.0),

@@ -9,7 +9,8 @@ built by :func:`fedavg_round`; every number comes from ``hparams``:
   unit of the noise (one value, so they cannot disagree);
 * ``noise_multiplier``: the noised mean adds ``N(0, (z * clip)^2)`` to the sum;
 * ``expected_size``: the mean's public denominator (``denominator="expected"``);
-* ``byzantine`` and the attack strengths; the robust aggregators' parameters.
+* ``byzantine``, the attack's and the aggregator's numeric options (their static ones, loop
+  counts and choices, shape the round).
 
 Privacy is derived from the pieces that run
 (:func:`fedjax_dp.privacy.mechanisms.user_level_mechanism`): a round whose
@@ -20,7 +21,7 @@ whatever else the configuration says.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Mapping, Optional
 
 import jax
 import jax.numpy as jnp
@@ -96,11 +97,13 @@ class Training:
                config.server_optimizer)
 
 
-def make_aggregator(pieces: Pieces, static: dict) -> Piece:
-  """The :class:`fedjax_dp.round.Piece` of ``pieces.aggregator`` (``static``: loop counts).
+def make_aggregator(pieces: Pieces, static: Optional[Mapping] = None) -> Piece:
+  """The :class:`fedjax_dp.round.Piece` of ``pieces.aggregator``.
 
   The mean declares its noise (scaled to the clients' bound) and whether its
-  denominator is public; robust aggregators declare no noise.
+  denominator is public; any other declared aggregator (:func:`fedjax_dp.aggregators.robust.get`)
+  declares no noise, reads its numeric options from the round's hyper-parameters and its static
+  ones (loop counts) from ``static`` (the run's options; a missing one at its default).
   """
   if pieces.aggregator == "mean":
     noise_key = pieces.bound if pieces.noise else None
@@ -111,12 +114,8 @@ def make_aggregator(pieces: Pieces, static: dict) -> Piece:
           aggregators.mean(pieces.denominator, hp["expected_size"], noise))
     return Piece(build, "mean", noise=noise_key, public_denominator=pieces.denominator == "expected")
 
-  def build_robust(hp):
-    return aggregators.robust.get(
-        pieces.aggregator, num_byzantine=hp["byzantine"], trim_beta=hp["trim_beta"],
-        gm_tol=hp["gm_tol"], gm_max_iter=static["gm_max_iter"], krum_m=static["krum_m"],
-        cc_tau=hp["cc_tau"], cc_iters=static["cc_iters"])
-  return Piece(build_robust, pieces.aggregator)
+  fixed = dict(static or {})
+  return Piece(lambda hp: aggregators.robust.get(pieces.aggregator, hp, fixed), pieces.aggregator)
 
 
 def lus_gradient(objective, batch_size: int, lus_batches: int):
@@ -184,7 +183,7 @@ def fedavg_client(model, pieces: Pieces, training: Training, lus_batches: int = 
 
 def fedavg_round(model, num_clients: int, pieces: Pieces, training: Training, *,
                  attack: str = "none", nonfinite_value: str = "nan", lus_batches: int = 1,
-                 static: Optional[dict] = None) -> Round:
+                 static: Optional[Mapping] = None) -> Round:
   """A FedAvg-family :class:`fedjax_dp.round.Round` from its pieces.
 
   Args:
@@ -194,9 +193,9 @@ def fedavg_round(model, num_clients: int, pieces: Pieces, training: Training, *,
     training: local training and the server's optimizer.
     attack, nonfinite_value: the Byzantine clients' attack (strengths in ``hp``).
     lus_batches: minibatches of LUS's gradient (:func:`lus_gradient`).
-    static: the robust aggregators' loop counts (``gm_max_iter``, ``krum_m``, ``cc_iters``).
+    static: the run's options, where the aggregator's static ones (loop counts) are read
+      (:func:`make_aggregator`).
   """
-  static = dict({"gm_max_iter": 100, "krum_m": 1, "cc_iters": 1}, **(static or {}))
   return Round(
       model=model, num_clients=num_clients,
       client=fedavg_client(model, pieces, training, lus_batches),

@@ -10,8 +10,9 @@ the options to users (:func:`describe`).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Optional, Sequence
 
+from fedjax_dp import components
 from fedjax_dp.components import Option
 from fedjax_dp.errors import check
 
@@ -31,51 +32,45 @@ def describe(table: Sequence[Option]) -> list:
   return [o.describe() for o in table]
 
 
-# Options of every algorithm that takes Byzantine clients: the attack's strengths and the robust
-# aggregators' parameters (numbers go into hparams; gm_max_iter, krum_m and cc_iters are loop
-# counts and nonfinite_value a choice, part of the round's structure).
-BYZANTINE = (
-    Option("attack_sigma", 1e4, "std of the gaussian attack's rows", low=0, low_open=True),
-    Option("attack_shared", 0, "gaussian: 1 sends one draw from every attacker (the DP-RSA "
-           "authors' code), 0 a draw per attacker", kind="int", low=0, high=1),
-    Option("attack_scale", -5.0, "factor of the sign_flip attack (the attacker's true row times it)"),
-    Option("alie_z", None, "ALIE's shift in standard deviations; unset: the paper's z_max"),
-    Option("ipm_epsilon", 0.1, "IPM's factor: attackers send -epsilon * the regular mean",
-           low=0, low_open=True),
-    Option("nonfinite_value", "nan", "what the nonfinite attack sends", kind="choice",
-           choices=("nan", "inf", "mixed")),
-)
-AGGREGATOR = (
-    Option("trim_beta", 0.1, "trimmed_mean: fraction trimmed at each end", low=0, high=0.5,
-           high_open=True),
-    Option("gm_tol", 1e-6, "geometric_median: Weiszfeld's relative tolerance", low=0, low_open=True),
-    Option("gm_max_iter", 100, "geometric_median: at most this many Weiszfeld iterations",
-           kind="int", low=1, static=True),
-    Option("krum_m", 1, "krum: average of the m best-scored rows (multi-Krum)", kind="int", low=1,
-           static=True),
-    Option("cc_tau", 1.0, "centered_clipping: radius tau", low=0, low_open=True),
-    Option("cc_iters", 1, "centered_clipping: iterations per round", kind="int", low=1,
-           static=True),
-)
-STATIC_AGGREGATOR = ("gm_max_iter", "krum_m", "cc_iters")
-# Which attack or aggregator reads each of those options.
-OWNERS = {"attack_sigma": ("attack", "gaussian"), "attack_shared": ("attack", "gaussian"),
-          "attack_scale": ("attack", "sign_flip"),
-          "alie_z": ("attack", "alie"), "ipm_epsilon": ("attack", "ipm"),
-          "nonfinite_value": ("attack", "nonfinite"), "trim_beta": ("aggregator", "trimmed_mean"),
-          "gm_tol": ("aggregator", "geometric_median"),
-          "gm_max_iter": ("aggregator", "geometric_median"), "krum_m": ("aggregator", "krum"),
-          "cc_tau": ("aggregator", "centered_clipping"),
-          "cc_iters": ("aggregator", "centered_clipping")}
+# The kinds whose options every algorithm that takes Byzantine clients reads.
+BYZANTINE_KINDS = ("attack", "aggregator")
 
 
-def refuse_inapplicable(given: dict, in_use: dict) -> None:
-  """Refuses an attack's or aggregator's option (:data:`OWNERS`) given while another one runs
-  (``in_use``: ``{"attack": name, "aggregator": name}``): it would be silently ignored."""
+def byzantine(in_use: Optional[Mapping] = None) -> tuple:
+  """The options of every declared attack and aggregator (:mod:`fedjax_dp.components`), each
+  name once: the ``--set`` options of every algorithm that takes Byzantine clients. Numeric ones
+  go into the round's hyper-parameters, static ones (loop counts, choices) into its structure and
+  compile-cache key.
+
+  Args:
+    in_use: ``{"attack": name, "aggregator": name}`` of a run: their options come first, so that
+      a name that two components of one kind declare is read as the running one declares it. By
+      default (and for a name that is not declared) the order is the declarations'.
+  """
+  out = {}
+  for kind in BYZANTINE_KINDS:
+    running = (in_use or {}).get(kind)
+    first = [components.get(kind, running)] if running in components.names(kind) else []
+    for component in first + list(components.declared(kind)):
+      for o in component.options:
+        out.setdefault(o.name, o)
+  return tuple(out.values())
+
+
+def refuse_inapplicable(given: Mapping, in_use: Mapping) -> None:
+  """Refuses an attack's or aggregator's option given while none of the components that declare
+  it runs (``in_use``: ``{"attack": name, "aggregator": name}``): it would be silently ignored.
+
+  Raises:
+    ConfigError: naming the option, its value, the components that read it and the run's one.
+  """
   for name, value in given.items():
-    if name in OWNERS:
-      kind, owner = OWNERS[name]
-      check(in_use[kind] == owner, f"option {name}", value,
-            f"is read by the {owner} {kind} only, and this run's {kind} is {in_use[kind]}: "
-            "leave it out")
+    for kind in BYZANTINE_KINDS:
+      owners = [c.name for c in components.declared(kind)
+                if any(o.name == name for o in c.options)]
+      check(not owners or in_use[kind] in owners, f"option {name}", value,
+            f"is read by the {' or '.join(owners)} {kind} only, and this run's {kind} is "
+            f"{in_use[kind]}: leave it out")
+
+
 L2 = (Option("l2", 0.004, "u of the master's f_0(x) = (u/2)||x||^2", low=0),)

@@ -39,7 +39,7 @@ import jax
 from fedjax_dp import components, objectives
 from fedjax_dp.algorithms.base import (Setup, algorithm, cached_round, common_hparams,
                                        read_options, round_key)
-from fedjax_dp.algorithms.options import L2, STATIC_AGGREGATOR
+from fedjax_dp.algorithms.options import L2
 from fedjax_dp.algorithms.fedavg import Pieces, make_aggregator
 from fedjax_dp.client import sample_batch
 from fedjax_dp.errors import check
@@ -100,10 +100,9 @@ def build_robust_sgd(config, data) -> Setup:
   opts = read_options(config)
   model = make_model(config, data)
   pieces = Pieces(aggregator=own, weighting="uniform")
-  static = {k: opts[k] for k in STATIC_AGGREGATOR}
   rnd = cached_round(round_key(config, opts, model, data.num_clients), lambda: Round(
       model=model, num_clients=data.num_clients, client=gradient_client(model, config.batch_size),
-      aggregator=make_aggregator(pieces, static), attack=config.attack,
+      aggregator=make_aggregator(pieces, opts), attack=config.attack,
       nonfinite_value=opts["nonfinite_value"], descent=True, server_optimizer="sgd"))
   sampler = make_sampler(config.sampling, data.num_clients, config.seed, config.sampling_prob,
                          config.cohort_size, config.capacity)

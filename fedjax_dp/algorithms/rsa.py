@@ -57,7 +57,7 @@ from fedjax_dp.algorithms.base import (NONE, WORKER, Setup, algorithm, cached_ro
 from fedjax_dp.algorithms.options import L2, Option
 from fedjax_dp.algorithms.robust_sgd import attacker_knowledge, stochastic_gradient
 from fedjax_dp.errors import ConfigError, check
-from fedjax_dp.round import ClientOut, Piece, Round
+from fedjax_dp.round import ClientOut, Piece, Round, Uploads
 from fedjax_dp.transforms import global_norm
 from fedjax_dp.transforms.sign import paper_sign, sign_flip, sign_gaussian, to_sign
 
@@ -134,17 +134,19 @@ def rsa_client(gradient, perturb) -> Piece:
   return Piece(client, "rsa_worker", mechanism=getattr(perturb, "mechanism", None))
 
 
-def rsa_attack_step(knowledge: str, rnd, state, out, uploads, byz, mask, ids, hp, key):
+def rsa_attack_step(knowledge: str, rnd, state, out, uploads: Uploads, hp, key):
   """Zhu and Ling's attacks: model-level (``sign(x_0 - z_j)`` with ``z_j`` from the attack on
   the workers' models) unless the attack reads the regular workers and may only read what
   they release, their messages."""
-  attack = attacks.from_hparams(rnd.attack, hp, rnd.nonfinite_value)
+  attack = attacks.get(rnd.attack, hp, {"nonfinite_value": rnd.nonfinite_value})
+  byz = uploads.byzantine
   if attack.reads_honest and knowledge == "released":
-    return attack(uploads, byz, key, mask=mask, ids=ids)
-  z = attack(out.raw, byz, key, mask=mask, ids=ids)
+    return attack(uploads.rows, byz, key, mask=uploads.mask, ids=uploads.ids)
+  z = attack(out.raw, byz, key, mask=uploads.mask, ids=uploads.ids)
   byz_msg = jax.tree_util.tree_map(lambda m, zz: _attacker_sign(m[None] - zz), state.params, z)
   return jax.tree_util.tree_map(
-      lambda h, a: jnp.where(byz.reshape((-1,) + (1,) * (h.ndim - 1)) > 0, a, h), uploads, byz_msg)
+      lambda h, a: jnp.where(byz.reshape((-1,) + (1,) * (h.ndim - 1)) > 0, a, h), uploads.rows,
+      byz_msg)
 
 
 def sign_sum_scaled(hp) -> Aggregator:

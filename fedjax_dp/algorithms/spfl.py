@@ -77,12 +77,13 @@ from fedjax_dp.algorithms.base import (EXAMPLE, LOCAL, NOISE, NONE, Setup, algor
                                        cached_round, common_hparams, read_options, round_key)
 from fedjax_dp.algorithms.dp_fedavg import make_model
 from fedjax_dp.algorithms.fedavg import Pieces, Training, make_aggregator
-from fedjax_dp.algorithms.options import STATIC_AGGREGATOR, Option
+from fedjax_dp.algorithms.options import Option
 from fedjax_dp.algorithms.dpsgd_family import DPSGDPieces, Rules, dpsgd_round, example_record
-from fedjax_dp.client import dp_sgd, mean_initial_norm
+from fedjax_dp.client import DPSGDSteps, dp_sgd, mean_initial_norm
 from fedjax_dp.errors import ConfigError, check
 from fedjax_dp.privacy.example_level import (ExampleLevelAccounting, PrivacyClass,
                                              calibrate_example_noise, split_noise_multiplier)
+from fedjax_dp.round import run_keys
 from fedjax_dp.sampling import SAMPLINGS, make_sampler, poisson_capacity
 from fedjax_dp.transforms import dp_args
 
@@ -226,14 +227,13 @@ def build_dpsgd_family(config, data, rules: Rules, opts: dict, hparams: dict, cl
   # Any aggregator, and attacks on the uploads: each upload is already private (example-level,
   # local to its client), so what the server or an attacker computes from them is post-processing.
   aggregation = Pieces(aggregator=config.aggregator or "mean", weighting=config.weighting)
-  static = {k: opts[k] for k in STATIC_AGGREGATOR}
 
   def make():
-    local_train = dp_sgd(objectives.supervised(model.apply), config.local_steps,
-                         config.batch_size, max_examples, sampling, pieces.capacity,
-                         rules.statistic, rules.private, rules.data_dependent_noise)
+    local_train = dp_sgd(objectives.supervised(model.apply), DPSGDSteps(
+        config.local_steps, config.batch_size, max_examples, sampling, pieces.capacity,
+        rules.statistic, rules.private, rules.data_dependent_noise))
     return dpsgd_round(model, data.num_clients, pieces, Training.of(config),
-                       local_train=local_train, aggregator=make_aggregator(aggregation, static),
+                       local_train=local_train, aggregator=make_aggregator(aggregation, opts),
                        attack=config.attack, nonfinite_value=opts["nonfinite_value"])
 
   rnd = cached_round(round_key(config, opts, model, data.num_clients, max_examples, pieces), make)
@@ -342,13 +342,12 @@ def _initial_norm_fn(model, per_client: int):
 
 def initial_spfl_threshold(model, data, seed: int, per_client: int) -> float:
   """SP-FL's initial high-class threshold (Sec. 2.1): the mean initial per-example gradient norm
-  of all clients, at the run's initial model (:func:`fedjax_dp.engine.run_keys`), over each client's first
+  of all clients, at the run's initial model (:func:`fedjax_dp.round.run_keys`), over each client's first
   ``per_client`` examples. It reads the raw data: not private.
 
   Computed on the host by the builder (into ``hp["init_clip_high"]``), so the
   round itself holds no data and is shared by every run of the same shapes.
   """
-  from fedjax_dp.engine import run_keys
   params = model.init(run_keys(seed)[0])
   fn = _initial_norm_fn(model, int(per_client))
   return float(fn(params, data.x[:, :per_client], data.y[:, :per_client], data.counts))

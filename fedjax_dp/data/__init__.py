@@ -10,6 +10,7 @@ imported by the sources that need them.
 
 from fedjax_dp.data.federated import CentralDataset, FederatedData
 from fedjax_dp.data.loaders import (
+    Split,
     load_central,
     load_federated,
     partition_indices,
@@ -38,7 +39,7 @@ from fedjax_dp.data.tff_h5 import (
 )
 
 __all__ = [
-    "CentralDataset", "FederatedData", "DATASETS", "SPECS", "DatasetSpec",
+    "CentralDataset", "FederatedData", "DATASETS", "SPECS", "DatasetSpec", "Split",
     "PARTITIONERS", "balanced_subset", "load_central", "load_federated",
     "load_idx", "partition_indices", "read_idx", "resolve_cache_dir",
     "resolve_data_dir", "dirichlet", "iid", "natural", "shards", "client_ids",

@@ -12,6 +12,7 @@ network retries.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import numpy as np
@@ -150,35 +151,52 @@ def partition_indices(labels: np.ndarray, num_clients: int, partition: str,
   return partition_lib.natural(client_ids)
 
 
-def load_federated(name: str, num_clients: int, partition: str = "iid",
-                   seed: int = 0, data_dir: Optional[str] = None,
-                   alpha: float = 0.5, shards_per_client: int = 2,
-                   max_train: Optional[int] = None,
-                   max_test: Optional[int] = None,
-                   cache_dir: Optional[str] = None,
-                   download: bool = False, min_labels: int = 1) -> FederatedData:
-  """Loads a data set and splits its training set among clients.
+@dataclasses.dataclass(frozen=True)
+class Split:
+  """How :func:`load_federated` splits a training set among clients.
 
-  Args:
-    name: One of :data:`~fedjax_dp.data.specs.DATASETS`.
+  Attributes:
     num_clients: Number of clients, in ``[1, number of training examples]``.
     partition: One of the set's ``partitions``
       (:func:`~fedjax_dp.data.specs.check_partition`): ``"iid"``,
       ``"dirichlet"``, ``"shards"``, or ``"natural"`` for the TFF HDF5 sets
       (their first ``num_clients`` clients, in file order).
+    alpha: Dirichlet concentration, ``> 0`` (``dirichlet`` only).
+    shards_per_client: Shards per client, ``>= 1`` (``shards`` only).
+    min_labels: With ``shards``: every client holds at least this many labels.
+  """
+
+  num_clients: int
+  partition: str = "iid"
+  alpha: float = 0.5
+  shards_per_client: int = 2
+  min_labels: int = 1
+
+
+def load_federated(name: str, split: Split, seed: int = 0, data_dir: Optional[str] = None,
+                   max_train: Optional[int] = None, max_test: Optional[int] = None,
+                   cache_dir: Optional[str] = None, download: bool = False) -> FederatedData:
+  """Loads a data set and splits its training set among clients.
+
+  Args:
+    name: One of :data:`~fedjax_dp.data.specs.DATASETS`.
+    split: How the training set is split among clients.
     seed: Seeds both the subsets and the partition (independent streams).
     data_dir: See :func:`load_central`.
-    alpha: Dirichlet concentration, ``> 0``.
-    shards_per_client: Shards per client, ``>= 1``.
     max_train: See :func:`load_central`.
     max_test: See :func:`load_central`.
     cache_dir: See :func:`load_central`.
     download: See :func:`load_central`.
-    min_labels: With ``shards``: every client holds at least this many labels.
 
   Returns:
     The padded :class:`FederatedData`; the test set stays centralized.
+
+  Raises:
+    ConfigError: For an unknown name, a partition the set does not have, a bad split or
+      subset size, or as :func:`load_central`.
   """
+  num_clients, partition = split.num_clients, split.partition
+  alpha, shards_per_client = split.alpha, split.shards_per_client
   spec = specs.get(name)
   specs.check_partition(name, partition)
   check(isinstance(num_clients, (int, np.integer)) and num_clients >= 1,
@@ -199,7 +217,7 @@ def load_federated(name: str, num_clients: int, partition: str = "iid",
   rng = np.random.default_rng([seed, _PARTITION_TAG])
   parts = partition_indices(data.train_y, num_clients, partition, rng,
                             alpha=alpha, shards_per_client=shards_per_client,
-                            min_labels=min_labels)
+                            min_labels=split.min_labels)
   return FederatedData.from_partition(name, data.train_x, data.train_y, parts,
                                       data.test_x, data.test_y,
                                       data.num_classes)

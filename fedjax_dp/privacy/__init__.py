@@ -3,16 +3,18 @@
 from fedjax_dp.privacy.ledger import ACCOUNTANTS, PrivacyLedger, epsilon_for, make_accountant
 from fedjax_dp.privacy.mechanisms import (
     RELATIONS,
-    SAMPLINGS,
+    CohortSampling,
     GaussianSumMechanism,
     NonPrivate,
     calibrate_noise_multiplier,
 )
+from fedjax_dp.sampling import SAMPLINGS
 
 __all__ = [
     "ACCOUNTANTS",
     "RELATIONS",
     "SAMPLINGS",
+    "CohortSampling",
     "GaussianSumMechanism",
     "NonPrivate",
     "PrivacyLedger",

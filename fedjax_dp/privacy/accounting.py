@@ -13,6 +13,7 @@ from typing import Optional
 
 import dp_accounting
 
+from fedjax_dp.attacks import OMNISCIENT_REASON
 from fedjax_dp.privacy.ledger import PrivacyLedger, check_accountable, check_supported
 
 
@@ -62,7 +63,6 @@ class LedgerAccounting:
     formal = self._accountable()
     note = self.mechanism.guarantee_note
     if formal and self.attacker_knowledge == "omniscient":
-      from fedjax_dp.attacks import OMNISCIENT_REASON
       formal, note = False, OMNISCIENT_REASON
     eps = self.ledger.epsilon() if formal else None
     if eps is not None and not math.isfinite(eps):

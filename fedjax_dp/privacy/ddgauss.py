@@ -41,11 +41,13 @@ import dataclasses
 import math
 from typing import Callable, Optional
 
+import dp_accounting
 import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import special
 
 from fedjax_dp.errors import ConfigError, check
+from fedjax_dp.privacy.ledger import PrivacyLedger, RdpCurveDpEvent
 from fedjax_dp.privacy.mechanisms import byzantine_mixture
 
 ORDERS = tuple(float(a) for a in rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
@@ -235,30 +237,61 @@ class DDGaussMechanism:
         cohort(m))
 
   def round_event(self):
-    import dp_accounting
-    from fedjax_dp.privacy.ledger import RdpCurveDpEvent
     if not self.formal_guarantee:
       return dp_accounting.NonPrivateDpEvent()
     return RdpCurveDpEvent(repr(self), tuple(float(v) for v in self.rdp()))
 
 
-def mechanism_for(noise_multiplier: float, *, clip: float, bits: int, beta: float, dim: int,
+@dataclasses.dataclass(frozen=True)
+class Quantization:
+  """How a DDGauss client puts its update on the integers (Kairouz et al. 2021, Sec. 4).
+
+  Attributes:
+    bits: secure aggregation sums modulo ``2^bits``.
+    beta: the conditional rounding's parameter.
+    scale: ``s``, the paper's ``1/gamma``; None: from ``bits`` (:func:`scale_for_bits`).
+    k_stddevs: the standard deviations of the aggregate that ``2^bits`` holds when the scale
+      comes from ``bits``.
+  """
+
+  bits: int
+  beta: float
+  scale: Optional[float] = None
+  k_stddevs: float = 4.0
+
+
+def mechanism_for(noise_multiplier: float, *, clip: float, quantization: Quantization, dim: int,
                   cohort_size: float, num_clients: int, sampling: str,
-                  scale: Optional[float] = None, k_stddevs: float = 4.0,
                   byzantine: int = 0) -> DDGaussMechanism:
   """The round's :class:`DDGaussMechanism` for noise multiplier ``z``, its numbers as float32
-  (what the compiled round reads): the scale from ``bits`` (:func:`scale_for_bits`) unless
-  given, ``sigma = s z c / sqrt(M)``. Checks that the integers stay exact in float32 and that
-  the local noise is in Theorem 1's range (``sigma >= 1/2``)."""
+  (what the compiled round reads).
+
+  The scale is ``quantization.scale``, or from its ``bits`` (:func:`scale_for_bits`), and
+  ``sigma = s z c / sqrt(M)``.
+
+  Args:
+    noise_multiplier: ``z``.
+    clip: ``c``.
+    quantization: the bits, rounding and scale.
+    dim, cohort_size, num_clients, sampling, byzantine: as :class:`DDGaussMechanism`'s.
+
+  Returns:
+    The mechanism.
+
+  Raises:
+    ConfigError: the integers would pass float32's exact range (``2^23``), or the local noise
+      is outside Theorem 1's range (``sigma >= 1/2``).
+  """
   f32 = lambda v: float(np.float32(v))
-  s = f32(scale if scale is not None else scale_for_bits(bits, clip, noise_multiplier, cohort_size,
-                                                         dim, k_stddevs))
+  q = quantization
+  s = f32(q.scale if q.scale is not None else scale_for_bits(q.bits, clip, noise_multiplier,
+                                                             cohort_size, dim, q.k_stddevs))
   mech = DDGaussMechanism(f32(clip), f32(noise_multiplier), s,
                           f32(s * f32(noise_multiplier) * f32(clip) / math.sqrt(f32(cohort_size))),
-                          f32(beta), int(dim), f32(cohort_size), int(num_clients),
+                          f32(q.beta), int(dim), f32(cohort_size), int(num_clients),
                           sampling, int(byzantine))
-  field = "scale" if scale is not None else "bits"
-  check(mech.bound + 64 * mech.sigma < 2 ** 23, field, scale if scale is not None else bits,
+  field = "scale" if q.scale is not None else "bits"
+  check(mech.bound + 64 * mech.sigma < 2 ** 23, field, q.scale if q.scale is not None else q.bits,
         f"gives integers up to {mech.bound + 64 * mech.sigma:.3g} per client, beyond float32's "
         "exact integers (2^23): lower it")
   if noise_multiplier > 0 and mech.sigma < 0.5:
@@ -272,8 +305,6 @@ def calibrate_noise_multiplier(target_epsilon: float, delta: float, rounds: int,
                                make: Callable[[float], DDGaussMechanism]) -> float:
   """Smallest ``z`` (to a relative 1e-4, never below it) whose ``make(z)``, composed over
   ``rounds`` by :class:`fedjax_dp.privacy.ledger.PrivacyLedger`, meets (epsilon, delta)."""
-  from fedjax_dp.privacy.ledger import PrivacyLedger
-
   def epsilon(z):
     try:
       mech = make(z)

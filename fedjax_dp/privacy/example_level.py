@@ -48,7 +48,8 @@ import numpy as np
 
 from fedjax_dp.errors import check, check_choice, check_open_unit
 from fedjax_dp.privacy.ledger import ACCOUNTANTS, PrivacyLedger, check_supported
-from fedjax_dp.privacy.mechanisms import SAMPLINGS, calibrate
+from fedjax_dp.privacy.mechanisms import calibrate
+from fedjax_dp.sampling import SAMPLINGS
 
 PRIVACY_UNIT = "one example of one client (example-level DP, local to each client)"
 RELATION = "replace_one"

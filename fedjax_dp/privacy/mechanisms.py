@@ -15,6 +15,7 @@ from typing import Callable, Optional
 
 import dp_accounting
 import numpy as np
+from dp_accounting.mechanism_calibration import NoBracketIntervalFoundError
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import special, stats
 
@@ -22,9 +23,12 @@ from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit, 
 from fedjax_dp.privacy.ledger import (ACCOUNTANTS, COARSE_PLD_INTERVAL, PLD_INTERVAL,
                                       RdpCurveDpEvent, event_rdp, accounting, check_supported,
                                       make_accountant)
-from fedjax_dp.sampling import SAMPLINGS
+from fedjax_dp.sampling import check_design
 
 RELATIONS = {"poisson": "add_remove", "fixed": "replace_one"}
+# A noise multiplier above MAX_NOISE_MULTIPLIER is refused, given or calibrated: it drowns every
+# update, and the accountants overflow on its square.
+MAX_NOISE_MULTIPLIER = 1e6
 # The user-level relations in words. Every run releases its population size N (summary.json's
 # "data", the mean's public denominator q N), so add/remove is stated in its zero-out form: the
 # client's slot stays and contributes nothing (Kairouz et al., ICML 2021). A zeroed client adds 0
@@ -91,15 +95,7 @@ class GaussianSumMechanism:
     check_positive("clip", self.clip)
     check(self.noise_multiplier is not None and self.noise_multiplier >= 0,
           "noise_multiplier", self.noise_multiplier, "must be >= 0")
-    check_choice("sampling", self.sampling, SAMPLINGS)
-    if self.sampling == "poisson":
-      p = self.sampling_prob
-      check(p is not None and 0 < p <= 1, "sampling_prob", p, "must be in (0, 1]")
-    else:
-      check(self.num_clients is not None and self.num_clients >= 1,
-            "num_clients", self.num_clients, "must be >= 1")
-      check(self.cohort_size is not None and 1 <= self.cohort_size <= self.num_clients,
-            "cohort_size", self.cohort_size, f"must be in [1, num_clients={self.num_clients}]")
+    check_design(self.sampling, self.num_clients, self.sampling_prob, self.cohort_size)
     check(0 <= self.byzantine < (self.num_clients or math.inf), "byzantine", self.byzantine,
           f"must be in [0, num_clients={self.num_clients})")
 
@@ -226,27 +222,98 @@ def gaussian_round_event(z: float, sampling: str, sampling_prob=None, num_client
       tuple(float(v) for v in byzantine_mixture(num_clients, cohort_size, byzantine, cohort_rdp)))
 
 
+@dataclasses.dataclass(frozen=True)
+class _Search:
+  """The search of :func:`calibrate` for one event, count, relation and target.
+
+  :meth:`meets` tells whether a noise multiplier meets the target with the accountant's PLD
+  discretisation ``interval``; :meth:`search` and :meth:`exact_from` find the smallest one.
+  """
+
+  make_event: Callable[[float], dp_accounting.DpEvent]
+  count: int
+  relation: str
+  target_epsilon: float
+  delta: float
+  accountant: str
+  floor: float  # the smallest multiplier probed
+  tol: float = 1e-4
+
+  def composed(self, z):
+    return dp_accounting.SelfComposedDpEvent(self.make_event(z), self.count)
+
+  def fresh(self, interval):
+    return lambda: make_accountant(self.accountant, self.relation, interval)
+
+  def meets(self, z, interval) -> bool:
+    acc = self.fresh(interval)()
+    acc.compose(self.composed(z))
+    return acc.get_epsilon(self.delta) <= self.target_epsilon
+
+  def bracketed(self, bracket, interval) -> float:
+    return float(dp_accounting.calibrate_dp_mechanism(
+        self.fresh(interval), self.composed, self.target_epsilon, self.delta, bracket,
+        tol=self.tol))
+
+  def search(self, guess, interval) -> float:
+    """The search on the PLD grid ``interval``, bracketed by halving (or doubling) ``guess``."""
+    calib = dp_accounting.mechanism_calibration
+    if not self.meets(guess, interval):
+      return self.bracketed(calib.LowerEndpointAndGuess(guess, 2 * guess), interval)
+    hi, lo = guess, guess / 2
+    while lo > self.floor and self.meets(lo, interval):
+      hi, lo = lo, lo / 2
+    lo = max(lo, self.floor)
+    if self.meets(lo, interval):
+      return float(lo)
+    return self.bracketed(calib.ExplicitBracketInterval(lo, hi), interval)
+
+  def exact_from(self, z) -> float:
+    """The coarse grid's answer ``z`` made the ledger grid's: bracketed by steps from ``z`` that
+    double, then bisected (brentq would evaluate the bracket's ends again, a second each)."""
+    step, floor = self.tol, self.floor
+    meets = lambda v: self.meets(v, PLD_INTERVAL)
+    if meets(z):
+      hi, lo = z, z - step
+      while lo > floor and meets(lo):
+        hi, step = lo, 2 * step
+        lo = hi - step
+      if lo <= floor:
+        if meets(floor):
+          return floor
+        lo, step = floor, hi - floor
+    else:
+      lo, hi = z, z + step
+      while not meets(hi):
+        lo, step = hi, 2 * step
+        hi = lo + step
+    while step > self.tol:  # lo fails, hi meets, step apart
+      step /= 2
+      if meets(lo + step):
+        hi = lo + step
+      else:
+        lo = lo + step
+    return float(hi)
+
+
 def calibrate(make_event: Callable[[float], dp_accounting.DpEvent], count: int, relation: str,
               target_epsilon: float, delta: float, accountant: str = "rdp",
               coarse_first: bool = True) -> float:
   """Smallest noise multiplier ``z`` whose event, self-composed ``count`` times, meets (epsilon, delta).
 
-  Uses ``dp_accounting.calibrate_dp_mechanism`` (a bracketed search over the
-  accountant's own epsilon); the result is within about ``1e-4`` of the
-  minimum and never below it (the returned value meets the target, by the same accountant
-  the ledger uses). The bracket is found by halving from 1 (or doubling),
-  never probing below ``1e-3`` with RDP or ``0.1`` with PLD, whose
-  discretised distribution at a tiny multiplier would need tens of GiB; if
-  even that floor meets the target, the floor is returned (it meets the
-  target; smaller values are not searched).
+  Uses ``dp_accounting.calibrate_dp_mechanism`` (a bracketed search over the accountant's own
+  epsilon); the result is within about ``1e-4`` of the minimum and never below it (the returned
+  value meets the target, by the same accountant the ledger uses). The bracket is found by
+  halving from 1 (or doubling), never probing below ``1e-3`` with RDP or ``0.1`` with PLD, whose
+  discretised distribution at a tiny multiplier would need tens of GiB; if even that floor meets
+  the target, the floor is returned (it meets the target; smaller values are not searched).
 
-  With PLD the search runs first on a grid of privacy losses 10 times coarser
-  than the ledger's (:data:`~fedjax_dp.privacy.ledger.COARSE_PLD_INTERVAL`),
-  whose evaluations cost about a tenth; its answer is then checked on the
-  ledger's grid, and moved there by steps that double and a bisection when
-  the two grids disagree by more than ``1e-4``: two exact evaluations instead
-  of a dozen in the common case. Whatever the coarse search finds, the result
-  meets the target on the ledger's grid, and ``1e-4`` less does not.
+  With PLD the search runs first on a grid of privacy losses 10 times coarser than the ledger's
+  (:data:`~fedjax_dp.privacy.ledger.COARSE_PLD_INTERVAL`), whose evaluations cost about a tenth;
+  its answer is then checked on the ledger's grid, and moved there by steps that double and a
+  bisection when the two grids disagree by more than ``1e-4``: two exact evaluations instead of
+  a dozen in the common case. Whatever the coarse search finds, the result meets the target on
+  the ledger's grid, and ``1e-4`` less does not.
 
   Args:
     make_event: ``z -> DpEvent`` of one round (or one step).
@@ -256,6 +323,13 @@ def calibrate(make_event: Callable[[float], dp_accounting.DpEvent], count: int, 
     accountant: "rdp" or "pld"; it must support the event (checked first).
     coarse_first: with PLD, search the coarse grid first (False: the ledger's grid alone,
       about 3x slower; ``benchmarks/calibration_speed.py``'s baseline).
+
+  Returns:
+    The noise multiplier, at most :data:`MAX_NOISE_MULTIPLIER`.
+
+  Raises:
+    ConfigError: a bad argument, an accountant without the event, or a target that no noise
+      multiplier up to :data:`MAX_NOISE_MULTIPLIER` meets.
   """
   check_positive("target_epsilon", target_epsilon)
   check(math.isfinite(target_epsilon), "target_epsilon", target_epsilon, "must be a finite number")
@@ -263,91 +337,61 @@ def calibrate(make_event: Callable[[float], dp_accounting.DpEvent], count: int, 
   check(int(count) >= 1, "rounds", count, "must be >= 1")
   check_choice("accountant", accountant, ACCOUNTANTS)
   check_supported(make_event(1.0), accountant, relation)
-
-  def composed(z):
-    return dp_accounting.SelfComposedDpEvent(make_event(z), int(count))
-
-  calib = dp_accounting.mechanism_calibration
-  floor = 1e-3 if accountant == "rdp" else 0.1
-  tol = 1e-4
-
-  def fresh(interval):
-    return lambda: make_accountant(accountant, relation, interval)
-
-  def meets(z, interval):
-    acc = fresh(interval)()
-    acc.compose(composed(z))
-    return acc.get_epsilon(delta) <= target_epsilon
-
-  def bracketed(bracket, interval):
-    return float(dp_accounting.calibrate_dp_mechanism(fresh(interval), composed, target_epsilon,
-                                                      delta, bracket, tol=tol))
-
-  def search(guess, interval):
-    """The search on the PLD grid ``interval``, bracketed by halving (or doubling) ``guess``."""
-    if not meets(guess, interval):
-      return bracketed(calib.LowerEndpointAndGuess(guess, 2 * guess), interval)
-    hi, lo = guess, guess / 2
-    while lo > floor and meets(lo, interval):
-      hi, lo = lo, lo / 2
-    lo = max(lo, floor)
-    if meets(lo, interval):
-      return float(lo)
-    return bracketed(calib.ExplicitBracketInterval(lo, hi), interval)
-
-  def exact_from(z):
-    """The coarse grid's answer ``z`` made the ledger grid's: bracketed by steps from ``z`` that
-    double, then bisected (brentq would evaluate the bracket's ends again, a second each)."""
-    step = tol
-    if meets(z, PLD_INTERVAL):
-      hi, lo = z, z - step
-      while lo > floor and meets(lo, PLD_INTERVAL):
-        hi, step = lo, 2 * step
-        lo = hi - step
-      if lo <= floor:
-        if meets(floor, PLD_INTERVAL):
-          return floor
-        lo, step = floor, hi - floor
-    else:
-      lo, hi = z, z + step
-      while not meets(hi, PLD_INTERVAL):
-        lo, step = hi, 2 * step
-        hi = lo + step
-    while step > tol:  # lo fails, hi meets, step apart
-      step /= 2
-      if meets(lo + step, PLD_INTERVAL):
-        hi = lo + step
-      else:
-        lo = lo + step
-    return float(hi)
-
+  s = _Search(make_event, int(count), relation, target_epsilon, delta, accountant,
+              floor=1e-3 if accountant == "rdp" else 0.1)
   try:
     with accounting(accountant):
       if accountant == "pld" and coarse_first:
-        z = exact_from(search(1.0, COARSE_PLD_INTERVAL))
+        z = s.exact_from(s.search(1.0, COARSE_PLD_INTERVAL))
       else:
-        z = search(1.0, PLD_INTERVAL)
+        z = s.search(1.0, PLD_INTERVAL)
   except ConfigError:
     raise
-  except (ValueError, RuntimeError, calib.NoBracketIntervalFoundError) as e:  # the target cannot be met
+  except (ValueError, RuntimeError, NoBracketIntervalFoundError) as e:  # the target cannot be met
     raise ConfigError("target_epsilon", target_epsilon,
                       f"no noise multiplier meets it with delta={delta}, {count} compositions ({e})")
-  from fedjax_dp.config import MAX_NOISE_MULTIPLIER
   check(z <= MAX_NOISE_MULTIPLIER, "target_epsilon", target_epsilon,
         f"needs noise multiplier {z:.3g} over {count} compositions at delta={delta}, above "
         f"{MAX_NOISE_MULTIPLIER:g} (it drowns every update): a larger target or fewer rounds")
   return z
 
 
+@dataclasses.dataclass(frozen=True)
+class CohortSampling:
+  """How each round's cohort is drawn, as :class:`GaussianSumMechanism` accounts for it.
+
+  The fields are :class:`GaussianSumMechanism`'s of the same names (``poisson``: each client
+  with probability ``sampling_prob``; ``fixed``: ``cohort_size`` of ``num_clients``, of whom
+  ``byzantine`` are Byzantine); ``GaussianSumMechanism(clip, z, **dataclasses.asdict(s))`` is
+  the mechanism with this sampling.
+  """
+
+  sampling: str = "poisson"
+  sampling_prob: Optional[float] = None
+  num_clients: Optional[int] = None
+  cohort_size: Optional[int] = None
+  byzantine: int = 0
+
+
 @functools.lru_cache(maxsize=4096)  # runs of one setting (seeds, methods) share the search
 def calibrate_noise_multiplier(target_epsilon: float, delta: float, rounds: int,
-                               sampling: str = "poisson", sampling_prob=None,
-                               num_clients=None, cohort_size=None,
-                               accountant: str = "rdp", byzantine: int = 0) -> float:
-  """Smallest noise multiplier of :class:`GaussianSumMechanism` meeting (epsilon, delta) after ``rounds``."""
-  # Validate the sampling description before searching.
-  GaussianSumMechanism(1.0, 1.0, sampling, sampling_prob, num_clients, cohort_size, byzantine)
-  return calibrate(
-      lambda z: gaussian_round_event(z, sampling, sampling_prob, num_clients, cohort_size,
-                                     byzantine),
-      rounds, RELATIONS[sampling], target_epsilon, delta, accountant)
+                               cohorts: CohortSampling, accountant: str = "rdp") -> float:
+  """Smallest noise multiplier of :class:`GaussianSumMechanism` meeting (epsilon, delta) after
+  ``rounds``.
+
+  Args:
+    target_epsilon, delta: the target guarantee.
+    rounds: the rounds composed.
+    cohorts: how each round's cohort is drawn (checked first, as the mechanism checks it).
+    accountant: "rdp" or "pld".
+
+  Returns:
+    The noise multiplier (:func:`calibrate`).
+
+  Raises:
+    ConfigError: a bad sampling description, or as :func:`calibrate`.
+  """
+  fields = dataclasses.asdict(cohorts)
+  GaussianSumMechanism(1.0, 1.0, **fields)  # validates the sampling description
+  return calibrate(lambda z: gaussian_round_event(z, **fields), rounds,
+                   RELATIONS[cohorts.sampling], target_epsilon, delta, accountant)

@@ -43,6 +43,8 @@ from typing import Optional
 import dp_accounting
 
 from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit
+from fedjax_dp.privacy.accounting import LedgerAccounting
+from fedjax_dp.privacy.ledger import epsilon_for
 from fedjax_dp.privacy.randomized_response import (epsilon_of_keep_prob, exact_tabulable,
                                                    keep_prob_for_epsilon,
                                                    randomized_response_epsilon_exact,
@@ -192,7 +194,6 @@ def composed_epsilon(mechanism, rounds: int, delta: float) -> dict:
     ConfigError: if dp_accounting's epsilon is below the exact value (an
       accountant that mishandled the composition), which would be a false claim.
   """
-  from fedjax_dp.privacy.ledger import epsilon_for
   check(int(rounds) >= 1, "rounds", rounds, "must be >= 1")
   check_open_unit("delta", delta)
   out = {"epsilon_per_coordinate_round": mechanism.epsilon_per_coordinate_round,
@@ -239,7 +240,6 @@ class SignAccounting:
 
   def __init__(self, mechanism, delta: float, rounds: int, accountant: str = "rdp",
                attacker_knowledge: Optional[str] = None):
-    from fedjax_dp.privacy.accounting import LedgerAccounting
     if mechanism.formal_guarantee:
       _check_rdp(accountant)
     self.mechanism = mechanism

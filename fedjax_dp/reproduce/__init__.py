@@ -16,6 +16,8 @@ import json
 import pathlib
 
 from fedjax_dp.errors import ConfigError, check, check_choice
+from fedjax_dp.reproduce.runner import RESULT_FILES
+from fedjax_dp.sweep import check_threads
 
 REPRODUCTIONS: dict = {
     "cheng2022": "fedjax_dp.reproduce.cheng2022:run",
@@ -56,7 +58,6 @@ def own_files(paper: str, folder) -> list:
   """What an earlier reproduction of ``paper`` left in ``folder`` that a new one replaces
   (``--overwrite``): its result files (:data:`fedjax_dp.reproduce.runner.RESULT_FILES`), the
   runs' folder and its figures (PNGs named after the paper, ``cheng2022_*.png``)."""
-  from fedjax_dp.reproduce.runner import RESULT_FILES
   figures = sorted(p.name for p in pathlib.Path(folder).glob(f"{paper.split('-')[0]}_*.png"))
   return [*RESULT_FILES, "runs", *figures]
 
@@ -65,7 +66,6 @@ def run_reproduction(paper: str, scale: str, output_dir: str, data_dir=None, see
                      threads=None) -> int:
   """Runs ``paper``'s reproduction at ``scale`` (``fedjax-dp reproduce``); ``threads``: its
   compiled programs run at once (:func:`fedjax_dp.sweep.threads_for`; default automatic)."""
-  from fedjax_dp.sweep import check_threads
   check_choice("paper", paper, sorted(REPRODUCTIONS))
   check_threads(threads)
   module, fn = REPRODUCTIONS[paper].split(":")

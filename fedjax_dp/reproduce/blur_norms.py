@@ -83,15 +83,25 @@ import pathlib
 import time
 from typing import Optional
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dp import objectives
+from fedjax_dp.algorithms.dp_fedavg import make_model
+from fedjax_dp.client import sample_batch
+from fedjax_dp.config import make_config
+from fedjax_dp.engine import quantiles
 from fedjax_dp.errors import check, check_choice
+from fedjax_dp.experiment import load_data
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import plot_histograms, read_norms
 from fedjax_dp.reproduce import cheng2022
-from fedjax_dp.reproduce.runner import (Job, group_by, identity, num_seeds, release, run_jobs,
-                                        seed_stats, wrote)
+from fedjax_dp.reproduce.runner import (Execution, Job, group_by, identity, num_seeds, release,
+                                        run_jobs, wrote)
 from fedjax_dp.reproduce.tables import Claim, markdown_table, mean_std, verdict_table
+from fedjax_dp.stats import seed_stats
+from fedjax_dp.transforms import global_norm
 
 # The paper's settings (Sec. 6): local lr eta_l, local steps Q, clip bound S (by grid search).
 # Fig. 2's clip bound is 0.1 (its data set and eta_l are not stated); the shrink factors do not
@@ -236,11 +246,6 @@ def gradient_norm_fn(model, batch_size: int, batches: int):
   client's local gradient norms of ``f_i`` at ``params``, for ``batches`` minibatches of
   ``batch_size`` examples drawn as local SGD draws them and for all of its examples (one
   compilation for every ``params``). Raw diagnostics, not private."""
-  import jax
-  import jax.numpy as jnp
-  from fedjax_dp import objectives
-  from fedjax_dp.client import sample_batch
-  from fedjax_dp.transforms import global_norm
   grad = jax.grad(objectives.supervised(model.apply))
 
   @jax.jit
@@ -264,23 +269,12 @@ def gradient_norm_fn(model, batch_size: int, batches: int):
 
 
 def _quantiles(values, prefix: str) -> dict:
-  from fedjax_dp.engine import quantiles
   return {f"{prefix}_{k}": v for k, v in quantiles(values).items()}
 
 
-def run(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] = None, log=print,
-        threads: Optional[int] = None) -> int:
-  """Entry point of ``fedjax-dp reproduce cheng2022-norms``."""
-  from fedjax_dp.algorithms.dp_fedavg import make_model
-  from fedjax_dp.config import make_config
-  from fedjax_dp.experiment import load_data
-  check_choice("scale", scale, sorted(SCALES))
-  spec = SCALES[scale]
-  base = dict(spec["config"], data_dir=data_dir)
-  n_seeds = num_seeds(seeds, spec["seeds"])
-  out = pathlib.Path(output_dir)
-  out.mkdir(parents=True, exist_ok=True)
-  t0 = time.perf_counter()
+def _jobs(spec: dict, base: dict, n_seeds: int, out: pathlib.Path) -> list:
+  """DP-FedAvg+BLUR at the scale's target epsilon, one job per seed and lambda, each writing its
+  norms under ``out/runs``."""
   jobs = []
   for seed in range(n_seeds):
     for lam in spec["lambdas"]:
@@ -288,6 +282,37 @@ def run(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] = None,
       cfg.update(seed=seed, options={"lambda": lam})
       jobs.append(Job(make_config(cfg), {"lambda": lam, "seed": seed},
                       output_dir=str(out / "runs" / f"lambda{lam:g}_seed{seed}")))
+  return jobs
+
+
+def _settings(scale: str, spec: dict, base: dict, n_seeds: int, first: int, wall: float) -> dict:
+  """``results.json``'s ``settings`` of a scale that pooled the norms of rounds ``first`` to T
+  and ran in ``wall`` seconds."""
+  p, n = base["sampling_prob"], base["num_clients"]
+  return {
+      "scale": scale, "config": base, "lambdas": list(spec["lambdas"]), "seeds": n_seeds,
+      "target_epsilon": spec["target_epsilon"], "grad_batches": spec["grad_batches"],
+      "pooled_rounds": [first, base["rounds"]], "wall_seconds": wall,
+      "description": (f"{base['dataset']}, {n} clients ({base['partition']}), model "
+                      f"{base['model']}, T={base['rounds']} rounds, Poisson p={p:g} (~{n * p:.0f} "
+                      f"clients/round), Q={base['local_steps']} local SGD steps of batch "
+                      f"{base['batch_size']} at eta_l={base['client_lr']:g}, S={base['clip']:g}, "
+                      f"eta_g={base['server_lr']:g}, DP-FedAvg+BLUR at target epsilon "
+                      f"{spec['target_epsilon']:g} (delta {base['delta']:g}), {n_seeds} seed(s)"),
+  }
+
+
+def run(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] = None, log=print,
+        threads: Optional[int] = None) -> int:
+  """Entry point of ``fedjax-dp reproduce cheng2022-norms``."""
+  check_choice("scale", scale, sorted(SCALES))
+  spec = SCALES[scale]
+  base = dict(spec["config"], data_dir=data_dir)
+  n_seeds = num_seeds(seeds, spec["seeds"])
+  out = pathlib.Path(output_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  t0 = time.perf_counter()
+  jobs = _jobs(spec, base, n_seeds, out)
   data = load_data(jobs[0].config)
   grad_norms = gradient_norm_fn(make_model(jobs[0].config, data), base["batch_size"],
                                 spec["grad_batches"])
@@ -303,22 +328,10 @@ def run(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] = None,
             "grad_minibatch": [round(float(v), 6) for v in g["minibatch"].ravel()],
             "grad_full": [round(float(v), 6) for v in g["full"]]}
 
-  runs = run_jobs(jobs, record, data=data, runs_path=out / "runs.jsonl",
-                  diagnostics=("update_norm", "fraction_clipped", "train_loss"), log=log,
-                  threads=threads)
-  wall = time.perf_counter() - t0
-  p, n = base["sampling_prob"], base["num_clients"]
-  settings = {
-      "scale": scale, "config": base, "lambdas": list(spec["lambdas"]), "seeds": n_seeds,
-      "target_epsilon": spec["target_epsilon"], "grad_batches": spec["grad_batches"],
-      "pooled_rounds": [first, base["rounds"]], "wall_seconds": wall,
-      "description": (f"{base['dataset']}, {n} clients ({base['partition']}), model "
-                      f"{base['model']}, T={base['rounds']} rounds, Poisson p={p:g} (~{n * p:.0f} "
-                      f"clients/round), Q={base['local_steps']} local SGD steps of batch "
-                      f"{base['batch_size']} at eta_l={base['client_lr']:g}, S={base['clip']:g}, "
-                      f"eta_g={base['server_lr']:g}, DP-FedAvg+BLUR at target epsilon "
-                      f"{spec['target_epsilon']:g} (delta {base['delta']:g}), {n_seeds} seed(s)"),
-  }
+  runs = run_jobs(jobs, record, load_data=lambda _: data, runs_path=out / "runs.jsonl",
+                  diagnostics=("update_norm", "fraction_clipped", "train_loss"),
+                  execution=Execution(threads=threads, log=log))
+  settings = _settings(scale, spec, base, n_seeds, first, time.perf_counter() - t0)
   results = {"paper": "Cheng et al., Differentially Private Federated Learning with Local "
                       "Regularization and Sparsification, CVPR 2022 (Eq. 5, Lemma 2, Fig. 2)",
              "settings": settings, **identity("cheng2022-norms"),
@@ -447,24 +460,14 @@ def render(output_dir: str, log=print) -> int:
   return 0
 
 
-def _render(output_dir) -> tuple:
-  """:func:`render`'s files, written: results.md's text and the paths (results.md, the
-  figure)."""
-  out = pathlib.Path(output_dir)
-  results = json.loads((out / "results.json").read_text())
-  s = results["settings"]
+def _bounds_lines(s: dict) -> list:
+  """The table of Eq. 5's largest effect at the paper's settings and ours (``s``: the
+  settings)."""
   eta, q, radius = s["config"]["client_lr"], s["config"]["local_steps"], s["config"]["clip"]
-  rows = summarize(results)
   ours = {f"ours (eta_l {eta:g}, Q {q}, S {radius:g})": dict(eta=eta, steps=q, radius=radius)}
   bounds = bound_rows(PAPER_SETTINGS, PAPER_LAMBDAS) + bound_rows(
       ours, [lam for lam in s["lambdas"] if lam > 0])
-  lines = [f"Setting: {s['description']}. Norms pooled over rounds {s['pooled_rounds'][0]}-"
-           f"{s['pooled_rounds'][1]}; gradient norms at each run's final global model, "
-           f"{s['grad_batches']} minibatches per client. Wall time {s['wall_seconds']:.0f} s.", "",
-           f"Privacy: user-level DP-FedAvg (+BLUR) at target epsilon {s['target_epsilon']:g}; "
-           f"the norms and gradient norms below are {RAW}.", "",
-           "### Eq. 5's largest effect (exact for gradients that do not depend on w)", ""]
-  lines += markdown_table(
+  return markdown_table(
       [("setting", "setting"), ("lambda", "lambda"), ("b", "lambda eta_l"),
        ("shrink", "min ratio, constant g: (1-(1-b)^Q)/(Qb)"),
        ("floor", "min ratio, growing norm: 1/(1+b(Q-1))"),
@@ -476,7 +479,13 @@ def _render(output_dir) -> tuple:
         "steady": f"{b['steady_gradient']:.3g}", "inside": f"{b['max_gradient_inside']:.3g}",
         "plain": f"{b['plain_max_gradient']:.3g}", "red": f"{b['reduction_per_gradient']:.3g}"}
        for b in bounds])
-  lines += ["", f"### Measured pre-clip update norms against S = {radius:g} (raw diagnostics)", ""]
+
+
+def _measured_lines(rows: list, s: dict) -> list:
+  """The tables of the measured pre-clip update norms and local gradient norms (raw
+  diagnostics), one row per lambda of :func:`summarize`."""
+  eta, radius = s["config"]["client_lr"], s["config"]["clip"]
+  lines = ["", f"### Measured pre-clip update norms against S = {radius:g} (raw diagnostics)", ""]
   lines += markdown_table(
       [("lambda", "lambda"), ("acc", "test accuracy % (final)"), ("clients", "client updates"),
        ("q", "norm q10 / q50 / q90"), ("over", "fraction > S"),
@@ -504,19 +513,25 @@ def _render(output_dir) -> tuple:
         "full": f"{r['grad_full_q10']:.3f} / {r['grad_full_q50']:.3f} / {r['grad_full_q90']:.3f}",
         "noise": f"{r['grad_noise_q50']:.3f}", "ls": f"{r['steady_gradient']:.3g}",
         "steady": _g(r["steady_norm_q50"]), "floor": f"{r['noise_floor_q50']:.3f}"} for r in rows])
+  return lines
+
+
+def _verdict_lines(rows: list) -> list:
+  """The verdict on the paper's BLUR gain (lambda 0.4 against DP-FedAvg), where both ran."""
   by = {r["lambda"]: r for r in rows}
-  if 0.0 in by and 0.4 in by:
-    gain = 100 * (by[0.4]["accuracy_mean"] - by[0.0]["accuracy_mean"])
-    lines += ["", "### Verdict", ""]
-    lines += verdict_table([Claim(
-        "DP-FedAvg+BLUR (lambda 0.4) beats DP-FedAvg (paper: Table 3, EMNIST ResNet-18, "
-        "epsilon 6; ours: final accuracy of this short run)", PAPER_BLUR_GAIN, gain,
-        reason=f"measured: BLUR multiplies the median pre-clip norm by "
-               f"{by[0.4]['median_ratio']:.2f} and {by[0.4]['fraction_over_S']:.0%} of the updates "
-               "are still clipped; one seed, no spread")])
-  lines += ["", _answer(rows, s), "", f"![norms]({FIGURE})"]
-  text = "\n".join(lines) + "\n"
-  write_text_atomic(out / "results.md", text)
+  if 0.0 not in by or 0.4 not in by:
+    return []
+  gain = 100 * (by[0.4]["accuracy_mean"] - by[0.0]["accuracy_mean"])
+  return ["", "### Verdict", ""] + verdict_table([Claim(
+      "DP-FedAvg+BLUR (lambda 0.4) beats DP-FedAvg (paper: Table 3, EMNIST ResNet-18, "
+      "epsilon 6; ours: final accuracy of this short run)", PAPER_BLUR_GAIN, gain,
+      reason=f"measured: BLUR multiplies the median pre-clip norm by "
+             f"{by[0.4]['median_ratio']:.2f} and {by[0.4]['fraction_over_S']:.0%} of the updates "
+             "are still clipped; one seed, no spread")])
+
+
+def _figure(results: dict, path: pathlib.Path, radius: float) -> None:
+  """The histograms of the pre-clip update norms per lambda, against S = ``radius``."""
   panels = []
   for title, keep in (("the paper's lambda grid", lambda lam: lam <= max(PAPER_LAMBDAS)),
                       ("larger lambdas", lambda lam: lam == 0 or lam > max(PAPER_LAMBDAS))):
@@ -524,6 +539,26 @@ def _render(output_dir) -> tuple:
               for (lam,), rs in group_by(results["runs"], ("lambda",)).items() if keep(lam)]
     if series:
       panels.append((title, series))
-  plot_histograms(panels, out / FIGURE, clip=radius, xlabel="pre-clip update norm ||Delta||",
+  plot_histograms(panels, path, clip=radius, xlabel="pre-clip update norm ||Delta||",
                   bins=25)
+
+
+def _render(output_dir) -> tuple:
+  """:func:`render`'s files, written: results.md's text and the paths (results.md, the
+  figure)."""
+  out = pathlib.Path(output_dir)
+  results = json.loads((out / "results.json").read_text())
+  s = results["settings"]
+  rows = summarize(results)
+  lines = [f"Setting: {s['description']}. Norms pooled over rounds {s['pooled_rounds'][0]}-"
+           f"{s['pooled_rounds'][1]}; gradient norms at each run's final global model, "
+           f"{s['grad_batches']} minibatches per client. Wall time {s['wall_seconds']:.0f} s.", "",
+           f"Privacy: user-level DP-FedAvg (+BLUR) at target epsilon {s['target_epsilon']:g}; "
+           f"the norms and gradient norms below are {RAW}.", "",
+           "### Eq. 5's largest effect (exact for gradients that do not depend on w)", ""]
+  lines += _bounds_lines(s) + _measured_lines(rows, s) + _verdict_lines(rows)
+  lines += ["", _answer(rows, s), "", f"![norms]({FIGURE})"]
+  text = "\n".join(lines) + "\n"
+  write_text_atomic(out / "results.md", text)
+  _figure(results, out / FIGURE, s["config"]["clip"])
   return text, [out / "results.md", out / FIGURE]

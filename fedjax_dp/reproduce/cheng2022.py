@@ -48,17 +48,24 @@ import json
 import math
 import pathlib
 import time
-from typing import Optional
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
+from fedjax_dp.algorithms.blur_lus import DEFAULTS
+from fedjax_dp.config import make_config
+from fedjax_dp.data import load_federated_emnist, specs
+from fedjax_dp.data.sources import tff
+from fedjax_dp.data.sources.common import resolve_data_dir
 from fedjax_dp.errors import check, check_choice
+from fedjax_dp.experiment import load_data
 from fedjax_dp.outputs import write_text_atomic
-from fedjax_dp.plots import Curve, plot_curves, plot_quantiles
-from fedjax_dp.reproduce.runner import (Job, group_by, identity, num_seeds, read_records, release,
-                                        run_jobs, seed_stats, wrote)
+from fedjax_dp.plots import Curve, Layout, plot_curves, plot_quantiles
+from fedjax_dp.reproduce.runner import (Execution, Job, group_by, identity, num_seeds, read_records,
+                                        release, run_jobs, wrote)
 from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference, verdict,
                                        verdict_table)
+from fedjax_dp.stats import seed_stats
 
 METHODS = ("dp_fedavg", "dp_fedavg+blur", "dp_fedavg+lus", "blur+lus")
 # The paper's other baselines: AE-DPFL (voting on a public set) and DDGauss (the distributed
@@ -203,29 +210,53 @@ def capacity_for(num_clients: int, prob: float) -> int:
   return int(min(num_clients, math.ceil(mean + 3.0 * math.sqrt(mean * (1 - prob)) + 1)))
 
 
+class PlannedRun(NamedTuple):
+  """One run of :func:`plan` or :func:`figure_plan`.
+
+  Attributes:
+    table: the table or figure it belongs to (``table1``, ``table2``, ``table3``, ``fig3``,
+      ``fig4``).
+    model: the model (None: the configuration's).
+    alpha: the Dirichlet alpha of the partition (None: the configuration's partition).
+    method: the method, a key of :data:`LABELS` or ``fedavg``.
+    epsilon: the target epsilon (None: non-private).
+    sparsity: LUS's sparsity c (None: its default).
+    seed: the run's seed.
+    overrides: configuration fields a figure varies (its Q or p); None: none.
+  """
+
+  table: str
+  model: Optional[str]
+  alpha: Optional[float]
+  method: str
+  epsilon: Optional[float]
+  sparsity: Optional[float]
+  seed: int
+  overrides: Optional[dict] = None
+
+
 def plan(epsilons, sparsities, ablation_epsilon, seeds: int, ablation_seeds: int,
          table: str = "table1", settings=((None, None),)) -> list:
-  """Every run: ``(table, model, alpha, method, target_epsilon or None, sparsity or None, seed)``
-  for each ``(model, alpha)`` of ``settings`` (``table`` names the columns, :data:`COLUMNS`;
+  """Every run, a :class:`PlannedRun`, for each ``(model, alpha)`` of ``settings`` (``table`` names the columns, :data:`COLUMNS`;
   the Table 3 sparsity ablation follows Table 1 only)."""
   jobs = []
   for model, alpha in settings:
     for seed in range(seeds):
-      jobs.append((table, model, alpha, "fedavg", None, None, seed))
+      jobs.append(PlannedRun(table, model, alpha, "fedavg", None, None, seed))
       for eps in epsilons:
         for m in COLUMNS[table]:
-          jobs.append((table, model, alpha, m, eps, None, seed))
+          jobs.append(PlannedRun(table, model, alpha, m, eps, None, seed))
       for c in sparsities if table == "table1" and seed < ablation_seeds else ():
         if c == 0.7 and ablation_epsilon in epsilons:
           continue  # the default c: the Table 1 runs at this epsilon are reused
         for m in ("dp_fedavg+lus", "blur+lus"):
-          jobs.append(("table3", model, alpha, m, ablation_epsilon, c, seed))
+          jobs.append(PlannedRun("table3", model, alpha, m, ablation_epsilon, c, seed))
   return jobs
 
 
 def figure_plan(figures: dict, base: dict, seeds: int, table_runs, epsilons) -> list:
-  """The runs of Figs. 3 and 4: ``(figure, model, alpha, method, target_epsilon or None, None,
-  seed, {field: value})`` for each value of ``figures["local_steps"]`` (Fig. 3) and
+  """The runs of Figs. 3 and 4, each a :class:`PlannedRun` with ``overrides={field: value}``, for
+  each value of ``figures["local_steps"]`` (Fig. 3) and
   ``figures["sampling_prob"]`` (Fig. 4) and each of :data:`FIGURE_METHODS`. A point at Table 2's
   own Q or p is Table 2's run when that table runs the figures' model, alpha and epsilon.
 
@@ -246,8 +277,9 @@ def figure_plan(figures: dict, base: dict, seeds: int, table_runs, epsilons) -> 
         continue
       for seed in range(seeds):
         for m in FIGURE_METHODS:
-          jobs.append((fig, figures["model"], figures["alpha"], m,
-                       None if m == "fedavg" else figures["epsilon"], None, seed, {field: value}))
+          jobs.append(PlannedRun(fig, figures["model"], figures["alpha"], m,
+                                 None if m == "fedavg" else figures["epsilon"], None, seed,
+                                 {field: value}))
   return jobs
 
 
@@ -274,27 +306,25 @@ def method_config(base: dict, method: str, eps, ae_options=None) -> dict:
   return cfg
 
 
-def _job(base, table, model, alpha, method, eps, sparsity, seed, overrides=None,
-         ae_options=None) -> Job:
-  """A run of :func:`plan` or :func:`figure_plan` (``overrides``: a figure's Q or p)."""
-  from fedjax_dp.algorithms.blur_lus import DEFAULTS
-  from fedjax_dp.config import make_config
+def _job(base: dict, run: PlannedRun, ae_options=None) -> Job:
+  """The :class:`Job` of a planned run on the scale's configuration ``base``."""
+  model, alpha, method, eps, sparsity = run.model, run.alpha, run.method, run.epsilon, run.sparsity
   cfg = method_config(dict(base, **({} if model is None else {"model": model}),
                            **({} if alpha is None else {"dirichlet_alpha": alpha}),
-                           **(overrides or {})),
+                           **(run.overrides or {})),
                       method, eps, ae_options)
-  cfg["seed"] = seed
+  cfg["seed"] = run.seed
   if method in ("dp_fedavg+lus", "blur+lus") and sparsity is not None:
     cfg["options"] = {"sparsity": sparsity}
-  labels = {"table": table, "model": cfg["model"], "alpha": alpha, "method": method,
-            "target_epsilon": eps, "seed": seed,
+  labels = {"table": run.table, "model": cfg["model"], "alpha": alpha, "method": method,
+            "target_epsilon": eps, "seed": run.seed,
             "sparsity": (DEFAULTS["sparsity"] if sparsity is None else sparsity) if "lus" in method
             else None,
             "lambda": DEFAULTS["lambda"] if "blur" in method else None,
             "local_steps": cfg["local_steps"], "sampling_prob": cfg["sampling_prob"]}
   return Job(make_config(cfg), labels, data=alpha,
-             name=f"{table} {cfg['model']} alpha={alpha} {method} eps={eps} c={sparsity} "
-                  f"Q={cfg['local_steps']} p={cfg['sampling_prob']:g} seed={seed}")
+             name=f"{run.table} {cfg['model']} alpha={alpha} {method} eps={eps} c={sparsity} "
+                  f"Q={cfg['local_steps']} p={cfg['sampling_prob']:g} seed={run.seed}")
 
 
 def _record(job: Job, result) -> dict:
@@ -376,25 +406,35 @@ def _finder(keys, settings: dict):
   return find
 
 
-def markdown(rows: list, runs: list, settings: dict) -> str:
-  """results.md: Table 1 or Table 2 (ours, then the paper's), Table 3, Figs. 3 and 4 as tables
-  and the verdicts (:func:`claims`)."""
+def _accuracy_cell(row) -> str:
+  """A row's accuracy, mean ± std over its seeds; n/a for a run that is missing."""
+  return mean_std(row["accuracy_mean"], row["accuracy_std"]) if row else "n/a"
+
+
+def _z_cell(row) -> str:
+  """A row's noise multiplier; empty for a run that is missing or has none."""
+  return f"{row['noise_multiplier']:.3f}" if row and row["noise_multiplier"] is not None else ""
+
+
+def _row_getter(rows: list, settings: dict) -> Callable:
+  """``get(table, model, alpha, method, eps, sparsity=None, **axis)``: the row of that run
+  (:func:`_finder`), or None where it did not run."""
   by = {_key(r): r for r in rows}
   find = _finder(by, settings)
-  table = settings["table"]
-  # The table's columns that ran (results written before the control column have none of it).
-  columns = [m for m in COLUMNS[table] if any(r["method"] == m for r in rows)]
 
   def get(*args, **kwargs):
     key = find(*args, **kwargs)
     return by[key] if key else None
 
-  def acc(r):
-    return mean_std(r["accuracy_mean"], r["accuracy_std"]) if r else "n/a"
+  return get
 
-  def z(r):
-    return f"{r['noise_multiplier']:.3f}" if r and r["noise_multiplier"] is not None else ""
 
+def _main_table(rows: list, settings: dict, get: Callable) -> list:
+  """results.md's opening lines: the setting, the privacy, Table 1 or Table 2 as measured, then
+  the paper's for reference."""
+  table = settings["table"]
+  # The table's columns that ran (results written before the control column have none of it).
+  columns = [m for m in COLUMNS[table] if any(r["method"] == m for r in rows)]
   ours = []
   for model, alpha in settings["runs"]:
     for eps in settings["epsilons"]:
@@ -402,10 +442,10 @@ def markdown(rows: list, runs: list, settings: dict) -> str:
       ours.append({
           "model": model, "alpha": f"{alpha:g}" if alpha is not None else "",
           "eps": f"{eps:g} ({r0['epsilon']:.3f})" if r0 and r0["epsilon"] is not None else f"{eps:g}",
-          "z": z(r0), "z_dd": f"{z(rd)} ({rd['epsilon']:.3f})" if rd else "",
-          "z_fixed": z(get(table, model, alpha, FIXED_CONTROL, eps)),
-          **{m: acc(get(table, model, alpha, m, eps)) for m in columns},
-          "fedavg": acc(get(table, model, alpha, "fedavg", None))})
+          "z": _z_cell(r0), "z_dd": f"{_z_cell(rd)} ({rd['epsilon']:.3f})" if rd else "",
+          "z_fixed": _z_cell(get(table, model, alpha, FIXED_CONTROL, eps)),
+          **{m: _accuracy_cell(get(table, model, alpha, m, eps)) for m in columns},
+          "fedavg": _accuracy_cell(get(table, model, alpha, "fedavg", None))})
   lead = ["model"] + (["alpha"] if table == "table2" else [])
   lines = [f"Setting: {settings['description']}", "", f"Privacy: {settings['privacy']}", "",
            f"### {'Table 1' if table == 'table1' else 'Table 2'}: test accuracy (%), mean ± std "
@@ -428,46 +468,68 @@ def markdown(rows: list, runs: list, settings: dict) -> str:
     lines += ["", "The paper's Table 2 (CIFAR-10, 500 clients assumed; its epsilon is not stated), "
               "for reference:", ""]
     lines += markdown_table(["model", "alpha"] + [(m, LABELS[m]) for m in _T1], paper)
-  if table == "table1" and settings["sparsities"]:
-    (model, alpha), ae = settings["runs"][0], settings["ablation_epsilon"]
-    base = {"dp_fedavg+lus": get("table1", model, alpha, "dp_fedavg", ae),
-            "blur+lus": get("table1", model, alpha, "dp_fedavg+blur", ae)}
-    # Every row over the ablation's own seeds: the rows it reuses from Table 1 (c = 0, and the
-    # default c) ran more seeds.
-    per_seed = _by_seed(runs)
-    seeds = sorted({r["seed"] for r in runs if r["table"] == "table3"} or {r["seed"] for r in runs})
+  return lines
 
-    def ablation_acc(r):
-      if r is None:
-        return "n/a"
-      s = seed_stats([per_seed[_key(r)].get(k) for k in seeds])
-      return mean_std(s["accuracy_mean"], s["accuracy_std"])
-    table3 = []
-    for c in (0.0,) + tuple(settings["sparsities"]):
-      row = {"c": f"{c:g}" + (" (no LUS)" if c == 0 else "")}
-      for m in ("dp_fedavg+lus", "blur+lus"):
-        row[m] = ablation_acc(base[m] if c == 0.0 else get("table3", model, alpha, m, ae, c))
-        row[f"paper_{m}"] = (f"{PAPER_TABLE3[m][c]:.2f}" if c in PAPER_TABLE3[m] else
-                             "illegible" if m == "blur+lus" else "")
-      table3.append(row)
-    lines += ["", f"### Table 3: sparsity c of LUS at epsilon = {ae:g} (test accuracy %, mean ± std "
-              f"over seeds {', '.join(map(str, seeds))})", ""]
-    lines += markdown_table(
-        ["c", ("dp_fedavg+lus", "DP-FedAvg+LUS"), ("blur+lus", "BLUR+LUS"),
-         ("paper_dp_fedavg+lus", "paper DP-FedAvg+LUS (ResNet-18)"),
-         ("paper_blur+lus", "paper BLUR+LUS")], table3)
-  figures = settings.get("figures")
+
+def _table3(runs: list, settings: dict, get: Callable) -> list:
+  """Table 3's lines (the sparsity ablation at the ablation epsilon, beside the paper's); none
+  for a scale that does not run it."""
+  if settings["table"] != "table1" or not settings["sparsities"]:
+    return []
+  (model, alpha), ae = settings["runs"][0], settings["ablation_epsilon"]
+  base = {"dp_fedavg+lus": get("table1", model, alpha, "dp_fedavg", ae),
+          "blur+lus": get("table1", model, alpha, "dp_fedavg+blur", ae)}
+  # Every row over the ablation's own seeds: the rows it reuses from Table 1 (c = 0, and the
+  # default c) ran more seeds.
+  per_seed = _by_seed(runs)
+  seeds = sorted({r["seed"] for r in runs if r["table"] == "table3"} or {r["seed"] for r in runs})
+
+  def ablation_acc(r):
+    if r is None:
+      return "n/a"
+    s = seed_stats([per_seed[_key(r)].get(k) for k in seeds])
+    return mean_std(s["accuracy_mean"], s["accuracy_std"])
+  table3 = []
+  for c in (0.0,) + tuple(settings["sparsities"]):
+    row = {"c": f"{c:g}" + (" (no LUS)" if c == 0 else "")}
+    for m in ("dp_fedavg+lus", "blur+lus"):
+      row[m] = ablation_acc(base[m] if c == 0.0 else get("table3", model, alpha, m, ae, c))
+      row[f"paper_{m}"] = (f"{PAPER_TABLE3[m][c]:.2f}" if c in PAPER_TABLE3[m] else
+                           "illegible" if m == "blur+lus" else "")
+    table3.append(row)
+  lines = ["", f"### Table 3: sparsity c of LUS at epsilon = {ae:g} (test accuracy %, mean ± std "
+           f"over seeds {', '.join(map(str, seeds))})", ""]
+  return lines + markdown_table(
+      ["c", ("dp_fedavg+lus", "DP-FedAvg+LUS"), ("blur+lus", "BLUR+LUS"),
+       ("paper_dp_fedavg+lus", "paper DP-FedAvg+LUS (ResNet-18)"),
+       ("paper_blur+lus", "paper BLUR+LUS")], table3)
+
+
+def _figure_tables(settings: dict, get: Callable) -> list:
+  """Figs. 3 and 4 as tables (accuracy against Q and p); none for a scale without figures."""
+  figures, lines = settings.get("figures"), []
   for fig, field in FIGURE_AXES.items() if figures else ():
     m, a, e = figures["model"], figures["alpha"], figures["epsilon"]
-    points = [{"v": f"{v:g}", "z": z(get(fig, m, a, "dp_fedavg", e, **{field: v})),
-               **{k: acc(get(fig, m, a, k, None if k == "fedavg" else e, **{field: v}))
+    points = [{"v": f"{v:g}", "z": _z_cell(get(fig, m, a, "dp_fedavg", e, **{field: v})),
+               **{k: _accuracy_cell(get(fig, m, a, k, None if k == "fedavg" else e,
+                                        **{field: v}))
                   for k in FIGURE_METHODS}} for v in figures[field]]
     lines += ["", f"### Fig. {fig[-1]}: {_AXIS_NAMES[field]} ({settings['config']['dataset']}, "
               f"{m}, alpha = {a:g}, epsilon = {e:g}; test accuracy %, mean ± std over "
               f"{settings['seeds']} seeds; the paper's values are not legible)", ""]
     lines += markdown_table([("v", _AXIS_NAMES[field].split()[-1]), ("z", "z (DP-FedAvg, Ours)")]
                             + [(k, LABELS[k]) for k in FIGURE_METHODS], points)
-  notes = [_VERDICT_NOTE] + [_TABLE1_NOTE] * (table == "table1") + [_FIGURE_NOTE] * bool(figures)
+  return lines
+
+
+def markdown(rows: list, runs: list, settings: dict) -> str:
+  """results.md: Table 1 or Table 2 (ours, then the paper's), Table 3, Figs. 3 and 4 as tables
+  and the verdicts (:func:`claims`)."""
+  get = _row_getter(rows, settings)
+  lines = (_main_table(rows, settings, get) + _table3(runs, settings, get)
+           + _figure_tables(settings, get))
+  notes = ([_VERDICT_NOTE] + [_TABLE1_NOTE] * (settings["table"] == "table1")
+           + [_FIGURE_NOTE] * bool(settings.get("figures")))
   lines += ["", "### Verdicts", "", " ".join(notes), ""]
   lines += verdict_table(claims(rows, runs, settings))
   return "\n".join(lines) + "\n"
@@ -533,35 +595,36 @@ def _blur_reason(row, clip: float) -> str:
           f"docs/cheng2022_norms.md")
 
 
-def claims(rows: list, runs: list, settings: dict) -> list:
-  """The paper's claims that this scale measures, each a :class:`Claim` beside our paired
-  difference: Ours (BLUR+LUS) minus each baseline at each epsilon (Table 1, against the paper's
-  CNN-2-layers) or at each model, alpha and epsilon (Table 2; its epsilon is not stated), the
-  gain larger at the smaller epsilon or alpha, BLUR alone and LUS at each c (Table 3), and the
-  figures' directions (Ours above DP-FedAvg at every Q and p, DP-FedAvg losing from Q = 30 to
-  Q = 40 where Ours holds, Ours varying less over p)."""
-  by, acc = {_key(r): r for r in rows}, _by_seed(runs)
-  find, clip, out = _finder(acc, settings), settings["clip"], []
+class _Claims:
+  """The claims of :func:`claims`, gathered in ``out`` in the order they are added."""
 
-  def claim(text, paper, keys, fn=_difference, why=None, sign_only=False, above=""):
-    """A reason is given for a claim not reproduced (``why``: the BLUR run whose norms may
-    explain it) and for one whose difference exceeds the paper's by more than half of it and
-    more than the spread (``above``: the measured reason for that, else "not analysed")."""
-    measured, spread = _paired(acc, keys, fn)
+  def __init__(self, rows: list, runs: list, settings: dict):
+    self.by, self.acc = {_key(r): r for r in rows}, _by_seed(runs)
+    self.find, self.settings, self.out = _finder(self.acc, settings), settings, []
+
+  def claim(self, text, paper, keys, fn=_difference, why=None, sign_only=False, above=""):
+    """Adds the claim ``text`` (the paper's difference ``paper``) beside ``fn`` of the runs
+    ``keys`` paired by seed. A reason is given for a claim not reproduced (``why``: the BLUR run
+    whose norms may explain it) and for one whose difference exceeds the paper's by more than
+    half of it and more than the spread (``above``: the measured reason for that, else "not
+    analysed")."""
+    measured, spread = _paired(self.acc, keys, fn)
     if measured is not None and math.isnan(measured):
-      out.append(Claim(text, paper, None, reason="a run's accuracy is not finite (diverged)",
-                       sign_only=sign_only))
+      self.out.append(Claim(text, paper, None, reason="a run's accuracy is not finite (diverged)",
+                            sign_only=sign_only))
       return
     reason, v = "", verdict(paper, measured, spread, sign_only)
     if v in ("partly", "not reproduced"):
-      reason = _blur_reason(by.get(why), clip) or "not analysed"
+      reason = _blur_reason(self.by.get(why), self.settings["clip"]) or "not analysed"
     elif v == "reproduced" and not sign_only:
       excess = (measured - paper) * (1.0 if paper > 0 else -1.0)
       if excess > 0.5 * abs(paper) and excess > (spread or 0.0):
         reason = above or "not analysed"
-    out.append(Claim(text, paper, measured, spread, reason, sign_only))
+    self.out.append(Claim(text, paper, measured, spread, reason, sign_only))
 
-  def versus(where, paper, table, model, alpha, eps):
+  def versus(self, where, paper, table, model, alpha, eps):
+    """Ours (BLUR+LUS) minus each baseline at one setting, against the paper's cells ``paper``."""
+    find, by = self.find, self.by
     ours, dp = (find(table, model, alpha, k, eps) for k in ("blur+lus", "dp_fedavg"))
     for other in ("dp_fedavg", "ae-dpfl", "ddgauss"):
       key, above = find(table, model, alpha, other, eps), ""
@@ -573,43 +636,51 @@ def claims(rows: list, runs: list, settings: dict) -> list:
           above += (f"; DP-FedAvg with its fixed cohorts and accounting: "
                     f"{100 * by[control]['accuracy_mean']:.2f}% against DDGauss's "
                     f"{100 * by[key]['accuracy_mean']:.2f}%")
-      if other == "ae-dpfl" and settings["config"].get("partition") == "shards":
+      if other == "ae-dpfl" and self.settings["config"].get("partition") == "shards":
         above = AE_DPFL_SHARDS_REASON
-      claim(f"{where}Ours − {LABELS[other]}", paper["blur+lus"][0] - paper[other][0],
-            [ours, key], why=ours, above=above)
+      self.claim(f"{where}Ours − {LABELS[other]}", paper["blur+lus"][0] - paper[other][0],
+                 [ours, key], why=ours, above=above)
 
-  def gain(table, model, alpha, eps):
-    return [find(table, model, alpha, "blur+lus", eps), find(table, model, alpha, "dp_fedavg", eps)]
+  def gain(self, table, model, alpha, eps):
+    """The runs of Ours and DP-FedAvg at one setting (their difference is Ours' gain)."""
+    return [self.find(table, model, alpha, "blur+lus", eps),
+            self.find(table, model, alpha, "dp_fedavg", eps)]
 
-  if settings["table"] == "table1":
+  def table1(self):
+    """Table 1 against the paper's CNN-2-layers, the gain larger at the smaller epsilon, and
+    Table 3 (BLUR alone, LUS at each c)."""
+    settings, find = self.settings, self.find
     (model, alpha), epsilons = settings["runs"][0], settings["epsilons"]
     for eps in epsilons:
       if eps in PAPER_TABLE1["cnn2"]:
-        versus(f"epsilon {eps:g}: ", PAPER_TABLE1["cnn2"][eps], "table1", model, alpha, eps)
+        self.versus(f"epsilon {eps:g}: ", PAPER_TABLE1["cnn2"][eps], "table1", model, alpha, eps)
     lo, hi = min(epsilons), max(epsilons)
     if lo < hi and {lo, hi} <= set(PAPER_TABLE1["cnn2"]):
       p = {e: PAPER_TABLE1["cnn2"][e] for e in (lo, hi)}
-      claim(f"Ours − DP-FedAvg larger at epsilon {lo:g} than at {hi:g}",
-            (p[lo]["blur+lus"][0] - p[lo]["dp_fedavg"][0]) -
-            (p[hi]["blur+lus"][0] - p[hi]["dp_fedavg"][0]),
-            gain("table1", model, alpha, lo) + gain("table1", model, alpha, hi),
-            _change_of_difference)
+      self.claim(f"Ours − DP-FedAvg larger at epsilon {lo:g} than at {hi:g}",
+                 (p[lo]["blur+lus"][0] - p[lo]["dp_fedavg"][0]) -
+                 (p[hi]["blur+lus"][0] - p[hi]["dp_fedavg"][0]),
+                 self.gain("table1", model, alpha, lo) + self.gain("table1", model, alpha, hi),
+                 _change_of_difference)
     if settings["sparsities"]:
       ae, t3 = settings["ablation_epsilon"], PAPER_TABLE3
       base, blur = (find("table1", model, alpha, m, ae) for m in ("dp_fedavg", "dp_fedavg+blur"))
-      claim(f"epsilon {ae:g}: DP-FedAvg+BLUR − DP-FedAvg (Table 3, c = 0)",
-            t3["blur+lus"][0.0] - t3["dp_fedavg+lus"][0.0], [blur, base], why=blur)
+      self.claim(f"epsilon {ae:g}: DP-FedAvg+BLUR − DP-FedAvg (Table 3, c = 0)",
+                 t3["blur+lus"][0.0] - t3["dp_fedavg+lus"][0.0], [blur, base], why=blur)
       for c in settings["sparsities"]:
         if c in t3["dp_fedavg+lus"]:
-          claim(f"epsilon {ae:g}: DP-FedAvg+LUS − DP-FedAvg at c = {c:g} (Table 3)",
-                t3["dp_fedavg+lus"][c] - t3["dp_fedavg+lus"][0.0],
-                [find("table3", model, alpha, "dp_fedavg+lus", ae, c), base])
-  else:
+          self.claim(f"epsilon {ae:g}: DP-FedAvg+LUS − DP-FedAvg at c = {c:g} (Table 3)",
+                     t3["dp_fedavg+lus"][c] - t3["dp_fedavg+lus"][0.0],
+                     [find("table3", model, alpha, "dp_fedavg+lus", ae, c), base])
+
+  def table2(self):
+    """Table 2 at each model, alpha and epsilon, and the gain larger at the smaller alpha."""
+    settings = self.settings
     for model, alpha in settings["runs"]:
       for eps in settings["epsilons"]:
         if alpha in PAPER_TABLE2.get(model, {}):
-          versus(f"{model}, alpha {alpha:g}, epsilon {eps:g}: ", PAPER_TABLE2[model][alpha],
-                 "table2", model, alpha, eps)
+          self.versus(f"{model}, alpha {alpha:g}, epsilon {eps:g}: ", PAPER_TABLE2[model][alpha],
+                      "table2", model, alpha, eps)
     for model in dict.fromkeys(m for m, _ in settings["runs"]):
       alphas = [a for m, a in settings["runs"] if m == model and a in PAPER_TABLE2.get(model, {})]
       if len(alphas) < 2:
@@ -617,43 +688,63 @@ def claims(rows: list, runs: list, settings: dict) -> list:
       lo, hi = min(alphas), max(alphas)
       p = {a: PAPER_TABLE2[model][a] for a in (lo, hi)}
       for eps in settings["epsilons"]:
-        claim(f"{model}, epsilon {eps:g}: Ours − DP-FedAvg larger at alpha {lo:g} than at {hi:g}",
-              (p[lo]["blur+lus"][0] - p[lo]["dp_fedavg"][0]) -
-              (p[hi]["blur+lus"][0] - p[hi]["dp_fedavg"][0]),
-              gain("table2", model, lo, eps) + gain("table2", model, hi, eps),
-              _change_of_difference)
-  figures = settings.get("figures")
-  if figures:
+        self.claim(
+            f"{model}, epsilon {eps:g}: Ours − DP-FedAvg larger at alpha {lo:g} than at {hi:g}",
+            (p[lo]["blur+lus"][0] - p[lo]["dp_fedavg"][0]) -
+            (p[hi]["blur+lus"][0] - p[hi]["dp_fedavg"][0]),
+            self.gain("table2", model, lo, eps) + self.gain("table2", model, hi, eps),
+            _change_of_difference)
+
+  def figures(self, figures: dict):
+    """The figures' directions: Ours above DP-FedAvg at every Q and p, DP-FedAvg losing from
+    Q = 30 to Q = 40 where Ours holds, Ours varying less over p."""
     m, a, e = figures["model"], figures["alpha"], figures["epsilon"]
 
     def at(fig, method, **axis):
-      return find(fig, m, a, method, e, **axis)
+      return self.find(fig, m, a, method, e, **axis)
 
     qs, ps = figures["local_steps"], figures["sampling_prob"]
     for q in qs:
-      claim(f"Fig. 3, Q = {q}: Ours − DP-FedAvg", 1.0,
-            [at("fig3", "blur+lus", local_steps=q), at("fig3", "dp_fedavg", local_steps=q)],
-            why=at("fig3", "blur+lus", local_steps=q), sign_only=True)
+      self.claim(f"Fig. 3, Q = {q}: Ours − DP-FedAvg", 1.0,
+                 [at("fig3", "blur+lus", local_steps=q), at("fig3", "dp_fedavg", local_steps=q)],
+                 why=at("fig3", "blur+lus", local_steps=q), sign_only=True)
     hi = 40 if 40 in qs else max(qs)
     if any(q < hi for q in qs):
       lo = max(q for q in qs if q < hi)
       ours, dp = ([at("fig3", k, local_steps=q) for q in (hi, lo)]
                   for k in ("blur+lus", "dp_fedavg"))
-      claim(f"Fig. 3: DP-FedAvg loses accuracy from Q = {lo} to Q = {hi}", -1.0, dp,
-            sign_only=True)
-      claim(f"Fig. 3: Ours loses less than DP-FedAvg from Q = {lo} to Q = {hi}", 1.0, ours + dp,
-            _change_of_difference, why=ours[0], sign_only=True)
+      self.claim(f"Fig. 3: DP-FedAvg loses accuracy from Q = {lo} to Q = {hi}", -1.0, dp,
+                 sign_only=True)
+      self.claim(f"Fig. 3: Ours loses less than DP-FedAvg from Q = {lo} to Q = {hi}", 1.0,
+                 ours + dp, _change_of_difference, why=ours[0], sign_only=True)
     for p in ps:
-      claim(f"Fig. 4, p = {p:g}: Ours − DP-FedAvg", 1.0,
-            [at("fig4", "blur+lus", sampling_prob=p), at("fig4", "dp_fedavg", sampling_prob=p)],
-            why=at("fig4", "blur+lus", sampling_prob=p), sign_only=True)
+      self.claim(f"Fig. 4, p = {p:g}: Ours − DP-FedAvg", 1.0,
+                 [at("fig4", "blur+lus", sampling_prob=p),
+                  at("fig4", "dp_fedavg", sampling_prob=p)],
+                 why=at("fig4", "blur+lus", sampling_prob=p), sign_only=True)
     if len(ps) >= 2:
       n = len(ps)
-      claim("Fig. 4: Ours varies less over p than DP-FedAvg (range over p, DP-FedAvg's minus "
-            "Ours')", 1.0,
-            [at("fig4", k, sampling_prob=p) for k in ("blur+lus", "dp_fedavg") for p in ps],
-            lambda v: np.ptp(v[n:]) - np.ptp(v[:n]), sign_only=True)
-  return out
+      self.claim("Fig. 4: Ours varies less over p than DP-FedAvg (range over p, DP-FedAvg's "
+                 "minus Ours')", 1.0,
+                 [at("fig4", k, sampling_prob=p) for k in ("blur+lus", "dp_fedavg") for p in ps],
+                 lambda v: np.ptp(v[n:]) - np.ptp(v[:n]), sign_only=True)
+
+
+def claims(rows: list, runs: list, settings: dict) -> list:
+  """The paper's claims that this scale measures, each a :class:`Claim` beside our paired
+  difference: Ours (BLUR+LUS) minus each baseline at each epsilon (Table 1, against the paper's
+  CNN-2-layers) or at each model, alpha and epsilon (Table 2; its epsilon is not stated), the
+  gain larger at the smaller epsilon or alpha, BLUR alone and LUS at each c (Table 3), and the
+  figures' directions (Ours above DP-FedAvg at every Q and p, DP-FedAvg losing from Q = 30 to
+  Q = 40 where Ours holds, Ours varying less over p)."""
+  c = _Claims(rows, runs, settings)
+  if settings["table"] == "table1":
+    c.table1()
+  else:
+    c.table2()
+  if settings.get("figures"):
+    c.figures(settings["figures"])
+  return c.out
 
 
 def plot(rows: list, runs: list, settings: dict, out_dir: pathlib.Path) -> list:
@@ -689,7 +780,7 @@ def plot(rows: list, runs: list, settings: dict, out_dir: pathlib.Path) -> list:
       where = "" if alpha is None else f"{model}, alpha = {alpha:g}, "
       panels.append((f"{where}epsilon = {eps:g} (mean of {settings['seeds']} seeds)", curves))
   paths.append(plot_curves(panels, out_dir / "cheng2022_accuracy.png", xlabel="round",
-                           legend_outside=True))
+                           layout=Layout(legend_outside=True)))
   figures = settings.get("figures")
   by = {_key(r): r for r in rows}
   find = _finder(by, settings)
@@ -761,56 +852,45 @@ RAW = {"fraction_clipped_mean, update_norm_median_last":
        "the fraction of pre-clip client updates above S and their last-round median norm"}
 
 
-def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] = None,
-              data=None, log=print, threads: Optional[int] = None,
-              spec: Optional[dict] = None) -> dict:
-  """Runs a CPU-or-accelerator scale of :data:`SCALES` (every one but "paper") and writes its
-  files; ``data`` (a loaded data set) serves the scales with one data set (every alpha too);
-  ``threads``: the compiled programs run at once (:func:`run_jobs`); ``spec``: settings in
-  place of the scale's (a variant of it: ``benchmarks/gpu.py`` times Table 2 at a few rounds)."""
-  from fedjax_dp.algorithms.blur_lus import DEFAULTS
-  from fedjax_dp.config import make_config
-  from fedjax_dp.experiment import load_data
-  spec = SCALES[scale] if spec is None else spec
-  base = dict(spec["config"], data_dir=data_dir)
-  table = spec.get("table", "table1")
-  models = spec["models"] if "models" in spec else (base["model"],)  # cifar's config names none
-  runs_of = [(m, a) for m in models for a in spec.get("alphas", (None,))]
-  n_seeds = num_seeds(seeds, spec["seeds"])
-  out = pathlib.Path(output_dir)
-  out.mkdir(parents=True, exist_ok=True)
-  t0 = time.perf_counter()
+def _models(spec: dict, base: dict) -> tuple:
+  """The models a scale runs (the ``cifar`` scales' configuration names none)."""
+  return tuple(spec["models"]) if "models" in spec else (base["model"],)
+
+
+def _small_jobs(spec: dict, base: dict, n_seeds: int) -> list:
+  """The jobs of a scale's settings ``spec`` on its configuration ``base``: :func:`plan`'s,
+  then :func:`figure_plan`'s."""
+  epsilons, figures = spec["epsilons"], spec.get("figures")
+  runs_of = [(m, a) for m in _models(spec, base) for a in spec.get("alphas", (None,))]
+  planned = plan(epsilons, spec.get("sparsities", ()), spec.get("ablation_epsilon", epsilons[-1]),
+                 n_seeds, min(n_seeds, spec.get("ablation_seeds", n_seeds)),
+                 spec.get("table", "table1"), runs_of)
+  if figures:
+    planned += figure_plan(figures, base, n_seeds, runs_of, epsilons)
+  return [_job(base, r, ae_options=spec.get("ae_dpfl")) for r in planned]
+
+
+def _small_settings(scale: str, spec: dict, base: dict, n_seeds: int, wall: float) -> dict:
+  """``results.json``'s ``settings`` of a scale that ran in ``wall`` seconds."""
+  table, models = spec.get("table", "table1"), _models(spec, base)
   epsilons, sparsities = spec["epsilons"], spec.get("sparsities", ())
   ae = spec.get("ablation_epsilon", epsilons[-1])
-  figures = spec.get("figures")
-  jobs = [_job(base, *j, ae_options=spec.get("ae_dpfl")) for j in
-          plan(epsilons, sparsities, ae, n_seeds, min(n_seeds, spec.get("ablation_seeds", n_seeds)),
-               table, runs_of) +
-          (figure_plan(figures, base, n_seeds, runs_of, epsilons) if figures else [])]
-
-  def load(alpha):  # the partition's seed is 0 for every run
-    return data if data is not None else load_data(make_config(
-        dict(base, **({} if alpha is None else {"dirichlet_alpha": alpha}))))
-
-  runs = run_jobs(jobs, _record, load_data=load, runs_path=out / "runs.jsonl",
-                  diagnostics=("update_norm", "train_loss", "fraction_clipped"), log=log,
-                  threads=threads)
-  rows = _summarize(runs)
-  wall = time.perf_counter() - t0
+  ae_dpfl = spec.get("ae_dpfl") or AE_DPFL_OPTIONS
   n, p = base["num_clients"], base["sampling_prob"]
   split = (f"dirichlet alpha in {{{', '.join(f'{a:g}' for a in spec['alphas'])}}}"
            if table == "table2" else f"shards, {base['shards_per_client']} shards each")
   subset = (f", {base['max_train']} training / {base['max_test']} test examples"
             if base.get("max_train") else "")
-  settings = {
+  return {
       "scale": scale, "table": table, "seeds": n_seeds, "epsilons": list(epsilons),
-      "runs": runs_of, "sparsities": list(sparsities), "ablation_epsilon": ae,
+      "runs": [(m, a) for m in models for a in spec.get("alphas", (None,))],
+      "sparsities": list(sparsities), "ablation_epsilon": ae,
       "sparsity_default": DEFAULTS["sparsity"], "lambda": DEFAULTS["lambda"],
       "lus_batches": DEFAULTS["lus_batches"], "clip": base["clip"], "config": base,
-      "ae_dpfl": dict(spec.get("ae_dpfl") or AE_DPFL_OPTIONS), "num_clients": n,
+      "ae_dpfl": dict(ae_dpfl), "num_clients": n,
       "figure_epsilon": ae if ae in epsilons else epsilons[-1],
       "curve_epsilons": sorted({epsilons[0], epsilons[-1]}), "wall_seconds": wall,
-      "figures": figures,
+      "figures": spec.get("figures"),
       "description": (f"{base['dataset']}, {n} clients ({split}{subset}), "
                       f"model {' then '.join(models)}, "
                       f"T={base['rounds']} rounds, Poisson p={p:g} (~{n * p:.0f} clients/round; "
@@ -818,10 +898,36 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
                       f"local SGD steps of batch {base['batch_size']} at lr {base['client_lr']:g}, "
                       f"S={base['clip']:g}, eta_g={base['server_lr']:g}, lambda={DEFAULTS['lambda']}, "
                       f"c={DEFAULTS['sparsity']}, lus_batches={DEFAULTS['lus_batches']}; AE-DPFL: "
-                      f"{', '.join(f'{k}={v}' for k, v in (spec.get('ae_dpfl') or AE_DPFL_OPTIONS).items())}"
+                      f"{', '.join(f'{k}={v}' for k, v in ae_dpfl.items())}"
                       f", server lr {base['client_lr']:g}"),
       "privacy": PRIVACY + (CONTROL_PRIVACY if FIXED_CONTROL in COLUMNS[table] else ""),
   }
+
+
+def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] = None,
+              data=None, log=print, threads: Optional[int] = None,
+              spec: Optional[dict] = None) -> dict:
+  """Runs a CPU-or-accelerator scale of :data:`SCALES` (every one but "paper") and writes its
+  files; ``data`` (a loaded data set) serves the scales with one data set (every alpha too);
+  ``threads``: the compiled programs run at once (:func:`run_jobs`); ``spec``: settings in
+  place of the scale's (a variant of it: ``benchmarks/gpu.py`` times Table 2 at a few rounds)."""
+  spec = SCALES[scale] if spec is None else spec
+  base = dict(spec["config"], data_dir=data_dir)
+  n_seeds = num_seeds(seeds, spec["seeds"])
+  out = pathlib.Path(output_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  t0 = time.perf_counter()
+  jobs = _small_jobs(spec, base, n_seeds)
+
+  def load(alpha):  # the partition's seed is 0 for every run
+    return data if data is not None else load_data(make_config(
+        dict(base, **({} if alpha is None else {"dirichlet_alpha": alpha}))))
+
+  runs = run_jobs(jobs, _record, load_data=load, runs_path=out / "runs.jsonl",
+                  diagnostics=("update_norm", "train_loss", "fraction_clipped"),
+                  execution=Execution(threads=threads, log=log))
+  rows = _summarize(runs)
+  settings = _small_settings(scale, spec, base, n_seeds, time.perf_counter() - t0)
   write_text_atomic(out / "results.json", json.dumps(
       {"paper": "Cheng et al., Differentially Private Federated Learning with Local Regularization "
                 "and Sparsification, CVPR 2022", "settings": settings, "rows": rows,
@@ -832,7 +938,7 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
       indent=2) + "\n")
   written = _render(out)
   log((out / "results.md").read_text())
-  log(wrote([out / "results.json", out / "runs.jsonl"] + written, wall))
+  log(wrote([out / "results.json", out / "runs.jsonl"] + written, settings["wall_seconds"]))
   return {"rows": rows, "settings": settings, "runs": runs}
 
 
@@ -845,17 +951,12 @@ def run_paper(output_dir: str, data_dir=None, seeds: Optional[int] = None, prese
   ``release``: the accuracies are raw, on the writers' own held-out examples), ``runs.jsonl``
   and each run's metrics under ``DIR/PRESET/``.
   """
-  from fedjax_dp.config import make_config
-  from fedjax_dp.data import load_federated_emnist
   out = pathlib.Path(output_dir)
   out.mkdir(parents=True, exist_ok=True)
   t0 = time.perf_counter()
   n_seeds = num_seeds(seeds, SCALES["paper"]["seeds"])
-  from fedjax_dp.data import specs
-  from fedjax_dp.data.sources.common import resolve_data_dir
-  from fedjax_dp.data.sources.tff import paths
   # Where `--dataset federated_emnist` finds them: --data-dir, else $FEDJAX_DP_DATA.
-  train, test = paths(specs.get("federated_emnist"), resolve_data_dir(data_dir))
+  train, test = tff.paths(specs.get("federated_emnist"), resolve_data_dir(data_dir))
   runs = []
   for i, name in enumerate(presets or PAPER_PRESETS):
     check_choice("preset", name, sorted(PAPER_PRESETS))
@@ -868,8 +969,8 @@ def run_paper(output_dir: str, data_dir=None, seeds: Optional[int] = None, prese
     runs += run_jobs(jobs, lambda job, res: {"epsilon": res.summary.get("epsilon"),
                                              "sampling": job.config.sampling,
                                              "accuracy": res.summary["final_accuracy"]},
-                     data=data, runs_path=out / "runs.jsonl", append=i > 0, log=log,
-                     threads=threads)
+                     load_data=lambda _: data, runs_path=out / "runs.jsonl", append=i > 0,
+                     execution=Execution(threads=threads, log=log))
   # The sampling tells the Poisson (add/remove) runs from the fixed-cohort (replace-one) ones.
   keys = ("preset", "method", "target_epsilon", "seed", "epsilon", "sampling", "accuracy")
   # Federated EMNIST's natural partition: the test file holds the same writers' examples.

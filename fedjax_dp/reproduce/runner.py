@@ -1,4 +1,4 @@
-"""The reproductions' shared runner: jobs in, one record per run out, seed statistics.
+"""The reproductions' shared runner: jobs in, one record per run out.
 
 A reproduction lists its runs as :class:`Job` s (a configuration and the labels
 that identify the run), and :func:`run_jobs` runs them in order on their data
@@ -7,24 +7,26 @@ set, logs ``[i/n] NAME: acc=... (s)``, appends each run's record to
 labels, the fields the reproduction reads from the run, the run's seconds and
 its per-round ``history`` (round, test accuracy, and the raw diagnostics under
 ``"diagnostics"``: pre-clip norms, losses, ...; they are not covered by any
-epsilon). :func:`group_by` and :func:`seed_stats` then turn records into the
-rows of the results (mean and sample std over seeds).
+epsilon). :func:`group_by` and :func:`fedjax_dp.stats.seed_stats` then turn
+records into the rows of the results (mean and sample std over seeds).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import pathlib
 import tempfile
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+import jax
 import numpy as np
 
 from fedjax_dp.errors import check
+from fedjax_dp.provenance import environment
+from fedjax_dp.sweep import MAX_EXPERIMENTS, Task, run_configs
 
 # What a reproduction writes in its --output-dir besides plots and each run's own folder: a folder
 # holding one of these holds an earlier reproduction (kept unless --overwrite).
@@ -57,7 +59,6 @@ def num_seeds(seeds, default: int) -> int:
   """``seeds`` (``--seeds``), or the scale's ``default`` when not given: an integer from 1 to
   :data:`fedjax_dp.sweep.MAX_EXPERIMENTS` (the runs' seeds are 0 to ``seeds - 1``, far below
   2**32), refused before anything is built or run."""
-  from fedjax_dp.sweep import MAX_EXPERIMENTS
   n = default if seeds is None else seeds
   check(isinstance(n, int) and not isinstance(n, bool), "seeds", seeds, "must be an integer >= 1")
   check(n >= 1, "seeds", seeds, "must be >= 1")
@@ -71,7 +72,6 @@ def enable_compilation_cache() -> None:
   configuration; runs that differ only in numbers held as ``hparams``) compile it once, also
   across processes. Directory: ``$FEDJAX_DP_JAX_CACHE``, else ``fedjax_dp_jax_cache`` in the
   temporary directory; one already configured is kept."""
-  import jax
   if jax.config.jax_compilation_cache_dir is None:
     jax.config.update("jax_compilation_cache_dir", os.environ.get("FEDJAX_DP_JAX_CACHE") or
                       os.path.join(tempfile.gettempdir(), "fedjax_dp_jax_cache"))
@@ -83,9 +83,7 @@ def simulate_jobs(jobs: Sequence[Job], data, done: Callable, threads: Optional[i
   """Runs ``jobs`` on ``data`` as sweeps do (:func:`fedjax_dp.sweep.run_configs`: those that
   share a compiled round run as one vmapped program, ``threads`` of them at once) and calls
   ``done(indices, results, setups)`` as each group of them ends."""
-  from fedjax_dp.sweep import run_configs
-  run_configs([j.config for j in jobs], [data] * len(jobs),
-              output_dirs=[j.output_dir for j in jobs], on_group=done, threads=threads)
+  run_configs([Task(j.config, data, j.output_dir) for j in jobs], on_group=done, threads=threads)
 
 
 def history(result, diagnostics: Optional[Sequence[str]] = None) -> list:
@@ -101,14 +99,75 @@ def history(result, diagnostics: Optional[Sequence[str]] = None) -> list:
   return out
 
 
-def run_jobs(jobs: Sequence[Job], record: Callable[[Job, Any], dict], *, data=None,
-             load_data: Optional[Callable[[Any], Any]] = None, execute: Callable = simulate_jobs,
-             runs_path=None, append: bool = False, diagnostics: Optional[Sequence[str]] = None,
-             on_record: Optional[Callable[[list], None]] = None, log=print,
-             compilation_cache: bool = True, threads: Optional[int] = None) -> list:
+@dataclasses.dataclass(frozen=True)
+class Execution:
+  """How :func:`run_jobs` runs its jobs and reports their progress.
+
+  Attributes:
+    execute: ``(jobs, data, done, threads=)`` runs jobs on one data set and calls
+      ``done(indices, results, setups)`` as some of them end (default: :func:`simulate_jobs`).
+    threads: compiled programs run at once (``fedjax-dp reproduce --threads``;
+      :func:`fedjax_dp.sweep.threads_for`; default: one per core on one CPU device, else one).
+    compilation_cache: turn on JAX's persistent compilation cache
+      (:func:`enable_compilation_cache`).
+    log: where the progress lines go.
+  """
+
+  execute: Callable = simulate_jobs
+  threads: Optional[int] = None
+  compilation_cache: bool = True
+  log: Callable[[str], Any] = print
+
+
+class _Records:
+  """The records of :func:`run_jobs`'s jobs, kept in the jobs' order as their groups end; each
+  is appended to ``runs_path`` (unless None) and logged, and ``on_record`` (unless None) gets
+  the records finished so far after each group."""
+
+  def __init__(self, jobs: Sequence[Job], record: Callable, runs_path, diagnostics,
+               on_record: Optional[Callable], log: Callable):
+    self.jobs, self.record, self.runs_path, self.log = jobs, record, runs_path, log
+    self.diagnostics, self.on_record = diagnostics, on_record
+    self.by_job, self.finished, self.t0 = [None] * len(jobs), [], time.perf_counter()
+
+  def done_for(self, segment: Sequence[int]) -> Callable:
+    """The ``done(indices, results, setups)`` of the jobs ``segment`` (indices into the jobs),
+    run as one call of ``execute``; a record's seconds are the wall time of its group."""
+    t = [time.perf_counter()]
+
+    def done(indices, results, setups=None):
+      del setups
+      seconds, t[0] = time.perf_counter() - t[0], time.perf_counter()
+      for k, result in zip(indices, results):
+        self._keep(segment[k], result, seconds, len(indices))
+      if self.on_record is not None:
+        self.on_record(list(self.finished))
+
+    return done
+
+  def _keep(self, i: int, result, seconds: float, group: int) -> None:
+    job = self.jobs[i]
+    rec = {**job.labels, **self.record(job, result), "seconds": seconds,
+           "history": history(result, self.diagnostics)}
+    self.by_job[i] = rec
+    self.finished.append(rec)
+    if self.runs_path is not None:
+      with open(self.runs_path, "a") as f:
+        f.write(json.dumps(rec, default=str) + "\n")
+    acc = rec.get("accuracy")
+    acc = f"{acc:.4f}" if isinstance(acc, (float, np.floating)) else acc
+    self.log(f"[{len(self.finished)}/{len(self.jobs)}] {job.describe()}: acc={acc} (group of "
+             f"{group}: {seconds:.1f}s, total {time.perf_counter() - self.t0:.0f}s)")
+
+
+def run_jobs(jobs: Sequence[Job], record: Callable[[Job, Any], dict], *,
+             load_data: Callable[[Any], Any], runs_path=None, append: bool = False,
+             diagnostics: Optional[Sequence[str]] = None,
+             on_record: Optional[Callable[[list], None]] = None,
+             execution: Execution = Execution()) -> list:
   """Runs ``jobs`` and returns their records, in the jobs' order.
 
-  Jobs that follow one another on one data set are run together by ``execute``
+  Jobs that follow one another on one data set are run together by ``execution.execute``
   (by default as sweeps: those that share a compiled round run as one vmapped
   program), and each record is written as its group ends.
 
@@ -117,63 +176,35 @@ def run_jobs(jobs: Sequence[Job], record: Callable[[Job, Any], dict], *, data=No
     record: ``(job, result) -> dict``, the fields a reproduction keeps of a run (its
       ``"accuracy"`` among them); the record is the job's labels, these fields, ``"seconds"``
       (the wall time of the group it ran in) and ``"history"`` (see :func:`history`).
-    data: the loaded data set every job runs on; or
-    load_data: ``key -> data set``, called when a job's ``data`` key differs from the previous
-      job's (one data set is held at a time).
-    execute: ``(jobs, data, done, threads=)`` runs jobs on one data set and calls
-      ``done(indices, results, setups)`` as some of them end (default: :func:`simulate_jobs`).
+    load_data: ``key -> data set``, called for the first job and whenever a job's ``data`` key
+      differs from the previous job's (one data set is held at a time).
     runs_path: the ``runs.jsonl`` each record is appended to as its run ends (none: not written).
     append: keep the records already in ``runs_path`` (else it starts empty).
     diagnostics: the diagnostics kept in each round of the history (default: all).
     on_record: called with the records so far after each group (to write partial results).
-    log: where the progress lines go.
-    compilation_cache: turn on JAX's persistent compilation cache
-      (:func:`enable_compilation_cache`).
-    threads: compiled programs run at once (``fedjax-dp reproduce --threads``;
-      :func:`fedjax_dp.sweep.threads_for`; default: one per core on one CPU device, else one).
+    execution: how the jobs run and report their progress.
+
+  Returns:
+    One record per job, in the jobs' order.
   """
-  check((data is None) != (load_data is None), "data", None,
-        "give either a loaded data set or load_data")
-  if compilation_cache:
+  if execution.compilation_cache:
     enable_compilation_cache()
   if runs_path is not None:
     pathlib.Path(runs_path).parent.mkdir(parents=True, exist_ok=True)
     if not append:
       pathlib.Path(runs_path).write_text("")
-  records, t0 = [None] * len(jobs), time.perf_counter()
+  records = _Records(jobs, record, runs_path, diagnostics, on_record, execution.log)
   segments = []  # consecutive jobs with one data key
   for i, job in enumerate(jobs):
-    if not segments or (load_data is not None and job.data != jobs[segments[-1][0]].data):
+    if not segments or job.data != jobs[segments[-1][0]].data:
       segments.append([])
     segments[-1].append(i)
-  finished = []
   for segment in segments:
-    if load_data is not None:
-      data = None  # the previous data set can go before the next one loads
-      data = load_data(jobs[segment[0]].data)
-    t = [time.perf_counter()]
-
-    def done(indices, results, setups=None, segment=segment, t=t):
-      seconds, t[0] = time.perf_counter() - t[0], time.perf_counter()
-      for k, result in zip(indices, results):
-        i = segment[k]
-        job = jobs[i]
-        rec = {**job.labels, **record(job, result), "seconds": seconds,
-               "history": history(result, diagnostics)}
-        records[i] = rec
-        finished.append(rec)
-        if runs_path is not None:
-          with open(runs_path, "a") as f:
-            f.write(json.dumps(rec, default=str) + "\n")
-        acc = rec.get("accuracy")
-        acc = f"{acc:.4f}" if isinstance(acc, (float, np.floating)) else acc
-        log(f"[{len(finished)}/{len(jobs)}] {job.describe()}: acc={acc} (group of {len(indices)}: "
-            f"{seconds:.1f}s, total {time.perf_counter() - t0:.0f}s)")
-      if on_record is not None:
-        on_record(list(finished))
-
-    execute([jobs[i] for i in segment], data, done, threads=threads)
-  return records
+    data = None  # the previous data set can go before the next one loads
+    data = load_data(jobs[segment[0]].data)
+    execution.execute([jobs[i] for i in segment], data, records.done_for(segment),
+                      threads=execution.threads)
+  return records.by_job
 
 
 def group_by(records: Sequence[dict], keys: Sequence[str]) -> dict:
@@ -204,7 +235,6 @@ def identity(paper: str) -> dict:
   """The ``reproduction`` and ``provenance`` fields of a reproduction's ``results.json``: which
   paper, and the library, package versions, devices and source tree that ran it
   (:func:`fedjax_dp.provenance.environment`; public by design)."""
-  from fedjax_dp.provenance import environment
   return {"reproduction": paper, "provenance": environment()}
 
 
@@ -267,14 +297,3 @@ def read_records(output_dir, rows: Sequence[dict], keys: Sequence[str],
           f"runs, and the tables would not match results.json; restore the run's own runs.jsonl "
           f"or run the reproduction again")
   return records
-
-
-def seed_stats(values: Sequence[Optional[float]], name: str = "accuracy") -> dict:
-  """``{NAME_mean, NAME_std, seeds}`` of one value per seed: the mean, the sample standard
-  deviation (``ddof=1``; None for one seed, where it is undefined: a spread of 0 would claim
-  a precision one seed cannot show) and the number of seeds. A missing value (None) counts
-  as NaN and a NaN (a diverged seed) makes both NaN: it is never dropped."""
-  a = np.array([math.nan if v is None else v for v in values], dtype=float)
-  check(len(a) >= 1, "values", len(a), "need one value per seed, at least one")
-  std = float(a.std(ddof=1)) if len(a) > 1 else (None if np.isfinite(a[0]) else math.nan)
-  return {f"{name}_mean": float(a.mean()), f"{name}_std": std, "seeds": len(a)}

@@ -50,13 +50,18 @@ import time
 
 import numpy as np
 
+# This module's own make_config builds a run's configuration from a method and a scale.
+from fedjax_dp.config import make_config as run_config
+from fedjax_dp.engine import make_evaluator
 from fedjax_dp.errors import check_choice
+from fedjax_dp.experiment import load_data
 from fedjax_dp.outputs import write_text_atomic
-from fedjax_dp.plots import Curve, plot_curves
-from fedjax_dp.reproduce.runner import (Job, group_by, identity, num_seeds, read_records, release,
-                                        run_jobs, seed_stats, simulate_jobs, wrote)
+from fedjax_dp.plots import Curve, Layout, plot_curves
+from fedjax_dp.reproduce.runner import (Execution, Job, group_by, identity, num_seeds, read_records,
+                                        release, run_jobs, simulate_jobs, wrote)
 from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference,
                                        verdict_table)
+from fedjax_dp.stats import seed_stats
 
 METHODS = ("spfl", "spfl-sound", "adp-fl", "dp-fl", "nodp-fl")
 PAPER_GAINS = {"adp-fl": 2.25, "dp-fl": 4.41}  # accuracy points, SP-FL over the baseline (abstract)
@@ -94,23 +99,22 @@ SPFL_OPTIONS = {"high_fraction": 0.5, "beta_high": 0.2, "beta_low": 0.2}
 
 def make_config(method: str, dataset: str, p: dict, *, epsilon: float, cohort: int, steps: int,
                 seed: int, data_dir=None):
-  from fedjax_dp.config import make_config as mk
   opts = {"example_sampling": p["example_sampling"]}
   if method.startswith("spfl"):
     opts.update(SPFL_OPTIONS)
   # Poisson per-step batches are accounted under replace-one, which only the PLD accountant has.
   accountant = "pld" if p["example_sampling"] == "poisson" else "rdp"
-  return mk(dict(_BASE, accountant=accountant), algorithm=method, dataset=dataset, data_dir=data_dir,
-            max_train=p["max_train"], max_test=p["max_test"], rounds=p["rounds"],
-            cohort_size=cohort, local_steps=steps, batch_size=p["batch_size"],
-            client_lr=p["lr"], clip=p["clip"], noise_multiplier=None,
-            target_epsilon=None if method == "nodp-fl" else epsilon, seed=seed,
-            eval_every=p["rounds"], options=opts)
+  return run_config(dict(_BASE, accountant=accountant), algorithm=method, dataset=dataset,
+                    data_dir=data_dir, max_train=p["max_train"], max_test=p["max_test"],
+                    rounds=p["rounds"], cohort_size=cohort, local_steps=steps,
+                    batch_size=p["batch_size"], client_lr=p["lr"], clip=p["clip"],
+                    noise_multiplier=None,
+                    target_epsilon=None if method == "nodp-fl" else epsilon, seed=seed,
+                    eval_every=p["rounds"], options=opts)
 
 
 def _train_error(model, params, data, n: int):
   """Error and loss of the final model on ``n`` pooled training examples (Table 2)."""
-  from fedjax_dp.engine import make_evaluator
   mask = np.arange(data.x.shape[1])[None, :] < data.counts[:, None]
   x, y = data.x[mask], data.y[mask]
   idx = np.random.default_rng(0).permutation(len(y))[:n]
@@ -375,8 +379,8 @@ def _plot(rows, setting, xlabel, path, logx=False):
     panels.append((ds, curves))
   if not panels:
     return None
-  return str(plot_curves(panels, path, xlabel=xlabel, logx=logx, size=(4.2, 3.2), sharey=False,
-                         legend_size=7))
+  return str(plot_curves(panels, path, xlabel=xlabel, logx=logx,
+                         layout=Layout(size=(4.2, 3.2), sharey=False, legend_size=7)))
 
 
 def _markdown(rows, verdicts, header):
@@ -437,6 +441,36 @@ def _render(output_dir) -> tuple:
   return md, [out / "results.md"] + [x for x in plots if x]
 
 
+def _settings(p: dict) -> dict:
+  """``(dataset, setting, value) -> {epsilon, clients_per_round, local_steps}`` in run order: each
+  data set's base setting, then, on the swept data sets, one setting per other epsilon, cohort
+  and number of local steps of the scale ``p``."""
+  base = {"epsilon": p["epsilon"], "clients_per_round": p["cohort"], "local_steps": p["local_steps"]}
+  settings = {}
+  for ds in p["datasets"]:
+    settings[(ds, "base", None)] = dict(base)
+    if ds in p["sweep_datasets"]:
+      settings.update({(ds, "epsilon", e): dict(base, epsilon=e) for e in p["epsilons"]
+                       if e != p["epsilon"]})
+      settings.update({(ds, "clients_per_round", c): dict(base, clients_per_round=c)
+                       for c in p["cohorts"] if c != p["cohort"]})
+      settings.update({(ds, "local_steps", q): dict(base, local_steps=q) for q in p["steps"]
+                       if q != p["local_steps"]})
+  return settings
+
+
+def _load(ds: str, p: dict, data_dir):
+  """The data set ``ds`` at the scale ``p``, its clients' sizes and labels logged."""
+  data = load_data(make_config("dp-fl", ds, p, epsilon=p["epsilon"], cohort=p["cohort"],
+                               steps=p["local_steps"], seed=0, data_dir=data_dir))
+  labels = [len(np.unique(data.y[c, :data.counts[c]])) for c in range(data.num_clients)]
+  # Example counts are public under example-level DP; the labels per client are not.
+  print(f"[spfl2024] {ds}: {data.num_clients} clients, {int(data.counts.min())}-"
+        f"{int(data.counts.max())} examples (public), labels per client min {min(labels)} "
+        f"median {int(np.median(labels))} (raw diagnostic, not covered)", flush=True)
+  return data
+
+
 def run(scale: str = "small", output_dir: str = "runs/spfl2024", data_dir=None, seeds=None,
         methods=METHODS, threads=None) -> int:
   """Runs the reproduction at ``scale`` ("tiny", "small" or "medium"); returns 0."""
@@ -451,17 +485,7 @@ def run(scale: str = "small", output_dir: str = "runs/spfl2024", data_dir=None, 
   out = pathlib.Path(output_dir)
   out.mkdir(parents=True, exist_ok=True)
   t0 = time.perf_counter()
-  base = {"epsilon": p["epsilon"], "clients_per_round": p["cohort"], "local_steps": p["local_steps"]}
-  settings = {}  # (dataset, setting, value) -> its settings, in run order
-  for ds in p["datasets"]:
-    settings[(ds, "base", None)] = dict(base)
-    if ds in p["sweep_datasets"]:
-      settings.update({(ds, "epsilon", e): dict(base, epsilon=e) for e in p["epsilons"]
-                       if e != p["epsilon"]})
-      settings.update({(ds, "clients_per_round", c): dict(base, clients_per_round=c)
-                       for c in p["cohorts"] if c != p["cohort"]})
-      settings.update({(ds, "local_steps", q): dict(base, local_steps=q) for q in p["steps"]
-                       if q != p["local_steps"]})
+  settings = _settings(p)
   jobs = [Job(make_config(m, ds, p, epsilon=s["epsilon"], cohort=s["clients_per_round"],
                           steps=s["local_steps"], seed=seed, data_dir=data_dir),
               {"dataset": ds, "setting": setting, "value": value, "method": m, "seed": seed},
@@ -470,25 +494,14 @@ def run(scale: str = "small", output_dir: str = "runs/spfl2024", data_dir=None, 
           for (ds, setting, value), s in settings.items() for m in methods
           if not (m == "nodp-fl" and setting == "epsilon") for seed in range(n_seeds)]
 
-  def load(ds):
-    from fedjax_dp.experiment import load_data
-    data = load_data(make_config("dp-fl", ds, p, epsilon=p["epsilon"], cohort=p["cohort"],
-                                 steps=p["local_steps"], seed=0, data_dir=data_dir))
-    labels = [len(np.unique(data.y[c, :data.counts[c]])) for c in range(data.num_clients)]
-    # Example counts are public under example-level DP; the labels per client are not.
-    print(f"[spfl2024] {ds}: {data.num_clients} clients, {int(data.counts.min())}-"
-          f"{int(data.counts.max())} examples (public), labels per client min {min(labels)} "
-          f"median {int(np.median(labels))} (raw diagnostic, not covered)", flush=True)
-    return data
-
   def partial(runs):
     write_text_atomic(out / "results_partial.json",
         json.dumps({"rows": _rows(runs, settings, n_seeds)}, default=str) + "\n")
 
-  runs = run_jobs(jobs, _record, load_data=load,
-                  execute=functools.partial(_execute, train_eval=p["train_eval"]),
-                  runs_path=out / "runs.jsonl", on_record=partial,
-                  log=lambda line: print(f"[spfl2024] {line}", flush=True), threads=threads)
+  runs = run_jobs(jobs, _record, load_data=lambda ds: _load(ds, p, data_dir), runs_path=out / "runs.jsonl", on_record=partial,
+                  execution=Execution(functools.partial(_execute, train_eval=p["train_eval"]),
+                                      threads=threads,
+                                      log=lambda line: print(f"[spfl2024] {line}", flush=True)))
   rows = _rows(runs, settings, n_seeds)
   result = {"paper": "Wu and Li 2024, SP-FL", "scale": scale, "settings": p,
             "spfl_options": SPFL_OPTIONS, "privacy_unit":

@@ -39,13 +39,16 @@ import time
 
 import numpy as np
 
+from fedjax_dp.config import make_config
+from fedjax_dp.data import FederatedData, load_central, partition_indices
 from fedjax_dp.errors import check, check_choice
 from fedjax_dp.outputs import write_text_atomic
-from fedjax_dp.plots import Curve, plot_curves
-from fedjax_dp.reproduce.runner import (Job, group_by, identity, num_seeds, read_records, release,
-                                        run_jobs, seed_stats, wrote)
+from fedjax_dp.plots import Curve, Layout, plot_curves
+from fedjax_dp.reproduce.runner import (Execution, Job, group_by, identity, num_seeds, read_records,
+                                        release, run_jobs, wrote)
 from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference,
                                        verdict_table)
+from fedjax_dp.stats import seed_stats
 
 METHODS = ("sgd", "signsgd", "gm", "rsa", "dp-rsa-f", "dp-rsa-g")
 EPSILONS = (0.2, 0.4, 1.38)
@@ -90,7 +93,6 @@ def half_spread_groups(labels: np.ndarray, num_clients: int, group_size: int,
 
 
 def load_data(scale: dict, partition: str, data_dir, seed: int = 0):
-  from fedjax_dp.data import FederatedData, load_central, partition_indices
   central = load_central(scale["dataset"], data_dir=data_dir, max_train=scale["max_train"],
                          max_test=scale["max_test"], seed=seed)
   rng = np.random.default_rng([seed, 2022])
@@ -116,7 +118,6 @@ def runs(scale: dict):
 
 
 def _config(scale, method, opts, attack, data_dir, seed):
-  from fedjax_dp.config import make_config
   options = {"l2": scale["l2"], **opts}
   if method.startswith("rsa") or method.startswith("dp-rsa"):
     options["lambda"] = scale["lam"]
@@ -315,7 +316,7 @@ def reproduce(scale: str = "small", output_dir: str = "runs/zhu2022", data_dir=N
   records = run_jobs(jobs, _record, load_data=lambda partition: load_data(sc, partition, data_dir),
                      runs_path=out / "runs.jsonl",
                      on_record=lambda rs: _write(out, scale, sc, *_results(rs, n_seeds), t_start),
-                     log=log, threads=threads)
+                     execution=Execution(threads=threads, log=log))
   _write(out, scale, sc, *_results(records, n_seeds), t_start)
   written = _render(out)
   if progress:  # the command's result, as --render's: no [zhu2022] prefix
@@ -351,8 +352,8 @@ def _render(output_dir) -> list:
                    "-." if label.startswith("dp-rsa-f") else "-")
              for label, (xs, ys) in cs.items()]
     written.append(plot_curves([(title, lines)], out / f"zhu2022_{partition}_{attack}.png",
-                               xlabel="iteration", ylim=(0, 1), size=(5.2, 3.6),
-                               legend_columns=2, legend_size=6))
+                               xlabel="iteration", ylim=(0, 1),
+                               layout=Layout(size=(5.2, 3.6), legend_columns=2, legend_size=6)))
   return written
 
 

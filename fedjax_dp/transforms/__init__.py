@@ -26,6 +26,7 @@ from fedjax_dp.transforms.core import (
 )
 from fedjax_dp.transforms.per_example import (
     DPArgs,
+    GradientRule,
     clip_factors,
     dp_args,
     dp_gradient,
@@ -34,6 +35,6 @@ from fedjax_dp.transforms.per_example import (
 )
 from fedjax_dp.transforms.sparsify import sparsify_by_utility
 
-__all__ = ["DPArgs", "add_gaussian_noise", "clip_factors", "clip_l2", "dp_args", "dp_gradient",
-           "gaussian_like", "global_norm", "identity", "per_example_grads", "plain_gradient",
-           "salted", "sample_like", "sparsify_by_utility"]
+__all__ = ["DPArgs", "GradientRule", "add_gaussian_noise", "clip_factors", "clip_l2", "dp_args",
+           "dp_gradient", "gaussian_like", "global_norm", "identity", "per_example_grads",
+           "plain_gradient", "salted", "sample_like", "sparsify_by_utility"]

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_dp.errors import check, check_positive
+from fedjax_dp.errors import check_unless_traced
 
 # Salts folded into the key by each random transform (see package docstring).
 SALT_GAUSSIAN = 0x6A55
@@ -58,9 +58,17 @@ def clip_l2(bound: float) -> optax.GradientTransformationExtraArgs:
   Inf entry from a diverged client, or a norm that overflows) becomes all
   zeros, so the bound holds for every input (scaling Inf would give NaN, and
   one NaN row would make the released sum NaN).
+
+  Args:
+    bound: the L2 bound ``S``: a number, or the compiled round's hyper-parameter (traced).
+
+  Raises:
+    ConfigError: a concrete ``bound`` that is not a finite number > 0. A traced bound is not
+      checked here: the settings it comes from are, where they are read
+      (:class:`fedjax_dp.config.RunConfig`).
   """
-  check_positive("clip", bound)
-  check(jnp.isfinite(bound), "clip", bound, "must be a finite number")
+  check_unless_traced(lambda b: b is not None and b > 0, "clip", bound, "must be > 0")
+  check_unless_traced(np.isfinite, "clip", bound, "must be a finite number")
 
   def update(updates, state, params=None, **extra):
     del params, extra
@@ -78,8 +86,12 @@ def add_gaussian_noise(stddev: float, salt: int = SALT_GAUSSIAN) -> optax.Gradie
 
   ``salt`` is folded into the key; give a second noise transform in the same
   chain its own salt, or both draw the same noise.
+
+  Raises:
+    ConfigError: a concrete ``stddev`` below 0 (a traced one is checked where the settings it
+      comes from are read).
   """
-  check(stddev is not None and stddev >= 0, "noise stddev", stddev, "must be >= 0")
+  check_unless_traced(lambda s: s is not None and s >= 0, "noise stddev", stddev, "must be >= 0")
 
   def update(updates, state, params=None, *, key, **extra):
     del params, extra

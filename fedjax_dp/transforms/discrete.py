@@ -21,6 +21,7 @@ round) and of the cohort's rows (the server's modular sum):
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -168,51 +169,72 @@ def discrete_gaussian(key: jax.Array, shape, sigma, tries: int = SAMPLER_TRIES):
   Returns ``(samples, unaccepted)``: float32 integers of ``shape`` and the number of
   coordinates set to 0.
   """
-  t = jnp.floor(sigma) + 1.0
-  var = jnp.square(sigma)
-  n = math.prod(shape)
+  draw = _Proposals(key, jnp.floor(sigma) + 1.0, jnp.square(sigma), math.prod(shape))
+  n = draw.n
   sizes = _buffer_sizes(n)
-
-  def propose(i, size):
-    k1, k2, k3 = jax.random.split(jax.random.fold_in(key, i), 3)
-    y = (jnp.floor(t * jax.random.exponential(k1, (size,)))
-         - jnp.floor(t * jax.random.exponential(k2, (size,))))
-    accept = jax.random.uniform(k3, (size,)) < jnp.exp(-jnp.square(jnp.abs(y) - var / t) / (2.0 * var))
-    return y, accept
-
-  def retry(i, y, done, pending):
-    """One proposal for each position in ``pending`` (``n``: an empty slot); returns the
-    samples, the accepted mask and the positions still rejected (``n`` where accepted)."""
-    y_new, accept = propose(i, pending.shape[0])
-    taken = jnp.where(accept, pending, n)  # n is out of range: dropped
-    return (y.at[taken].set(y_new, mode="drop"), done.at[taken].set(True, mode="drop"),
-            jnp.where(accept, n, pending))
-
-  y, done = propose(0, n)
+  y, done = draw.propose(0, n)
   pending = jnp.nonzero(jnp.logical_not(done), size=sizes[0], fill_value=n)[0]
   for i, size in enumerate(sizes[1:], 1):  # one round per buffer, compacting the rejected
-    y, done, pending = retry(i, y, done, pending)
+    y, done, pending = draw.retry(i, y, done, pending)
     pending = jnp.append(pending, n)[jnp.nonzero(pending < n, size=size,
                                                  fill_value=pending.shape[0])[0]]
+  y, done = _drain(draw, y, done, pending, len(sizes), tries)
+  return jnp.where(done, y, 0.0).reshape(shape), jnp.sum(jnp.logical_not(done))
 
-  def drain(c):  # the last buffer until it is empty
+
+class _Proposals(NamedTuple):
+  """Canonne, Kamath and Steinke's proposals (Algorithm 3) for :func:`discrete_gaussian`'s ``n``
+  coordinates; round ``i`` draws from ``fold_in(key, i)``."""
+
+  key: jax.Array
+  t: jax.Array    # floor(sigma) + 1, the discrete Laplace's scale
+  var: jax.Array  # sigma^2
+  n: int          # the coordinates; in a buffer of positions, ``n`` is an empty slot
+
+  def propose(self, i, size: int):
+    """``size`` proposals ``Y`` (discrete Laplace, ``P[y] ~ exp(-|y|/t)``) and whether each is
+    accepted (probability ``exp(-(|Y| - sigma^2/t)^2 / (2 sigma^2))``)."""
+    t, var = self.t, self.var
+    k1, k2, k3 = jax.random.split(jax.random.fold_in(self.key, i), 3)
+    y = (jnp.floor(t * jax.random.exponential(k1, (size,)))
+         - jnp.floor(t * jax.random.exponential(k2, (size,))))
+    accept = (jax.random.uniform(k3, (size,))
+              < jnp.exp(-jnp.square(jnp.abs(y) - var / t) / (2.0 * var)))
+    return y, accept
+
+  def retry(self, i, y, done, pending):
+    """One proposal for each position in ``pending`` (``n``: an empty slot); returns the
+    samples, the accepted mask and the positions still rejected (``n`` where accepted)."""
+    y_new, accept = self.propose(i, pending.shape[0])
+    taken = jnp.where(accept, pending, self.n)  # n is out of range: dropped
+    return (y.at[taken].set(y_new, mode="drop"), done.at[taken].set(True, mode="drop"),
+            jnp.where(accept, self.n, pending))
+
+
+def _drain(draw: _Proposals, y, done, pending, first: int, tries: int):
+  """The last buffer of :func:`discrete_gaussian` retried until it is empty (rounds ``first``
+  to ``first + tries``), then the coordinates a full buffer left out, gathered from the whole
+  vector into buffers of ``pending``'s size, until none is left (``tries`` more rounds at
+  most). Returns ``(y, done)``."""
+  n, final = draw.n, pending.shape[0]
+
+  def drain(c):
     i, y, done, pending = c
-    return (i + 1, *retry(i, y, done, pending))
+    return (i + 1, *draw.retry(i, y, done, pending))
 
-  first = len(sizes)
   _, y, done, _ = jax.lax.while_loop(
       lambda c: jnp.logical_and(c[0] < first + tries, jnp.any(c[3] < n)), drain,
       (jnp.int32(first), y, done, pending))
 
-  def left_out(c):  # those a full buffer left out, gathered from the whole vector
+  def left_out(c):
     i, y, done = c
-    pending = jnp.nonzero(jnp.logical_not(done), size=sizes[-1], fill_value=n)[0]
-    return (i + 1, *retry(i, y, done, pending)[:2])
+    pending = jnp.nonzero(jnp.logical_not(done), size=final, fill_value=n)[0]
+    return (i + 1, *draw.retry(i, y, done, pending)[:2])
 
   _, y, done = jax.lax.while_loop(
       lambda c: jnp.logical_and(c[0] < first + 2 * tries, jnp.logical_not(jnp.all(c[2]))),
       left_out, (first + tries, y, done))
-  return jnp.where(done, y, 0.0).reshape(shape), jnp.sum(jnp.logical_not(done))
+  return y, done
 
 
 def modular_sum(rows: jax.Array, mask: jax.Array, bits) -> jax.Array:

@@ -38,6 +38,7 @@ returned beside the gradient are diagnostics, not covered.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, NamedTuple, Optional
 
 import jax
@@ -94,30 +95,52 @@ def clip_factors(norms: jax.Array, clip: jax.Array, scale: jax.Array) -> jax.Arr
   return jnp.minimum(jnp.minimum(1.0, scale), clip / jnp.maximum(norms, 1e-30))
 
 
-def dp_gradient(objective: Callable, params, anchor, x: jax.Array, y: jax.Array,
-                mask: jax.Array, args: DPArgs, key: jax.Array, expected_batch: float,
-                statistic: str = "none", data_dependent_noise: bool = False,
-                stat_key: Optional[jax.Array] = None):
+@dataclasses.dataclass(frozen=True)
+class GradientRule:
+  """The static part of one DP-SGD gradient (:func:`dp_gradient`); its numbers come in
+  :class:`DPArgs`.
+
+  Attributes:
+    expected_batch: ``L``, the public denominator of the noisy sum.
+    statistic: the noisy norm statistic the step releases beside the gradient: "none",
+      "below" or "norm" (module docstring).
+    data_dependent_noise: SP-FL's published rule: where ``C = inf``, the noise is scaled by the
+      batch's mean gradient norm (then the step has no DP guarantee).
+
+  Raises:
+    ConfigError: an unknown ``statistic``.
+  """
+
+  expected_batch: float
+  statistic: str = "none"
+  data_dependent_noise: bool = False
+
+  def __post_init__(self):
+    check_choice("statistic", self.statistic, STATISTICS)
+
+
+def dp_gradient(objective: Callable, params, anchor, batch: tuple, args: DPArgs, key: jax.Array,
+                rule: GradientRule, stat_key: Optional[jax.Array] = None):
   """One DP-SGD gradient: ``(sum_i mask_i clip(g_i) + N(0, (sigma C)^2 I)) / L``.
 
   Args:
     objective: ``(params, (x, y, mask), anchor) -> loss``.
     params: the current local model.
     anchor: the round's global model (passed through to the objective).
-    x, y: the sampled batch (``[K, ...]``, ``[K]``).
-    mask: ``[K]`` 1.0 for sampled examples (0 for the capacity's padding).
+    batch: the sampled ``(x, y, mask)``: ``[K, ...]``, ``[K]``, and ``mask`` ``[K]`` 1.0 for
+      sampled examples (0 for the capacity's padding).
     args: this client's :class:`DPArgs`.
     key: the gradient noise's key (drawn from, nothing derived from it).
-    expected_batch: ``L``, the public denominator.
-    statistic: "none", "below" or "norm" (module docstring).
-    data_dependent_noise: SP-FL's published rule (a static choice): where
-      ``C = inf``, scale the noise by the batch's mean gradient norm.
+    rule: the static :class:`GradientRule` (``L``, the statistic, the noise rule).
     stat_key: the statistic's noise key, independent of ``key`` (needed with a statistic).
 
   Returns:
     ``(gradient, info)`` with ``info`` a dict of scalars: ``loss_sum``,
     ``norm_sum``, ``examples``, ``clipped``, ``noise_std``, ``stat``,
     ``nonfinite`` (examples whose gradient had NaN/Inf and was zeroed).
+
+  Raises:
+    ConfigError: a statistic without ``stat_key``.
 
   Privacy: the noise standard deviation is ``sigma * C`` for the bound in
   force. With ``data_dependent_noise`` and ``C = inf`` (SP-FL's proportional
@@ -127,46 +150,59 @@ def dp_gradient(objective: Callable, params, anchor, x: jax.Array, y: jax.Array,
   non-finite gradient is zeroed before clipping, so it cannot turn the sum
   into NaN and void the bound.
   """
-  check_choice("statistic", statistic, STATISTICS)
-  check(statistic == "none" or stat_key is not None, "stat_key", stat_key,
-        f"must be given with statistic {statistic!r}")
+  check(rule.statistic == "none" or stat_key is not None, "stat_key", stat_key,
+        f"must be given with statistic {rule.statistic!r}")
+  x, y, mask = batch
   losses, grads = per_example_grads(objective, params, anchor, x, y)
-  norms = jax.vmap(global_norm)(grads)
-  finite = jnp.isfinite(norms)
-  grads = jax.tree_util.tree_map(
-      lambda g: jnp.where(finite.reshape((-1,) + (1,) * (g.ndim - 1)), g, jnp.zeros_like(g)), grads)
-  norms = jnp.where(finite, norms, 0.0)
+  grads, norms, finite = _zero_nonfinite(grads)
   factors = clip_factors(norms, args.clip, args.scale) * mask
   clipped_sum = jax.tree_util.tree_map(
       lambda g: jnp.tensordot(factors, g, axes=(0, 0)).astype(g.dtype), grads)
   examples = jnp.sum(mask)
   mean_norm = jnp.sum(norms * mask) / jnp.maximum(examples, 1.0)
-  if data_dependent_noise:
+  if rule.data_dependent_noise:
     bound = jnp.where(jnp.isfinite(args.clip), args.clip, args.scale * mean_norm)
   else:
     bound = args.clip
   noise_std = args.noise_multiplier * bound
   noisy = jax.tree_util.tree_map(jnp.add, clipped_sum, gaussian_like(clipped_sum, noise_std, key))
-  grad = jax.tree_util.tree_map(lambda g: g / expected_batch, noisy)
-  if statistic == "none":
-    stat = jnp.zeros((), jnp.float32)
-  else:
-    if statistic == "below":
-      s = (norms <= args.clip).astype(jnp.float32)
-    else:
-      s = jnp.minimum(norms, args.stat_bound) / args.stat_bound
-    stat = jnp.sum((s - 0.5) * mask) + args.stat_noise * jax.random.normal(
-        stat_key, (), jnp.float32)
+  grad = jax.tree_util.tree_map(lambda g: g / rule.expected_batch, noisy)
+  stat = _norm_statistic(norms, mask, args, rule.statistic, stat_key)
   info = {"loss_sum": jnp.sum(losses * mask), "norm_sum": jnp.sum(norms * mask),
           "examples": examples, "clipped": jnp.sum((factors < 1.0) * mask),
-          "noise_std": noise_std, "stat": stat,
-          "nonfinite": jnp.sum((~finite) * mask)}
+          "noise_std": noise_std, "stat": stat, "nonfinite": jnp.sum((~finite) * mask)}
   return grad, info
 
 
-def plain_gradient(objective: Callable, params, anchor, x, y, mask, key, expected_batch: float):
-  """Non-private counterpart of :func:`dp_gradient`: ``sum_i mask_i g_i / L``, no per-example work."""
-  del key
+def _zero_nonfinite(grads):
+  """``(grads, norms, finite)``: per-example gradients (leaves ``[K, ...]``) with those holding a
+  NaN or Inf set to zeros, their L2 norms (0 for those) and which were finite."""
+  norms = jax.vmap(global_norm)(grads)
+  finite = jnp.isfinite(norms)
+  grads = jax.tree_util.tree_map(
+      lambda g: jnp.where(finite.reshape((-1,) + (1,) * (g.ndim - 1)), g, jnp.zeros_like(g)), grads)
+  return grads, jnp.where(finite, norms, 0.0), finite
+
+
+def _norm_statistic(norms: jax.Array, mask: jax.Array, args: DPArgs, statistic: str,
+                   key: Optional[jax.Array]) -> jax.Array:
+  """A step's noisy shifted norm statistic ``sum_i mask_i (s_i - 1/2) + N(0, stat_noise^2)``
+  (module docstring): ``s_i = 1[||g_i|| <= C]`` ("below") or ``min(||g_i||, B) / B`` ("norm");
+  0 for "none" (no draw from ``key``, which may then be None)."""
+  if statistic == "none":
+    return jnp.zeros((), jnp.float32)
+  if statistic == "below":
+    s = (norms <= args.clip).astype(jnp.float32)
+  else:
+    s = jnp.minimum(norms, args.stat_bound) / args.stat_bound
+  return jnp.sum((s - 0.5) * mask) + args.stat_noise * jax.random.normal(key, (), jnp.float32)
+
+
+def plain_gradient(objective: Callable, params, anchor, batch: tuple, expected_batch: float):
+  """Non-private counterpart of :func:`dp_gradient`: ``sum_i mask_i g_i / L`` of the batch
+  ``(x, y, mask)``, no per-example work."""
+  x, y, mask = batch
+
   def total(p):
     return objective(p, (x, y, mask), anchor) * jnp.sum(mask)
   loss_sum, g = jax.value_and_grad(total)(params)

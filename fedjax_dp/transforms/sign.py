@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dp.errors import check, check_choice
+from fedjax_dp.errors import check_choice, check_unless_traced
 from fedjax_dp.transforms.core import (SALT_SIGN_FLIP, SALT_SIGN_GAUSSIAN, clip_l2, gaussian_like,
                                        salted, sample_like)
 
@@ -60,9 +60,13 @@ def sign_flip(keep_prob: float) -> optax.GradientTransformationExtraArgs:
 
   Args:
     keep_prob: gamma in [0.5, 1]; 1 keeps every sign (no privacy).
+
+  Raises:
+    ConfigError: a concrete ``keep_prob`` outside [0.5, 1] (a traced one, the compiled round's
+      hyper-parameter, is checked where the settings are read).
   """
-  check(keep_prob is not None and (0.5 <= keep_prob) & (keep_prob <= 1), "keep_prob", keep_prob,
-        "must be in [0.5, 1]")
+  check_unless_traced(lambda g: g is not None and 0.5 <= g <= 1, "keep_prob", keep_prob,
+                      "must be in [0.5, 1]")
 
   def update(updates, state, params=None, *, key, **extra):
     del params, extra
@@ -78,8 +82,13 @@ def sign_flip(keep_prob: float) -> optax.GradientTransformationExtraArgs:
 def clip_linf(bound: float) -> optax.GradientTransformationExtraArgs:
   """Clamps every coordinate to ``[-bound, bound]``; a NaN coordinate (a diverged worker) becomes
   0, so the bound holds for every input (a clamped NaN stays NaN, and the sign of NaN plus noise
-  is not random: the per-coordinate guarantee would fail for it)."""
-  check(bound is not None and bound > 0, "sign_clip", bound, "must be > 0")
+  is not random: the per-coordinate guarantee would fail for it).
+
+  Raises:
+    ConfigError: a concrete ``bound`` that is not > 0 (a traced one is checked where the settings
+      are read).
+  """
+  check_unless_traced(lambda b: b is not None and b > 0, "sign_clip", bound, "must be > 0")
 
   def update(updates, state, params=None, **extra):
     del params, extra
@@ -109,8 +118,12 @@ def sign_gaussian(sigma: float, clip: Optional[float] = None,
     sigma: noise standard deviation (> 0).
     clip: the bound, or None (no formal guarantee).
     norm: "linf" or "l2".
+
+  Raises:
+    ConfigError: an unknown ``norm``, or a concrete ``sigma`` or ``clip`` that is not > 0 (traced
+      ones, the compiled round's hyper-parameters, are checked where the settings are read).
   """
-  check(sigma is not None and sigma > 0, "sign_sigma", sigma, "must be > 0")
+  check_unless_traced(lambda s: s is not None and s > 0, "sign_sigma", sigma, "must be > 0")
   check_choice("sign_clip_norm", norm, NORMS)
   if clip is not None:
     bound = clip_linf(clip) if norm == "linf" else clip_l2(clip)

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dp.errors import check
+from fedjax_dp.errors import check_unless_traced
 
 
 def kept_count(size: int, sparsity) -> jax.Array:
@@ -90,9 +90,13 @@ def sparsify_by_utility(sparsity: float) -> optax.GradientTransformationExtraArg
     sparsity: c in [0, 1), the fraction of each layer's elements zeroed
       (the paper's grid: 0.1, 0.3, 0.5, 0.7, 0.9; default in the paper 0.7).
       ``c = 0`` keeps everything.
+
+  Raises:
+    ConfigError: a concrete ``sparsity`` outside [0, 1) (a traced one, the compiled round's
+      hyper-parameter, is checked where the settings are read).
   """
-  check(sparsity is not None and (0 <= sparsity) & (sparsity < 1), "sparsity", sparsity,
-        "must be in [0, 1)")
+  check_unless_traced(lambda c: c is not None and 0 <= c < 1, "sparsity", sparsity,
+                      "must be in [0, 1)")
 
   def update(updates, state, params=None, *, grad, **extra):
     del params, extra

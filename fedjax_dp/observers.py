@@ -1,0 +1,377 @@
+"""What a run does with its records: one interface for every output of the run loop.
+
+::
+
+  engine.run_group: prepare -> for each round: step -> record -> ReleasePolicy.view -> observers
+
+Each round of each experiment gives one :class:`Record`; every output is an :class:`Observer`
+that receives it, in this order: the records a run returns (:class:`History`), ``metrics.jsonl``
+(:class:`MetricsFile`), TensorBoard events (:class:`TensorBoard`), ``norms.npz``
+(:class:`NormsFile`), checkpoints (:class:`Checkpoint`), the progress bar
+(:class:`ProgressBar`), ``summary.json`` (:class:`SummaryFile`, last: a folder with a summary
+holds a whole run), then a user's callback (:class:`Callback`, ``simulate(on_round=...)``) and
+own observers (``simulate(observers=[...])``).
+
+The release policy (:class:`ReleasePolicy`) decides what each observer sees: with
+``release="all"`` an observer that asks for them (:attr:`Observer.sees_diagnostics`) gets the
+raw diagnostics too (the record's ``diagnostics``, the clients' norms, the whole state); with
+``release="private"``, or for an observer that does not ask, only what the guarantee covers and
+what is public by design (:mod:`fedjax_dp.engine`'s docstring lists which is which).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from fedjax_dp import outputs
+from fedjax_dp.jsonio import dumps
+
+
+def flat(record: dict, prefix: str = "") -> dict:
+  """``{"diagnostics": {"update_norm": {"q50": x}}}`` -> ``{"update_norm.q50": x}`` (numbers
+  only): a record's names as ``RunResult.metrics`` and TensorBoard give them."""
+  out = {}
+  for k, v in record.items():
+    if isinstance(v, dict):
+      out.update(flat(v, "" if k == "diagnostics" else f"{prefix}{k}."))
+    elif isinstance(v, (int, float)) and not isinstance(v, bool) or v is None:
+      out[prefix + k] = v
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Start:
+  """What an observer learns before the first round it sees.
+
+  Attributes:
+    rounds: the run's rounds ``T``.
+    done: rounds done before this process's first (a resumed run's checkpoint round; else 0).
+    rows: the records of those rounds (as ``metrics.jsonl`` keeps them).
+    log: a resumed run's saved record state (``accuracy``, ``loss``, ``diverged``,
+      ``provenance``; :meth:`fedjax_dp.engine.Records.state`), None for a new run.
+    arrays: a resumed run's saved arrays (``norms``, ``norm_counts`` where it kept norms).
+  """
+
+  rounds: int
+  done: int = 0
+  rows: tuple = ()
+  log: Optional[dict] = None
+  arrays: Optional[dict] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+  """One round of one experiment, as an observer sees it.
+
+  Attributes:
+    round: the round's number ``r`` (1 to ``T``).
+    rounds: the run's rounds ``T``.
+    row: the round's record, as ``metrics.jsonl`` holds it; its raw statistics under
+      ``diagnostics`` only where the observer sees diagnostics.
+    norms: the real clients' pre-clip update norms, in the cohort's order (a raw diagnostic:
+      None where the observer does not see diagnostics).
+    state: the :class:`fedjax_dp.round.RoundState` after the round (the whole simulation,
+      every client's raw state rows included: None where the observer does not see diagnostics,
+      and in a group of experiments, which is not checkpointed).
+  """
+
+  round: int
+  rounds: int
+  row: dict
+  norms: Optional[np.ndarray] = None
+  state: Any = None
+
+
+class Observer:
+  """A receiver of a run's records; each method's default does nothing.
+
+  The run calls :meth:`start` once, then :meth:`round` after every round, then :meth:`finish`
+  with the run's :class:`fedjax_dp.engine.RunResult` when every round has run, and
+  :meth:`close` at the end whether the run finished or raised. Observers are called in the
+  order they are given, after the run's own outputs.
+
+  Attributes:
+    sees_diagnostics: whether the observer asks for the raw diagnostics; the release policy
+      grants them under ``release="all"`` only (:class:`ReleasePolicy`).
+  """
+
+  sees_diagnostics: bool = True
+
+  def start(self, start: Start) -> None:
+    """Before the first round this process runs (``start.done`` rounds ran before it)."""
+
+  def round(self, record: Record) -> None:
+    """After each round, with its :class:`Record` as the release policy shows it."""
+
+  def finish(self, result) -> None:
+    """After the last round, with the run's :class:`fedjax_dp.engine.RunResult`."""
+
+  def close(self) -> None:
+    """At the end of the run, finished or not: releases files and threads."""
+
+
+def is_released(name: str, released_metrics) -> bool:
+  """Whether a program metric is in ``released_metrics`` (names; a trailing ``*`` is a prefix):
+  computed only from the noisy release, so a record keeps it beside the covered values rather
+  than under ``diagnostics`` (:func:`fedjax_dp.engine.summarize_round`)."""
+  return any(name == r or (r.endswith("*") and name.startswith(r[:-1])) for r in released_metrics)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReleasePolicy:
+  """What a run's observers may see (``release``, :data:`fedjax_dp.engine.RELEASES`).
+
+  ``"all"``: an observer that asks for them (:attr:`Observer.sees_diagnostics`) sees the raw
+  diagnostics; ``"private"``: no observer does, so what leaves the run is only what the
+  guarantee covers and what is public by design.
+  """
+
+  mode: str = "all"
+
+  def shows_diagnostics(self, observer: Observer) -> bool:
+    """Whether ``observer`` sees the raw diagnostics."""
+    return self.mode == "all" and observer.sees_diagnostics
+
+  def view(self, record: Record, observer: Observer) -> Record:
+    """``record`` as ``observer`` may see it: without its diagnostics, norms and state unless
+    :meth:`shows_diagnostics`."""
+    if self.shows_diagnostics(observer):
+      return record
+    row = {k: v for k, v in record.row.items() if k != "diagnostics"}
+    return Record(record.round, record.rounds, row)
+
+
+class Observers:
+  """The observers of one experiment under one :class:`ReleasePolicy`, called in order."""
+
+  def __init__(self, policy: ReleasePolicy, observers: Sequence[Observer]):
+    self.policy = policy
+    self.observers = list(observers)
+
+  def start(self, start: Start) -> None:
+    for o in self.observers:
+      o.start(start)
+
+  def round(self, record: Record) -> None:
+    for o in self.observers:
+      o.round(self.policy.view(record, o))
+
+  def finish(self, result) -> None:
+    for o in self.observers:
+      o.finish(result)
+
+  def close(self) -> None:
+    """Closes every observer; the first error is raised once all are closed."""
+    error = None
+    for o in self.observers:
+      try:
+        o.close()
+      except BaseException as e:  # pylint: disable=broad-except
+        error = error or e
+    if error is not None:
+      raise error
+
+
+class History(Observer):
+  """The records a run returns (:attr:`fedjax_dp.engine.RunResult.history`)."""
+
+  def __init__(self):
+    self.rows = []
+
+  def start(self, start: Start) -> None:
+    self.rows = list(start.rows)
+
+  def round(self, record: Record) -> None:
+    self.rows.append(record.row)
+
+
+class Callback(Observer):
+  """Calls ``fn(row)`` with each round's record (``simulate(on_round=fn)``)."""
+
+  def __init__(self, fn: Callable[[dict], None]):
+    self.fn = fn
+
+  def round(self, record: Record) -> None:
+    self.fn(record.row)
+
+
+class MetricsFile(Observer):
+  """``metrics.jsonl`` in ``folder``, one row per round, flushed as it goes
+  (:class:`fedjax_dp.outputs.MetricsFile`: the earlier run's files are removed when the first
+  row is written; a resumed run appends)."""
+
+  def __init__(self, folder: pathlib.Path):
+    self.folder = folder
+    self.file = outputs.MetricsFile(folder)
+
+  def start(self, start: Start) -> None:
+    if start.log is not None:
+      self.file = outputs.MetricsFile(self.folder, append=True)
+
+  def round(self, record: Record) -> None:
+    self.file.write(dumps(record.row) + "\n")
+    self.file.flush()
+
+  def close(self) -> None:
+    self.file.close()
+
+
+class SummaryFile(Observer):
+  """``summary.json`` in ``folder``, written (atomically) when the run has finished: the run
+  attaches it after its other outputs, so a folder with a summary holds a whole run."""
+
+  def __init__(self, folder: pathlib.Path):
+    self.folder = folder
+
+  def finish(self, result) -> None:
+    outputs.write_text_atomic(self.folder / outputs.SUMMARY,
+                              dumps(result.summary, indent=2, default=str) + "\n")
+
+
+class TensorBoard(Observer):
+  """TensorBoard event files in ``folder/tensorboard/``: each record's numbers as scalars at
+  step ``round``, tagged by their ``metrics.jsonl`` names (diagnostics under ``diagnostics/``,
+  with a histogram of the clients' update norms). Opened at the first round, after
+  ``metrics.jsonl``, whose first write removed an earlier run's files."""
+
+  def __init__(self, folder: pathlib.Path):
+    self.folder = folder
+    self.writer = None
+    self.resumed_from = None
+
+  def start(self, start: Start) -> None:
+    self.resumed_from = start.done if start.log is not None else None
+
+  def round(self, record: Record) -> None:
+    if self.writer is None:
+      # Needs the optional tensorboardX (checked with the run's options): imported on use.
+      from tensorboardX import SummaryWriter
+      # A resumed run's file has a name of its own: tensorboardX names a file by the second it
+      # opens it and truncates a file of that name (one the checkpoint's run opened that second).
+      suffix = "" if self.resumed_from is None else f".resumed-{self.resumed_from}"
+      self.writer = SummaryWriter(str(self.folder / outputs.TENSORBOARD), flush_secs=10,
+                                  filename_suffix=suffix)
+    rec, step = record.row, record.round
+    scalars = flat({k: v for k, v in rec.items() if k not in ("round", "diagnostics")})
+    if "diagnostics" in rec:
+      scalars.update({f"diagnostics/{k}": v for k, v in flat(rec["diagnostics"]).items()})
+      if record.norms is not None and record.norms.size:
+        self.writer.add_histogram("diagnostics/update_norm", record.norms, step)
+    for tag, v in scalars.items():
+      if v is not None:
+        self.writer.add_scalar(tag, v, step)
+
+  def flush(self) -> None:
+    """Writes the events so far to disk (before a checkpoint that holds their rounds)."""
+    if self.writer is not None:
+      self.writer.flush()
+
+  def finish(self, result) -> None:
+    self.close()  # every event on disk before summary.json marks the run finished
+
+  def close(self) -> None:
+    if self.writer is not None:
+      self.writer.close()
+      self.writer = None
+
+
+class NormsFile(Observer):
+  """``norms.npz`` in ``folder``, written at the end of the run: arrays ``round`` ``[R]``
+  (int32), ``offsets`` ``[R + 1]`` (int64), ``norms`` (float32, every round's real clients'
+  pre-clip update norms one after another: round ``round[i]``'s are
+  ``norms[offsets[i]:offsets[i + 1]]``) and ``clip`` (the clip bound ``clip``; NaN without
+  one). Raw diagnostics: the run attaches it under ``release="all"`` only."""
+
+  def __init__(self, folder: pathlib.Path, clip: Optional[float]):
+    self.folder = folder
+    self.clip = clip
+    self.norms = []
+
+  def start(self, start: Start) -> None:
+    if start.arrays is not None:
+      arrays = start.arrays
+      self.norms = np.split(arrays["norms"], np.cumsum(arrays["norm_counts"])[:-1])
+
+  def round(self, record: Record) -> None:
+    self.norms.append(record.norms.astype(np.float32))
+
+  def state(self) -> dict:
+    """The norms so far, as a checkpoint keeps them (``norms``, ``norm_counts``)."""
+    return {"norms": np.concatenate(self.norms).astype(np.float32),
+            "norm_counts": np.array([len(n) for n in self.norms], np.int64)}
+
+  def finish(self, result) -> None:
+    rounds = np.array([rec["round"] for rec in result.history], np.int32)
+    offsets = np.concatenate([[0], np.cumsum([len(n) for n in self.norms])]).astype(np.int64)
+    clip = np.float64(np.nan if self.clip is None else self.clip)
+
+    def write(tmp):
+      with open(tmp, "wb") as f:
+        np.savez(f, round=rounds, offsets=offsets, norms=np.concatenate(self.norms), clip=clip)
+    outputs.write_atomic(self.folder / outputs.NORMS, write)
+
+
+class Checkpoint(Observer):
+  """Saves the run through ``checkpointer`` (:class:`fedjax_dp.checkpoint.Checkpointer`) after
+  every ``every`` rounds and the last: the round's whole state, the experiment's sampler and
+  accounting, ``records``' state and ``norms``' (a :class:`NormsFile`, or None), with the
+  TensorBoard events of those rounds flushed first (``tensorboard``, or None)."""
+
+  def __init__(self, checkpointer, experiment, records, norms: Optional[NormsFile] = None,
+               tensorboard: Optional[TensorBoard] = None):
+    self.checkpointer = checkpointer
+    self.experiment = experiment
+    self.records = records
+    self.norms = norms
+    self.tensorboard = tensorboard
+
+  def round(self, record: Record) -> None:
+    if not self.checkpointer.due(record.round, record.rounds):
+      return
+    if self.tensorboard is not None:  # the events of the rounds this checkpoint holds are on disk
+      self.tensorboard.flush()
+    self.checkpointer.save(record.round, record.state, self.experiment, self.records.state(),
+                           {} if self.norms is None else self.norms.state())
+
+  def close(self) -> None:
+    self.checkpointer.close()
+
+
+class ProgressBar(Observer):
+  """A tqdm progress bar of the run's rounds, showing the last test accuracy, the epsilon and
+  (a diagnostic, where the policy shows it) the clients' raw training loss; ``experiments``:
+  how many the bar's program runs (shown when more than one)."""
+
+  def __init__(self, experiments: int = 1):
+    self.experiments = experiments
+    self.bar = None
+    self.accuracy = None
+
+  def start(self, start: Start) -> None:
+    if start.log is not None:
+      self.accuracy = start.log["accuracy"]
+    self.bar = tqdm(total=start.rounds, initial=start.done, unit="round", dynamic_ncols=True)
+
+  def round(self, record: Record) -> None:
+    row = record.row
+    if "test_accuracy" in row:
+      self.accuracy = row["test_accuracy"]
+    post = {"acc": f"{self.accuracy:.4f}" if self.accuracy is not None else "-"}
+    diag = row.get("diagnostics", {})
+    if diag.get("train_loss") is not None:  # the clients' raw loss, a diagnostic
+      post["raw loss"] = f"{diag['train_loss']:.3f}"
+    if row.get("epsilon") is not None:
+      post["eps"] = f"{row['epsilon']:.2f}"
+    if self.experiments > 1:
+      post["experiments"] = self.experiments
+    self.bar.set_postfix(post, refresh=False)
+    self.bar.update(1)
+
+  def close(self) -> None:
+    if self.bar is not None:
+      self.bar.close()

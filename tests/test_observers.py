@@ -1,0 +1,132 @@
+"""The run loop's observers: one interface for every output, and the release policy over it."""
+
+import json
+
+import numpy as np
+import pytest
+
+from fedjax_dp.engine import RunOptions
+from fedjax_dp.errors import ConfigError
+from fedjax_dp.experiment import simulate
+from fedjax_dp.observers import Observer, Record, ReleasePolicy, Start, is_released
+
+RUN = dict(num_clients=40, rounds=3, local_steps=2, model="mlp", max_test=100, eval_every=2)
+
+
+class Recorder(Observer):
+  """Keeps every call it receives, in order."""
+
+  def __init__(self, sees_diagnostics=True):
+    self.sees_diagnostics = sees_diagnostics
+    self.calls, self.records = [], []
+
+  def start(self, start):
+    self.calls.append(("start", start))
+
+  def round(self, record):
+    self.calls.append(("round", record.round))
+    self.records.append(record)
+
+  def finish(self, result):
+    self.calls.append(("finish", result))
+
+  def close(self):
+    self.calls.append(("close",))
+
+
+def test_a_user_observer_receives_every_rounds_record_then_the_result(tmp_path):
+  mine = Recorder()
+  result = simulate(**RUN, observers=[mine], output_dir=str(tmp_path))
+  kinds = [c[0] for c in mine.calls]
+  assert kinds == ["start", "round", "round", "round", "finish", "close"]
+  assert mine.calls[0][1] == Start(rounds=3)
+  assert [c[1] for c in mine.calls[1:4]] == [1, 2, 3]
+  assert mine.calls[4][1] is result
+  # The same records the run returns and writes, diagnostics included under release "all".
+  assert [r.row for r in mine.records] == result.history
+  written = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [r.row for r in mine.records] == written
+  assert all("diagnostics" in r.row and r.rounds == 3 for r in mine.records)
+  assert [("test_accuracy" in r.row) for r in mine.records] == [False, True, True]
+  # The clients' raw norms, as norms.npz holds them, and the state after each round.
+  norms = np.load(tmp_path / "norms.npz")
+  np.testing.assert_array_equal(np.concatenate([r.norms for r in mine.records]), norms["norms"])
+  assert mine.records[-1].state is result.state
+
+
+def test_on_round_is_an_observer_of_the_rows():
+  rows = []
+  result = simulate(**RUN, on_round=rows.append)
+  assert rows == result.history and len(rows) == 3
+
+
+def test_the_release_policy_hides_diagnostics_from_an_observer_not_allowed_them():
+  allowed, refused = Recorder(), Recorder(sees_diagnostics=False)
+  result = simulate(**RUN, observers=[allowed, refused])
+  assert [r.row for r in allowed.records] == result.history
+  for r in refused.records:
+    assert "diagnostics" not in r.row and r.norms is None and r.state is None
+  # Everything else of the row is the same, in the same order.
+  assert [r.row for r in refused.records] == [
+      {k: v for k, v in row.items() if k != "diagnostics"} for row in result.history]
+
+
+def test_a_private_release_shows_no_observer_the_diagnostics(tmp_path):
+  mine = Recorder()
+  result = simulate(**RUN, observers=[mine], release="private", output_dir=str(tmp_path))
+  assert len(mine.records) == 3
+  for r in mine.records:
+    assert "diagnostics" not in r.row and r.norms is None and r.state is None
+  assert [r.row for r in mine.records] == result.history
+  assert "diagnostics" not in result.summary and not (tmp_path / "norms.npz").exists()
+
+
+def test_release_policy_view():
+  row = {"round": 2, "epsilon": 1.5, "diagnostics": {"cohort_size": 7}}
+  record = Record(2, 5, row, np.ones(3), state="the state")
+  seeing, blind = Recorder(), Recorder(sees_diagnostics=False)
+  assert ReleasePolicy("all").view(record, seeing) is record
+  for policy, observer in ((ReleasePolicy("all"), blind), (ReleasePolicy("private"), seeing)):
+    assert not policy.shows_diagnostics(observer)
+    assert policy.view(record, observer) == Record(2, 5, {"round": 2, "epsilon": 1.5})
+  assert record.row == row  # the run's own record is left as it was
+
+
+def test_released_metrics_are_named_or_prefixed():
+  assert is_released("aggregate_norm", ("aggregate_norm",))
+  assert is_released("clip_bound.layer1", ("clip_bound*",))
+  assert not is_released("aggregate_norm_raw", ("aggregate_norm",))
+  assert not is_released("update_norm", ())
+
+
+def test_every_observer_is_closed_when_one_fails():
+  class Failing(Observer):
+    def round(self, record):
+      raise RuntimeError("this observer failed")
+
+  after = Recorder()
+  with pytest.raises(RuntimeError, match="this observer failed"):
+    simulate(**RUN, observers=[Failing(), after])
+  assert [c[0] for c in after.calls] == ["start", "close"]
+
+
+@pytest.mark.parametrize("options,field", [
+    (dict(eval_every=0), "eval_every"),
+    (dict(release="public"), "release"),
+    (dict(placement="cloud"), "placement"),
+    (dict(client_chunk=0), "client_chunk"),
+    (dict(accounting_workers=-1), "accounting_workers"),
+    (dict(checkpoint_every=0), "checkpoint_every"),
+    (dict(checkpoint_every=2, release="private"), "checkpoint_every"),
+])
+def test_run_options_are_checked_when_made(options, field):
+  with pytest.raises(ConfigError, match=field):
+    RunOptions(**options)
+
+
+def test_simulate_takes_run_options_and_refuses_what_the_configuration_sets(tmp_path):
+  rows = []
+  simulate(**RUN, run_options=RunOptions(output_dir=str(tmp_path)), on_round=rows.append)
+  assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == len(rows) == 3
+  with pytest.raises(ConfigError, match="run_options.eval_every.*setting of the configuration"):
+    simulate(**RUN, run_options=RunOptions(eval_every=5))
