@@ -73,7 +73,7 @@ def test_accounting_failure_is_refused_before_training(monkeypatch, capsys, tmp_
     raise AssertionError("the run started training")
 
   monkeypatch.setattr(ledger, "_event_pld", out_of_memory)
-  monkeypatch.setattr("fedjax_dp.experiment.run", trains)
+  monkeypatch.setattr("fedjax_dp.engine.run", trains)
   out = tmp_path / "o"
   # A given noise multiplier: calibrating one to the target epsilon by PLD takes seconds.
   assert main(["run", *TINY, "--accountant", "pld", "--noise-multiplier", "1",

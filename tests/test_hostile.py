@@ -343,13 +343,13 @@ def test_reproduce_into_a_file_is_refused(capsys, tmp_path):
 
 
 def test_reproduce_keeps_an_earlier_reproduction_unless_overwrite(capsys, tmp_path, monkeypatch):
-  import fedjax_dp.reproduce
+  import fedjax_dp.cli
   out = tmp_path / "r"
   out.mkdir()
   (out / "results.json").write_text('{"rows": []}')
   (out / "runs.jsonl").write_text("{}\n")
   calls = []
-  monkeypatch.setattr(fedjax_dp.reproduce, "run_reproduction", lambda *a, **k: calls.append(k) or 0)
+  monkeypatch.setattr(fedjax_dp.cli, "run_reproduction", lambda *a, **k: calls.append(k) or 0)
   assert main(["reproduce", "cheng2022", "--scale", "tiny", "--output-dir", str(out)]) == 2
   assert "--overwrite" in _one_error_line(capsys, "output_dir") and not calls
   assert (out / "results.json").read_text() == '{"rows": []}'
