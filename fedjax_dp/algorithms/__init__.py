@@ -2,9 +2,9 @@
 
 Every algorithm declares itself once, in its own module (:func:`base.algorithm`, on
 :func:`fedjax_dp.components.declare`): its name, paper, options and traits (privacy unit, the
-settings it reads, its own defaults, ...). Importing this package imports every algorithm
-module, which fills the registry (:data:`fedjax_dp.components.BUILTIN` names this package);
-everything here is derived from it.
+settings it reads, its own defaults, ...). The registry imports the algorithm modules that
+:data:`fedjax_dp.components.BUILTIN` names, in the order it lists them, the first time it is
+asked for an algorithm; everything here is derived from it.
 
 A builder takes ``(config, data)`` and returns a :class:`Setup`: the program
 (a :class:`fedjax_dp.round.Round`, the static structure of the one round),
@@ -15,10 +15,6 @@ its host-side sampler and its privacy accounting.
 from __future__ import annotations
 
 from fedjax_dp import components
-# Importing each algorithm module declares its algorithms (`fedjax-dp algorithms` lists them in
-# the order they are declared).
-from fedjax_dp.algorithms import (adp_fl, ae_dpfl, blur_lus, ddgauss, dp_fedavg,  # noqa: F401
-                                  robust_sgd, rsa, spfl)
 from fedjax_dp.algorithms.base import (INT_HPARAMS, NONE, Setup, as_hparams, cached_round,
                                        common_hparams, option_table, read_options, round_key,
                                        unused_fields)

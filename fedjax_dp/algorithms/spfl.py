@@ -66,7 +66,7 @@ the default size fits each client's examples.
 from __future__ import annotations
 
 import functools
-from typing import Callable, Optional
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
