@@ -23,8 +23,7 @@ import warnings
 from typing import Optional, Sequence
 
 from fedjax_dp import audit, components, interrupts, plots
-from fedjax_dp.algorithms import (ABOUT, CHOOSES_KNOWLEDGE, NO_BYZANTINE, option_table, options,
-                                  refuse_unused)
+from fedjax_dp.algorithms import choosing_knowledge, option_table, options, refuse_unused
 from fedjax_dp.algorithms.options import describe
 from fedjax_dp.checkpoint import latest_round, read_meta
 from fedjax_dp.config import (check_finite, check_noise_multiplier, field_help, field_types,
@@ -193,8 +192,10 @@ def _add_algorithms(sub):
 
 def _cmd_algorithms(args) -> int:
   components.load_plugins(args.plugin)
-  out = {name: {"paper": paper, "privacy_unit": unit, "options": describe(option_table(name))}
-         for name, (paper, unit, _) in ABOUT.items()}
+  declared = components.declared("algorithm")
+  out = {a.name: {"paper": a.reference, "about": a.about, "privacy_unit": a["privacy_unit"],
+                  "defaults": dict(a["defaults"]), "options": describe(option_table(a.name))}
+         for a in declared}
   if args.json:
     print(dumps(out))
     return 0
@@ -206,10 +207,14 @@ def _cmd_algorithms(args) -> int:
             f"{o['help']}")
 
   for name, info in out.items():
-    print(f"{name}: {info['paper']}\n  privacy unit: {info['privacy_unit']}")
+    print(f"{name}: {info['paper']}\n  {info['about']}\n  privacy unit: {info['privacy_unit']}")
+    if info["defaults"]:
+      print("  its defaults: " + " ".join(f"--{k.replace('_', '-')} {v}"
+                                          for k, v in info["defaults"].items()))
     show([o for o in info["options"] if o["name"] not in common])
-  print(f"every algorithm but {', '.join(sorted(NO_BYZANTINE))} also takes --byzantine K "
-        f"--attack NAME --aggregator NAME ({', '.join(CHOOSES_KNOWLEDGE)} also "
+  alone = sorted(a.name for a in declared if not a["byzantine"])
+  print(f"every algorithm but {', '.join(alone)} also takes --byzantine K "
+        f"--attack NAME --aggregator NAME ({', '.join(choosing_knowledge())} also "
         "--attacker-knowledge released|omniscient), each with its own --set options:")
   for kind in options.BYZANTINE_KINDS:
     for c in components.declared(kind):

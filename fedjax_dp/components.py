@@ -30,7 +30,9 @@ from fedjax_dp.errors import ConfigError, check
 KINDS = ("algorithm", "aggregator", "attack")
 # The modules that declare each kind's built-in components.
 BUILTIN = {
-    "algorithm": ("fedjax_dp.algorithms",),
+    # In the order `fedjax-dp algorithms` lists them.
+    "algorithm": tuple(f"fedjax_dp.algorithms.{m}" for m in (
+        "dp_fedavg", "spfl", "adp_fl", "ae_dpfl", "blur_lus", "ddgauss", "robust_sgd", "rsa")),
     "aggregator": ("fedjax_dp.aggregators.robust",),
     "attack": ("fedjax_dp.attacks",),
 }

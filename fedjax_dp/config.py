@@ -90,19 +90,18 @@ def check_type(field: str, value: Any, hint) -> None:
   check(ok, field, value, f"must be {TYPE_WORDS[typ]}{tail}")
 
 
-def _values(module: str, name: str, sort: bool = False):
+def _values(module: str, name: str):
   """Reads the allowed values of a field from the code's own tuple ``module.name`` when asked
   (so the help and the validation cannot drift from it; the import waits until then)."""
   def read() -> tuple:
-    values = getattr(importlib.import_module(module), name)
-    return tuple(sorted(values) if sort else values)
+    return tuple(getattr(importlib.import_module(module), name))
   return read
 
 
-def _declared(kind: str):
+def _declared(kind: str, sort: bool = False):
   """Reads the names of the declared components of ``kind`` when asked (built-in and plugins':
-  :func:`fedjax_dp.components.names`)."""
-  return lambda: components.names(kind)
+  :func:`fedjax_dp.components.names`), in the order they were declared or ``sort``ed."""
+  return lambda: tuple(sorted(components.names(kind)) if sort else components.names(kind))
 
 
 def _field(default, help: str, values=None, **kw):
@@ -118,8 +117,9 @@ class RunConfig:
   """One simulation. Defaults are the offline quickstart: DP-FedAvg on digits."""
 
   algorithm: str = _field("dp_fedavg", "the algorithm (fedjax-dp algorithms lists each with its "
-                          "paper, privacy unit and --set options)",
-                          _values("fedjax_dp.algorithms", "ALGORITHMS", sort=True))
+                          "paper, privacy unit, --set options and its own defaults of these "
+                          "settings, which apply where they are not given)",
+                          _declared("algorithm", sort=True))
   # Data.
   dataset: str = _field("digits", "the data set (digits ships with scikit-learn; the others are "
                         "read from --data-dir)", _values("fedjax_dp.data.specs", "DATASETS"))
@@ -351,9 +351,24 @@ class RunConfig:
   def model_name(self) -> str:
     return getattr(self.model, "name", None) or self.model or DEFAULT_MODELS[self.dataset]
 
+  @property
+  def given(self) -> frozenset:
+    """The names of the fields the user gave (:func:`make_config`); the others hold the
+    defaults, the algorithm's own where it declares one. A configuration built directly
+    (``RunConfig(...)``) counts every field as given."""
+    return self.__dict__.get("_given", frozenset(_FIELDS))
+
   def replace(self, **changes) -> "RunConfig":
+    """This configuration with ``changes`` given too. A change of ``algorithm`` resolves the
+    settings not given again (:func:`make_config`): the new algorithm's defaults apply to
+    them."""
     check_keys(changes)
-    return dataclasses.replace(self, **changes)
+    if "algorithm" in changes and changes["algorithm"] != self.algorithm:
+      given = {name: getattr(self, name) for name in self.given}
+      return make_config(given, **changes)
+    config = dataclasses.replace(self, **changes)
+    object.__setattr__(config, "_given", self.given | set(changes))
+    return config
 
   def to_dict(self) -> dict:
     """The fields as plain values (a :class:`fedjax_dp.models.Model` by its name)."""
@@ -481,8 +496,16 @@ def load_config_file(path: str) -> dict:
 
 
 def make_config(base: Optional[Mapping] = None, **overrides) -> RunConfig:
-  """A validated :class:`RunConfig` from a base mapping (field name -> value; None: the
-  defaults) plus overrides; another base is refused by name."""
+  """A validated :class:`RunConfig` from the settings given: a base mapping (field name ->
+  value; None: nothing) plus overrides. Every setting is resolved here: what is given wins;
+  a field not given takes the algorithm's own default (its ``defaults`` trait,
+  :func:`fedjax_dp.algorithms.base.algorithm`: DDGauss runs fixed-size cohorts), else the
+  field's default. The configuration remembers what was given (:attr:`RunConfig.given`).
+
+  Raises:
+    ConfigError: for a base that is not a mapping (a :class:`RunConfig` included), an unknown
+      field name, or a value :class:`RunConfig` refuses.
+  """
   if isinstance(base, RunConfig):
     raise ConfigError("base", base, "must be a mapping of settings (field name -> value) or None, "
                       "not a RunConfig: use its .replace(**settings) to change one")
@@ -493,6 +516,17 @@ def make_config(base: Optional[Mapping] = None, **overrides) -> RunConfig:
   d.update({k: v for k, v in overrides.items()})
   check_keys(d)
   try:
-    return RunConfig(**d)
+    config = RunConfig(**{**algorithm_defaults(d.get("algorithm", _FIELDS["algorithm"].default)),
+                          **d})
   except TypeError as e:
     raise ConfigError("config", sorted(d), str(e)) from None
+  object.__setattr__(config, "_given", frozenset(d))
+  return config
+
+
+def algorithm_defaults(name) -> dict:
+  """The run settings algorithm ``name`` declares defaults for (its ``defaults`` trait); {} for
+  a name that is not a declared algorithm (:class:`RunConfig` refuses it by name)."""
+  if not isinstance(name, str) or name not in components.names("algorithm"):
+    return {}
+  return dict(components.get("algorithm", name)["defaults"])

@@ -188,10 +188,9 @@ def recorded_config(config: RunConfig) -> dict:
   file; ``model`` is the model's name (the data set's default when the configuration names
   none)."""
   d = dict(config.to_dict(), model=config.model_name)
-  if config.algorithm in algorithms.ALGORITHMS:
-    unused = algorithms.unused_fields(config) + sorted(algorithms.unread_by_settings(config))
-    d = {k: v for k, v in d.items() if k not in unused}
-    d["not_used"] = unused
+  unused = algorithms.unused_fields(config) + sorted(algorithms.unread_by_settings(config))
+  d = {k: v for k, v in d.items() if k not in unused}
+  d["not_used"] = unused
   return d
 
 

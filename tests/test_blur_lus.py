@@ -9,7 +9,8 @@ import optax
 import pytest
 
 from fedjax_dp import objectives
-from fedjax_dp.algorithms import ALGORITHMS, build
+from fedjax_dp import components
+from fedjax_dp.algorithms import build
 from fedjax_dp.round import mask_rows
 from fedjax_dp.config import make_config
 from fedjax_dp.errors import ConfigError
@@ -222,9 +223,9 @@ def test_options_validated_before_compilation(digits):
 
 # ---------------------------------------------------------------- end to end
 
-def test_registry_names():
+def test_the_family_declares_the_noised_mean_its_mechanism():
   for name in ("fedavg",) + VARIANTS:
-    assert name in ALGORITHMS
+    assert components.get("algorithm", name)["central_noise"] == (name != "fedavg")
 
 
 @pytest.fixture(scope="module")

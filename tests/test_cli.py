@@ -323,24 +323,24 @@ def test_run_config_refuses_non_finite_int_fields():
 
 
 def test_read_options_refuses_non_finite_values_but_keeps_named_choices():
-  from fedjax_dp.algorithms import blur_lus, read_options, rsa
+  from fedjax_dp.algorithms import read_options
   cfg = RunConfig(algorithm="blur+lus", options={"lambda": math.inf})
   with pytest.raises(ConfigError) as e:
-    read_options(cfg, blur_lus.OPTIONS["blur+lus"])
+    read_options(cfg)
   assert e.value.field == "option lambda" and "finite" in e.value.allowed
   cfg = RunConfig(algorithm="blur+lus", options={"sparsity": "NaN"})
   with pytest.raises(ConfigError, match="option sparsity"):
-    read_options(cfg, blur_lus.OPTIONS["blur+lus"])
+    read_options(cfg)
   cfg = RunConfig(algorithm="dp-rsa-f", options={"keep_prob": math.nan})
   with pytest.raises(ConfigError, match="option keep_prob"):
-    read_options(cfg, rsa.OPTIONS["dp-rsa-f"])
+    read_options(cfg)
   # An option whose value is a name ("nan" picks the non-finite attack) is not a number.
   cfg = RunConfig(algorithm="sgd", attack="nonfinite", options={"nonfinite_value": "inf"})
-  opts = read_options(cfg, (), byzantine=True)
+  opts = read_options(cfg)
   assert opts["nonfinite_value"] == "inf"
   cfg = RunConfig(algorithm="sgd", options={"nonfinite_value": math.nan})
   with pytest.raises(ConfigError, match="option nonfinite_value"):
-    read_options(cfg, (), byzantine=True)
+    read_options(cfg)
 
 
 @pytest.mark.parametrize("algorithm,option,value", [
@@ -360,22 +360,26 @@ def test_wrong_typed_options_are_refused_in_one_line(algorithm, option, value, c
 
 
 def test_algorithms_lists_every_algorithm_with_its_paper_unit_and_options(capsys):
-  from fedjax_dp.algorithms import ALGORITHMS
+  from fedjax_dp import components
   assert main(["algorithms", "--json"]) == 0
   out = json.loads(capsys.readouterr().out)
-  assert set(out) == set(ALGORITHMS)
+  assert list(out) == list(components.names("algorithm"))
   own = {o["name"] for o in out["blur+lus"]["options"]}
   assert {"lambda", "sparsity", "lus_batches", "trim_beta", "attack_sigma"} <= own
   assert "lambda" not in {o["name"] for o in out["dp_fedavg+lus"]["options"]}
   assert "example-level" in out["dp-fl"]["privacy_unit"] and "user-level" in out["dp_fedavg"]["privacy_unit"]
   keep = next(o for o in out["dp-rsa-f"]["options"] if o["name"] == "keep_prob")
-  assert keep["default"] is None and "[0.5, 1]" in keep["allowed"]
+  assert keep["default"] == 0.8 and "[0.5, 1]" in keep["allowed"]
+  # Each lists its own defaults of run settings.
+  assert out["ddgauss"]["defaults"] == {"sampling": "fixed", "cohort_size": 70}
+  assert out["dp_fedavg"]["defaults"] == {} and out["sgd"]["paper"] == out["sgd"]["paper"].strip()
   # Every listed option is accepted by its algorithm's builder (and nothing else is).
   from fedjax_dp.algorithms import option_table
   assert [o.name for o in option_table("blur+lus")] == [o["name"] for o in out["blur+lus"]["options"]]
   assert main(["algorithms"]) == 0
   text = capsys.readouterr().out
   assert "--set sparsity=VALUE" in text and "every algorithm but ae-dpfl also takes" in text
+  assert "its defaults: --sampling fixed --cohort-size 70" in text
   assert "(rsa, dp-rsa-f, dp-rsa-g also --attacker-knowledge released|omniscient)" in text
 
 

@@ -304,7 +304,7 @@ def test_pieces_declare_the_mechanism_and_a_swapped_aggregator_voids_it():
 def test_the_secure_sum_decodes_the_mean_of_the_clipped_updates():
   from fedjax_dp.algorithms import as_hparams
   from fedjax_dp.algorithms.ddgauss import ddgauss_metrics, ddgauss_round, model_vector
-  from fedjax_dp.algorithms.fedavg import Pieces, fedavg_client
+  from fedjax_dp.algorithms.fedavg import Pieces, Training, fedavg_client
   from fedjax_dp.data import Split, load_federated
   from fedjax_dp.models import get_model
   from fedjax_dp.round import CohortBatch, client_keys, messages, round_keys
@@ -312,8 +312,8 @@ def test_the_secure_sum_decodes_the_mean_of_the_clipped_updates():
   size, dim, _ = model_vector(model)
   assert dim == 2048 and 1024 < size <= 2048
   data = load_federated("digits", Split(20), seed=0)
-  local = dict(local_steps=2, batch_size=4, client_optimizer="sgd")
-  rnd = ddgauss_round(model, 20, "fixed", server_optimizer="sgd", **local)
+  training = Training(local_steps=2, batch_size=4, client_optimizer="sgd", server_optimizer="sgd")
+  rnd = ddgauss_round(model, 20, "fixed", training)
   m, clip = 8, 0.5
   ids = jnp.arange(m + 2) % 20
   mask = jnp.array([1.0] * m + [0.0, 0.0])
@@ -321,7 +321,7 @@ def test_the_secure_sum_decodes_the_mean_of_the_clipped_updates():
                       jnp.asarray(data.counts)[ids], ids, mask)
   key = jax.random.PRNGKey(7)
   # The reference: FedAvg's clipped updates of the same clients with the same keys, averaged.
-  ref_client = fedavg_client(model, Pieces(transforms=("clip",)), **local)
+  ref_client = fedavg_client(model, Pieces(transforms=("clip",)), training)
   flat = lambda t: jax.flatten_util.ravel_pytree(t)[0]
 
   @jax.jit

@@ -107,10 +107,8 @@ def test_an_option_two_aggregators_declare_is_read_as_the_running_one_declares_i
   for name, high in (("narrow", 1.0), ("wide", 10.0)):
     declare("aggregator", name, options=(Option("spread", 0.5, "a bound", low=0, high=high),))(
         lambda spread: None)
-  opts = read_options(RunConfig(algorithm="fedavg", aggregator="wide", options={"spread": 5.0}),
-                      (), byzantine=True)
+  opts = read_options(RunConfig(algorithm="fedavg", aggregator="wide", options={"spread": 5.0}))
   assert opts["spread"] == 5.0
   with pytest.raises(ConfigError, match=r"invalid option spread=5.0: must be a finite number in "
                      r"\[0, 1\]"):
-    read_options(RunConfig(algorithm="fedavg", aggregator="narrow", options={"spread": 5.0}),
-                 (), byzantine=True)
+    read_options(RunConfig(algorithm="fedavg", aggregator="narrow", options={"spread": 5.0}))

@@ -296,11 +296,25 @@ def test_bad_options_rejected_before_compiling(digits):
   for kw in ({"byzantine": 10}, {"attack": "sybil"}, {"aggregator": "mean_of_means"}):
     with pytest.raises(ConfigError):
       _config("rsa", **kw)
-  for cfg in (_config("rsa", alpha=1), _config("dp-rsa-f"), _config("dp-rsa-f", epsilon=1.0, keep_prob=0.7),
-              _config("dp-rsa-g", epsilon=1.0), _config("rsa", aggregator="krum"),
-              _config("median", aggregator="krum")):
+  for cfg in (_config("rsa", alpha=1), _config("dp-rsa-f", epsilon=1.0, keep_prob=0.7),
+              _config("dp-rsa-g", epsilon=1.0, sign_sigma=0.1), _config("dp-rsa-g", epsilon=1.0),
+              _config("rsa", aggregator="krum"), _config("median", aggregator="krum")):
     with pytest.raises(ConfigError):
       build(cfg, digits)
+
+
+def test_the_perturbation_takes_its_default_unless_an_epsilon_is_given(digits):
+  from fedjax_dp.algorithms import build
+  from fedjax_dp.privacy.randomized_response import keep_prob_for_epsilon
+  keep = lambda cfg: float(build(cfg, digits).hparams["keep_prob"])
+  assert keep(_config("dp-rsa-f")) == pytest.approx(0.8)
+  assert keep(_config("dp-rsa-f", keep_prob=0.7)) == pytest.approx(0.7)
+  assert keep(_config("dp-rsa-f", epsilon=1.0)) == pytest.approx(keep_prob_for_epsilon(1.0))
+  sigma = lambda cfg: float(build(cfg, digits).hparams["sign_sigma"])
+  assert sigma(_config("dp-rsa-g")) == pytest.approx(0.016)
+  assert sigma(_config("dp-rsa-g", epsilon=0.2, sign_clip=0.002)) == pytest.approx(0.016, rel=0.01)
+  with pytest.raises(ConfigError, match="give at most one of keep_prob and epsilon"):
+    build(_config("dp-rsa-f", epsilon=1.0, keep_prob=0.8), digits)
 
 
 def test_summary_records_only_the_settings_the_algorithm_uses(digits):

@@ -34,10 +34,23 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from fedjax_dp.algorithms.base import Setup
-from fedjax_dp.algorithms.spfl import (build_dpsgd_family, init_clip_bound,
-                                       options, resolve_sigma, statistic_budget)
+from fedjax_dp.algorithms.base import EXAMPLE, Setup, algorithm
+from fedjax_dp.algorithms.dpsgd_family import Rules
+from fedjax_dp.algorithms.options import Option
+from fedjax_dp.algorithms.spfl import (EXAMPLE_SAMPLING, MIN_CLIP, POSITIVE, STAT_NOISE_RATIO,
+                                       TRAITS, build_dpsgd_family, init_clip_bound, options,
+                                       resolve_sigma, statistic_budget)
+from fedjax_dp.errors import check
 from fedjax_dp.transforms import dp_args
+
+OPTIONS = (
+    EXAMPLE_SAMPLING, STAT_NOISE_RATIO, MIN_CLIP,
+    Option("max_clip", None, "adp-fl: upper clamp of the adaptive bound; unset: 1000 clip",
+           **POSITIVE),
+    Option("target_quantile", 0.5, "adp-fl: the quantile of per-example norms the bound tracks",
+           low=0, high=1, low_open=True, high_open=True),
+    Option("clip_lr", 0.2, "adp-fl: the bound's geometric learning rate", **POSITIVE),
+)
 
 
 def quantile_update(clip, stat_sum, expected, target_quantile, clip_lr, min_clip=0.0,
@@ -66,9 +79,22 @@ def _adp_rule(thresholds, hp, stats, mask, cls):
   return thresholds.at[0].set(jnp.where(n > 0, new, thresholds[0]))
 
 
+ADP_FL = Rules("below", True, _adp_args, _adp_rule, init_clip_bound, ("all",))
+
+
+@algorithm("adp-fl", reference="Andrew et al., NeurIPS 2021 (SP-FL's baseline)",
+           privacy_unit=EXAMPLE, options=OPTIONS,
+           about="DP-SGD clients whose clip bound tracks a quantile of the per-example norms, "
+                 "privately", **TRAITS)
 def build_adp_fl(config, data) -> Setup:
-  """ADP-FL: example-level DP-SGD with a private geometric quantile clip bound."""
-  opts = options(config)
+  """ADP-FL: example-level DP-SGD with a private geometric quantile clip bound.
+
+  Raises:
+    ConfigError: for ``max_clip <= min_clip``, a bad option or setting.
+  """
+  opts = options(config, (("max_clip", 1e3),))
+  check(opts["max_clip"] > opts["min_clip"], "max_clip", opts["max_clip"],
+        f"must be > min_clip={opts['min_clip']}")
   sigma = resolve_sigma(config, data, opts)
   stat_noise, z_grad = statistic_budget(sigma, opts, "adp-fl")
   classes = [("all", tuple(range(data.num_clients)), ("z_grad", "stat_noise"),
@@ -78,7 +104,4 @@ def build_adp_fl(config, data) -> Setup:
              "target_quantile": opts["target_quantile"], "clip_lr": opts["clip_lr"],
              "min_clip": opts["min_clip"], "max_clip": opts["max_clip"],
              "clip": config.clip}
-  return build_dpsgd_family(
-      config, data, name="adp-fl", statistic="below", private=True, client_args=_adp_args,
-      threshold_rule=_adp_rule, init_thresholds=init_clip_bound, hparams=hparams, classes=classes,
-      class_names=("all",), opts=opts)
+  return build_dpsgd_family(config, data, ADP_FL, opts, hparams, classes)

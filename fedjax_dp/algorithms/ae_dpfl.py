@@ -51,7 +51,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp import aggregators, objectives
-from fedjax_dp.algorithms.base import Setup, cached_round, common_hparams, read_options
+from fedjax_dp.algorithms.base import (LOCAL, USER, Setup, algorithm, cached_round,
+                                       common_hparams, read_options, round_key)
+from fedjax_dp.algorithms.fedavg import Training
 from fedjax_dp.algorithms.options import Option
 from fedjax_dp.client import local_sgd, make_optimizer
 from fedjax_dp.errors import check
@@ -62,11 +64,11 @@ from fedjax_dp.transforms import global_norm
 OPTIONS = (
     Option("public_size", 100, "m: unlabeled public examples the clients vote on, held out from "
            "the training split (the last clients' examples; those clients leave the population)",
-           kind="int", low=1),
+           kind="int", low=1, static=True),
     Option("server_steps", 50, "SGD steps the server trains the model on the noisy labels per "
-           "round", kind="int", low=1),
+           "round", kind="int", low=1, static=True),
     Option("server_batch", 32, "public examples per server step (drawn with replacement)",
-           kind="int", low=1),
+           kind="int", low=1, static=True),
 )
 
 
@@ -104,8 +106,9 @@ def public_split(data, size: int):
   return public_x[:size], population
 
 
-def vote_client(model, *, local_steps: int, batch_size: int, client_optimizer: str) -> Piece:
-  """``hp -> client``: local SGD from the global model, then one-hot votes on ``hp["public_x"]``.
+def vote_client(model, training: Training) -> Piece:
+  """``hp -> client``: local SGD from the global model (as ``training`` says), then one-hot
+  votes on ``hp["public_x"]``.
 
   Declares the L2 bound ``vote_norm`` (``sqrt(m)``): every row of the upload is one-hot
   whatever the model computes (an all-NaN row of logits votes for class 0).
@@ -113,8 +116,8 @@ def vote_client(model, *, local_steps: int, batch_size: int, client_optimizer: s
   loss = objectives.supervised(model.apply)
 
   def client(hp):
-    train = local_sgd(loss, make_optimizer(client_optimizer, hp["client_lr"]), local_steps,
-                      batch_size)
+    train = local_sgd(loss, make_optimizer(training.client_optimizer, hp["client_lr"]),
+                      training.local_steps, training.batch_size)
 
     def fn(params0, x, y, count, row, chp, key):
       del row, chp
@@ -151,16 +154,15 @@ def label_and_train(model, *, server_optimizer: str, server_steps: int, server_b
   return server_step
 
 
-def ae_dpfl_round(model, num_clients: int, *, local_steps: int, batch_size: int,
-                  client_optimizer: str, server_optimizer: str, server_steps: int,
+def ae_dpfl_round(model, num_clients: int, training: Training, *, server_steps: int,
                   server_batch: int) -> Round:
-  """AE-DPFL as a :class:`fedjax_dp.round.Round` over a population of ``num_clients``."""
+  """AE-DPFL as a :class:`fedjax_dp.round.Round` over a population of ``num_clients``: the
+  clients train as ``training`` says, the server ``server_steps`` steps of ``server_batch``
+  public examples with ``training.server_optimizer``."""
   return Round(
-      model=model, num_clients=num_clients,
-      client=vote_client(model, local_steps=local_steps, batch_size=batch_size,
-                         client_optimizer=client_optimizer),
-      aggregator=noisy_vote_sum(), server_optimizer=server_optimizer,
-      server_step=label_and_train(model, server_optimizer=server_optimizer,
+      model=model, num_clients=num_clients, client=vote_client(model, training),
+      aggregator=noisy_vote_sum(), server_optimizer=training.server_optimizer,
+      server_step=label_and_train(model, server_optimizer=training.server_optimizer,
                                   server_steps=server_steps, server_batch=server_batch))
 
 
@@ -171,13 +173,25 @@ def _float32_at_least(x: float) -> float:
   return float(f if float(f) >= x else np.nextafter(f, np.float32(np.inf)))
 
 
+@algorithm("ae-dpfl", reference="Zhu, Yu, Wang et al., voting-based DPFL (AE-DPFL: noisy argmax "
+           "of the clients' votes on a public unlabeled set)", options=OPTIONS, byzantine=False,
+           privacy_unit=USER + " (the public set's clients excluded)",
+           reads=(LOCAL - {"weighting"}) | {"noise_multiplier", "target_epsilon"},
+           about="the server labels a public set by the noisy argmax of the clients' votes and "
+                 "trains on it")
 def build_ae_dpfl(config, data) -> Setup:
-  """AE-DPFL (see the module docstring)."""
+  """AE-DPFL (see the module docstring).
+
+  Raises:
+    ConfigError: for a data set without one label per example, Byzantine clients, an
+      aggregator, a public set that leaves no client, a cohort larger than the population, or
+      no noise multiplier.
+  """
   from fedjax_dp.algorithms.dp_fedavg import make_model, resolve_noise_multiplier
   from fedjax_dp.privacy.accounting import LedgerAccounting
   from fedjax_dp.privacy.mechanisms import user_level_mechanism
   from fedjax_dp.sampling import make_sampler
-  opts = read_options(config, OPTIONS)
+  opts = read_options(config)
   check(data.y.ndim == 2, "dataset", data.name,
         "must have one label per example for ae-dpfl (clients vote one class per public example)")
   check(config.byzantine == 0, "byzantine", config.byzantine, "must be 0 for ae-dpfl")
@@ -192,14 +206,10 @@ def build_ae_dpfl(config, data) -> Setup:
                          config.sampling_prob, config.cohort_size, config.capacity)
   z = resolve_noise_multiplier(config, population)
   model = make_model(config, data)
-  key = ("ae-dpfl", model, population.num_clients, opts["public_size"], config.local_steps,
-         config.batch_size, config.client_optimizer, config.server_optimizer,
-         opts["server_steps"], opts["server_batch"])
-  rnd = cached_round(key, lambda: ae_dpfl_round(
-      model, population.num_clients, local_steps=config.local_steps,
-      batch_size=config.batch_size, client_optimizer=config.client_optimizer,
-      server_optimizer=config.server_optimizer, server_steps=opts["server_steps"],
-      server_batch=opts["server_batch"]))
+  rnd = cached_round(round_key(config, opts, model, population.num_clients),
+                     lambda: ae_dpfl_round(model, population.num_clients, Training.of(config),
+                                           server_steps=opts["server_steps"],
+                                           server_batch=opts["server_batch"]))
   hparams = common_hparams(config, opts, client_lr=config.client_lr, noise_multiplier=z,
                            vote_norm=_float32_at_least(math.sqrt(opts["public_size"])),
                            public_x=public_x)

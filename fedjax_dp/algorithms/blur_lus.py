@@ -39,8 +39,8 @@ which the paper does and which is not accounted for.
 
 from __future__ import annotations
 
-from fedjax_dp.algorithms.base import Setup
-from fedjax_dp.algorithms.dp_fedavg import build_fedavg_family
+from fedjax_dp.algorithms.base import USER, Setup, algorithm
+from fedjax_dp.algorithms.dp_fedavg import PRIVATE_READS, build_fedavg_family
 from fedjax_dp.algorithms.options import Option
 
 BLUR_OPTIONS = (
@@ -49,30 +49,32 @@ LUS_OPTIONS = (
     Option("sparsity", 0.7, "LUS: fraction c of each layer's update zeroed (paper's grid 0.1-0.9)",
            low=0, high=1, high_open=True),
     Option("lus_batches", 1, "LUS: minibatches its gradient averages; 0: the client's whole data",
-           kind="int", low=0),
+           kind="int", low=0, static=True),
 )
-OPTIONS = {"dp_fedavg+blur": BLUR_OPTIONS, "dp_fedavg+lus": LUS_OPTIONS,
-           "blur+lus": BLUR_OPTIONS + LUS_OPTIONS}
 DEFAULTS = {o.name: o.default for o in BLUR_OPTIONS + LUS_OPTIONS}
+# What the three variants declare alike: DP-FedAvg's privacy and settings.
+_TRAITS = dict(privacy_unit=USER, reads=PRIVATE_READS, central_noise=True)
 
 
-def _build(config, data, *, use_blur: bool, use_lus: bool) -> Setup:
-  return build_fedavg_family(config, data, private=True,
-                             regularizer="blur" if use_blur else "none",
-                             pre_clip=("sparsify",) if use_lus else (),
-                             table=(BLUR_OPTIONS if use_blur else ()) + (LUS_OPTIONS if use_lus else ()))
-
-
+@algorithm("dp_fedavg+blur", reference="Cheng et al., CVPR 2022 (BLUR)", options=BLUR_OPTIONS,
+           about="DP-FedAvg whose clients train with BLUR's bounded local update regulariser",
+           **_TRAITS)
 def build_dp_fedavg_blur(config, data) -> Setup:
   """DP-FedAvg with BLUR local training (Sec. 4.1)."""
-  return _build(config, data, use_blur=True, use_lus=False)
+  return build_fedavg_family(config, data, private=True, regularizer="blur")
 
 
+@algorithm("dp_fedavg+lus", reference="Cheng et al., CVPR 2022 (LUS)", options=LUS_OPTIONS,
+           about="DP-FedAvg whose clients sparsify their updates by utility (LUS) before the clip",
+           **_TRAITS)
 def build_dp_fedavg_lus(config, data) -> Setup:
   """DP-FedAvg with LUS before the clip (Sec. 4.2)."""
-  return _build(config, data, use_blur=False, use_lus=True)
+  return build_fedavg_family(config, data, private=True, pre_clip=("sparsify",))
 
 
+@algorithm("blur+lus", reference="Cheng et al., CVPR 2022, Alg. 2",
+           options=BLUR_OPTIONS + LUS_OPTIONS, about="DP-FedAvg with BLUR and LUS", **_TRAITS)
 def build_blur_lus(config, data) -> Setup:
   """DP-FedAvg with BLUR and LUS (Alg. 2)."""
-  return _build(config, data, use_blur=True, use_lus=True)
+  return build_fedavg_family(config, data, private=True, regularizer="blur",
+                             pre_clip=("sparsify",))

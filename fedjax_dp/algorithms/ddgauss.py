@@ -38,8 +38,9 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from fedjax_dp.aggregators import Aggregator
-from fedjax_dp.algorithms.base import Setup, cached_round, common_hparams, read_options
-from fedjax_dp.algorithms.fedavg import Pieces, fedavg_client
+from fedjax_dp.algorithms.base import (LOCAL, NOISE, USER, Setup, algorithm, cached_round,
+                                       common_hparams, read_options, round_key)
+from fedjax_dp.algorithms.fedavg import Pieces, Training, fedavg_client
 from fedjax_dp.algorithms.options import Option
 from fedjax_dp.errors import ConfigError, check
 from fedjax_dp.round import Piece, Round
@@ -79,12 +80,13 @@ def as_integers(rows):
   return safe.astype(jnp.int32)
 
 
-def ddgauss_client(model, dim: int, mechanism, **local) -> Piece:
-  """``hp -> client``: local SGD and clip (FedAvg's client), then the integer encoding.
+def ddgauss_client(model, dim: int, mechanism, training: Training) -> Piece:
+  """``hp -> client``: local SGD and clip (FedAvg's client, trained as ``training`` says), then
+  the integer encoding of the update in ``dim`` coordinates; the piece declares ``mechanism``.
 
   ``chp`` is the round's index (the public rotation key's input).
   """
-  inner = fedavg_client(model, Pieces(transforms=("clip",)), **local)
+  inner = fedavg_client(model, Pieces(transforms=("clip",)), training)
 
   def client(hp):
     train = inner(hp)
@@ -146,18 +148,24 @@ def model_vector(model) -> tuple:
   return flat.size, discrete.padded_dim(flat.size), unravel
 
 
-def ddgauss_round(model, num_clients: int, sampling: str, *, local_steps: int, batch_size: int,
-                  client_optimizer: str, server_optimizer: str, attack: str = "none",
-                  nonfinite_value: str = "nan") -> Round:
-  """DDGauss as a :class:`fedjax_dp.round.Round`; the server state is the round's index."""
+def ddgauss_round(model, num_clients: int, sampling: str, training: Training, *,
+                  attack: str = "none", nonfinite_value: str = "nan") -> Round:
+  """DDGauss as a :class:`fedjax_dp.round.Round`; the server state is the round's index.
+
+  Args:
+    model: the :class:`fedjax_dp.models.Model` trained.
+    num_clients: the population size N.
+    sampling: "fixed" or "poisson" (the declared mechanism's cohorts).
+    training: local training and the server's optimizer.
+    attack, nonfinite_value: the Byzantine clients' attack (strengths in ``hp``).
+  """
   size, dim, unravel = model_vector(model)
   mechanism = functools.partial(declared_mechanism, num_clients=num_clients, sampling=sampling)
   return Round(
       model=model, num_clients=num_clients,
-      client=ddgauss_client(model, dim, mechanism, local_steps=local_steps, batch_size=batch_size,
-                            client_optimizer=client_optimizer),
+      client=ddgauss_client(model, dim, mechanism, training),
       aggregator=secure_sum(unravel, size, mechanism), attack=attack,
-      nonfinite_value=nonfinite_value, server_optimizer=server_optimizer,
+      nonfinite_value=nonfinite_value, server_optimizer=training.server_optimizer,
       init_server=lambda params, hp: jnp.zeros((), jnp.int32),
       client_hparams=lambda server, hp, ids: jnp.broadcast_to(server, ids.shape),
       server_rule=lambda server, hp, aux, mask, ids: server + 1,
@@ -175,14 +183,26 @@ def round_mechanism(rnd: Round, hparams: dict, dim: int):
   return client(hparams, dim)
 
 
+@algorithm("ddgauss", reference="Kairouz, Liu and Steinke, ICML 2021 (distributed discrete "
+           "Gaussian, secure aggregation)", options=OPTIONS, reads=LOCAL | NOISE,
+           privacy_unit=USER + " (replace-one, fixed-size cohorts)",
+           defaults={"sampling": "fixed", "cohort_size": 70},
+           about="DP-FedAvg whose clients add discrete Gaussian noise to integer updates that a "
+                 "secure modular sum adds up")
 def build_ddgauss(config, data) -> Setup:
-  """DDGauss on the FedAvg family's client (see the module docstring)."""
+  """DDGauss on the FedAvg family's client (see the module docstring); its guarantee is for
+  fixed-size cohorts, which it runs by default (70 clients a round).
+
+  Raises:
+    ConfigError: for an aggregator, example-count weights, a cohort larger than the population,
+      a target epsilon under Poisson sampling, or no noise multiplier.
+  """
   from fedjax_dp.algorithms.dp_fedavg import make_model
   from fedjax_dp.attacks import knowledge_of_unreleased
   from fedjax_dp.privacy import ddgauss as pdd
   from fedjax_dp.privacy.accounting import LedgerAccounting
   from fedjax_dp.sampling import make_sampler
-  opts = read_options(config, OPTIONS, byzantine=True)
+  opts = read_options(config)
   check(config.aggregator is None, "aggregator", config.aggregator,
         "must be unset for ddgauss: the server sees only the secure modular sum")
   check(config.weighting == "uniform", "weighting", config.weighting,
@@ -197,13 +217,8 @@ def build_ddgauss(config, data) -> Setup:
   sampler = make_sampler(config.sampling, data.num_clients, config.seed, config.sampling_prob,
                          config.cohort_size, config.capacity)
   model = make_model(config, data)
-  key = ("ddgauss", model, data.num_clients, config.sampling, config.local_steps,
-         config.batch_size, config.client_optimizer, config.server_optimizer, config.attack,
-         opts["nonfinite_value"])
-  rnd = cached_round(key, lambda: ddgauss_round(
-      model, data.num_clients, config.sampling, local_steps=config.local_steps,
-      batch_size=config.batch_size, client_optimizer=config.client_optimizer,
-      server_optimizer=config.server_optimizer, attack=config.attack,
+  rnd = cached_round(round_key(config, opts, model, data.num_clients), lambda: ddgauss_round(
+      model, data.num_clients, config.sampling, Training.of(config), attack=config.attack,
       nonfinite_value=opts["nonfinite_value"]))
   dim = model_vector(model)[1]
   quantization = pdd.Quantization(opts["bits"], opts["beta"], opts["scale"], opts["k_stddevs"])

@@ -26,9 +26,9 @@ same guarantee.
 
 from __future__ import annotations
 
-from fedjax_dp.algorithms.base import (Setup, byzantine_key, cached_round, common_hparams,
-                                       read_options)
-from fedjax_dp.algorithms.fedavg import Pieces, fedavg_round
+from fedjax_dp.algorithms.base import (LOCAL, NOISE, NONE, USER, Setup, algorithm, cached_round,
+                                       common_hparams, read_options, round_key)
+from fedjax_dp.algorithms.fedavg import Pieces, Training, fedavg_round
 from fedjax_dp.errors import ConfigError, check
 from fedjax_dp.privacy import CohortSampling, calibrate_noise_multiplier
 from fedjax_dp.privacy.accounting import LedgerAccounting
@@ -64,8 +64,36 @@ def resolve_noise_multiplier(config, data) -> float:
   return float(config.noise_multiplier)
 
 
+def fedavg_pieces(config, private: bool, regularizer: str, pre_clip: tuple) -> Pieces:
+  """The static pieces of a FedAvg-family round: ``pre_clip`` transforms, then, in a private
+  run, the clip and the noised mean (Gaussian noise when the aggregator is the mean).
+
+  Raises:
+    ConfigError: for RSA's ``sign_sum`` aggregator; in a private run, for example-count weights
+      (they change the sensitivity) or the realized denominator under Poisson sampling (it
+      releases the cohort's size, an unnoised statistic of the secret draw).
+  """
+  aggregator = config.aggregator or "mean"
+  check(aggregator not in ("sign_sum",), "aggregator", aggregator,
+        "must not be 'sign_sum' for the FedAvg family (RSA's sum of signs, unnormalised)")
+  if not private:
+    return Pieces(transforms=tuple(pre_clip), aggregator=aggregator, noise=False,
+                  weighting=config.weighting, denominator="realized", regularizer=regularizer)
+  check(config.weighting == "uniform", "weighting", config.weighting,
+        "must be 'uniform' for a private algorithm (example-count weights change the sensitivity)")
+  check(not (config.sampling == "poisson" and config.denominator == "realized"), "denominator",
+        config.denominator,
+        "must be 'expected' with Poisson sampling in a private run: dividing by the realized "
+        "cohort size releases that size, an unnoised statistic of the secret draw (it can be "
+        "read off the noise scale of the released average); use --denominator expected "
+        "(q N, public), or --sampling fixed, whose cohort size is public")
+  return Pieces(transforms=tuple(pre_clip) + ("clip",), aggregator=aggregator,
+                noise=aggregator == "mean", weighting="uniform", denominator=config.denominator,
+                regularizer=regularizer)
+
+
 def build_fedavg_family(config, data, *, private: bool, regularizer: str = "none",
-                        pre_clip: tuple = (), table: tuple = ()) -> Setup:
+                        pre_clip: tuple = ()) -> Setup:
   """Shared builder of the FedAvg family.
 
   Args:
@@ -74,45 +102,28 @@ def build_fedavg_family(config, data, *, private: bool, regularizer: str = "none
     private: clip to ``clip`` and add calibrated Gaussian noise to the sum.
     regularizer: "none" or "blur" (the local objective).
     pre_clip: client transforms before the clip (``("sparsify",)`` for LUS).
-    table: the algorithm's own settings (:class:`fedjax_dp.algorithms.options.Option`).
+
+  Returns:
+    The run's :class:`Setup`; its privacy is derived from the round's pieces
+    (:func:`fedjax_dp.privacy.mechanisms.user_level_mechanism`).
+
+  Raises:
+    ConfigError: for a setting the family refuses (:func:`fedavg_pieces`), a cohort larger than
+      the population, or no noise multiplier in a private run.
   """
-  opts = read_options(config, table, byzantine=True)
+  opts = read_options(config)
   if config.sampling == "fixed":
     check(config.cohort_size <= data.num_clients, "cohort_size", config.cohort_size,
           f"must be <= the population ({data.num_clients} clients)")
-  aggregator = config.aggregator or "mean"
-  check(aggregator not in ("sign_sum",), "aggregator", aggregator,
-        "must not be 'sign_sum' for the FedAvg family (RSA's sum of signs, unnormalised)")
+  pieces = fedavg_pieces(config, private, regularizer, pre_clip)
   sampler = make_sampler(config.sampling, data.num_clients, config.seed, config.sampling_prob,
                          config.cohort_size, config.capacity)
-  if private:
-    check(config.weighting == "uniform", "weighting", config.weighting,
-          "must be 'uniform' for a private algorithm (example-count weights change the sensitivity)")
-    check(not (config.sampling == "poisson" and config.denominator == "realized"), "denominator",
-          config.denominator,
-          "must be 'expected' with Poisson sampling in a private run: dividing by the realized "
-          "cohort size releases that size, an unnoised statistic of the secret draw (it can be "
-          "read off the noise scale of the released average); use --denominator expected "
-          "(q N, public), or --sampling fixed, whose cohort size is public")
-    z = resolve_noise_multiplier(config, data)
-    pieces = Pieces(transforms=tuple(pre_clip) + ("clip",), aggregator=aggregator,
-                    noise=aggregator == "mean", weighting="uniform",
-                    denominator=config.denominator, regularizer=regularizer)
-  else:
-    z = 0.0
-    pieces = Pieces(transforms=tuple(pre_clip), aggregator=aggregator, noise=False,
-                    weighting=config.weighting, denominator="realized", regularizer=regularizer)
+  z = resolve_noise_multiplier(config, data) if private else 0.0
   model = make_model(config, data)
-  lus_batches = opts.get("lus_batches", 1)
-  key = ("fedavg", model, data.num_clients, pieces, config.local_steps, config.batch_size,
-         config.client_optimizer, config.server_optimizer, lus_batches,
-         byzantine_key(config, opts, aggregator))
-  rnd = cached_round(key, lambda: fedavg_round(
-      model, data.num_clients, pieces, local_steps=config.local_steps,
-      batch_size=config.batch_size, client_optimizer=config.client_optimizer,
-      server_optimizer=config.server_optimizer, attack=config.attack,
-      nonfinite_value=opts["nonfinite_value"],
-      lus_batches=lus_batches, static=opts))
+  rnd = cached_round(round_key(config, opts, model, data.num_clients), lambda: fedavg_round(
+      model, data.num_clients, pieces, Training.of(config), attack=config.attack,
+      nonfinite_value=opts["nonfinite_value"], lus_batches=opts.get("lus_batches", 1),
+      static=opts))
   hparams = common_hparams(
       config, opts, client_lr=config.client_lr, clip=config.clip, noise_multiplier=z,
       expected_size=sampler.expected_size, **{"lambda": opts.get("lambda", 0.0),
@@ -126,11 +137,20 @@ def build_fedavg_family(config, data, *, private: bool, regularizer: str = "none
   return Setup(rnd, sampler, accounting, hparams)
 
 
+# User-level DP-FedAvg and its variants (blur_lus.py) read these settings.
+PRIVATE_READS = LOCAL | NOISE | {"denominator"}
+
+
+@algorithm("fedavg", reference="McMahan et al. 2017", privacy_unit=NONE, reads=LOCAL,
+           about="federated averaging: local SGD, the mean of the clients' updates")
 def build_fedavg(config, data) -> Setup:
   """Non-private FedAvg: weighted mean of client deltas (``weighting`` chooses the weights)."""
   return build_fedavg_family(config, data, private=False)
 
 
+@algorithm("dp_fedavg", reference="McMahan et al. 2018; Cheng et al., CVPR 2022, Alg. 1",
+           privacy_unit=USER, reads=PRIVATE_READS, central_noise=True,
+           about="user-level DP-FedAvg: clipped updates, Gaussian noise on their sum")
 def build_dp_fedavg(config, data) -> Setup:
   """User-level DP-FedAvg (clip S, noise z S on the sum)."""
   return build_fedavg_family(config, data, private=True)

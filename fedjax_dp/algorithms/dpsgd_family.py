@@ -29,33 +29,54 @@ from typing import Callable, Optional
 
 import jax.numpy as jnp
 
+from fedjax_dp.algorithms.fedavg import Training
 from fedjax_dp.client import make_optimizer
 from fedjax_dp.round import ClientOut, Piece, Round, tree_sub
 from fedjax_dp.transforms import global_norm
 
 
 @dataclasses.dataclass(frozen=True)
-class DPSGDPieces:
-  """The static structure of a DP-SGD-family round (part of its cache key).
+class Rules:
+  """What an algorithm of the DP-SGD family adds to the round: its clients' steps and its
+  per-class clip thresholds (static; none of the functions may hold a number of the run: they
+  read them from ``hp``, so that runs that differ only in numbers share the round).
 
   Attributes:
-    name: the algorithm ("spfl", "spfl-sound", "dp-fl", "adp-fl", "nodp-fl").
-    sampling: per-step example sampling, "poisson" or "fixed".
-    capacity: the Poisson batch capacity (None for fixed-size batches).
     statistic: the per-step noisy norm statistic ("none", "below", "norm").
     private: per-example clipping and noise (False: NoDP-FL's plain minibatch steps).
-    data_dependent_noise: published SP-FL's noise scaled by the batch's own norms.
+    client_args: ``(thresholds, hp, classes [C]) -> DPArgs`` with ``[C]`` leaves.
+    threshold_rule: ``(thresholds, hp, StepStats [C], mask [C], classes [C]) -> thresholds``.
+    init_thresholds: ``(params, hp) -> thresholds`` (``[len(class_names)]``, or ``[1]``) at
+      round 0.
     class_names: the privacy classes in threshold order (metrics ``clip_<name>``).
-    weighting: "examples" or "uniform".
+    data_dependent_noise: published SP-FL's noise scaled by the batch's own norms.
   """
 
-  name: str
-  sampling: str
-  capacity: Optional[int]
   statistic: str
   private: bool
-  data_dependent_noise: bool
-  class_names: tuple
+  client_args: Callable
+  threshold_rule: Callable
+  init_thresholds: Callable
+  class_names: tuple = ()
+  data_dependent_noise: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class DPSGDPieces:
+  """The static structure of a DP-SGD-family round.
+
+  Attributes:
+    rules: the algorithm's steps and thresholds.
+    sampling: per-step example sampling, "poisson" or "fixed".
+    capacity: the Poisson batch capacity (None for fixed-size batches).
+    weighting: "examples" or "uniform".
+    batch_size: L, the examples of a step (expected, under Poisson sampling).
+    local_steps: Q.
+  """
+
+  rules: Rules
+  sampling: str
+  capacity: Optional[int]
   weighting: str
   batch_size: int = 1
   local_steps: int = 1
@@ -100,7 +121,7 @@ def dpsgd_client(local_train: Callable, client_optimizer: str, pieces: DPSGDPiec
 
   # Per-example clipping to a data-independent bound with noise declares its per-step record;
   # plain steps (NoDP-FL) and noise scaled by the batch's own norms (published SP-FL) declare none.
-  sound = pieces.private and not pieces.data_dependent_noise
+  sound = pieces.rules.private and not pieces.rules.data_dependent_noise
   return Piece(client, "dp_sgd", mechanism=example_record(pieces) if sound else None)
 
 
@@ -125,10 +146,9 @@ def dpsgd_metrics(class_names: tuple) -> Callable:
   return metrics
 
 
-def dpsgd_round(model, num_clients: int, pieces: DPSGDPieces, *, local_train: Callable,
-                client_optimizer: str, server_optimizer: str, client_args: Callable,
-                threshold_rule: Callable, init_thresholds: Callable, aggregator: Callable,
-                attack: str = "none", nonfinite_value: str = "nan") -> Round:
+def dpsgd_round(model, num_clients: int, pieces: DPSGDPieces, training: Training, *,
+                local_train: Callable, aggregator: Callable, attack: str = "none",
+                nonfinite_value: str = "nan") -> Round:
   """A round of client-side DP-SGD with per-class thresholds, on the one federated round.
 
   Per round: each cohort client gets
@@ -139,50 +159,44 @@ def dpsgd_round(model, num_clients: int, pieces: DPSGDPieces, *, local_train: Ca
   ``pieces.weighting`` ("examples": sample counts, as in SP-FL Sec. 2.4 f;
   with server SGD at rate 1 this is the weighted average of the models) and
   then updates the thresholds from what the clients reported
-  (``threshold_rule``). The thresholds are the round's server state.
+  (``pieces.rules.threshold_rule``). The thresholds are the round's server state.
 
   Args:
     model: a :class:`fedjax_dp.models.Model`.
     num_clients: the population size.
-    pieces: the static structure (:class:`DPSGDPieces`).
+    pieces: the static structure (:class:`DPSGDPieces`), the algorithm's :class:`Rules` in it.
+    training: the client optimizer (rate ``hp["client_lr"]``) and the server optimizer (rate
+      ``hp["server_lr"]``).
     local_train: from :func:`fedjax_dp.client.dp_sgd`.
-    client_optimizer: name of the client optimizer (rate ``hp["client_lr"]``).
-    server_optimizer: name of the server optimizer (rate ``hp["server_lr"]``).
-    client_args: ``(thresholds, hp, classes [C]) -> DPArgs`` with ``[C]`` leaves.
-    threshold_rule: ``(thresholds, hp, StepStats [C], mask [C], classes [C]) -> thresholds``.
-    init_thresholds: ``(params, hp) -> thresholds`` (``[len(class_names)]``, or ``[1]``) at round 0.
     aggregator: ``hp -> Aggregator`` (the weighted mean, or a robust aggregator); any
       aggregator is post-processing of the clients' locally private uploads.
     attack, nonfinite_value: the Byzantine clients' attack on the uploads (strengths in ``hp``).
-
-  None of the functions may hold a number of the run: they read them from
-  ``hp``, so that the :class:`Round` can be shared by runs that differ only
-  in numbers (:func:`fedjax_dp.algorithms.cached_round`).
   """
+  rules = pieces.rules
 
   def classes_of(hp, ids):
     return jnp.asarray(hp["client_class"], jnp.int32)[ids]
 
   def client_hparams(thresholds, hp, ids):
-    return client_args(thresholds, hp, classes_of(hp, ids))
+    return rules.client_args(thresholds, hp, classes_of(hp, ids))
 
   def server_rule(thresholds, hp, stats, mask, ids):
-    return threshold_rule(thresholds, hp, stats, mask, classes_of(hp, ids))
+    return rules.threshold_rule(thresholds, hp, stats, mask, classes_of(hp, ids))
 
   def init_server(params, hp):
-    return jnp.asarray(init_thresholds(params, hp), jnp.float32)
+    return jnp.asarray(rules.init_thresholds(params, hp), jnp.float32)
 
   return Round(
       model=model, num_clients=num_clients,
-      client=dpsgd_client(local_train, client_optimizer, pieces), aggregator=aggregator,
+      client=dpsgd_client(local_train, training.client_optimizer, pieces), aggregator=aggregator,
       attack=attack,
       nonfinite_value=nonfinite_value,
-      weighting=pieces.weighting, server_optimizer=server_optimizer, init_server=init_server,
-      client_hparams=client_hparams, server_rule=server_rule,
-      metrics=dpsgd_metrics(tuple(pieces.class_names)),
+      weighting=pieces.weighting, server_optimizer=training.server_optimizer,
+      init_server=init_server, client_hparams=client_hparams, server_rule=server_rule,
+      metrics=dpsgd_metrics(tuple(rules.class_names)),
       # The aggregate of the clients' DP-SGD deltas, and the thresholds, which the sound
       # variants set from noisy statistics only (see fedjax_dp.engine); published SP-FL sets them
       # from raw norms, so there they are diagnostics.
-      released_metrics=("aggregate_norm",) + (() if pieces.data_dependent_noise else ("clip_*",)),
+      released_metrics=("aggregate_norm",) + (() if rules.data_dependent_noise else ("clip_*",)),
       # Per-example gradients apply the model to one example at a time.
-      model_batch=1 if pieces.private else None)
+      model_batch=1 if rules.private else None)

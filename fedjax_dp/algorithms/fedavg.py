@@ -73,6 +73,30 @@ class Pieces:
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class Training:
+  """The run settings that shape the clients' local training and the server's step (static:
+  part of a round's structure, :func:`fedjax_dp.algorithms.base.round_key`).
+
+  Attributes:
+    local_steps: Q, local steps per client per round.
+    batch_size: examples per local step.
+    client_optimizer: the clients' optimizer (rate ``hp["client_lr"]``).
+    server_optimizer: the server's optimizer on the aggregate (rate ``hp["server_lr"]``).
+  """
+
+  local_steps: int = 1
+  batch_size: int = 1
+  client_optimizer: str = "sgd"
+  server_optimizer: str = "sgd"
+
+  @classmethod
+  def of(cls, config) -> "Training":
+    """The training settings of a :class:`fedjax_dp.config.RunConfig`."""
+    return cls(config.local_steps, config.batch_size, config.client_optimizer,
+               config.server_optimizer)
+
+
 def make_aggregator(pieces: Pieces, static: Optional[Mapping] = None) -> Piece:
   """The :class:`fedjax_dp.round.Piece` of ``pieces.aggregator``.
 
@@ -119,9 +143,11 @@ def lus_gradient(objective, batch_size: int, lus_batches: int):
   return grad
 
 
-def fedavg_client(model, pieces: Pieces, *, local_steps: int, batch_size: int,
-                  client_optimizer: str, lus_batches: int = 1) -> Piece:
+def fedavg_client(model, pieces: Pieces, training: Training, lus_batches: int = 1) -> Piece:
   """``hp -> client``: Q local SGD steps (BLUR optional), then the client transforms.
+
+  ``training`` gives Q, the batch size and the client optimizer; ``lus_batches`` the
+  minibatches of LUS's gradient (:func:`lus_gradient`).
 
   The :class:`fedjax_dp.round.Piece` declares the L2 bound of what it releases
   when its last transform is a clip.
@@ -131,12 +157,13 @@ def fedavg_client(model, pieces: Pieces, *, local_steps: int, batch_size: int,
   local loss at ``w_{t,Q}`` (:func:`lus_gradient`).
   """
   loss = objectives.supervised(model.apply)
-  lus = lus_gradient(loss, batch_size, lus_batches) if "sparsify" in pieces.transforms else None
+  lus = (lus_gradient(loss, training.batch_size, lus_batches) if "sparsify" in pieces.transforms
+         else None)
 
   def client(hp):
     objective = objectives.blur(loss, hp["lambda"], hp["clip"]) if pieces.regularizer == "blur" else loss
-    train = local_sgd(objective, make_optimizer(client_optimizer, hp["client_lr"]), local_steps,
-                      batch_size)
+    train = local_sgd(objective, make_optimizer(training.client_optimizer, hp["client_lr"]),
+                      training.local_steps, training.batch_size)
     tx = (optax.chain(*(TRANSFORMS[name](hp) for name in pieces.transforms)) if pieces.transforms
           else identity())
 
@@ -154,15 +181,23 @@ def fedavg_client(model, pieces: Pieces, *, local_steps: int, batch_size: int,
   return Piece(client, "local_sgd+" + "+".join(pieces.transforms), bound=pieces.bound)
 
 
-def fedavg_round(model, num_clients: int, pieces: Pieces, *, local_steps: int, batch_size: int,
-                 client_optimizer: str, server_optimizer: str, attack: str = "none",
-                 nonfinite_value: str = "nan", lus_batches: int = 1,
+def fedavg_round(model, num_clients: int, pieces: Pieces, training: Training, *,
+                 attack: str = "none", nonfinite_value: str = "nan", lus_batches: int = 1,
                  static: Optional[Mapping] = None) -> Round:
-  """A FedAvg-family :class:`fedjax_dp.round.Round` from its pieces (``static``: the run's
-  options, where the aggregator's static ones are read, :func:`make_aggregator`)."""
+  """A FedAvg-family :class:`fedjax_dp.round.Round` from its pieces.
+
+  Args:
+    model: the :class:`fedjax_dp.models.Model` trained.
+    num_clients: the population size.
+    pieces: the round's static pieces.
+    training: local training and the server's optimizer.
+    attack, nonfinite_value: the Byzantine clients' attack (strengths in ``hp``).
+    lus_batches: minibatches of LUS's gradient (:func:`lus_gradient`).
+    static: the run's options, where the aggregator's static ones (loop counts) are read
+      (:func:`make_aggregator`).
+  """
   return Round(
       model=model, num_clients=num_clients,
-      client=fedavg_client(model, pieces, local_steps=local_steps, batch_size=batch_size,
-                           client_optimizer=client_optimizer, lus_batches=lus_batches),
+      client=fedavg_client(model, pieces, training, lus_batches),
       aggregator=make_aggregator(pieces, static), attack=attack, nonfinite_value=nonfinite_value,
-      weighting=pieces.weighting, server_optimizer=server_optimizer)
+      weighting=pieces.weighting, server_optimizer=training.server_optimizer)

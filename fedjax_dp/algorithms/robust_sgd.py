@@ -36,19 +36,17 @@ from typing import Callable
 
 import jax
 
-from fedjax_dp import objectives
-from fedjax_dp.algorithms.base import (Setup, byzantine_key, cached_round, common_hparams,
-                                       read_options)
+from fedjax_dp import components, objectives
+from fedjax_dp.algorithms.base import (Setup, algorithm, cached_round, common_hparams,
+                                       read_options, round_key)
 from fedjax_dp.algorithms.options import L2
 from fedjax_dp.algorithms.fedavg import Pieces, make_aggregator
 from fedjax_dp.client import sample_batch
-from fedjax_dp.errors import check, check_choice
+from fedjax_dp.errors import check
 from fedjax_dp.round import ClientOut, Round
 from fedjax_dp.transforms import global_norm
 
-AGGREGATORS = {"sgd": "mean", "signsgd": "sign_vote", "gm": "geometric_median",
-               "median": "coordinate_median", "trimmed_mean": "trimmed_mean", "krum": "krum",
-               "centered_clipping": "centered_clipping"}
+
 def attacker_knowledge(config) -> str:
   """"omniscient" when the attack reads the regular rows and is told to read their raw state."""
   from fedjax_dp.attacks import get
@@ -84,21 +82,25 @@ def gradient_client(model, batch_size: int) -> Callable:
   return client
 
 
-def build_robust_sgd(config, data, method: str) -> Setup:
-  """Builds the baseline ``method`` (a key of :data:`AGGREGATORS`)."""
+def build_robust_sgd(config, data) -> Setup:
+  """Builds the baseline ``config.algorithm``, the aggregator it declares (its ``aggregator``
+  trait) on the workers' stochastic gradients (see the module docstring).
+
+  Raises:
+    ConfigError: for another aggregator than the algorithm's, or a bad option.
+  """
   from fedjax_dp.algorithms.dp_fedavg import make_model
   from fedjax_dp.privacy import NonPrivate
   from fedjax_dp.privacy.accounting import LedgerAccounting
   from fedjax_dp.sampling import make_sampler
-  check_choice("method", method, sorted(AGGREGATORS))
-  check(config.aggregator in (None, AGGREGATORS[method]), "aggregator", config.aggregator,
-        f"must be unset or {AGGREGATORS[method]!r}: algorithm {method!r} is that aggregator")
-  opts = read_options(config, L2, byzantine=True)
+  method = config.algorithm
+  own = components.get("algorithm", method)["aggregator"]
+  check(config.aggregator in (None, own), "aggregator", config.aggregator,
+        f"must be unset or {own!r}: algorithm {method!r} is that aggregator")
+  opts = read_options(config)
   model = make_model(config, data)
-  pieces = Pieces(aggregator=AGGREGATORS[method], weighting="uniform")
-  key = ("robust_sgd", model, data.num_clients, pieces, config.batch_size,
-         byzantine_key(config, opts, pieces.aggregator))
-  rnd = cached_round(key, lambda: Round(
+  pieces = Pieces(aggregator=own, weighting="uniform")
+  rnd = cached_round(round_key(config, opts, model, data.num_clients), lambda: Round(
       model=model, num_clients=data.num_clients, client=gradient_client(model, config.batch_size),
       aggregator=make_aggregator(pieces, opts), attack=config.attack,
       nonfinite_value=opts["nonfinite_value"], descent=True, server_optimizer="sgd"))
@@ -113,18 +115,18 @@ def build_robust_sgd(config, data, method: str) -> Setup:
   return Setup(rnd, sampler, accounting, hparams)
 
 
-def _builder(method):
-  def build(config, data):
-    return build_robust_sgd(config, data, method)
-  build.__name__ = f"build_{method}"
-  build.__doc__ = f"Stochastic-gradient aggregation with '{AGGREGATORS[method]}' (see module docstring)."
-  return build
-
-
-build_sgd = _builder("sgd")
-build_signsgd = _builder("signsgd")
-build_gm = _builder("gm")
-build_median = _builder("median")
-build_trimmed_mean = _builder("trimmed_mean")
-build_krum = _builder("krum")
-build_centered_clipping = _builder("centered_clipping")
+# name -> (the aggregator it is, its reference).
+BASELINES = {
+    "sgd": ("mean", "mean of stochastic gradients (Zhu and Ling's baseline)"),
+    "signsgd": ("sign_vote", "Bernstein et al. 2019, majority vote"),
+    "gm": ("geometric_median", "geometric median (Weiszfeld)"),
+    "median": ("coordinate_median", "coordinate-wise median"),
+    "trimmed_mean": ("trimmed_mean", "Yin et al., ICML 2018"),
+    "krum": ("krum", "Blanchard et al., NeurIPS 2017"),
+    "centered_clipping": ("centered_clipping", "Karimireddy et al., ICML 2021"),
+}
+for _name, (_aggregator, _reference) in BASELINES.items():
+  algorithm(_name, reference=_reference, options=L2, aggregator=_aggregator,
+            about=f"stochastic gradients aggregated by {_aggregator} (Zhu and Ling's baselines)"
+            )(build_robust_sgd)
+del _name, _aggregator, _reference

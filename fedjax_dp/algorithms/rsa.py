@@ -35,8 +35,9 @@ rate ``alpha = hp["server_lr"]`` on ``lambda * sum_k sign(m_k) + u x_0``.
 Byzantine workers and their attack come from the run's ``byzantine``,
 ``attack`` and ``attacker_knowledge`` settings. Options (``--set
 name=value``): ``lambda`` (0.01), ``l2`` (u, 0.004), the attack strengths;
-``dp-rsa-f``: ``keep_prob`` or ``epsilon`` (per coordinate per round);
-``dp-rsa-g``: ``sign_sigma`` or ``epsilon``, ``sign_clip`` (the bound that
+``dp-rsa-f``: ``keep_prob`` (0.8) or ``epsilon`` (per coordinate per round,
+calibrating ``keep_prob``); ``dp-rsa-g``: ``sign_sigma`` (0.016) or ``epsilon``
+(calibrating ``sign_sigma``), ``sign_clip`` (the bound that
 gives the formal guarantee; unset: no guarantee, flagged), ``sign_clip_norm``
 ("linf" default, or "l2"). See :mod:`fedjax_dp.privacy.sign` for exactly what
 each guarantee covers.
@@ -49,9 +50,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from fedjax_dp import attacks, objectives
+from fedjax_dp import attacks, components, objectives
 from fedjax_dp.aggregators import Aggregator, robust
-from fedjax_dp.algorithms.base import Setup, cached_round, common_hparams, read_options
+from fedjax_dp.algorithms.base import (NONE, WORKER, Setup, algorithm, cached_round,
+                                       common_hparams, read_options, round_key)
 from fedjax_dp.algorithms.options import L2, Option
 from fedjax_dp.algorithms.robust_sgd import attacker_knowledge, stochastic_gradient
 from fedjax_dp.errors import ConfigError, check
@@ -60,20 +62,21 @@ from fedjax_dp.transforms import global_norm
 from fedjax_dp.transforms.sign import paper_sign, sign_flip, sign_gaussian, to_sign
 
 EPSILON = Option("epsilon", None, "the per-coordinate per-round epsilon to calibrate the "
-                 "perturbation to (instead of keep_prob / sign_sigma)", low=0, low_open=True)
+                 "perturbation to, instead of keep_prob / sign_sigma (give one of the two)",
+                 low=0, low_open=True)
 OPTIONS = {
     "rsa": L2 + (Option("lambda", 0.01, "weight of the L1 consensus penalty (Eq. 4)", low=0,
                         low_open=True),),
 }
 OPTIONS["dp-rsa-f"] = OPTIONS["rsa"] + (
-    Option("keep_prob", None, "Sign-Flipping's gamma: each sign kept with this probability",
-           low=0.5, high=1), EPSILON)
+    Option("keep_prob", 0.8, "Sign-Flipping's gamma: each sign kept with this probability (0.8: "
+           "epsilon ln 4 per coordinate per round)", low=0.5, high=1), EPSILON)
 OPTIONS["dp-rsa-g"] = OPTIONS["rsa"] + (
-    Option("sign_sigma", None, "Sign-Gaussian's noise std", low=0, low_open=True), EPSILON,
+    Option("sign_sigma", 0.016, "Sign-Gaussian's noise std (0.016: about epsilon 0.2 per "
+           "coordinate per round with sign_clip=0.002)", low=0, low_open=True), EPSILON,
     Option("sign_clip", None, "bound on x_0 - x_k before the noise (the formal guarantee needs "
            "it); unset: no guarantee", low=0, low_open=True),
     Option("sign_clip_norm", "linf", "the sign_clip norm", kind="choice", choices=("linf", "l2")))
-VARIANTS = ("rsa", "dp-rsa-f", "dp-rsa-g")
 
 
 def _attacker_sign(v):
@@ -186,22 +189,33 @@ def rsa_round(model, num_clients: int, gradient, perturb, *, attack: str = "none
       released_metrics=("master_norm", "aggregate_norm"))
 
 
-def perturbation_hparams(variant: str, opts: dict) -> dict:
-  """The perturbation's hyper-parameters from the options (an ``epsilon`` calibrated here)."""
+def perturbation_hparams(variant: str, opts: dict, given) -> dict:
+  """The perturbation's hyper-parameters from the options.
+
+  Args:
+    variant: "rsa", "dp-rsa-f" or "dp-rsa-g".
+    opts: the options as read (:func:`fedjax_dp.algorithms.base.read_options`).
+    given: the names of the options the run gives: an ``epsilon`` given is calibrated here to
+      the perturbation's parameter (``keep_prob``, ``sign_sigma``), which otherwise takes its
+      value (given or default).
+
+  Raises:
+    ConfigError: for both ``epsilon`` and the parameter it calibrates, or for ``epsilon`` with
+      Sign-Gaussian without ``sign_clip`` in the linf norm.
+  """
   from fedjax_dp.privacy import sign as psign
   from fedjax_dp.privacy.randomized_response import keep_prob_for_epsilon
   if variant == "rsa":
     return {}
   eps = opts.get("epsilon")
+  param = "keep_prob" if variant == "dp-rsa-f" else "sign_sigma"
+  check(not {param, "epsilon"} <= set(given), f"{param}/epsilon", (opts[param], eps),
+        f"give at most one of {param} and epsilon (per coordinate per round; neither: "
+        f"{param}={components.get('algorithm', variant).defaults[param]})")
   if variant == "dp-rsa-f":
-    gamma = opts.get("keep_prob")
-    check((gamma is None) != (eps is None), "keep_prob/epsilon", (gamma, eps),
-          "give exactly one of keep_prob (gamma) and epsilon (per coordinate per round)")
-    return {"keep_prob": keep_prob_for_epsilon(eps) if gamma is None else gamma}
-  sigma, clip, norm = opts.get("sign_sigma"), opts.get("sign_clip"), opts.get("sign_clip_norm", "linf")
-  check((sigma is None) != (eps is None), "sign_sigma/epsilon", (sigma, eps),
-        "give exactly one of sign_sigma and epsilon (per coordinate per round)")
-  if sigma is None:
+    return {"keep_prob": opts["keep_prob"] if eps is None else keep_prob_for_epsilon(eps)}
+  sigma, clip, norm = opts["sign_sigma"], opts.get("sign_clip"), opts.get("sign_clip_norm", "linf")
+  if eps is not None:
     if clip is None or norm != "linf":
       raise ConfigError("epsilon", eps, "calibrating sign_sigma to a per-coordinate epsilon needs "
                         "sign_clip with sign_clip_norm='linf'")
@@ -209,28 +223,33 @@ def perturbation_hparams(variant: str, opts: dict) -> dict:
   return {"sign_sigma": sigma, "sign_clip": 0.0 if clip is None else clip}
 
 
-def build_rsa_family(config, data, variant: str) -> Setup:
-  """RSA (``"rsa"``), DP-RSA with Sign-Flipping (``"dp-rsa-f"``) or Sign-Gaussian (``"dp-rsa-g"``)."""
+def build_rsa_family(config, data) -> Setup:
+  """RSA (``"rsa"``), DP-RSA with Sign-Flipping (``"dp-rsa-f"``) or Sign-Gaussian
+  (``"dp-rsa-g"``): ``config.algorithm``.
+
+  Raises:
+    ConfigError: for another aggregator than RSA's sum of signs, or a bad option.
+  """
   from fedjax_dp.algorithms.dp_fedavg import make_model
   from fedjax_dp.models import num_params
   from fedjax_dp.privacy import NonPrivate
   from fedjax_dp.privacy.accounting import LedgerAccounting
   from fedjax_dp.privacy.sign import SignAccounting
   from fedjax_dp.sampling import make_sampler
+  variant = config.algorithm
   check(config.aggregator in (None, "sign_sum"), "aggregator", config.aggregator,
         "must be unset or 'sign_sum': RSA's master sums the signs of the messages (Eq. 11)")
-  opts = read_options(config, OPTIONS[variant], byzantine=True)
+  opts = read_options(config)
   knowledge = attacker_knowledge(config)
   model = make_model(config, data)
   dim = int(num_params(jax.eval_shape(model.init, jax.random.PRNGKey(0))))
-  perturb_hp = perturbation_hparams(variant, opts)
-  norm = opts.get("sign_clip_norm", "linf")
-  key = ("rsa", model, data.num_clients, variant, config.batch_size, config.attack,
-         opts["nonfinite_value"], knowledge, opts.get("sign_clip") is not None, norm)
+  perturb_hp = perturbation_hparams(variant, opts, config.options)
+  clipped, norm = opts.get("sign_clip") is not None, opts.get("sign_clip_norm", "linf")
+  key = round_key(config, opts, model, data.num_clients, knowledge, clipped)
   rnd = cached_round(key, lambda: rsa_round(
       model, data.num_clients,
       stochastic_gradient(objectives.supervised(model.apply), config.batch_size),
-      perturbation(variant, opts.get("sign_clip") is not None, norm), attack=config.attack,
+      perturbation(variant, clipped, norm), attack=config.attack,
       nonfinite_value=opts["nonfinite_value"], knowledge=knowledge))
   sampler = make_sampler(config.sampling, data.num_clients, config.seed, config.sampling_prob,
                          config.cohort_size, config.capacity)
@@ -248,16 +267,16 @@ def build_rsa_family(config, data, variant: str) -> Setup:
   return Setup(rnd, sampler, accounting, hparams)
 
 
-def build_rsa(config, data) -> Setup:
-  """Non-private RSA (signs sent exactly)."""
-  return build_rsa_family(config, data, "rsa")
-
-
-def build_dp_rsa_f(config, data) -> Setup:
-  """DP-RSA with Sign-Flipping (Eq. 8)."""
-  return build_rsa_family(config, data, "dp-rsa-f")
-
-
-def build_dp_rsa_g(config, data) -> Setup:
-  """DP-RSA with Sign-Gaussian (Eq. 9)."""
-  return build_rsa_family(config, data, "dp-rsa-g")
+# What the three variants declare alike.
+_TRAITS = dict(chooses_knowledge=True)
+algorithm("rsa", reference="Li et al., AAAI 2019", options=OPTIONS["rsa"], privacy_unit=NONE,
+          about="RSA: workers keep their own models, the master sums the signs of their "
+                "differences", **_TRAITS)(build_rsa_family)
+algorithm("dp-rsa-f", reference="Zhu and Ling, IJCAI 2022, Sign-Flipping",
+          options=OPTIONS["dp-rsa-f"], privacy_unit=WORKER,
+          about="DP-RSA: RSA whose workers flip each sign with probability 1 - keep_prob",
+          **_TRAITS)(build_rsa_family)
+algorithm("dp-rsa-g", reference="Zhu and Ling, IJCAI 2022, Sign-Gaussian",
+          options=OPTIONS["dp-rsa-g"], privacy_unit=WORKER,
+          about="DP-RSA: RSA whose workers send the signs of their differences plus Gaussian "
+                "noise", **_TRAITS)(build_rsa_family)

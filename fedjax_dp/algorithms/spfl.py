@@ -58,32 +58,32 @@ Options (``--set name=value``): ``high_fraction`` (0.5), ``beta_high`` (1.0),
 ``init_norm_examples`` (32; spfl's initial threshold reads this many
 examples per client), ``low_cap`` (spfl-sound; default ``clip``),
 ``stat_bound`` (spfl-sound ``B``; default ``4 * clip``), ``stat_noise_ratio``
-(5: the statistic's noise is this times ``sigma``), ``min_clip`` (1e-3),
-``max_clip`` (adp-fl's upper clamp; default ``1000 * clip``),
-``target_quantile`` and ``clip_lr`` (adp-fl; 0.5 and 0.2).
+(5: the statistic's noise is this times ``sigma``), ``min_clip`` (1e-3; adp-fl's options are in :mod:`fedjax_dp.algorithms.adp_fl`).
+Every algorithm of the family runs 100 clients and 2 local steps by default, so that a batch of
+the default size fits each client's examples.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Callable, Optional
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp import objectives
-from fedjax_dp.round import run_keys
-from fedjax_dp.algorithms.base import (Setup, byzantine_key, cached_round, common_hparams,
-                                       read_options)
+from fedjax_dp.algorithms.base import (EXAMPLE, LOCAL, NOISE, NONE, Setup, algorithm,
+                                       cached_round, common_hparams, read_options, round_key)
 from fedjax_dp.algorithms.dp_fedavg import make_model
-from fedjax_dp.algorithms.fedavg import Pieces, make_aggregator
+from fedjax_dp.algorithms.fedavg import Pieces, Training, make_aggregator
 from fedjax_dp.algorithms.options import Option
-from fedjax_dp.algorithms.dpsgd_family import DPSGDPieces, dpsgd_round, example_record
+from fedjax_dp.algorithms.dpsgd_family import DPSGDPieces, Rules, dpsgd_round, example_record
 from fedjax_dp.client import DPSGDSteps, dp_sgd, mean_initial_norm
 from fedjax_dp.errors import ConfigError, check
 from fedjax_dp.privacy.example_level import (ExampleLevelAccounting, PrivacyClass,
                                              calibrate_example_noise, split_noise_multiplier)
+from fedjax_dp.round import run_keys
 from fedjax_dp.sampling import SAMPLINGS, make_sampler, poisson_capacity
 from fedjax_dp.transforms import dp_args
 
@@ -91,40 +91,35 @@ HIGH, LOW = 0, 1
 _CLASS_TAG = 0x5BF1
 
 POSITIVE = dict(low=0, low_open=True)
-_ALL = (
-    Option("high_fraction", 0.5, "fraction of clients in the high privacy-need class", low=0, high=1),
-    Option("beta_high", 1.0, "SP-FL: the high class's bound is beta_high times a mean norm", **POSITIVE),
+EXAMPLE_SAMPLING = Option("example_sampling", "fixed", "per-step batches: fixed size (RDP) or "
+                          "Poisson (needs --accountant pld)", kind="choice", choices=SAMPLINGS)
+CLASSES = (
+    Option("high_fraction", 0.5, "fraction of clients in the high privacy-need class", low=0,
+           high=1),
+    Option("beta_high", 1.0, "SP-FL: the high class's bound is beta_high times a mean norm",
+           **POSITIVE),
     Option("beta_low", 0.9, "SP-FL: the low class scales every gradient by beta_low", **POSITIVE),
-    Option("example_sampling", "fixed", "per-step batches: fixed size (RDP) or Poisson (needs "
-           "--accountant pld)", kind="choice", choices=SAMPLINGS),
+)
+# The noisy norm statistic's options (spfl-sound here, adp-fl in adp_fl.py).
+STAT_NOISE_RATIO = Option("stat_noise_ratio", 5.0, "the norm statistic's noise is this times "
+                          "sigma", **POSITIVE)
+MIN_CLIP = Option("min_clip", 1e-3, "lower clamp of an adaptive bound", **POSITIVE)
+SPFL_OPTIONS = CLASSES + (
+    EXAMPLE_SAMPLING,
     Option("init_norm_examples", 32, "spfl: examples per client its initial threshold reads",
-           kind="int", low=1),
+           kind="int", low=1))
+SOUND_OPTIONS = CLASSES + (
+    EXAMPLE_SAMPLING,
     Option("low_cap", None, "spfl-sound: the low class's data-independent cap; unset: clip",
            **POSITIVE),
     Option("stat_bound", None, "spfl-sound: B of the norm statistic min(||g||, B) / B; unset: "
            "4 clip", **POSITIVE),
-    Option("stat_noise_ratio", 5.0, "the norm statistic's noise is this times sigma", **POSITIVE),
-    Option("min_clip", 1e-3, "lower clamp of an adaptive bound", **POSITIVE),
-    Option("max_clip", None, "adp-fl: upper clamp of the adaptive bound; unset: 1000 clip",
-           **POSITIVE),
-    Option("target_quantile", 0.5, "adp-fl: the quantile of per-example norms the bound tracks",
-           low=0, high=1, low_open=True, high_open=True),
-    Option("clip_lr", 0.2, "adp-fl: the bound's geometric learning rate", **POSITIVE),
-)
-
-
-def _pick(*names) -> tuple:
-  return tuple(o for o in _ALL if o.name in ("example_sampling",) + names)
-
-
-# Each algorithm's own options: the ones its builder reads (a setting it would ignore is refused).
-OPTIONS = {
-    "spfl": _pick("high_fraction", "beta_high", "beta_low", "init_norm_examples"),
-    "spfl-sound": _pick("high_fraction", "beta_high", "beta_low", "low_cap", "stat_bound",
-                        "stat_noise_ratio", "min_clip"),
-    "dp-fl": _pick(), "nodp-fl": _pick(),
-    "adp-fl": _pick("stat_noise_ratio", "min_clip", "max_clip", "target_quantile", "clip_lr"),
-}
+    STAT_NOISE_RATIO, MIN_CLIP)
+# What every algorithm of the family declares alike: the settings it reads, clients that hold
+# enough examples for a batch of the default size (the default population's hold two) and the
+# paper's two local steps (published SP-FL's noise, scaled by the batch's own norms, grows
+# without bound over five).
+TRAITS = dict(reads=LOCAL | NOISE, defaults={"num_clients": 100, "local_steps": 2})
 
 REASON_LOW = ("proportional clipping C_{t,l} = beta * ||g_t(x_i)||_2 (Eq. 7) only scales each "
               "example's gradient by beta, so a step's L2 sensitivity is unbounded, and the noise "
@@ -134,16 +129,14 @@ REASON_HIGH = ("the clip threshold C_{t,h} = beta * (mean per-example gradient n
                "statistics of the clients' data; they set the noise scale and leak through it")
 
 
-def options(config) -> dict:
+def options(config, unset_bounds=(("low_cap", 1.0), ("stat_bound", 4.0))) -> dict:
   """The run's options of its algorithm in the SP-FL family, validated (unknown names, and
-  names of another algorithm of the family, are errors); unset bounds from ``clip``."""
-  opts = read_options(config, OPTIONS[config.algorithm], byzantine=True)
-  for name, times in (("low_cap", 1.0), ("stat_bound", 4.0), ("max_clip", 1e3)):
+  names of another algorithm of the family, are errors); each unset bound of ``unset_bounds``
+  (``(name, factor)``) is ``factor * clip``."""
+  opts = read_options(config)
+  for name, times in unset_bounds:
     if name in opts and opts[name] is None:
       opts[name] = times * config.clip
-  if "max_clip" in opts:
-    check(opts["max_clip"] > opts["min_clip"], "max_clip", opts["max_clip"],
-          f"must be > min_clip={opts['min_clip']}")
   return opts
 
 
@@ -196,64 +189,54 @@ def _class_mean(values, mask, weight):
   return jnp.sum(values * w), jnp.sum(w)
 
 
-def build_dpsgd_family(config, data, *, name: str, statistic: str, private: bool,
-                       client_args: Callable, threshold_rule: Callable,
-                       init_thresholds: Callable, hparams: dict, classes: list,
-                       class_names: tuple, opts: dict,
-                       client_class: Optional[np.ndarray] = None,
-                       data_dependent_noise: bool = False) -> Setup:
+def build_dpsgd_family(config, data, rules: Rules, opts: dict, hparams: dict, classes: list,
+                       client_class: Optional[np.ndarray] = None) -> Setup:
   """Shared builder: model, local DP-SGD, the round, sampler, hparams and per-class accounting.
 
-  ``client_args``, ``threshold_rule`` and ``init_thresholds`` (see
-  :func:`fedjax_dp.algorithms.dpsgd_family.dpsgd_round`) belong to the algorithm ``name`` and
-  read every number from ``hp``: the round is cached by its static structure
-  (:func:`fedjax_dp.algorithms.cached_round`), so a later build with other
-  numbers reuses the first build's functions. ``hparams`` holds the
-  algorithm's numbers (added to :func:`fedjax_dp.algorithms.common_hparams`,
-  with ``client_lr`` and ``client_class``).
+  Args:
+    config: the run's :class:`fedjax_dp.config.RunConfig`.
+    data: its :class:`fedjax_dp.data.FederatedData`.
+    rules: the algorithm's steps and thresholds (module-level functions reading every number
+      from ``hp``: the round is cached by its static structure, :func:`round_key`, so a later
+      build with other numbers reuses the first build's functions).
+    opts: its options (:func:`options`).
+    hparams: the algorithm's numbers (added to :func:`fedjax_dp.algorithms.common_hparams`,
+      with ``client_lr`` and ``client_class``).
+    classes: ``(name, client_ids, keys, reason)`` per privacy class, where ``keys`` names the
+      hparams of the class's noise (``(grad_key,)`` or ``(grad_key, stat_key)``) or is None
+      for a class without a guarantee (``reason`` says why). Each class's record is the one
+      the round's DP-SGD client piece declares for those keys, from the same hparams the
+      compiled steps use; a client that declares none (published SP-FL's noise scaled by the
+      batch's own norms, or NoDP-FL's plain steps) gives no class a guarantee.
+    client_class: each client's privacy class (``[num_clients]`` int32; None: all 0).
 
-  ``classes``: ``(name, client_ids, keys, reason)`` per privacy class, where
-  ``keys`` names the hparams of the class's noise (``(grad_key,)`` or
-  ``(grad_key, stat_key)``) or is None for a class without a guarantee
-  (``reason`` says why). Each class's record is the one the round's DP-SGD
-  client piece declares for those keys, from the same hparams the compiled
-  steps use; a client that declares none (published SP-FL's
-  ``data_dependent_noise``, whose noise is scaled by the batch's own norms,
-  or NoDP-FL's plain steps) gives no class a guarantee.
+  Raises:
+    ConfigError: for a cohort larger than the population or a batch larger than the smallest
+      client's examples.
   """
   if config.sampling == "fixed":
     check(config.cohort_size <= data.num_clients, "cohort_size", config.cohort_size,
           f"must be <= the population ({data.num_clients} clients)")
-  model = make_model(config, data)
-  max_examples = int(data.x.shape[1])
-  sampling = opts["example_sampling"]
   check(config.batch_size <= int(data.counts.min()), "batch_size", config.batch_size,
         f"must be <= the smallest client's examples ({int(data.counts.min())}): the per-step "
         "sampling rate L / |D_n| is at most 1")
-  capacity = example_capacity(config, data, sampling)
-  pieces = DPSGDPieces(name=name, sampling=sampling, capacity=capacity, statistic=statistic,
-                       private=private, data_dependent_noise=data_dependent_noise,
-                       class_names=tuple(class_names), weighting=config.weighting,
-                       batch_size=config.batch_size, local_steps=config.local_steps)
+  model, max_examples = make_model(config, data), int(data.x.shape[1])
+  sampling = opts["example_sampling"]
+  pieces = DPSGDPieces(rules, sampling, example_capacity(config, data, sampling),
+                       config.weighting, config.batch_size, config.local_steps)
   # Any aggregator, and attacks on the uploads: each upload is already private (example-level,
   # local to its client), so what the server or an attacker computes from them is post-processing.
   aggregation = Pieces(aggregator=config.aggregator or "mean", weighting=config.weighting)
-  key = ("dpsgd", model, data.num_clients, max_examples, pieces, aggregation,
-         byzantine_key(config, opts, aggregation.aggregator), config.local_steps,
-         config.batch_size, config.client_optimizer, config.server_optimizer)
 
   def make():
     local_train = dp_sgd(objectives.supervised(model.apply), DPSGDSteps(
-        config.local_steps, config.batch_size, max_examples, sampling, capacity, statistic,
-        private, data_dependent_noise))
-    return dpsgd_round(model, data.num_clients, pieces, local_train=local_train,
-                       client_optimizer=config.client_optimizer,
-                       server_optimizer=config.server_optimizer, client_args=client_args,
-                       threshold_rule=threshold_rule, init_thresholds=init_thresholds,
-                       aggregator=make_aggregator(aggregation, opts), attack=config.attack,
-                       nonfinite_value=opts["nonfinite_value"])
+        config.local_steps, config.batch_size, max_examples, sampling, pieces.capacity,
+        rules.statistic, rules.private, rules.data_dependent_noise))
+    return dpsgd_round(model, data.num_clients, pieces, Training.of(config),
+                       local_train=local_train, aggregator=make_aggregator(aggregation, opts),
+                       attack=config.attack, nonfinite_value=opts["nonfinite_value"])
 
-  rnd = cached_round(key, make)
+  rnd = cached_round(round_key(config, opts, model, data.num_clients, max_examples, pieces), make)
   sampler = make_sampler(config.sampling, data.num_clients, config.seed, config.sampling_prob,
                          config.cohort_size, config.capacity)
   if client_class is None:
@@ -262,6 +245,15 @@ def build_dpsgd_family(config, data, *, name: str, statistic: str, private: bool
   hp = common_hparams(config, opts, client_lr=config.client_lr, expected_size=sampler.expected_size,
                       examples_per_round=float(config.local_steps * config.batch_size),
                       client_class=client_class, **hparams)
+  return Setup(rnd, sampler, class_accounting(config, data.counts, pieces, rnd, hp, classes),
+               hp)
+
+
+def class_accounting(config, counts, pieces: DPSGDPieces, rnd, hp: dict, classes: list):
+  """The :class:`ExampleLevelAccounting` of ``classes`` (:func:`build_dpsgd_family`) over
+  clients of ``counts`` examples, each class's record the one ``rnd``'s client piece declares
+  for ``hp``, with the nominal per-step record of ``pieces`` (for the summary's noise
+  multiplier)."""
   declared = rnd.client.mechanism
   privacy_classes = []
   for class_name, ids, keys, reason in classes:
@@ -269,12 +261,10 @@ def build_dpsgd_family(config, data, *, name: str, statistic: str, private: bool
       keys, reason = None, reason or "the client's DP-SGD declares no privacy record"
     privacy_classes.append(PrivacyClass(class_name, ids, None if keys is None else declared(hp, *keys),
                                         reason))
-  # The nominal per-step record, for the summary's noise multiplier.
   nominal = example_record(pieces)(hp, "sigma") if "sigma" in hp else None
-  accounting = ExampleLevelAccounting(privacy_classes, data.counts, config.delta,
-                                      config.accountant, nominal,
-                                      "released" if config.byzantine else None)
-  return Setup(rnd, sampler, accounting, hp)
+  return ExampleLevelAccounting(privacy_classes, counts, config.delta,
+                                config.accountant, nominal,
+                                "released" if config.byzantine else None)
 
 
 def _constant_rule(thresholds, hp, stats, mask, classes):
@@ -293,6 +283,12 @@ def _one_clip_args(thresholds, hp, cls):
   return dp_args(jnp.full(cls.shape, thresholds[0]), 1.0, hp["sigma"])
 
 
+DP_FL = Rules("none", True, _one_clip_args, _constant_rule, init_clip_bound, ("all",))
+
+
+@algorithm("dp-fl", reference="client-side DP-SGD (SP-FL's baseline)", privacy_unit=EXAMPLE,
+           options=(EXAMPLE_SAMPLING,), about="clients train with DP-SGD at a constant clip bound",
+           **TRAITS)
 def build_dp_fl(config, data) -> Setup:
   """DP-FL: client-side DP-SGD with the constant clip bound ``config.clip``."""
   opts = options(config)
@@ -300,11 +296,8 @@ def build_dp_fl(config, data) -> Setup:
   ids = tuple(range(data.num_clients))
   classes = [("all", ids, ("sigma",) if sigma > 0 else None,
               "" if sigma > 0 else "noise_multiplier=0: clipping only")]
-  return build_dpsgd_family(
-      config, data, name="dp-fl", statistic="none", private=True, client_args=_one_clip_args,
-      threshold_rule=_constant_rule, init_thresholds=init_clip_bound,
-      hparams={"sigma": sigma, "clip": config.clip}, classes=classes, class_names=("all",),
-      opts=opts)
+  return build_dpsgd_family(config, data, DP_FL, opts, {"sigma": sigma, "clip": config.clip},
+                            classes)
 
 
 def _nodp_args(thresholds, hp, cls):
@@ -317,15 +310,18 @@ def _no_thresholds(params, hp):
   return jnp.zeros((1,), jnp.float32)
 
 
+NODP_FL = Rules("none", False, _nodp_args, _constant_rule, _no_thresholds)
+
+
+@algorithm("nodp-fl", reference="non-private DP-SGD steps (SP-FL's baseline)", privacy_unit=NONE,
+           options=(EXAMPLE_SAMPLING,), about="DP-FL's local training without clipping or noise",
+           **dict(TRAITS, reads=LOCAL))
 def build_nodp_fl(config, data) -> Setup:
   """NoDP-FL: the same local training (sampling, steps, server) without clipping or noise."""
   opts = options(config)
   ids = tuple(range(data.num_clients))
   classes = [("all", ids, None, "non-private: no clipping and no noise")]
-  return build_dpsgd_family(
-      config, data, name="nodp-fl", statistic="none", private=False, client_args=_nodp_args,
-      threshold_rule=_constant_rule, init_thresholds=_no_thresholds, hparams={},
-      classes=classes, class_names=(), opts=opts)
+  return build_dpsgd_family(config, data, NODP_FL, opts, {}, classes)
 
 
 def _spfl_common(config, data):
@@ -377,19 +373,23 @@ def _spfl_rule(thresholds, hp, stats, mask, c):
   return thresholds.at[0].set(new)
 
 
+SPFL = Rules("none", True, _spfl_args, _spfl_rule, _spfl_init, ("high", "low"),
+             data_dependent_noise=True)
+
+
+@algorithm("spfl", reference="Wu and Li 2024 (SP-FL as published: no formal guarantee)",
+           privacy_unit=EXAMPLE, options=SPFL_OPTIONS,
+           about="DP-SGD clients in two privacy classes, adaptive and proportional clipping",
+           **TRAITS)
 def build_spfl(config, data) -> Setup:
   """SP-FL as published (Wu and Li 2024, Eqs. 5 and 7): no formal DP guarantee."""
   opts, sigma, cls, high_ids, low_ids = _spfl_common(config, data)
   classes = [("high", high_ids, None, REASON_HIGH), ("low", low_ids, None, REASON_LOW)]
   c0 = initial_spfl_threshold(make_model(config, data), data, config.seed,
                               opts["init_norm_examples"])
-  return build_dpsgd_family(
-      config, data, name="spfl", statistic="none", private=True, client_args=_spfl_args,
-      threshold_rule=_spfl_rule, init_thresholds=_spfl_init,
-      hparams={"sigma": sigma, "beta_high": opts["beta_high"],
-               "beta_low": opts["beta_low"], "init_clip_high": c0},
-      classes=classes, class_names=("high", "low"), opts=opts, client_class=cls,
-      data_dependent_noise=True)
+  hparams = {"sigma": sigma, "beta_high": opts["beta_high"], "beta_low": opts["beta_low"],
+             "init_clip_high": c0}
+  return build_dpsgd_family(config, data, SPFL, opts, hparams, classes, cls)
 
 
 def _sound_init(params, hp):
@@ -425,6 +425,13 @@ def statistic_budget(sigma: float, opts: dict, algorithm: str):
   return stat_noise, split_noise_multiplier(sigma, stat_noise)
 
 
+SPFL_SOUND = Rules("norm", True, _sound_args, _sound_rule, _sound_init, ("high", "low"))
+
+
+@algorithm("spfl-sound", reference="Wu and Li 2024, thresholds from noisy statistics",
+           privacy_unit=EXAMPLE, options=SOUND_OPTIONS,
+           about="SP-FL whose thresholds come from noisy statistics: a real epsilon per class",
+           **TRAITS)
 def build_spfl_sound(config, data) -> Setup:
   """SP-FL with privatised thresholds and a data-independent low-class cap: a real epsilon per class."""
   opts, sigma, cls, high_ids, low_ids = _spfl_common(config, data)
@@ -440,7 +447,4 @@ def build_spfl_sound(config, data) -> Setup:
              "beta_high": opts["beta_high"], "beta_low": opts["beta_low"],
              "low_cap": opts["low_cap"], "stat_bound": opts["stat_bound"],
              "min_clip": opts["min_clip"], "clip": config.clip}
-  return build_dpsgd_family(
-      config, data, name="spfl-sound", statistic="norm", private=True, client_args=_sound_args,
-      threshold_rule=_sound_rule, init_thresholds=_sound_init, hparams=hparams, classes=classes,
-      class_names=("high", "low"), opts=opts, client_class=cls)
+  return build_dpsgd_family(config, data, SPFL_SOUND, opts, hparams, classes, cls)
