@@ -19,6 +19,9 @@ from fedjax_dp.algorithms.base import (INT_HPARAMS, NONE, Setup, as_hparams, cac
                                        common_hparams, option_table, read_options, round_key,
                                        unused_fields)
 from fedjax_dp.errors import check
+from fedjax_dp.attacks import get as get_attack
+from fedjax_dp.data.specs import BY_NAME
+from fedjax_dp.models import CONV_MODELS, MODELS
 
 __all__ = ["INT_HPARAMS", "Setup", "as_hparams", "build", "cached_round", "choosing_knowledge",
            "common_hparams", "option_table", "read_options", "refuse_unused", "round_key",
@@ -65,7 +68,6 @@ def unread_by_settings(config) -> dict:
   declared = components.get("algorithm", config.algorithm)
   no_byzantine = "there are no Byzantine clients (byzantine 0)" if config.byzantine == 0 else None
   no_attack = "there is no attack (attack none)" if config.attack == "none" else no_byzantine
-  from fedjax_dp.attacks import get as get_attack
   knowledge = no_attack or (
       f"attack {config.attack!r} reads no regular client"
       if not get_attack(config.attack).reads_honest else
@@ -86,13 +88,11 @@ def unread_by_settings(config) -> dict:
                     "run's process" if config.accountant == "rdp" else None)
   only = lambda partition: (f"partition is {config.partition} (only {partition} reads it)"
                             if config.partition != partition else None)
-  from fedjax_dp.data.specs import BY_NAME
   spec = BY_NAME.get(config.dataset)
   no_files = (f"dataset {config.dataset!r} is bundled with scikit-learn (no files are read)"
               if spec is not None and not spec.files else None)
   no_download = (f"dataset {config.dataset!r} has no tensorflow-datasets download"
                  if spec is not None and spec.tfds_name is None else None)
-  from fedjax_dp.models import CONV_MODELS, MODELS
   no_conv = (f"model {config.model_name!r} has no convolution"
              if config.model_name in set(MODELS) - CONV_MODELS else None)
   reasons = (("cohort_size", "sampling is poisson (clients join with sampling_prob)"

@@ -60,6 +60,10 @@ from fedjax_dp.errors import check
 from fedjax_dp.privacy.mechanisms import RELATION_WORDS, GaussianSumMechanism
 from fedjax_dp.round import ClientOut, Piece, Round
 from fedjax_dp.transforms import global_norm
+from fedjax_dp.algorithms.dp_fedavg import make_model, resolve_noise_multiplier
+from fedjax_dp.privacy.accounting import LedgerAccounting
+from fedjax_dp.privacy.mechanisms import user_level_mechanism
+from fedjax_dp.sampling import make_sampler
 
 OPTIONS = (
     Option("public_size", 100, "m: unlabeled public examples the clients vote on, held out from "
@@ -187,10 +191,6 @@ def build_ae_dpfl(config, data) -> Setup:
       aggregator, a public set that leaves no client, a cohort larger than the population, or
       no noise multiplier.
   """
-  from fedjax_dp.algorithms.dp_fedavg import make_model, resolve_noise_multiplier
-  from fedjax_dp.privacy.accounting import LedgerAccounting
-  from fedjax_dp.privacy.mechanisms import user_level_mechanism
-  from fedjax_dp.sampling import make_sampler
   opts = read_options(config)
   check(data.y.ndim == 2, "dataset", data.name,
         "must have one label per example for ae-dpfl (clients vote one class per public example)")

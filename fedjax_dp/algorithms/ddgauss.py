@@ -46,6 +46,13 @@ from fedjax_dp.errors import ConfigError, check
 from fedjax_dp.round import Piece, Round
 from fedjax_dp.transforms import salted
 from fedjax_dp.transforms import discrete
+from fedjax_dp.privacy.ddgauss import DDGaussMechanism
+from fedjax_dp.privacy import NonPrivate
+from fedjax_dp.algorithms.dp_fedavg import make_model
+from fedjax_dp.attacks import knowledge_of_unreleased
+from fedjax_dp.privacy import ddgauss as pdd
+from fedjax_dp.privacy.accounting import LedgerAccounting
+from fedjax_dp.sampling import make_sampler
 
 OPTIONS = (
     Option("bits", 16, "b: the secure aggregation sums integers modulo 2^b", kind="int", low=2,
@@ -65,7 +72,6 @@ OPTIONS = (
 
 def declared_mechanism(hp: dict, dim: int, *, num_clients: int, sampling: str):
   """The :class:`fedjax_dp.privacy.ddgauss.DDGaussMechanism` of a round run with ``hp``."""
-  from fedjax_dp.privacy.ddgauss import DDGaussMechanism
   m = float(hp["expected_size"])
   return DDGaussMechanism(float(hp["clip"]), float(hp["noise_multiplier"]), float(hp["scale"]),
                           float(hp["sigma"]), float(hp["beta"]), int(dim), m, int(num_clients),
@@ -174,7 +180,6 @@ def ddgauss_round(model, num_clients: int, sampling: str, training: Training, *,
 
 def round_mechanism(rnd: Round, hparams: dict, dim: int):
   """The record both pieces declare (the same one), else :class:`fedjax_dp.privacy.NonPrivate`."""
-  from fedjax_dp.privacy import NonPrivate
   client = getattr(rnd.client, "mechanism", None)
   if client is None or client is not getattr(rnd.aggregator, "mechanism", None):
     return NonPrivate(relation="replace_one", guarantee_note=(
@@ -197,11 +202,6 @@ def build_ddgauss(config, data) -> Setup:
     ConfigError: for an aggregator, example-count weights, a cohort larger than the population,
       a target epsilon under Poisson sampling, or no noise multiplier.
   """
-  from fedjax_dp.algorithms.dp_fedavg import make_model
-  from fedjax_dp.attacks import knowledge_of_unreleased
-  from fedjax_dp.privacy import ddgauss as pdd
-  from fedjax_dp.privacy.accounting import LedgerAccounting
-  from fedjax_dp.sampling import make_sampler
   opts = read_options(config)
   check(config.aggregator is None, "aggregator", config.aggregator,
         "must be unset for ddgauss: the server sees only the secure modular sum")

@@ -34,6 +34,8 @@ from fedjax_dp.privacy import CohortSampling, calibrate_noise_multiplier
 from fedjax_dp.privacy.accounting import LedgerAccounting
 from fedjax_dp.privacy.mechanisms import user_level_mechanism
 from fedjax_dp.sampling import make_sampler
+from fedjax_dp.models import Model, get_model
+from fedjax_dp.attacks import knowledge_of_unreleased
 
 
 def make_model(config, data):
@@ -41,7 +43,6 @@ def make_model(config, data):
   (the Python API), else the named model for the data's shapes; either computes in
   ``config.compute_dtype`` (part of the Model, hence of every builder's round cache key)."""
   import dataclasses
-  from fedjax_dp.models import Model, get_model
   if isinstance(config.model, Model):
     check(tuple(config.model.input_shape) == tuple(data.example_shape)
           and config.model.num_classes == data.num_classes, "model", config.model.name,
@@ -131,7 +132,6 @@ def build_fedavg_family(config, data, *, private: bool, regularizer: str = "none
   mechanism = user_level_mechanism(rnd, hparams, config.sampling, config.sampling_prob,
                                    data.num_clients, config.cohort_size)
   # The clients' clipped updates are not released (only the noisy sum is).
-  from fedjax_dp.attacks import knowledge_of_unreleased
   accounting = LedgerAccounting(mechanism, config.delta, config.accountant, attacker_knowledge=
                                 knowledge_of_unreleased(config.attack, config.byzantine))
   return Setup(rnd, sampler, accounting, hparams)

@@ -33,6 +33,7 @@ from fedjax_dp.algorithms.fedavg import Training
 from fedjax_dp.client import make_optimizer
 from fedjax_dp.round import ClientOut, Piece, Round, tree_sub
 from fedjax_dp.transforms import global_norm
+from fedjax_dp.privacy.example_level import ExampleDPSGDMechanism
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +88,6 @@ def example_record(pieces: DPSGDPieces) -> Callable:
   class whose clients' DP-SGD uses ``hp[grad_key]`` on the gradient and ``hp[stat_key]`` on the
   norm statistic, with the combined multiplier ``hp["sigma"]`` (the float32 values the compiled
   steps use) and the round's batch size, steps, sampling and capacity."""
-  from fedjax_dp.privacy.example_level import ExampleDPSGDMechanism
 
   def record(hp, grad_key: str, stat_key: Optional[str] = None):
     return ExampleDPSGDMechanism(

@@ -45,12 +45,16 @@ from fedjax_dp.client import sample_batch
 from fedjax_dp.errors import check
 from fedjax_dp.round import ClientOut, Round
 from fedjax_dp.transforms import global_norm
+from fedjax_dp.attacks import get as get_attack
+from fedjax_dp.algorithms.dp_fedavg import make_model
+from fedjax_dp.privacy import NonPrivate
+from fedjax_dp.privacy.accounting import LedgerAccounting
+from fedjax_dp.sampling import make_sampler
 
 
 def attacker_knowledge(config) -> str:
   """"omniscient" when the attack reads the regular rows and is told to read their raw state."""
-  from fedjax_dp.attacks import get
-  reads = get(config.attack).reads_honest
+  reads = get_attack(config.attack).reads_honest
   return "omniscient" if config.byzantine and reads and config.attacker_knowledge == "omniscient" \
       else "released"
 
@@ -89,10 +93,6 @@ def build_robust_sgd(config, data) -> Setup:
   Raises:
     ConfigError: for another aggregator than the algorithm's, or a bad option.
   """
-  from fedjax_dp.algorithms.dp_fedavg import make_model
-  from fedjax_dp.privacy import NonPrivate
-  from fedjax_dp.privacy.accounting import LedgerAccounting
-  from fedjax_dp.sampling import make_sampler
   method = config.algorithm
   own = components.get("algorithm", method)["aggregator"]
   check(config.aggregator in (None, own), "aggregator", config.aggregator,

@@ -60,6 +60,14 @@ from fedjax_dp.errors import ConfigError, check
 from fedjax_dp.round import ClientOut, Piece, Round, Uploads
 from fedjax_dp.transforms import global_norm
 from fedjax_dp.transforms.sign import paper_sign, sign_flip, sign_gaussian, to_sign
+from fedjax_dp.privacy import sign as psign
+from fedjax_dp.privacy.randomized_response import keep_prob_for_epsilon
+from fedjax_dp.algorithms.dp_fedavg import make_model
+from fedjax_dp.models import num_params
+from fedjax_dp.privacy import NonPrivate
+from fedjax_dp.privacy.accounting import LedgerAccounting
+from fedjax_dp.privacy.sign import SignAccounting
+from fedjax_dp.sampling import make_sampler
 
 EPSILON = Option("epsilon", None, "the per-coordinate per-round epsilon to calibrate the "
                  "perturbation to, instead of keep_prob / sign_sigma (give one of the two)",
@@ -95,7 +103,6 @@ def perturbation(variant: str, sign_clip: bool = False, norm: str = "linf") -> P
   It declares the privacy record of what it releases, from the same
   hyper-parameters its transform reads (RSA's exact signs declare none).
   """
-  from fedjax_dp.privacy import sign as psign
   if variant == "rsa":
     return Piece(lambda hp: to_sign(), "sign")
   if variant == "dp-rsa-f":
@@ -203,8 +210,6 @@ def perturbation_hparams(variant: str, opts: dict, given) -> dict:
     ConfigError: for both ``epsilon`` and the parameter it calibrates, or for ``epsilon`` with
       Sign-Gaussian without ``sign_clip`` in the linf norm.
   """
-  from fedjax_dp.privacy import sign as psign
-  from fedjax_dp.privacy.randomized_response import keep_prob_for_epsilon
   if variant == "rsa":
     return {}
   eps = opts.get("epsilon")
@@ -230,12 +235,6 @@ def build_rsa_family(config, data) -> Setup:
   Raises:
     ConfigError: for another aggregator than RSA's sum of signs, or a bad option.
   """
-  from fedjax_dp.algorithms.dp_fedavg import make_model
-  from fedjax_dp.models import num_params
-  from fedjax_dp.privacy import NonPrivate
-  from fedjax_dp.privacy.accounting import LedgerAccounting
-  from fedjax_dp.privacy.sign import SignAccounting
-  from fedjax_dp.sampling import make_sampler
   variant = config.algorithm
   check(config.aggregator in (None, "sign_sum"), "aggregator", config.aggregator,
         "must be unset or 'sign_sum': RSA's master sums the signs of the messages (Eq. 11)")
