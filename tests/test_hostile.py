@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from fedjax_dp import components
 from fedjax_dp.cli import main
 from fedjax_dp.config import RunConfig, make_config
 from fedjax_dp.errors import ConfigError
@@ -110,9 +111,10 @@ def test_unknown_setting_names_from_python_are_refused_as_in_a_config_file(capsy
 
 def _every_option():
   """(algorithm, option) with one algorithm per option name: every --set option there is."""
-  from fedjax_dp.algorithms import ALGORITHMS, option_table
+  from fedjax_dp import components
+  from fedjax_dp.algorithms import option_table
   seen = {}
-  for name in ALGORITHMS:
+  for name in components.names("algorithm"):
     for o in option_table(name):
       seen.setdefault(o.name, (name, o))
   return sorted(seen.values(), key=lambda p: p[1].name)
@@ -123,8 +125,11 @@ def _every_option():
 def test_wrong_typed_set_values_are_refused_in_one_line(algorithm, option, text, capsys, tmp_path):
   if option.kind == "choice" and text == "abc":
     text = "3"
-  assert main(["run", "--algorithm", algorithm, "--num-clients", "20", "--set", f"{option.name}={text}",
-               "--output-dir", str(tmp_path / "o"), "--no-progress"]) == 2
+  # A population of 20 clients, in cohorts that fit it where the algorithm's own are larger.
+  cohort = ["--cohort-size", "5"] if "cohort_size" in components.get("algorithm", algorithm)[
+      "defaults"] else []
+  assert main(["run", "--algorithm", algorithm, "--num-clients", "20", *cohort, "--set",
+               f"{option.name}={text}", "--output-dir", str(tmp_path / "o"), "--no-progress"]) == 2
   _one_error_line(capsys, f"option {option.name}")
   assert not (tmp_path / "o").exists()
 
@@ -338,13 +343,13 @@ def test_reproduce_into_a_file_is_refused(capsys, tmp_path):
 
 
 def test_reproduce_keeps_an_earlier_reproduction_unless_overwrite(capsys, tmp_path, monkeypatch):
-  from fedjax_dp import cli
+  import fedjax_dp.cli
   out = tmp_path / "r"
   out.mkdir()
   (out / "results.json").write_text('{"rows": []}')
   (out / "runs.jsonl").write_text("{}\n")
   calls = []
-  monkeypatch.setattr(cli, "run_reproduction", lambda *a, **k: calls.append(k) or 0)
+  monkeypatch.setattr(fedjax_dp.cli, "run_reproduction", lambda *a, **k: calls.append(k) or 0)
   assert main(["reproduce", "cheng2022", "--scale", "tiny", "--output-dir", str(out)]) == 2
   assert "--overwrite" in _one_error_line(capsys, "output_dir") and not calls
   assert (out / "results.json").read_text() == '{"rows": []}'
@@ -471,8 +476,8 @@ def _small_data(num_clients, examples=8):
 
 @st.composite
 def valid_configs(draw):
-  from fedjax_dp.algorithms import ALGORITHMS
-  algorithm = draw(st.sampled_from(sorted(ALGORITHMS)))
+  from fedjax_dp import components
+  algorithm = draw(st.sampled_from(sorted(components.names("algorithm"))))
   n = draw(st.integers(2, 30))
   d = {"algorithm": algorithm, "num_clients": n, "model": "mlp",
        "rounds": draw(st.integers(1, 10 ** 6)), "seed": draw(st.integers(0, 2 ** 32 - 1)),
@@ -484,8 +489,8 @@ def valid_configs(draw):
        "noise_multiplier": draw(st.floats(0.1, 1e3)), "target_epsilon": None}
   if draw(st.booleans()):
     d["sampling"], d["cohort_size"] = "fixed", draw(st.integers(1, n))
-  else:
-    d["sampling_prob"] = draw(st.floats(0.01, 1.0))
+  else:  # given, since an algorithm may default to fixed cohorts (ddgauss)
+    d["sampling"], d["sampling_prob"] = "poisson", draw(st.floats(0.01, 1.0))
   if algorithm == "krum":  # Krum needs cohorts of more than 2f + 2 clients
     rows = d.get("cohort_size") or round(d["sampling_prob"] * n)
     d["byzantine"] = min(d["byzantine"], max((rows - 3) // 2, 0))
