@@ -22,7 +22,8 @@ SMALL = ["--num-clients", "20", "--local-steps", "1", "--model", "mlp", "--no-pr
 def plugin_path(monkeypatch):
   """The folder of plugin_example.py importable; the registry and the imported modules as they
   were after the test (the plugin's components do not leak into other tests)."""
-  components.names("aggregator"), components.names("attack")  # the built-ins, declared
+  for kind in components.KINDS:  # the built-ins declared before the copy, so none is lost
+    components.names(kind)
   monkeypatch.setattr(components, "_REGISTRY",
                       {k: dict(v) for k, v in components._REGISTRY.items()})
   monkeypatch.syspath_prepend(str(HERE))
