@@ -168,13 +168,6 @@ class Component:
     """Option name -> default."""
     return {o.name: o.default for o in self.options}
 
-  def read(self, given: Mapping[str, Any]) -> dict:
-    """Every option's value: the ones in ``given`` parsed (:meth:`Option.parse`), the others
-    their defaults. Names in ``given`` that are not this component's options are ignored (the
-    caller decides whether another component reads them)."""
-    return {o.name: (o.parse(given[o.name]) if o.name in given else o.default)
-            for o in self.options}
-
   def values(self, numeric: Mapping[str, Any], static: Mapping[str, Any]) -> dict:
     """The keyword arguments of :attr:`build`: each numeric option's value from ``numeric`` (a
     round's hyper-parameters), each static option's from ``static``, a missing one at its
@@ -198,10 +191,6 @@ class Component:
     value), ...))`` over the static options, hashable by construction."""
     return (self.kind, self.name,
             tuple((o.name, values.get(o.name, o.default)) for o in self.options if o.static))
-
-  def numeric(self, values: Mapping[str, Any]) -> dict:
-    """The numeric options' values (the hyper-parameter part), None where unset."""
-    return {o.name: values.get(o.name, o.default) for o in self.options if not o.static}
 
 
 _REGISTRY: dict = {kind: {} for kind in KINDS}

@@ -54,23 +54,23 @@ def test_an_option_name_with_two_meanings_across_kinds_is_refused(registry):
     components.register(Component("attack", "b", None, options=(Option("scale", 3.0, "z"),)))
 
 
-def test_read_parses_given_options_and_defaults_the_others():
+def test_values_parse_python_values_and_default_the_others():
   c = Component("aggregator", "x", None, options=(
       Option("tau", 1.0, "radius", low=0, low_open=True),
       Option("iters", 1, "loop count", kind="int", low=1, static=True),
       Option("norm", "l2", "which norm", kind="choice", choices=("l2", "linf"))))
-  assert c.read({"iters": 3.0, "other": 5}) == {"tau": 1.0, "iters": 3, "norm": "l2"}
-  assert isinstance(c.read({"iters": 3.0})["iters"], int)
+  # Numeric options are read from the first mapping, static ones from the second.
+  assert c.values({"other": 5}, {"iters": 3.0}) == {"tau": 1.0, "iters": 3, "norm": "l2"}
+  assert isinstance(c.values({}, {"iters": 3.0})["iters"], int)
   with pytest.raises(ConfigError, match=r"invalid option tau=0.0: must be a finite number > 0"):
-    c.read({"tau": 0.0})
+    c.values({"tau": 0.0}, {})
   with pytest.raises(ConfigError, match="must be a finite number"):
-    c.read({"tau": "inf"})
+    c.values({"tau": "inf"}, {})
   with pytest.raises(ConfigError, match=r"one of \['l2', 'linf'\]"):
-    c.read({"norm": "l1"})
-  # The static options (a choice always is) make the key; the numeric ones the hparams.
-  values = c.read({"iters": 2, "tau": 0.3})
+    c.values({}, {"norm": "l1"})
+  # The static options (a choice always is) make the key.
+  values = {"iters": 2, "tau": 0.3}
   assert c.static_key(values) == ("aggregator", "x", (("iters", 2), ("norm", "l2")))
-  assert c.numeric(values) == {"tau": 0.3}
   hash(c.static_key(values))
 
 
