@@ -20,9 +20,14 @@ settings.load_profile("explore" if os.environ.get("FEDJAX_DP_HYPOTHESIS") == "ex
 
 def pytest_configure(config):
   """A relative ``$FEDJAX_DP_DATA`` is made absolute once, from the directory pytest started in:
-  notebooks and README commands run in other working directories."""
+  notebooks and README commands run in other working directories. JAX's persistent compilation
+  cache is off in the tests (``FEDJAX_DP_JAX_CACHE=off``) unless the environment names a folder:
+  a test process reading programs that other tests' processes compiled crashed inside JAX's
+  deserialization (in ``compilation_cache.get_executable_and_time``) twice, and the user's cache
+  is left alone. tests/test_compilation.py checks the cache in processes of its own."""
   if os.environ.get("FEDJAX_DP_DATA"):
     os.environ["FEDJAX_DP_DATA"] = str(pathlib.Path(os.environ["FEDJAX_DP_DATA"]).resolve())
+  os.environ.setdefault("FEDJAX_DP_JAX_CACHE", "off")
 
 
 @pytest.fixture(scope="session")

@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import pathlib
-import tempfile
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-import jax
 import numpy as np
 
+from fedjax_dp import compilation
 from fedjax_dp.errors import check
 from fedjax_dp.provenance import environment
 from fedjax_dp.sweep import MAX_EXPERIMENTS, Task, run_configs
@@ -67,18 +65,6 @@ def num_seeds(seeds, default: int) -> int:
   return n
 
 
-def enable_compilation_cache() -> None:
-  """JAX's persistent compilation cache, so that runs compiling the same program (seeds of one
-  configuration; runs that differ only in numbers held as ``hparams``) compile it once, also
-  across processes. Directory: ``$FEDJAX_DP_JAX_CACHE``, else ``fedjax_dp_jax_cache`` in the
-  temporary directory; one already configured is kept."""
-  if jax.config.jax_compilation_cache_dir is None:
-    jax.config.update("jax_compilation_cache_dir", os.environ.get("FEDJAX_DP_JAX_CACHE") or
-                      os.path.join(tempfile.gettempdir(), "fedjax_dp_jax_cache"))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
-
-
 def simulate_jobs(jobs: Sequence[Job], data, done: Callable, threads: Optional[int] = None) -> None:
   """Runs ``jobs`` on ``data`` as sweeps do (:func:`fedjax_dp.sweep.run_configs`: those that
   share a compiled round run as one vmapped program, ``threads`` of them at once) and calls
@@ -109,7 +95,7 @@ class Execution:
     threads: compiled programs run at once (``fedjax-dp reproduce --threads``;
       :func:`fedjax_dp.sweep.threads_for`; default: one per core on one CPU device, else one).
     compilation_cache: turn on JAX's persistent compilation cache
-      (:func:`enable_compilation_cache`).
+      (:func:`fedjax_dp.compilation.enable`).
     log: where the progress lines go.
   """
 
@@ -188,7 +174,7 @@ def run_jobs(jobs: Sequence[Job], record: Callable[[Job, Any], dict], *,
     One record per job, in the jobs' order.
   """
   if execution.compilation_cache:
-    enable_compilation_cache()
+    compilation.enable()
   if runs_path is not None:
     pathlib.Path(runs_path).parent.mkdir(parents=True, exist_ok=True)
     if not append:

@@ -1,0 +1,52 @@
+"""The persistent compilation cache: where it lives, how it is turned off, and that a second
+process reads what the first compiled."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+from fedjax_dp import compilation
+
+_PROGRAM = """
+import jax, jax.numpy as jnp
+hits = []
+jax.monitoring.register_event_listener(
+    lambda name, **kw: hits.append(name) if name.endswith("cache_hits") else None)
+jax.jit(lambda x: x + 1)(jnp.ones(3)).block_until_ready()  # compiled before the cache is on
+from fedjax_dp import compilation
+print("folder", compilation.enable())
+jax.jit(lambda x: jnp.sin(x) * 3)(jnp.ones(5)).block_until_ready()
+print("hits", len(hits))
+print("bound", jax.config.jax_compilation_cache_max_size)
+"""
+
+
+def _run(env):
+  out = subprocess.run([sys.executable, "-c", _PROGRAM], env=env, capture_output=True, text=True,
+                       check=True).stdout
+  return dict(line.split(" ", 1) for line in out.splitlines())
+
+
+def test_folder_follows_the_environment(monkeypatch, tmp_path):
+  monkeypatch.setenv(compilation.ENV, "OFF")
+  assert compilation.folder() is None
+  monkeypatch.setenv(compilation.ENV, str(tmp_path / "c"))
+  assert compilation.folder() == tmp_path / "c"
+  monkeypatch.delenv(compilation.ENV)
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
+  assert compilation.folder() == tmp_path / "x" / "fedjax_dp" / "jax"
+
+
+def test_a_second_process_reads_the_program_the_first_compiled(tmp_path):
+  env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+  env[compilation.ENV] = str(tmp_path / "cache")
+  first = _run(env)
+  assert pathlib.Path(first["folder"]) == tmp_path / "cache"
+  assert first["hits"] == "0" and first["bound"] == str(compilation.MAX_BYTES)
+  names = {p.name for p in (tmp_path / "cache").iterdir()}
+  # Bounded, JAX locks each read and write and keeps each entry's last use.
+  assert ".lockfile" in names and any(n.endswith("-atime") for n in names)
+  assert int(_run(env)["hits"]) > 0
+  env[compilation.ENV] = "off"
+  assert _run(env) == {"folder": "None", "hits": "0", "bound": "-1"}
