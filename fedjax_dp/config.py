@@ -244,11 +244,7 @@ class RunConfig:
       ConfigError: the first field whose value is not allowed, by name.
     """
     # The plugins first: the components they declare are among the values checked below.
-    check(isinstance(self.plugins, (list, tuple))
-          and all(isinstance(m, str) and m for m in self.plugins), "plugins", self.plugins,
-          "must be a list of Python module names (dotted, e.g. [\"my_components\"])")
-    object.__setattr__(self, "plugins", tuple(self.plugins))
-    components.load_plugins(self.plugins)
+    object.__setattr__(self, "plugins", load_plugins(self.plugins))
     self._check_types()
     self._check_data_and_model()
     self._check_cohorts_and_devices()
@@ -495,6 +491,24 @@ def load_config_file(path: str) -> dict:
   return d
 
 
+def load_plugins(plugins) -> tuple:
+  """Imports ``plugins`` (:func:`fedjax_dp.components.load_plugins`), whose declarations join
+  the registry.
+
+  Returns:
+    The module names as a tuple.
+
+  Raises:
+    ConfigError: for a value that is not a list of module names, or a module that cannot be
+      imported.
+  """
+  check(isinstance(plugins, (list, tuple)) and all(isinstance(m, str) and m for m in plugins),
+        "plugins", plugins, "must be a list of Python module names (dotted, e.g. "
+        "[\"my_components\"])")
+  components.load_plugins(plugins)
+  return tuple(plugins)
+
+
 def make_config(base: Optional[Mapping] = None, **overrides) -> RunConfig:
   """A validated :class:`RunConfig` from the settings given: a base mapping (field name ->
   value; None: nothing) plus overrides. Every setting is resolved here: what is given wins;
@@ -515,6 +529,7 @@ def make_config(base: Optional[Mapping] = None, **overrides) -> RunConfig:
   d = dict(base or {})
   d.update({k: v for k, v in overrides.items()})
   check_keys(d)
+  load_plugins(d.get("plugins", ()))  # a plugin's algorithm declares its defaults
   try:
     config = RunConfig(**{**algorithm_defaults(d.get("algorithm", _FIELDS["algorithm"].default)),
                           **d})

@@ -1,4 +1,4 @@
-"""A user's own aggregator and attack, declared in one module outside the package.
+"""A user's own aggregator, attack and algorithm, declared in one module outside the package.
 
 ``fedjax-dp run --plugin plugin_example --aggregator shrunk_mean --attack constant_rows ...``
 imports this module first (the folder holding it on ``PYTHONPATH``), and its declarations make
@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dp.aggregators import Aggregator, weighted_sum
+from fedjax_dp.algorithms.base import LOCAL, NONE, algorithm
+from fedjax_dp.algorithms.dp_fedavg import build_fedavg
 from fedjax_dp.components import Option, declare
 
 
@@ -41,3 +43,11 @@ def constant_rows(row_value):
                             jnp.full_like(u, row_value), u), updates)
 
   return attack
+
+
+@algorithm("fedavg_in_tens", reference="a test of the plugin path", privacy_unit=NONE,
+           reads=LOCAL, defaults={"sampling": "fixed", "cohort_size": 10},
+           about="FedAvg whose runs default to fixed cohorts of 10")
+def fedavg_in_tens(config, data):
+  """FedAvg's setup (:func:`fedjax_dp.algorithms.dp_fedavg.build_fedavg`)."""
+  return build_fedavg(config, data)

@@ -79,6 +79,15 @@ def test_algorithms_lists_a_plugins_components(plugin_path, capsys):
   assert "--set shrink=VALUE  (default 0.5; a finite number in [0, 1])" in text
   assert "--attack constant_rows: every attacker sends a row of one value" in text
 
+  assert "fedavg_in_tens" in text
+
+
+def test_a_plugin_algorithms_defaults_apply_to_the_settings_not_given(plugin_path):
+  from fedjax_dp.config import make_config
+  config = make_config(algorithm="fedavg_in_tens", plugins=["plugin_example"])
+  assert (config.sampling, config.cohort_size) == ("fixed", 10)
+  assert make_config(algorithm="fedavg_in_tens", plugins=["plugin_example"],
+                     cohort_size=12).cohort_size == 12
 
 def test_a_bad_plugin_is_refused_in_one_line(tmp_path, capsys):
   assert main(["run", "--plugin", "no_such_plugin_module", "--rounds", "1",
