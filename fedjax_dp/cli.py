@@ -26,9 +26,9 @@ from fedjax_dp import audit, components, interrupts, plots
 from fedjax_dp.algorithms import choosing_knowledge, option_table, options, refuse_unused
 from fedjax_dp.algorithms.options import describe
 from fedjax_dp.checkpoint import latest_round, read_meta
-from fedjax_dp.config import (check_finite, check_noise_multiplier, field_help, field_types,
-                              load_config_file, make_config, noise_warning, parse_option,
-                              parse_value)
+from fedjax_dp.config import (AGGREGATOR, ALGORITHM, ATTACK, RUN, block, check_finite,
+                              check_noise_multiplier, field_help, field_types, load_config_file,
+                              make_config, noise_warning, parse_option, parse_value)
 from fedjax_dp.engine import RunOptions, check_checkpoint_release
 from fedjax_dp.errors import ConfigError, NoiseWarning, check, check_choice, check_open_unit
 from fedjax_dp.experiment import simulate
@@ -99,8 +99,11 @@ def _add_cpu_devices(p):
 
 def _add_config_flags(p):
   """``--config``, ``--set`` and one flag per :class:`RunConfig` field (run and sweep)."""
-  p.add_argument("--config", metavar="FILE.json", help="JSON object of RunConfig fields (and "
-                 "'options'); the flags below override it (default: none, the quickstart)")
+  p.add_argument("--config", metavar="FILE.json", help="JSON object of settings, nested as a "
+                 "run's summary records them ({\"run\": {...}, \"algorithm\": {\"name\": ..., "
+                 "its settings and options, \"aggregator\": {...}, \"attack\": {...}}}) or flat "
+                 "(RunConfig fields, options under 'options'); the flags below override it "
+                 "(default: none, the quickstart)")
   p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                  help="an option of the algorithm (repeatable), e.g. --set lambda=0.4; fedjax-dp "
                  "algorithms lists each algorithm's (default: none, the option's own default)")
@@ -111,10 +114,14 @@ def _add_config_flags(p):
                  "repeatable, recorded in the run's configuration as plugins; installed packages "
                  "declare theirs under the entry-point group fedjax_dp.plugins instead (default: "
                  "none)")
+  groups = {RUN: p.add_argument_group("run settings (--config's run block)"),
+            ALGORITHM: p.add_argument_group("algorithm settings (read by some algorithms)"),
+            ATTACK: p.add_argument_group("Byzantine clients (the attack and aggregator blocks)")}
+  groups[AGGREGATOR] = groups[ATTACK]
   for name, typ in field_types().items():
     if name not in ("options", "plugins"):
-      p.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
-                     metavar=typ.__name__.upper(), help=field_help(name))
+      groups[block(name)].add_argument("--" + name.replace("_", "-"), dest=name, default=None,
+                                       metavar=typ.__name__.upper(), help=field_help(name))
 
 
 def _add_sweep(sub):

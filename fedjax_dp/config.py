@@ -466,7 +466,124 @@ def check_keys(keys) -> None:
         f"must be one of {sorted(_FIELDS)}")
 
 
+# A nested configuration (:func:`nest`) follows the algorithm: the run's own settings in "run",
+# the algorithm's in "algorithm", which nests its aggregator's and its attack's.
+RUN, ALGORITHM = "run", "algorithm"
+AGGREGATOR, ATTACK = "algorithm.aggregator", "algorithm.attack"
+_ATTACK_FIELDS = frozenset({"attack", "byzantine", "attacker_knowledge"})
+
+
+def algorithm_fields() -> frozenset:
+  """The fields that some declared algorithm reads (the union of their ``reads`` traits:
+  ``clip``, ``local_steps``, ...); each exists only for the algorithms that read it."""
+  return frozenset().union(*(a["reads"] for a in components.declared("algorithm")))
+
+
+def block(name: str) -> str:
+  """The block of a nested configuration that field ``name`` sits in: :data:`ALGORITHM` for the
+  settings an algorithm reads (:func:`algorithm_fields`), :data:`AGGREGATOR` for ``aggregator``,
+  :data:`ATTACK` for ``attack``, ``byzantine`` and ``attacker_knowledge``, else :data:`RUN`."""
+  if name in ("algorithm", "options") or name in algorithm_fields():
+    return ALGORITHM
+  return AGGREGATOR if name == "aggregator" else ATTACK if name in _ATTACK_FIELDS else RUN
+
+
+def _option_block(name: str, settings: Mapping) -> str:
+  """The block of option ``name``: the running attack's or aggregator's (the algorithm's own
+  where ``aggregator`` is none) where it declares the option, else the algorithm's."""
+  algorithm = settings.get("algorithm", _FIELDS["algorithm"].default)
+  own = (components.get("algorithm", algorithm)["aggregator"]
+         if algorithm in components.names("algorithm") else None)
+  running = ((ATTACK, "attack", settings.get("attack", _FIELDS["attack"].default)),
+             (AGGREGATOR, "aggregator", settings.get("aggregator") or own or "mean"))
+  for where, kind, component in running:
+    if component in components.names(kind) and any(
+        o.name == name for o in components.get(kind, component).options):
+      return where
+  return ALGORITHM
+
+
+def nest(settings: Mapping) -> dict:
+  """Flat settings (field name -> value, the options under ``options``) nested as they follow
+  the algorithm: ``{"run": {...}, "algorithm": {"name": ..., <the settings it reads and its
+  options>, "aggregator": {"name": ..., <its options>}, "attack": {"name": ..., "byzantine":
+  ..., "attacker_knowledge": ..., <its options>}}}``. Each option sits with the running
+  component that declares it; a block with nothing in it is left out. :func:`unnest` inverts
+  it.
+
+  Args:
+    settings: field name -> value, as :meth:`RunConfig.to_dict` gives them (the settings a run
+      does not read already left out, as the summary records them).
+  """
+  out = {RUN: {}, ALGORITHM: {}, AGGREGATOR: {}, ATTACK: {}}
+  for name, value in settings.items():
+    if name == "options":
+      for option, v in (value or {}).items():
+        out[_option_block(option, settings)][option] = v
+    else:
+      where = block(name)
+      out[where]["name" if name == where.rsplit(".")[-1] else name] = value
+  out = {where: dict(sorted(items.items(), key=lambda kv: kv[0] != "name"))
+         for where, items in out.items()}  # the component's name first
+  for where in (AGGREGATOR, ATTACK):
+    if out[where]:
+      out[ALGORITHM][where.rsplit(".")[-1]] = out[where]
+  return {where: out[where] for where in (RUN, ALGORITHM) if out[where]}
+
+
+def is_nested(settings: Mapping) -> bool:
+  """Whether ``settings`` is a nested configuration (:func:`nest`) rather than a flat one."""
+  return RUN in settings or isinstance(settings.get(ALGORITHM), Mapping)
+
+
+def unnest(nested: Mapping) -> dict:
+  """The flat settings of a nested configuration (:func:`nest`).
+
+  Raises:
+    ConfigError: for a block that is not an object, a key outside the blocks, a field in another
+      field's block (naming the block it belongs in), or an option given in two blocks.
+  """
+  unknown = sorted(set(nested) - {RUN, ALGORITHM})
+  check(not unknown, "config key", unknown, f"must be {RUN!r} or {ALGORITHM!r} in a nested "
+        "configuration (settings of the run, and of the algorithm with its aggregator and attack)")
+  flat, options = {}, {}
+
+  def read(where: str, items: Any) -> None:
+    check(isinstance(items, Mapping), where, items, "must be a JSON object of settings")
+    for key, value in items.items():
+      path = f"{where}.{key}"
+      if where != RUN and key in ("aggregator", "attack") and isinstance(value, Mapping):
+        read(path, value)
+      elif where != RUN and key == "name":
+        flat[where.rsplit(".")[-1]] = value
+      elif key in _FIELDS and key != "options":
+        check(block(key) == where, path, value, f"belongs in {block(key)} (a nested "
+              "configuration holds each setting in the block of what reads it)")
+        flat[key] = value
+      else:
+        check(where != RUN, path, value, f"must be a setting of the run, one of "
+              f"{sorted(k for k in _FIELDS if block(k) == RUN)} (the algorithm's options go in "
+              f"{ALGORITHM})")
+        check(key not in options, path, value, f"is also given as {options.get(key)!r}: give "
+              "each option once")
+        options[key] = value
+
+  for where in (RUN, ALGORITHM):
+    read(where, nested.get(where, {}))
+  if options:
+    flat["options"] = options
+  return flat
+
+
 def load_config_file(path: str) -> dict:
+  """The settings of the JSON file ``path``, flat (field name -> value, options under
+  ``options``): a flat object, or a nested one (:func:`unnest`), such as the ``config`` a run's
+  summary records.
+
+  Raises:
+    ConfigError: for a file that cannot be read or is not a JSON object, a key given twice in one
+      object, or a key that is not a setting.
+  """
   p = pathlib.Path(path)
   check(p.is_file(), "config", path, "must be an existing JSON file")
   try:
@@ -479,12 +596,14 @@ def load_config_file(path: str) -> dict:
   except OSError as e:
     raise ConfigError("config", path, f"must be a readable file ({e.strerror or e})") from None
   check(isinstance(d, dict), "config", path, "must hold a JSON object")
+  unread = d.pop("not_used", [])
+  if is_nested(d):
+    d = unnest(d)
   check(isinstance(d.get("options", {}), (dict, type(None))), "options", d.get("options"),
         "must be a JSON object of algorithm settings, e.g. {\"lambda\": 0.4}")
   known = {f.name for f in dataclasses.fields(RunConfig)}
   # A run's summary.json lists under config.not_used the settings it left unread; that object is
   # a config file as written, and the list sets nothing.
-  unread = d.pop("not_used", [])
   check(isinstance(unread, list) and all(k in known for k in unread), "not_used", unread,
         "must be a list of setting names (as a summary's config records them); it sets nothing")
   check_keys(d)
@@ -511,7 +630,7 @@ def load_plugins(plugins) -> tuple:
 
 def make_config(base: Optional[Mapping] = None, **overrides) -> RunConfig:
   """A validated :class:`RunConfig` from the settings given: a base mapping (field name ->
-  value; None: nothing) plus overrides. Every setting is resolved here: what is given wins;
+  value, or nested as :func:`nest` gives it; None: nothing) plus overrides. Every setting is resolved here: what is given wins;
   a field not given takes the algorithm's own default (its ``defaults`` trait,
   :func:`fedjax_dp.algorithms.base.algorithm`: DDGauss runs fixed-size cohorts), else the
   field's default. The configuration remembers what was given (:attr:`RunConfig.given`).
@@ -526,7 +645,7 @@ def make_config(base: Optional[Mapping] = None, **overrides) -> RunConfig:
   check(base is None or isinstance(base, Mapping), "base", base,
         "must be a mapping of settings (field name -> value, e.g. {\"rounds\": 20}) or None "
         "(the defaults)")
-  d = dict(base or {})
+  d = unnest(base) if base is not None and is_nested(base) else dict(base or {})
   d.update({k: v for k, v in overrides.items()})
   check_keys(d)
   load_plugins(d.get("plugins", ()))  # a plugin's algorithm declares its defaults

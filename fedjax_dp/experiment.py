@@ -11,7 +11,7 @@ import jax
 
 from fedjax_dp import algorithms, engine
 from fedjax_dp.attacks import knowledge_of_unreleased
-from fedjax_dp.config import RunConfig, make_config, noise_warning
+from fedjax_dp.config import RunConfig, make_config, nest, noise_warning
 from fedjax_dp.data import Split, load_federated
 from fedjax_dp.engine import Experiment, RunOptions, RunResult, noise_multiplier
 from fedjax_dp.errors import NoiseWarning, check
@@ -182,16 +182,14 @@ def client_blocks(config: RunConfig, model: Model, model_batch: Optional[int] = 
 
 
 def recorded_config(config: RunConfig) -> dict:
-  """The configuration as the summary records it: the settings the algorithm or the run's other
-  settings leave unread (``cohort_size`` under Poisson sampling, ...) are left out (listed under
-  ``not_used``) rather than recorded as if they applied, so the rest is a valid ``--config``
-  file; ``model`` is the model's name (the data set's default when the configuration names
-  none)."""
+  """The configuration as the summary records it, nested as the settings follow the algorithm
+  (:func:`fedjax_dp.config.nest`): the settings the algorithm or the run's other settings leave
+  unread (``cohort_size`` under Poisson sampling, ...) are left out (listed under ``not_used``)
+  rather than recorded as if they applied, so the rest is a valid ``--config`` file; ``model``
+  is the model's name (the data set's default when the configuration names none)."""
   d = dict(config.to_dict(), model=config.model_name)
   unused = algorithms.unused_fields(config) + sorted(algorithms.unread_by_settings(config))
-  d = {k: v for k, v in d.items() if k not in unused}
-  d["not_used"] = unused
-  return d
+  return dict(nest({k: v for k, v in d.items() if k not in unused}), not_used=unused)
 
 
 def as_model(model, data):

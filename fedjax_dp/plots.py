@@ -353,6 +353,8 @@ def _sweep_algorithms(path: pathlib.Path, experiments) -> set:
     _check_file(isinstance(config, dict), path, f"experiments[{i}].summary.config", config,
                 "must be an object or null")
     algorithm = config.get("algorithm")
+    if isinstance(algorithm, dict):  # nested as the settings follow the algorithm
+      algorithm = algorithm.get("name")
     _check_file(algorithm is None or isinstance(algorithm, str), path,
                 f"experiments[{i}].summary.config.algorithm", algorithm, "must be a name or null")
     out.add(algorithm)

@@ -71,10 +71,17 @@ def environment() -> dict:
   }
 
 
+def run_settings(config: Optional[dict]) -> Optional[dict]:
+  """The run's own settings of a recorded configuration: its ``run`` block when nested
+  (:func:`fedjax_dp.config.nest`), else the flat configuration itself."""
+  return config.get("run", config) if config else config
+
+
 def partition(config: Optional[dict]) -> Optional[dict]:
   """The partition a recorded configuration asked for: ``name``, ``clients`` and its parameters
   (dirichlet: ``dirichlet_alpha``; shards: ``shards_per_client``, ``min_labels_per_client``);
   None without a configuration (a run built by hand)."""
+  config = run_settings(config)
   if not config or "partition" not in config:
     return None
   name = config["partition"]
@@ -86,6 +93,7 @@ def data_dir(config: Optional[dict]) -> Optional[str]:
   """The folder a recorded configuration's data files were looked for in: its ``data_dir``,
   else ``$FEDJAX_DP_DATA`` (which the configuration does not record); None for the bundled
   digits, without a configuration, or with neither set (tensorflow-datasets' own folder)."""
+  config = run_settings(config)
   if not config or config.get("dataset") not in specs.BY_NAME:
     return None
   if specs.get(config["dataset"]).source == "digits":

@@ -113,7 +113,7 @@ def test_run_writes_metrics_and_summary_and_protects_them(tmp_path, capsys):
   for key in ("final_accuracy", "epsilon", "delta", "rounds", "config", "noise_multiplier", "release"):
     assert key in summary
   assert "capacity_grew" in summary["diagnostics"] and "capacity_grew" not in summary
-  assert summary["config"]["num_clients"] == 40 and summary["rounds"] == 2
+  assert summary["config"]["run"]["num_clients"] == 40 and summary["rounds"] == 2
   before = (out / "metrics.jsonl").read_text()
   assert main(["run", *TINY, "--output-dir", str(out)]) == 2  # an earlier run is not overwritten
   assert "output_dir" in capsys.readouterr().err
@@ -154,7 +154,7 @@ def test_a_private_release_draws_its_noise_from_secret_entropy(tmp_path):
       assert main(["run", *TINY, "--output-dir", str(out), "--release", release]) == 0
       summary = json.loads((out / "summary.json").read_text())
       sums.setdefault(release, []).append(summary["params_sha256"])
-      assert summary["config"]["seed"] == 0
+      assert summary["config"]["run"]["seed"] == 0
       text = summary["release"]["randomness"]
       assert ("secret, not public" in text) if release == "all" else ("entropy" in text)
   assert sums["all"][0] == sums["all"][1]
@@ -168,7 +168,7 @@ def test_run_with_config_file_and_noise_multiplier(tmp_path, capsys):
   summary = json.loads((tmp_path / "o" / "summary.json").read_text())
   # The ledger accounts the multiplier the compiled round uses: 1.3 as a float32 hyper-parameter.
   assert summary["noise_multiplier"] == float(np.float32(1.3))
-  assert summary["config"]["target_epsilon"] is None
+  assert summary["config"]["algorithm"]["target_epsilon"] is None
   cfg.write_text(json.dumps({"clipp": 1}))
   assert main(["run", "--config", str(cfg), "--output-dir", str(tmp_path / "o2")]) == 2
   assert "clipp" in capsys.readouterr().err
@@ -441,7 +441,7 @@ def test_summary_records_the_model_name_partition_and_provenance(tmp_path, capsy
                "--output-dir", str(out)]) == 0
   text = (out / "summary.json").read_text()
   summary = json.loads(text)
-  assert '"model": null' not in text and summary["config"]["model"] == "digits_cnn"
+  assert '"model": null' not in text and summary["config"]["run"]["model"] == "digits_cnn"
   assert summary["data"]["partition"] == {"name": "dirichlet", "clients": 40, "dirichlet_alpha": 0.3}
   assert summary["data"]["data_dir"] is None  # the bundled digits: no folder
   per_client = summary["diagnostics"]["data"]["examples_per_client"]  # raw: diagnostics only
@@ -483,7 +483,7 @@ def test_provenance_without_git_is_none_not_an_error(monkeypatch):
 def test_simulate_takes_a_model_name():
   import fedjax_dp
   r = fedjax_dp.simulate(model="mlp", num_clients=20, rounds=1, local_steps=1, max_test=50)
-  assert r.summary["model"]["name"] == "mlp" and r.summary["config"]["model"] == "mlp"
+  assert r.summary["model"]["name"] == "mlp" and r.summary["config"]["run"]["model"] == "mlp"
   with pytest.raises(ConfigError) as e:
     fedjax_dp.simulate(model="transformer", num_clients=20, rounds=1)
   assert e.value.field == "model"

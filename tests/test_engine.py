@@ -322,7 +322,8 @@ def test_dp_fedavg_with_byzantine_clients_and_a_robust_aggregator_from_the_cli(t
                "--byzantine", "4", "--attack", "sign_flip", "--aggregator", "trimmed_mean",
                "--set", "trim_beta=0.2", "--output-dir", str(out), "--no-progress"]) == 0
   summary = json.loads((out / "summary.json").read_text())
-  assert summary["config"]["byzantine"] == 4 and summary["config"]["aggregator"] == "trimmed_mean"
+  assert summary["config"]["algorithm"]["attack"]["byzantine"] == 4
+  assert summary["config"]["algorithm"]["aggregator"]["name"] == "trimmed_mean"
   assert summary["formal_guarantee"] is False and summary["epsilon"] is None
   assert summary["attacker_knowledge"] == "released"
   assert "no formal DP guarantee" in capsys.readouterr().out

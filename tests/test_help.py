@@ -27,7 +27,7 @@ def _entries(text: str) -> dict:
   out, key, section = {}, None, False
   for line in text.splitlines():
     if re.match(r"^\S.*:$", line):  # a section header ("options:", "positional arguments:")
-      section = line in ("options:", "positional arguments:")
+      section = line in ("options:", "positional arguments:") or line.endswith("):")
       key = None
     elif section and re.match(r"^  \S", line):
       first = line.split()[0].rstrip(",")

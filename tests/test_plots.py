@@ -82,7 +82,7 @@ def test_norms_npz_matches_the_rows_quantiles(runs):
   z = plots.read_norms(runs["all"])
   assert list(z["round"]) == [r["round"] for r in rows]
   summary = json.loads((runs["all"] / "summary.json").read_text())
-  assert z["clip"] == summary["config"]["clip"]
+  assert z["clip"] == summary["config"]["algorithm"]["clip"]
   for norms, r in zip(z["norms"], rows):
     d = r["diagnostics"]
     assert norms.dtype == np.float32 and len(norms) == d["cohort_size"]

@@ -43,9 +43,10 @@ def test_a_plugin_aggregator_and_attack_run_from_the_command_line(tmp_path, plug
   assert proc.returncode == 0, proc.stderr[-2000:]
   summary = json.loads((out / "summary.json").read_text())
   config = summary["config"]
-  assert config["plugins"] == ["plugin_example"]
-  assert (config["aggregator"], config["attack"]) == ("shrunk_mean", "constant_rows")
-  assert config["options"] == {"shrink": 0.25, "row_value": 7}
+  assert config["run"]["plugins"] == ["plugin_example"]
+  nested = config["algorithm"]  # each option sits with the component that declares it
+  assert nested["aggregator"] == {"name": "shrunk_mean", "shrink": 0.25}
+  assert nested["attack"] == {"name": "constant_rows", "byzantine": 2, "row_value": 7}
   # The recorded configuration is a valid --config: it loads the plugin itself.
   recorded = tmp_path / "recorded.json"
   recorded.write_text(json.dumps(config))
@@ -78,7 +79,6 @@ def test_algorithms_lists_a_plugins_components(plugin_path, capsys):
   assert "--aggregator shrunk_mean: the realized-weight mean times a factor" in text
   assert "--set shrink=VALUE  (default 0.5; a finite number in [0, 1])" in text
   assert "--attack constant_rows: every attacker sends a row of one value" in text
-
   assert "fedavg_in_tens" in text
 
 
@@ -88,6 +88,7 @@ def test_a_plugin_algorithms_defaults_apply_to_the_settings_not_given(plugin_pat
   assert (config.sampling, config.cohort_size) == ("fixed", 10)
   assert make_config(algorithm="fedavg_in_tens", plugins=["plugin_example"],
                      cohort_size=12).cohort_size == 12
+
 
 def test_a_bad_plugin_is_refused_in_one_line(tmp_path, capsys):
   assert main(["run", "--plugin", "no_such_plugin_module", "--rounds", "1",

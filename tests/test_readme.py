@@ -47,13 +47,25 @@ def test_write_your_own_algorithm_example_runs_and_derives_its_privacy(capsys):
   assert r.summary["formal_guarantee"] is False and r.summary["epsilon"] is None
 
 
+def test_json_settings_blocks_are_valid_config_files(tmp_path):
+  from fedjax_dp.algorithms import refuse_unused
+  from fedjax_dp.config import load_config_file, make_config
+  blocks = re.findall(r"```json\n(.*?)```", README.read_text(), re.S)
+  assert blocks
+  for i, text in enumerate(blocks):
+    path = tmp_path / f"{i}.json"
+    path.write_text(text)
+    settings = load_config_file(str(path))
+    refuse_unused(make_config(settings), set(settings))  # every setting given is read
+
+
 def test_python_api_example_runs_with_a_flax_module():
   pytest.importorskip("pandas")
   code = _python_block("### From Python").replace("rounds=20", "rounds=2")
   scope = {}
   exec(compile(code, "README", "exec"), scope)
   result = scope["result"]
-  assert result.summary["model"]["name"] == "Net" and result.summary["config"]["model"] == "Net"
+  assert result.summary["model"]["name"] == "Net" and result.summary["config"]["run"]["model"] == "Net"
   assert result.summary["data"]["name"] == "digits"
   acc = result.metrics["test_accuracy"]
   assert acc.shape == (2,) and 0 <= acc[-1] <= 1

@@ -323,14 +323,14 @@ def test_summary_records_only_the_settings_the_algorithm_uses(digits):
   from fedjax_dp.experiment import simulate
   s = simulate(_config("dp-rsa-f", rounds=1, epsilon=1.0), digits).summary
   for name in ("clip", "target_epsilon", "noise_multiplier", "local_steps", "denominator"):
-    assert name not in s["config"] and name in s["config"]["not_used"]
-  assert s["config"]["batch_size"] == 16 and s["config"]["options"]["epsilon"] == 1.0
-  assert (s["delta"], s["accountant"]) == (s["config"]["delta"], "rdp")
+    assert name not in s["config"]["algorithm"] and name in s["config"]["not_used"]
+  assert s["config"]["run"]["batch_size"] == 16 and s["config"]["algorithm"]["epsilon"] == 1.0
+  assert (s["delta"], s["accountant"]) == (s["config"]["run"]["delta"], "rdp")
   # A run with no mechanism accounts nothing: no delta or accountant, in its report or its config.
   for algorithm in ("rsa", "median"):
     s = simulate(_config(algorithm, rounds=1), digits).summary
     assert (s["epsilon"], s["delta"], s["accountant"], s["formal_guarantee"]) == (None,) * 3 + (False,)
-    assert {"delta", "accountant"} <= set(s["config"]["not_used"]) and "delta" not in s["config"]
+    assert {"delta", "accountant"} <= set(s["config"]["not_used"]) and "delta" not in s["config"]["run"]
 
 
 def test_the_sign_mechanism_is_the_one_the_perturbation_piece_declares(digits):

@@ -79,7 +79,7 @@ def test_each_experiment_equals_its_single_run_and_the_grid_is_one_program(tmp_p
   assert written["experiments"][3]["metrics"][-1]["round"] == 3
   assert (tmp_path / written["experiments"][3]["output_dir"] / "metrics.jsonl").exists()
   summary = json.loads((tmp_path / "experiments/001/summary.json").read_text())
-  assert summary["config"]["seed"] == 1 and summary["config"]["clip"] == 0.2
+  assert summary["config"]["run"]["seed"] == 1 and summary["config"]["algorithm"]["clip"] == 0.2
 
 
 def test_seeds_on_the_same_clients_are_composed_by_their_accountant():
