@@ -7,10 +7,10 @@ The public API is what a user calls and extends, importable from ``fedjax_dp`` a
   :class:`RunConfig`, :class:`RunOptions`, :class:`RunResult`, :class:`Observer`;
 * declaring components: :func:`declare`, :class:`Option`, :class:`Component`, :func:`component`
   (a declared component by kind and name), :func:`component_names`, :func:`load_plugins`;
-* writing a round: :class:`Round`, :class:`Piece`, :class:`ClientOut`, :func:`tree_sub`,
-  :class:`Aggregator`, :func:`mean`, :func:`local_sgd`, :func:`make_optimizer`, the client
-  transforms (:func:`clip_l2`, :func:`add_gaussian_noise`, :func:`global_norm`) and the
-  :mod:`objectives` and :mod:`aggregators` modules;
+* writing a round: :class:`Round`, its :class:`Hooks`, :class:`Piece`, :class:`ClientOut`,
+  :func:`tree_sub`, :class:`Aggregator`, :func:`mean`, :func:`local_sgd`,
+  :func:`make_optimizer`, the client transforms (:func:`clip_l2`, :func:`add_gaussian_noise`,
+  :func:`global_norm`) and the :mod:`objectives` and :mod:`aggregators` modules;
 * data and models: :class:`FederatedData`, :class:`Model`, :func:`get_model`.
 
 The package import is light: each name's module (and so JAX) is imported the first time the name
@@ -36,6 +36,7 @@ _EXPORTS = {
     "component_names": ("fedjax_dp.components", "names"),
     "load_plugins": ("fedjax_dp.components", "load_plugins"),
     "Round": ("fedjax_dp.round", "Round"),
+    "Hooks": ("fedjax_dp.round", "Hooks"),
     "Piece": ("fedjax_dp.round", "Piece"),
     "ClientOut": ("fedjax_dp.round", "ClientOut"),
     "tree_sub": ("fedjax_dp.round", "tree_sub"),

@@ -26,9 +26,8 @@ contract of the kind (what :func:`get` calls):
   scalar (an unset one, None in its declaration, is NaN there); a static option's is a Python
   value. ``fn(updates, byzantine_mask, key, mask, ids) -> updates`` is the pure attack
   (``mask`` may be None; ``ids`` is given), which :func:`get` wraps in an :class:`Attack`.
-  Inside a :class:`fedjax_dp.round.Round`, the one static attack option the round carries,
-  ``nonfinite_value`` (``Round.nonfinite_value``), reaches the build; another static option of
-  an attack stays at its default there.
+  Inside a :class:`fedjax_dp.round.Round`, the static options reach the build through
+  ``Round.attack_options`` (:func:`static_options`), and they key the round's compile cache.
 
 The trait every attack declares: ``reads_honest`` (bool), whether its rows are computed from the
 regular rows (see below).
@@ -280,6 +279,17 @@ def get(name: str, hp: Optional[Mapping] = None, static: Optional[Mapping] = Non
   component = components.get("attack", canonical(name))
   fn = component.build(**component.values(hp or {}, static or {}))
   return Attack(component.name, component["reads_honest"], fn)
+
+
+def static_options(name: str, values: Mapping) -> tuple:
+  """Attack ``name``'s static options (those that shape the compiled round, such as
+  ``nonfinite_value``) read from ``values`` (a run's options; defaults for the missing), as
+  ``((option, value), ...)``: hashable, for :attr:`fedjax_dp.round.Round.attack_options`.
+
+  Raises:
+    ConfigError: for an undeclared name.
+  """
+  return components.get("attack", canonical(name)).static_key(values)[2]
 
 
 def knowledge_of_unreleased(attack: str, byzantine: int) -> Optional[str]:

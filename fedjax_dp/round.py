@@ -105,7 +105,7 @@ class ClientInputs(NamedTuple):
 
   batch: CohortBatch  # their ids and mask, and their data unless gathered (ClientLayout.data)
   rows: Any           # their per-client state rows (RoundState.rows); () if none
-  hparams: Any        # their own hyper-parameters (Round.client_hparams); () if none
+  hparams: Any        # their own hyper-parameters (Hooks.client_hparams); () if none
   keys: jax.Array     # their keys (client_keys)
 
 
@@ -233,8 +233,41 @@ def attack_uploads(rnd: "Round", state: RoundState, out: ClientOut, uploads: Upl
                    key: jax.Array):
   """The default attack step: the attack replaces the Byzantine rows of the uploads."""
   del state, out
-  attack = attacks_lib.get(rnd.attack, hp, {"nonfinite_value": rnd.nonfinite_value})
+  attack = rnd.build_attack(hp)
   return attack(uploads.rows, uploads.byzantine, key, mask=uploads.mask, ids=uploads.ids)
+
+
+class Hooks(NamedTuple):
+  """What an algorithm adds to the one round, each at its default where it adds nothing. A new
+  algorithm composes these (and its client, aggregator and attack); :class:`Round` has no field
+  of any one paper's.
+
+  Attributes:
+    init_row: ``params -> one client's state row`` (broadcast to every client; RSA's workers'
+      models), or None: no per-client state.
+    init_server: ``(params, hp) -> server state`` (SP-FL's thresholds), or None.
+    client_hparams: ``(server_state, hp, ids) -> per-client pytree [C]``: each client's own
+      hyper-parameters from the server state (its class's clip bound), or None.
+    server_rule: ``(server_state, hp, aux [C], mask, ids) -> server_state``: the server state's
+      update from what the clients reported, or None.
+    server_step: ``(state, aggregate, hp, key) -> (params, opt_state)``, the server's update
+      from the aggregate in place of :func:`server_update`'s optimizer step (AE-DPFL trains the
+      model on labels read off the aggregate), or None. Its key is the round's own
+      (:func:`round_keys`), apart from the aggregator's and the attack's.
+    attack_step: how the attack enters, ``(rnd, state, out, uploads: Uploads, hp, key) -> sent``
+      (:func:`attack_uploads` by default). With attack "none" and no ``init_row`` it must send
+      the uploads as they are: a round split into blocks of clients then sums them block by
+      block without calling it (:func:`step`).
+    metrics: ``(state, new_params, out, sent, mask, hp) -> dict`` of extra scalars, or None.
+  """
+
+  init_row: Optional[Callable] = None
+  init_server: Optional[Callable] = None
+  client_hparams: Optional[Callable] = None
+  server_rule: Optional[Callable] = None
+  server_step: Optional[Callable] = None
+  attack_step: Callable = attack_uploads
+  metrics: Optional[Callable] = None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -248,25 +281,14 @@ class Round:
     aggregator: ``hp -> Aggregator``.
     attack: a declared attack's name (:mod:`fedjax_dp.attacks`); its
       strengths and the number of Byzantine clients are in ``hp``.
-    nonfinite_value: what the ``nonfinite`` attack sends ("nan", "inf", "mixed").
+    attack_options: the attack's static options as ``((option, value), ...)``
+      (:func:`fedjax_dp.attacks.static_options`; the others are at their defaults).
     weighting: "uniform" or "examples".
     descent: the aggregate is a gradient (robust SGD, RSA's sign sum):
       ``grads = aggregate + l2 * params``; else a model delta, ``grads = -aggregate``.
     server_optimizer: name of the server optimizer (:data:`fedjax_dp.client.OPTIMIZERS`);
       its learning rate is ``hp["server_lr"]``.
-    init_row: ``params -> one client's state row`` (broadcast to every client), or None.
-    init_server: ``(params, hp) -> server state``, or None.
-    client_hparams: ``(server_state, hp, ids) -> per-client pytree [C]``, or None.
-    server_rule: ``(server_state, hp, aux [C], mask, ids) -> server_state``, or None.
-    server_step: ``(state, aggregate, hp, key) -> (params, opt_state)``, the server's update
-      from the aggregate in place of :func:`server_update`'s optimizer step (AE-DPFL trains the
-      model on labels read off the aggregate), or None. Its key is the round's own
-      (:func:`round_keys`), apart from the aggregator's and the attack's.
-    attack_step: how the attack enters, ``(rnd, state, out, uploads: Uploads, hp, key) -> sent``
-      (:func:`attack_uploads` by default). With attack "none" and no ``init_row`` it must send
-      the uploads as they are: a round split into blocks of clients then sums them block by
-      block without calling it (:func:`step`).
-    metrics: ``(state, new_params, out, sent, mask, hp) -> dict`` of extra scalars, or None.
+    hooks: what the algorithm adds to the round (:class:`Hooks`).
     released_metrics: metric names computed only from the released aggregate
       (see :mod:`fedjax_dp.engine`).
     model_batch: examples the client's step applies the model to at once, when not the
@@ -279,17 +301,11 @@ class Round:
   client: Callable
   aggregator: Callable
   attack: str = "none"
-  nonfinite_value: str = "nan"
+  attack_options: tuple = ()
   weighting: str = "uniform"
   descent: bool = False
   server_optimizer: str = "sgd"
-  init_row: Optional[Callable] = None
-  init_server: Optional[Callable] = None
-  client_hparams: Optional[Callable] = None
-  server_rule: Optional[Callable] = None
-  server_step: Optional[Callable] = None
-  attack_step: Callable = attack_uploads
-  metrics: Optional[Callable] = None
+  hooks: Hooks = Hooks()
   released_metrics: tuple = ("aggregate_norm",)
   model_batch: Optional[int] = None
 
@@ -298,15 +314,20 @@ class Round:
     params = self.model.init(key)
     opt = make_optimizer(self.server_optimizer, 1.0)
     rows = ()
-    if self.init_row is not None:
-      row = self.init_row(params)
+    if self.hooks.init_row is not None:
+      row = self.hooks.init_row(params)
       rows = jax.tree_util.tree_map(lambda p: jnp.broadcast_to(p, (self.num_clients,) + p.shape), row)
-    server = () if self.init_server is None else self.init_server(params, hparams)
+    server = () if self.hooks.init_server is None else self.hooks.init_server(params, hparams)
     agg_state = self.aggregator(hparams).init(params)
     return RoundState(params, opt.init(params), agg_state, rows, server, jnp.zeros((), jnp.int32))
 
   def eval_params(self, state: RoundState):
     return state.params
+
+  def build_attack(self, hp: dict) -> attacks_lib.Attack:
+    """The round's attack, its strengths read from ``hp`` and its static options from
+    :attr:`attack_options` (:func:`fedjax_dp.attacks.get`)."""
+    return attacks_lib.get(self.attack, hp, dict(self.attack_options))
 
 
 def server_update(rnd: Round, state: RoundState, aggregate, hp):
@@ -448,7 +469,7 @@ def round_keys(key: jax.Array) -> tuple:
   """``(k_clients, k_agg, k_attack, k_server)`` of a round key.
 
   The split the FedAvg and DP-SGD programs used before the one round, so their
-  runs reproduce; the attack and the server's own step (:attr:`Round.server_step`) draw from
+  runs reproduce; the attack and the server's own step (:attr:`Hooks.server_step`) draw from
   their own salts.
   """
   k_clients, k_agg = jax.random.split(key)
@@ -464,14 +485,15 @@ def _messages(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: 
   k_clients, _, k_attack, _ = round_keys(key)
   keys = client_keys(k_clients, batch.ids)
   rows = gather_rows(state.rows, batch.ids)
-  chp = () if rnd.client_hparams is None else rnd.client_hparams(state.server, hp, batch.ids)
+  hooks = rnd.hooks
+  chp = () if hooks.client_hparams is None else hooks.client_hparams(state.server, hp, batch.ids)
   out, sums = run_clients(rnd, hp, state.params, ClientInputs(batch, rows, chp, keys), layout,
                           accumulate)
   byz = attacks_lib.byzantine_mask(batch.ids, rnd.num_clients, hp["byzantine"])
   sent = None
   if accumulate is None:
     uploads = Uploads(mask_rows(out.upload, batch.mask), byz, batch.mask, batch.ids)
-    sent = rnd.attack_step(rnd, state, out, uploads, hp, k_attack)
+    sent = hooks.attack_step(rnd, state, out, uploads, hp, k_attack)
   return Messages(out, sent, byz, sums)
 
 
@@ -495,9 +517,9 @@ def step(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.A
   cohort; any other keeps every client's upload (the aggregators that need all rows at once
   say what they hold).
   """
-  aggregator = rnd.aggregator(hp)
+  aggregator, hooks = rnd.aggregator(hp), rnd.hooks
   summed = (layout.chunk is not None and aggregator.linear and rnd.attack == "none"
-            and rnd.init_row is None)
+            and hooks.init_row is None)
   msgs = _messages(rnd, state, hp, batch, key, layout, aggregator.prepare if summed else None)
   k_agg = round_keys(key)[1]
   if msgs.sums is None:
@@ -511,21 +533,21 @@ def step(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.A
                                              k_agg)
     nonfinite = msgs.sums.nonfinite
   out = msgs.out
-  if rnd.server_step is None:
+  if hooks.server_step is None:
     params, opt_state = server_update(rnd, state, aggregate, hp)
   else:
-    params, opt_state = rnd.server_step(state, aggregate, hp, round_keys(key)[3])
-  server = state.server if rnd.server_rule is None else rnd.server_rule(
+    params, opt_state = hooks.server_step(state, aggregate, hp, round_keys(key)[3])
+  server = state.server if hooks.server_rule is None else hooks.server_rule(
       state.server, hp, out.aux, batch.mask, batch.ids)
-  new_rows = state.rows if rnd.init_row is None else scatter_rows(
+  new_rows = state.rows if hooks.init_row is None else scatter_rows(
       state.rows, batch.ids, out.row, batch.mask, rnd.num_clients)
   metrics = {"client_loss": out.loss, "update_norm": out.norm, "mask": batch.mask,
              "aggregate_norm": global_norm(aggregate),
              "nonfinite_rows": nonfinite,
              "nonfinite_updates": jnp.sum(batch.mask * ~jnp.isfinite(out.norm)),
              "byzantine_in_cohort": jnp.sum(msgs.byzantine * batch.mask)}
-  if rnd.metrics is not None:
-    metrics.update(rnd.metrics(state, params, out, msgs.sent, batch.mask, hp))
+  if hooks.metrics is not None:
+    metrics.update(hooks.metrics(state, params, out, msgs.sent, batch.mask, hp))
   new_state = RoundState(params, opt_state, agg_state, new_rows, server, state.round + 1)
   return new_state, metrics
 

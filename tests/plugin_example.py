@@ -32,15 +32,19 @@ def shrunk_mean(shrink) -> Aggregator:
 
 @declare("attack", "constant_rows", reference="a test of the plugin path",
          about="every attacker sends a row of one value", reads_honest=False, options=(
-             Option("row_value", 3.0, "constant_rows: the value of every entry"),))
-def constant_rows(row_value):
-  """Every Byzantine row becomes ``row_value`` in every entry."""
+             Option("row_value", 3.0, "constant_rows: the value of every entry"),
+             Option("row_sign", "plus", "constant_rows: the sign of every entry (static: it "
+                    "shapes the round)", kind="choice", choices=("plus", "minus"))))
+def constant_rows(row_value, row_sign):
+  """Every Byzantine row becomes ``row_value`` (negated with ``row_sign`` "minus") in every
+  entry."""
+  value = -row_value if row_sign == "minus" else row_value
 
   def attack(updates, byz, key, mask, ids):
     del key, mask, ids
     return jax.tree_util.tree_map(
         lambda u: jnp.where(byz.reshape((-1,) + (1,) * (u.ndim - 1)) > 0,
-                            jnp.full_like(u, row_value), u), updates)
+                            jnp.full_like(u, value), u), updates)
 
   return attack
 

@@ -264,7 +264,8 @@ def test_a_round_whose_pieces_do_not_add_noise_claims_no_guarantee(digits):
   mech = user_level_mechanism(median, setup.hparams, "poisson", 0.2)
   assert not mech.formal_guarantee and "without noise" in mech.guarantee_note
   # Hand-built with a server rule: it reads the clients' raw per-client values (aux).
-  ruled = dataclasses.replace(setup.program, server_rule=lambda server, hp, aux, mask, ids: server)
+  ruled = dataclasses.replace(setup.program, hooks=setup.program.hooks._replace(
+      server_rule=lambda server, hp, aux, mask, ids: server))
   mech = user_level_mechanism(ruled, setup.hparams, "poisson", 0.2)
   assert not mech.formal_guarantee and "server rule" in mech.guarantee_note
   # From the configuration: --aggregator coordinate_median with a target epsilon.

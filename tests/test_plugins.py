@@ -7,6 +7,7 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from fedjax_dp import components
@@ -96,6 +97,25 @@ def test_a_bad_plugin_is_refused_in_one_line(tmp_path, capsys):
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "invalid plugin='no_such_plugin_module'" in err[0]
   assert not (tmp_path / "o").exists()
+
+
+def test_a_plugin_attacks_static_option_reaches_the_round(plugin_path):
+  from fedjax_dp.algorithms import build
+  from fedjax_dp.config import make_config
+  from fedjax_dp.data import Split, load_federated
+  data = load_federated("digits", Split(10), seed=0)
+  rows = {}
+  for sign in ("plus", "minus"):
+    config = make_config(algorithm="median", plugins=["plugin_example"], model="mlp",
+                         byzantine=2, attack="constant_rows", num_clients=10,
+                         options={"row_sign": sign, "row_value": 2.0})
+    setup = build(config, data)
+    assert dict(setup.program.attack_options) == {"row_sign": sign}
+    attack = setup.program.build_attack(setup.hparams)
+    rows[sign] = attack(np.zeros((3, 2), np.float32), np.array([0.0, 1.0, 1.0], np.float32),
+                        None, mask=None, ids=None)
+  np.testing.assert_array_equal(rows["plus"], [[0, 0], [2, 2], [2, 2]])
+  np.testing.assert_array_equal(rows["minus"], -rows["plus"])
 
 
 def test_an_installed_package_declares_its_components_through_the_entry_point_group(

@@ -218,10 +218,10 @@ def test_spfl_thresholds_follow_the_formulas():
                     examples=jnp.array([4.0, 4.0, 4.0, 4.0]), clipped=jnp.zeros(4),
                     noise_std=jnp.zeros(4), stat_sum=jnp.zeros(4), overflow=jnp.zeros(4),
                     nonfinite=jnp.zeros(4))
-  new = rnd.server_rule(state.server, hp, stats, mask, ids)
+  new = rnd.hooks.server_rule(state.server, hp, stats, mask, ids)
   assert float(new[0]) == pytest.approx(0.8 * 16.0 / 8.0, rel=1e-6)
   # Client arguments: high clip C_h with scale 1, low clip inf with scale beta_l.
-  args = rnd.client_hparams(new, hp, ids)
+  args = rnd.hooks.client_hparams(new, hp, ids)
   assert float(args.clip[0]) == pytest.approx(1.6) and math.isinf(float(args.clip[1]))
   assert float(args.scale[1]) == pytest.approx(0.6) and float(args.scale[0]) == 1.0
 
@@ -233,10 +233,10 @@ def test_spfl_thresholds_follow_the_formulas():
   assert float(st.server[0]) == pytest.approx(1.0)  # data-independent start: config.clip
   ids = _class_ids(sound_setup, classes)
   stats = stats._replace(stat_sum=jnp.array([-1.0, 50.0, -2.0, 9.0]))
-  new = sound.server_rule(st.server, sound_hp, stats, mask, ids)
+  new = sound.hooks.server_rule(st.server, sound_hp, stats, mask, ids)
   expected = 0.8 * 4.0 * (0.5 + (-3.0) / (2 * 2 * 4))
   assert float(new[0]) == pytest.approx(expected, rel=1e-6)
-  args = sound.client_hparams(new, sound_hp, ids)
+  args = sound.hooks.client_hparams(new, sound_hp, ids)
   assert float(args.clip[1]) == pytest.approx(0.5)  # the low class's cap
   # High: the gradient gets z_Delta > z (the statistic takes the rest); low: z.
   z = float(sound_setup.hparams["sigma"])
@@ -247,7 +247,7 @@ def test_spfl_thresholds_follow_the_formulas():
   adp_setup = build(_config("adp-fl", options={"clip_lr": 0.3, "target_quantile": 0.6}), data)
   adp, adp_hp = adp_setup.program, _hp(adp_setup)
   st = adp.init(jax.random.PRNGKey(0), adp_hp)
-  new = adp.server_rule(st.server, adp_hp, stats, mask, jnp.arange(4))
+  new = adp.hooks.server_rule(st.server, adp_hp, stats, mask, jnp.arange(4))
   b = 0.5 + (-1.0 + 50.0 - 2.0) / (3 * 2 * 4)
   assert float(new[0]) == pytest.approx(1.0 * math.exp(-0.3 * (b - 0.6)), rel=1e-5)
 

@@ -15,7 +15,7 @@ federated learning" (AE-DPFL, the argmax-ensemble baseline Cheng et al., CVPR
   trains the global model on them: ``server_steps`` SGD steps of
   ``server_batch`` examples (the run's ``--server-optimizer`` at ``--server-lr``,
   fresh each round), the round's own server step
-  (:attr:`fedjax_dp.round.Round.server_step`).
+  (:attr:`fedjax_dp.round.Hooks.server_step`).
 
 The public set is a held-out part of the training split: the examples of the
 last clients (ids ``N - k .. N - 1``, the fewest whose examples reach ``m``),
@@ -58,7 +58,7 @@ from fedjax_dp.algorithms.options import Option
 from fedjax_dp.client import local_sgd, make_optimizer
 from fedjax_dp.errors import check
 from fedjax_dp.privacy.mechanisms import RELATION_WORDS, GaussianSumMechanism
-from fedjax_dp.round import ClientOut, Piece, Round
+from fedjax_dp.round import ClientOut, Hooks, Piece, Round
 from fedjax_dp.transforms import global_norm
 from fedjax_dp.algorithms.dp_fedavg import make_model, resolve_noise_multiplier
 from fedjax_dp.privacy.accounting import LedgerAccounting
@@ -166,8 +166,9 @@ def ae_dpfl_round(model, num_clients: int, training: Training, *, server_steps: 
   return Round(
       model=model, num_clients=num_clients, client=vote_client(model, training),
       aggregator=noisy_vote_sum(), server_optimizer=training.server_optimizer,
-      server_step=label_and_train(model, server_optimizer=training.server_optimizer,
-                                  server_steps=server_steps, server_batch=server_batch))
+      hooks=Hooks(server_step=label_and_train(
+          model, server_optimizer=training.server_optimizer, server_steps=server_steps,
+          server_batch=server_batch)))
 
 
 def _float32_at_least(x: float) -> float:

@@ -43,13 +43,13 @@ from fedjax_dp.algorithms.base import (LOCAL, NOISE, USER, Setup, algorithm, cac
 from fedjax_dp.algorithms.fedavg import Pieces, Training, fedavg_client
 from fedjax_dp.algorithms.options import Option
 from fedjax_dp.errors import ConfigError, check
-from fedjax_dp.round import Piece, Round
+from fedjax_dp.round import Hooks, Piece, Round
 from fedjax_dp.transforms import salted
 from fedjax_dp.transforms import discrete
 from fedjax_dp.privacy.ddgauss import DDGaussMechanism
 from fedjax_dp.privacy import NonPrivate
 from fedjax_dp.algorithms.dp_fedavg import make_model
-from fedjax_dp.attacks import knowledge_of_unreleased
+from fedjax_dp.attacks import knowledge_of_unreleased, static_options
 from fedjax_dp.privacy import ddgauss as pdd
 from fedjax_dp.privacy.accounting import LedgerAccounting
 from fedjax_dp.sampling import make_sampler
@@ -155,7 +155,7 @@ def model_vector(model) -> tuple:
 
 
 def ddgauss_round(model, num_clients: int, sampling: str, training: Training, *,
-                  attack: str = "none", nonfinite_value: str = "nan") -> Round:
+                  attack: str = "none", attack_options: tuple = ()) -> Round:
   """DDGauss as a :class:`fedjax_dp.round.Round`; the server state is the round's index.
 
   Args:
@@ -163,7 +163,8 @@ def ddgauss_round(model, num_clients: int, sampling: str, training: Training, *,
     num_clients: the population size N.
     sampling: "fixed" or "poisson" (the declared mechanism's cohorts).
     training: local training and the server's optimizer.
-    attack, nonfinite_value: the Byzantine clients' attack (strengths in ``hp``).
+    attack, attack_options: the Byzantine clients' attack and its static options (strengths in
+      ``hp``).
   """
   size, dim, unravel = model_vector(model)
   mechanism = functools.partial(declared_mechanism, num_clients=num_clients, sampling=sampling)
@@ -171,11 +172,11 @@ def ddgauss_round(model, num_clients: int, sampling: str, training: Training, *,
       model=model, num_clients=num_clients,
       client=ddgauss_client(model, dim, mechanism, training),
       aggregator=secure_sum(unravel, size, mechanism), attack=attack,
-      nonfinite_value=nonfinite_value, server_optimizer=training.server_optimizer,
-      init_server=lambda params, hp: jnp.zeros((), jnp.int32),
-      client_hparams=lambda server, hp, ids: jnp.broadcast_to(server, ids.shape),
-      server_rule=lambda server, hp, aux, mask, ids: server + 1,
-      metrics=ddgauss_metrics)
+      attack_options=attack_options, server_optimizer=training.server_optimizer,
+      hooks=Hooks(init_server=lambda params, hp: jnp.zeros((), jnp.int32),
+                  client_hparams=lambda server, hp, ids: jnp.broadcast_to(server, ids.shape),
+                  server_rule=lambda server, hp, aux, mask, ids: server + 1,
+                  metrics=ddgauss_metrics))
 
 
 def round_mechanism(rnd: Round, hparams: dict, dim: int):
@@ -219,7 +220,7 @@ def build_ddgauss(config, data) -> Setup:
   model = make_model(config, data)
   rnd = cached_round(round_key(config, opts, model, data.num_clients), lambda: ddgauss_round(
       model, data.num_clients, config.sampling, Training.of(config), attack=config.attack,
-      nonfinite_value=opts["nonfinite_value"]))
+      attack_options=static_options(config.attack, opts)))
   dim = model_vector(model)[1]
   quantization = pdd.Quantization(opts["bits"], opts["beta"], opts["scale"], opts["k_stddevs"])
 

@@ -35,7 +35,7 @@ from fedjax_dp.privacy.accounting import LedgerAccounting
 from fedjax_dp.privacy.mechanisms import user_level_mechanism
 from fedjax_dp.sampling import make_sampler
 from fedjax_dp.models import Model, get_model
-from fedjax_dp.attacks import knowledge_of_unreleased
+from fedjax_dp.attacks import knowledge_of_unreleased, static_options
 
 
 def make_model(config, data):
@@ -123,7 +123,7 @@ def build_fedavg_family(config, data, *, private: bool, regularizer: str = "none
   model = make_model(config, data)
   rnd = cached_round(round_key(config, opts, model, data.num_clients), lambda: fedavg_round(
       model, data.num_clients, pieces, Training.of(config), attack=config.attack,
-      nonfinite_value=opts["nonfinite_value"], lus_batches=opts.get("lus_batches", 1),
+      attack_options=static_options(config.attack, opts), lus_batches=opts.get("lus_batches", 1),
       static=opts))
   hparams = common_hparams(
       config, opts, client_lr=config.client_lr, clip=config.clip, noise_multiplier=z,

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 
 from fedjax_dp.algorithms.fedavg import Training
 from fedjax_dp.client import make_optimizer
-from fedjax_dp.round import ClientOut, Piece, Round, tree_sub
+from fedjax_dp.round import ClientOut, Hooks, Piece, Round, tree_sub
 from fedjax_dp.transforms import global_norm
 from fedjax_dp.privacy.example_level import ExampleDPSGDMechanism
 
@@ -148,7 +148,7 @@ def dpsgd_metrics(class_names: tuple) -> Callable:
 
 def dpsgd_round(model, num_clients: int, pieces: DPSGDPieces, training: Training, *,
                 local_train: Callable, aggregator: Callable, attack: str = "none",
-                nonfinite_value: str = "nan") -> Round:
+                attack_options: tuple = ()) -> Round:
   """A round of client-side DP-SGD with per-class thresholds, on the one federated round.
 
   Per round: each cohort client gets
@@ -170,7 +170,8 @@ def dpsgd_round(model, num_clients: int, pieces: DPSGDPieces, training: Training
     local_train: from :func:`fedjax_dp.client.dp_sgd`.
     aggregator: ``hp -> Aggregator`` (the weighted mean, or a robust aggregator); any
       aggregator is post-processing of the clients' locally private uploads.
-    attack, nonfinite_value: the Byzantine clients' attack on the uploads (strengths in ``hp``).
+    attack, attack_options: the Byzantine clients' attack on the uploads and its static options
+      (strengths in ``hp``).
   """
   rules = pieces.rules
 
@@ -189,11 +190,10 @@ def dpsgd_round(model, num_clients: int, pieces: DPSGDPieces, training: Training
   return Round(
       model=model, num_clients=num_clients,
       client=dpsgd_client(local_train, training.client_optimizer, pieces), aggregator=aggregator,
-      attack=attack,
-      nonfinite_value=nonfinite_value,
+      attack=attack, attack_options=attack_options,
       weighting=pieces.weighting, server_optimizer=training.server_optimizer,
-      init_server=init_server, client_hparams=client_hparams, server_rule=server_rule,
-      metrics=dpsgd_metrics(tuple(rules.class_names)),
+      hooks=Hooks(init_server=init_server, client_hparams=client_hparams,
+                  server_rule=server_rule, metrics=dpsgd_metrics(tuple(rules.class_names))),
       # The aggregate of the clients' DP-SGD deltas, and the thresholds, which the sound
       # variants set from noisy statistics only (see fedjax_dp.engine); published SP-FL sets them
       # from raw norms, so there they are diagnostics.

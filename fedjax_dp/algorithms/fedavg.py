@@ -182,7 +182,7 @@ def fedavg_client(model, pieces: Pieces, training: Training, lus_batches: int = 
 
 
 def fedavg_round(model, num_clients: int, pieces: Pieces, training: Training, *,
-                 attack: str = "none", nonfinite_value: str = "nan", lus_batches: int = 1,
+                 attack: str = "none", attack_options: tuple = (), lus_batches: int = 1,
                  static: Optional[Mapping] = None) -> Round:
   """A FedAvg-family :class:`fedjax_dp.round.Round` from its pieces.
 
@@ -191,7 +191,8 @@ def fedavg_round(model, num_clients: int, pieces: Pieces, training: Training, *,
     num_clients: the population size.
     pieces: the round's static pieces.
     training: local training and the server's optimizer.
-    attack, nonfinite_value: the Byzantine clients' attack (strengths in ``hp``).
+    attack, attack_options: the Byzantine clients' attack and its static options (strengths in
+      ``hp``).
     lus_batches: minibatches of LUS's gradient (:func:`lus_gradient`).
     static: the run's options, where the aggregator's static ones (loop counts) are read
       (:func:`make_aggregator`).
@@ -199,5 +200,5 @@ def fedavg_round(model, num_clients: int, pieces: Pieces, training: Training, *,
   return Round(
       model=model, num_clients=num_clients,
       client=fedavg_client(model, pieces, training, lus_batches),
-      aggregator=make_aggregator(pieces, static), attack=attack, nonfinite_value=nonfinite_value,
+      aggregator=make_aggregator(pieces, static), attack=attack, attack_options=attack_options,
       weighting=pieces.weighting, server_optimizer=training.server_optimizer)

@@ -45,7 +45,7 @@ from fedjax_dp.client import sample_batch
 from fedjax_dp.errors import check
 from fedjax_dp.round import ClientOut, Round
 from fedjax_dp.transforms import global_norm
-from fedjax_dp.attacks import get as get_attack
+from fedjax_dp.attacks import get as get_attack, static_options
 from fedjax_dp.algorithms.dp_fedavg import make_model
 from fedjax_dp.privacy import NonPrivate
 from fedjax_dp.privacy.accounting import LedgerAccounting
@@ -103,7 +103,7 @@ def build_robust_sgd(config, data) -> Setup:
   rnd = cached_round(round_key(config, opts, model, data.num_clients), lambda: Round(
       model=model, num_clients=data.num_clients, client=gradient_client(model, config.batch_size),
       aggregator=make_aggregator(pieces, opts), attack=config.attack,
-      nonfinite_value=opts["nonfinite_value"], descent=True, server_optimizer="sgd"))
+      attack_options=static_options(config.attack, opts), descent=True, server_optimizer="sgd"))
   sampler = make_sampler(config.sampling, data.num_clients, config.seed, config.sampling_prob,
                          config.cohort_size, config.capacity)
   hparams = common_hparams(config, opts, server_lr=config.client_lr, l2=opts["l2"],

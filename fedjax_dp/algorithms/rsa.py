@@ -50,14 +50,15 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from fedjax_dp import attacks, components, objectives
+from fedjax_dp import components, objectives
+from fedjax_dp.attacks import static_options
 from fedjax_dp.aggregators import Aggregator, robust
 from fedjax_dp.algorithms.base import (NONE, WORKER, Setup, algorithm, cached_round,
                                        common_hparams, read_options, round_key)
 from fedjax_dp.algorithms.options import L2, Option
 from fedjax_dp.algorithms.robust_sgd import attacker_knowledge, stochastic_gradient
 from fedjax_dp.errors import ConfigError, check
-from fedjax_dp.round import ClientOut, Piece, Round, Uploads
+from fedjax_dp.round import ClientOut, Hooks, Piece, Round, Uploads
 from fedjax_dp.transforms import global_norm
 from fedjax_dp.transforms.sign import paper_sign, sign_flip, sign_gaussian, to_sign
 from fedjax_dp.privacy import sign as psign
@@ -145,7 +146,7 @@ def rsa_attack_step(knowledge: str, rnd, state, out, uploads: Uploads, hp, key):
   """Zhu and Ling's attacks: model-level (``sign(x_0 - z_j)`` with ``z_j`` from the attack on
   the workers' models) unless the attack reads the regular workers and may only read what
   they release, their messages."""
-  attack = attacks.get(rnd.attack, hp, {"nonfinite_value": rnd.nonfinite_value})
+  attack = rnd.build_attack(hp)
   byz = uploads.byzantine
   if attack.reads_honest and knowledge == "released":
     return attack(uploads.rows, byz, key, mask=uploads.mask, ids=uploads.ids)
@@ -177,7 +178,7 @@ def rsa_metrics(state, params, out, sent, mask, hp):
 
 
 def rsa_round(model, num_clients: int, gradient, perturb, *, attack: str = "none",
-              nonfinite_value: str = "nan", knowledge: str = "released") -> Round:
+              attack_options: tuple = (), knowledge: str = "released") -> Round:
   """RSA / DP-RSA as a :class:`fedjax_dp.round.Round` (workers' models as state rows).
 
   Args:
@@ -185,14 +186,15 @@ def rsa_round(model, num_clients: int, gradient, perturb, *, attack: str = "none
     num_clients: K.
     gradient: ``(params, x, y, count, key) -> (loss, grad)`` of a worker's local loss.
     perturb: ``hp -> transform`` of ``u = x_0 - x_k`` (:func:`perturbation`).
-    attack, nonfinite_value: the attack (strengths in ``hp``).
+    attack, attack_options: the attack and its static options (strengths in ``hp``).
     knowledge: "released" or "omniscient" (what an attack that reads the regular workers sees).
   """
   return Round(
       model=model, num_clients=num_clients, client=rsa_client(gradient, perturb),
-      aggregator=sign_sum_scaled, attack=attack, nonfinite_value=nonfinite_value, descent=True,
-      server_optimizer="sgd", init_row=lambda params: params,
-      attack_step=functools.partial(rsa_attack_step, knowledge), metrics=rsa_metrics,
+      aggregator=sign_sum_scaled, attack=attack, attack_options=attack_options, descent=True,
+      server_optimizer="sgd",
+      hooks=Hooks(init_row=lambda params: params,
+                  attack_step=functools.partial(rsa_attack_step, knowledge), metrics=rsa_metrics),
       released_metrics=("master_norm", "aggregate_norm"))
 
 
@@ -249,7 +251,7 @@ def build_rsa_family(config, data) -> Setup:
       model, data.num_clients,
       stochastic_gradient(objectives.supervised(model.apply), config.batch_size),
       perturbation(variant, clipped, norm), attack=config.attack,
-      nonfinite_value=opts["nonfinite_value"], knowledge=knowledge))
+      attack_options=static_options(config.attack, opts), knowledge=knowledge))
   sampler = make_sampler(config.sampling, data.num_clients, config.seed, config.sampling_prob,
                          config.cohort_size, config.capacity)
   hparams = common_hparams(config, opts, server_lr=config.client_lr, client_lr=config.client_lr,

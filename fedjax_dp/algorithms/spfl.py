@@ -79,6 +79,7 @@ from fedjax_dp.algorithms.dp_fedavg import make_model
 from fedjax_dp.algorithms.fedavg import Pieces, Training, make_aggregator
 from fedjax_dp.algorithms.options import Option
 from fedjax_dp.algorithms.dpsgd_family import DPSGDPieces, Rules, dpsgd_round, example_record
+from fedjax_dp.attacks import static_options
 from fedjax_dp.client import DPSGDSteps, dp_sgd, mean_initial_norm
 from fedjax_dp.errors import ConfigError, check
 from fedjax_dp.privacy.example_level import (ExampleLevelAccounting, PrivacyClass,
@@ -234,7 +235,8 @@ def build_dpsgd_family(config, data, rules: Rules, opts: dict, hparams: dict, cl
         rules.statistic, rules.private, rules.data_dependent_noise))
     return dpsgd_round(model, data.num_clients, pieces, Training.of(config),
                        local_train=local_train, aggregator=make_aggregator(aggregation, opts),
-                       attack=config.attack, nonfinite_value=opts["nonfinite_value"])
+                       attack=config.attack,
+                       attack_options=static_options(config.attack, opts))
 
   rnd = cached_round(round_key(config, opts, model, data.num_clients, max_examples, pieces), make)
   sampler = make_sampler(config.sampling, data.num_clients, config.seed, config.sampling_prob,

@@ -153,7 +153,7 @@ def user_level_mechanism(rnd, hparams: dict, sampling: str, sampling_prob=None,
   if bound is None or noise != bound:
     return NonPrivate(guarantee_note="noise is added but it is not scaled to an L2 bound the clients' "
                                      "released updates satisfy: unbounded sensitivity, no guarantee")
-  if getattr(rnd, "server_rule", None) is not None:
+  if rnd.hooks.server_rule is not None:
     return NonPrivate(guarantee_note="a server rule computes the server's state from the "
                                      "clients' per-client values (aux), which no noise covers: no "
                                      "guarantee")
