@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from fedjax_dp.errors import ConfigError, check
 
-KINDS = ("algorithm", "aggregator", "attack")
+KINDS = ("algorithm", "aggregator", "attack", "model")
 # The modules that declare each kind's built-in components.
 BUILTIN = {
     # In the order `fedjax-dp algorithms` lists them.
@@ -35,6 +35,7 @@ BUILTIN = {
         "dp_fedavg", "spfl", "adp_fl", "ae_dpfl", "blur_lus", "ddgauss", "robust_sgd", "rsa")),
     "aggregator": ("fedjax_dp.aggregators.robust",),
     "attack": ("fedjax_dp.attacks",),
+    "model": ("fedjax_dp.models",),
 }
 ENTRY_POINTS = "fedjax_dp.plugins"
 OPTION_KINDS = ("float", "int", "choice")

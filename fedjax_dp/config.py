@@ -140,10 +140,9 @@ class RunConfig:
   max_train: Optional[int] = _field(None, "use at most this many training examples (none: all)")
   max_test: Optional[int] = _field(None, "use at most this many test examples (none: all)")
   # Model.
-  model: Optional[str] = _field(  # a name of fedjax_dp.models.MODELS, or (Python API) a Model
+  model: Optional[str] = _field(  # a declared model's name, or (Python API) a Model
       None, "the model (none: the data set's default, "
-      + ", ".join(f"{s.name}: {s.default_model}" for s in SPECS) + ")",
-      _values("fedjax_dp.models", "MODELS"))
+      + ", ".join(f"{s.name}: {s.default_model}" for s in SPECS) + ")", _declared("model"))
   conv_impl: str = _field("auto", "how convolutions are computed (same results to float32 "
                           "rounding; speed and memory differ): auto runs each layer by "
                           "winograd on a CPU where it pays (3x3 stride-1 float32 layers of at "

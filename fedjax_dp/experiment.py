@@ -56,7 +56,7 @@ def simulate(config: Optional[RunConfig] = None, data=None, *,
       ``progress``, ``release``, ``tensorboard``, ``checkpoint_every``, ``resume``. Its
       fields that are settings of the configuration too (:data:`FROM_CONFIG`) come from the
       configuration: give those as settings.
-    model: a model name of :data:`fedjax_dp.models.MODELS` (as ``config.model``), a flax
+    model: a model name of ``fedjax_dp.components.names("model")`` (as ``config.model``), a flax
       ``nn.Module`` (mapping a batch ``[B, *example_shape]`` to ``[B, num_classes]``
       logits) or a :class:`fedjax_dp.models.Model`, used instead of ``config.model`` by the
       configured algorithm.

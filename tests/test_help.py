@@ -81,13 +81,13 @@ def _expected_values() -> dict:
   from fedjax_dp.data.partition import PARTITIONERS
   from fedjax_dp.data.specs import SPECS
   from fedjax_dp.engine import PLACEMENTS
-  from fedjax_dp.models import CONV_IMPLS, MODELS
+  from fedjax_dp.models import CONV_IMPLS
   from fedjax_dp.privacy.ledger import ACCOUNTANTS
   from fedjax_dp.round import WEIGHTINGS
   from fedjax_dp.sampling import SAMPLINGS
   expected = {
       "algorithm": sorted(components.names("algorithm")), "dataset": [s.name for s in SPECS],
-      "partition": PARTITIONERS, "model": MODELS, "conv_impl": CONV_IMPLS, "sampling": SAMPLINGS,
+      "partition": PARTITIONERS, "model": components.names("model"), "conv_impl": CONV_IMPLS, "sampling": SAMPLINGS,
       "placement": PLACEMENTS, "client_optimizer": OPTIMIZERS, "server_optimizer": OPTIMIZERS,
       "weighting": WEIGHTINGS, "denominator": DENOMINATORS, "accountant": ACCOUNTANTS,
       "attack": components.names("attack"), "attacker_knowledge": KNOWLEDGE,

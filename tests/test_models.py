@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from jax import lax
 
+from fedjax_dp import components
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.models import (IGNORE, accuracy, conv2d, cross_entropy,
-                              get_model, masked_sums, max_pool, MODELS,
-                              num_params)
+                              get_model, masked_sums, max_pool, num_params)
 from fedjax_dp.models.conv import Conv
 
 FAST_IMPLS = ("im2col", "winograd", "custom_vjp")
@@ -195,20 +195,20 @@ MODEL_SHAPES = {
     "char_lstm": ((80,), 90),
     "char_lstm_small": ((80,), 90),
 }
-SEQUENCE_MODELS = ("char_lstm", "char_lstm_small")
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", components.names("model"))
 def test_model_init_and_apply(name):
   shape, classes = MODEL_SHAPES[name]
   model = get_model(name, shape, classes)
   params = model.init(jax.random.key(0))
-  if name in SEQUENCE_MODELS:  # token ids, stored as float32 like all inputs
+  sequence = components.get("model", name)["sequence"]
+  if sequence:  # token ids, stored as float32 like all inputs
     x = jax.random.randint(jax.random.key(1), (2, *shape), 0, classes).astype(jnp.float32)
   else:
     x = jax.random.normal(jax.random.key(1), (2, *shape))
   logits = jax.jit(model.apply)(params, x)
-  assert logits.shape == (2, *shape, classes) if name in SEQUENCE_MODELS else (2, classes)
+  assert logits.shape == (2, *shape, classes) if sequence else (2, classes)
   assert np.all(np.isfinite(logits))
 
 

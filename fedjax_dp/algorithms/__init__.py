@@ -21,7 +21,7 @@ from fedjax_dp.algorithms.base import (INT_HPARAMS, NONE, Setup, as_hparams, cac
 from fedjax_dp.errors import check
 from fedjax_dp.attacks import get as get_attack
 from fedjax_dp.data.specs import BY_NAME
-from fedjax_dp.models import CONV_MODELS, MODELS
+from fedjax_dp.models import is_convolutional
 
 __all__ = ["INT_HPARAMS", "Setup", "as_hparams", "build", "cached_round", "choosing_knowledge",
            "common_hparams", "option_table", "read_options", "refuse_unused", "round_key",
@@ -94,7 +94,8 @@ def unread_by_settings(config) -> dict:
   no_download = (f"dataset {config.dataset!r} has no tensorflow-datasets download"
                  if spec is not None and spec.tfds_name is None else None)
   no_conv = (f"model {config.model_name!r} has no convolution"
-             if config.model_name in set(MODELS) - CONV_MODELS else None)
+             if config.model_name in components.names("model")
+             and not is_convolutional(config.model_name) else None)
   reasons = (("cohort_size", "sampling is poisson (clients join with sampling_prob)"
               if config.sampling == "poisson" else None),
              ("sampling_prob", "sampling is fixed (cohort_size clients a round)"

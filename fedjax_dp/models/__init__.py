@@ -11,24 +11,12 @@ A sequence model returns logits ``[B, T, num_classes]`` for labels ``[B, T]``
 (one per position); the losses and metrics take either, and a label equal to
 :data:`IGNORE` counts nowhere.
 
-Available models (see :mod:`fedjax_dp.models.zoo` for the architectures and
-the papers they come from):
-
-* ``mlp``: dense layers, kwargs ``hidden=(200, 200)``, ``activation="relu"``.
-* ``rsa_mlp``: DP-RSA's MNIST MLP 784-50-50-10 with tanh (Zhu and Ling, IJCAI
-  2022).
-* ``digits_cnn``: small CNN for the 8x8 scikit-learn digits.
-* ``cnn2``: "CNN-2-layers" of federated EMNIST (Cheng et al., CVPR 2022).
-* ``spfl_cnn``: SP-FL's CNN (Wu and Li, 2024); kwarg ``hidden=32``.
-* ``rsa_cifar_cnn``: DP-RSA's CIFAR-10 CNN (~368k parameters); kwargs
-  ``features=(40, 40)``, ``hidden=(384, 192)``.
-* ``resnet18_gn``: CIFAR ResNet-18 with GroupNorm; kwargs ``num_groups=2``,
-  ``widths=(64, 128, 256, 512)``.
-* ``char_lstm``: next-character LSTM of federated Shakespeare (embedding 8,
-  two LSTM layers of 256, 820,522 parameters with 90 tokens); kwargs
-  ``embed=8``, ``hidden=(256, 256)``. Input ``(T,)`` token ids.
-* ``char_lstm_small``: the same with one LSTM layer of 64 units (25,258
-  parameters with 90 tokens), fast enough for a CPU.
+Each model declares itself once, below (:func:`fedjax_dp.components.declare`, kind
+``"model"``): its name, paper, one line about it, its keyword options and its traits
+(``convolutional``: it runs :class:`Conv` layers and reads ``conv_impl``; ``sequence``: its
+input is ``(T,)`` token ids). ``fedjax_dp.components.declared("model")`` lists them; a plugin
+may declare its own. :mod:`fedjax_dp.models.zoo` and :mod:`fedjax_dp.models.recurrent` hold the
+architectures.
 """
 
 from __future__ import annotations
@@ -42,6 +30,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from fedjax_dp import components
 from fedjax_dp.errors import check_choice, ConfigError
 from fedjax_dp.models import recurrent, zoo
 from fedjax_dp.models.conv import CONV_IMPLS, Conv, conv2d, max_pool
@@ -50,28 +39,12 @@ from fedjax_dp.models.losses import (IGNORE, accuracy, cross_entropy,
                                      per_example_cross_entropy)
 
 __all__ = [
-    "MODELS", "CONV_IMPLS", "COMPUTE_DTYPES", "Model", "get_model", "cross_entropy",
+    "CONV_IMPLS", "COMPUTE_DTYPES", "Model", "get_model", "cross_entropy",
     "per_example_cross_entropy", "accuracy", "masked_sums", "IGNORE",
     "num_params", "conv2d",
     "max_pool", "Conv",
 ]
 
-MODELS = ("mlp", "rsa_mlp", "digits_cnn", "cnn2", "spfl_cnn",
-          "rsa_cifar_cnn", "resnet18_gn", "char_lstm", "char_lstm_small")
-# The models with convolutions (the others read no conv_impl).
-CONV_MODELS = frozenset({"digits_cnn", "cnn2", "spfl_cnn", "rsa_cifar_cnn", "resnet18_gn"})
-_KWARGS = {
-    "mlp": ("hidden", "activation"),
-    "rsa_mlp": (),
-    "digits_cnn": (),
-    "cnn2": (),
-    "spfl_cnn": ("hidden",),
-    "rsa_cifar_cnn": ("features", "hidden"),
-    "resnet18_gn": ("num_groups", "widths"),
-    "char_lstm": ("embed", "hidden"),
-    "char_lstm_small": (),
-}
-_SEQUENCE_MODELS = {"char_lstm", "char_lstm_small"}
 # The dtype of the forward and backward pass; parameters stay float32 (Model.apply).
 COMPUTE_DTYPES = ("float32", "bfloat16")
 
@@ -165,43 +138,101 @@ def _tuple_of_ints(field, value):
   return t
 
 
-def _build(name, num_classes, conv_impl, kwargs):
-  if name == "mlp":
-    hidden = _tuple_of_ints("hidden", kwargs.get("hidden", (200, 200)))
-    activation = kwargs.get("activation", "relu")
-    check_choice("activation", activation, zoo.ACTIVATIONS)
-    return zoo.MLP(num_classes, hidden=hidden, activation=activation)
-  if name == "rsa_mlp":
-    return zoo.MLP(num_classes, hidden=(50, 50), activation="tanh")
-  if name == "digits_cnn":
-    return zoo.TwoConvCNN(num_classes, features=(16, 32), padding="SAME", hidden=64,
-                          conv_impl=conv_impl)
-  if name == "cnn2":
-    return zoo.TwoConvCNN(num_classes, conv_impl=conv_impl)
-  if name == "spfl_cnn":
-    hidden = _tuple_of_ints("hidden", (kwargs.get("hidden", 32),))[0]
-    return zoo.SPFLCNN(num_classes, hidden=hidden, conv_impl=conv_impl)
-  if name == "char_lstm":
-    embed = _tuple_of_ints("embed", (kwargs.get("embed", 8),))[0]
-    hidden = _tuple_of_ints("hidden", kwargs.get("hidden", (256, 256)))
-    return recurrent.CharLSTM(num_classes, embed=embed, hidden=hidden)
-  if name == "char_lstm_small":
-    return recurrent.CharLSTM(num_classes, hidden=(64,))
-  if name == "rsa_cifar_cnn":
-    return zoo.RSACifarCNN(
-        num_classes,
-        features=_tuple_of_ints("features", kwargs.get("features", (40, 40))),
-        hidden=_tuple_of_ints("hidden", kwargs.get("hidden", (384, 192))),
-        conv_impl=conv_impl)
-  widths = _tuple_of_ints("widths", kwargs.get("widths", (64, 128, 256, 512)))
+def model(name: str, *, about: str, reference: str = "", kwargs: tuple = (),
+          convolutional: bool = False, sequence: bool = False):
+  """Declares the decorated ``build(num_classes, conv_impl, **kwargs) -> flax module`` as model
+  ``name`` (:func:`fedjax_dp.components.declare`).
+
+  Args:
+    name: the model's name (``--model``).
+    about: one line saying what it is.
+    reference: the paper it comes from.
+    kwargs: the keyword options ``build`` takes (:func:`get_model`'s ``**kwargs``).
+    convolutional: it runs :class:`Conv` layers, as ``conv_impl`` says.
+    sequence: its input is ``(T,)`` token ids; else an image ``(H, W[, C])`` or a vector.
+  """
+  return components.declare("model", name, reference=reference, about=about,
+                            kwargs=tuple(kwargs), convolutional=convolutional, sequence=sequence)
+
+
+@model("mlp", about="dense layers", kwargs=("hidden", "activation"))
+def _mlp(num_classes, conv_impl, hidden=(200, 200), activation="relu"):
+  del conv_impl
+  check_choice("activation", activation, zoo.ACTIVATIONS)
+  return zoo.MLP(num_classes, hidden=_tuple_of_ints("hidden", hidden), activation=activation)
+
+
+@model("rsa_mlp", reference="Zhu and Ling, IJCAI 2022",
+       about="DP-RSA's MNIST MLP 784-50-50-10 with tanh")
+def _rsa_mlp(num_classes, conv_impl):
+  del conv_impl
+  return zoo.MLP(num_classes, hidden=(50, 50), activation="tanh")
+
+
+@model("digits_cnn", convolutional=True, about="a small CNN for the 8x8 scikit-learn digits")
+def _digits_cnn(num_classes, conv_impl):
+  return zoo.TwoConvCNN(num_classes, features=(16, 32), padding="SAME", hidden=64,
+                        conv_impl=conv_impl)
+
+
+@model("cnn2", convolutional=True, reference="Cheng et al., CVPR 2022",
+       about="CNN-2-layers of federated EMNIST")
+def _cnn2(num_classes, conv_impl):
+  return zoo.TwoConvCNN(num_classes, conv_impl=conv_impl)
+
+
+@model("spfl_cnn", convolutional=True, reference="Wu and Li, 2024", kwargs=("hidden",),
+       about="SP-FL's CNN (hidden=32)")
+def _spfl_cnn(num_classes, conv_impl, hidden=32):
+  return zoo.SPFLCNN(num_classes, hidden=_tuple_of_ints("hidden", (hidden,))[0],
+                     conv_impl=conv_impl)
+
+
+@model("rsa_cifar_cnn", convolutional=True, reference="Zhu and Ling, IJCAI 2022",
+       kwargs=("features", "hidden"),
+       about="DP-RSA's CIFAR-10 CNN, about 368k parameters (features=(40, 40), "
+             "hidden=(384, 192))")
+def _rsa_cifar_cnn(num_classes, conv_impl, features=(40, 40), hidden=(384, 192)):
+  return zoo.RSACifarCNN(num_classes, features=_tuple_of_ints("features", features),
+                         hidden=_tuple_of_ints("hidden", hidden), conv_impl=conv_impl)
+
+
+@model("resnet18_gn", convolutional=True, reference="Cheng et al., CVPR 2022",
+       kwargs=("num_groups", "widths"),
+       about="CIFAR ResNet-18 with GroupNorm (num_groups=2, widths=(64, 128, 256, 512))")
+def _resnet18_gn(num_classes, conv_impl, num_groups=2, widths=(64, 128, 256, 512)):
+  widths = _tuple_of_ints("widths", widths)
   if len(widths) != 4:
     raise ConfigError("widths", widths, "must have 4 entries (one per stage)")
-  num_groups = int(kwargs.get("num_groups", 2))
+  num_groups = int(num_groups)
   if num_groups < 1 or any(w % num_groups for w in widths):
     raise ConfigError("num_groups", num_groups,
                       f"must be >= 1 and divide every width in {widths}")
-  return zoo.ResNet18GN(num_classes, num_groups=num_groups, widths=widths,
-                        conv_impl=conv_impl)
+  return zoo.ResNet18GN(num_classes, num_groups=num_groups, widths=widths, conv_impl=conv_impl)
+
+
+@model("char_lstm", sequence=True, reference="federated Shakespeare (TFF)",
+       kwargs=("embed", "hidden"),
+       about="next-character LSTM: embedding 8, two LSTM layers of 256 (820,522 parameters with "
+             "90 tokens)")
+def _char_lstm(num_classes, conv_impl, embed=8, hidden=(256, 256)):
+  del conv_impl
+  return recurrent.CharLSTM(num_classes, embed=_tuple_of_ints("embed", (embed,))[0],
+                            hidden=_tuple_of_ints("hidden", hidden))
+
+
+@model("char_lstm_small", sequence=True,
+       about="char_lstm with one LSTM layer of 64 units (25,258 parameters with 90 tokens), "
+             "fast enough for a CPU")
+def _char_lstm_small(num_classes, conv_impl):
+  del conv_impl
+  return recurrent.CharLSTM(num_classes, hidden=(64,))
+
+
+def is_convolutional(name: str) -> bool:
+  """Whether declared model ``name`` runs convolutions (reads ``conv_impl``); False for a name
+  that is not declared (a :class:`Model` built by hand)."""
+  return name in components.names("model") and components.get("model", name)["convolutional"]
 
 
 def check_conv_dtype(conv_impl: str, compute_dtype: str) -> None:
@@ -219,7 +250,7 @@ def get_model(name: str, input_shape, num_classes: int,
   """Builds a model by name and checks that it accepts ``input_shape``.
 
   Args:
-    name: one of :data:`MODELS`.
+    name: a declared model (``fedjax_dp.components.names("model")``).
     input_shape: per-example shape; conv models take ``(H, W, C)`` or
       ``(H, W)`` (one channel).
     num_classes: number of classes (>= 2).
@@ -228,7 +259,7 @@ def get_model(name: str, input_shape, num_classes: int,
       CPU), ``"winograd"`` (float32 only), ``"custom_vjp"`` or ``"lax"``; see
       :func:`fedjax_dp.models.conv.conv2d`. Ignored by dense models.
     compute_dtype: one of :data:`COMPUTE_DTYPES` (:attr:`Model.compute_dtype`).
-    **kwargs: model options (listed in the module docstring).
+    **kwargs: the model's keyword options (its declaration's ``kwargs``).
 
   Returns:
     A :class:`Model`.
@@ -238,25 +269,26 @@ def get_model(name: str, input_shape, num_classes: int,
       dtype other than float32, or an input shape the model cannot take
       (e.g. too small for its convs and pools).
   """
-  check_choice("model", name, MODELS)
+  check_choice("model", name, components.names("model"))
   check_choice("conv_impl", conv_impl, CONV_IMPLS)
   check_choice("compute_dtype", compute_dtype, COMPUTE_DTYPES)
   check_conv_dtype(conv_impl, compute_dtype)
+  declared = components.get("model", name)
   for key in kwargs:
-    check_choice(f"{name} option", key, _KWARGS[name])
+    check_choice(f"{name} option", key, declared["kwargs"])
   if isinstance(input_shape, int):
     input_shape = (input_shape,)
   input_shape = _tuple_of_ints("input_shape", input_shape)
-  if name in CONV_MODELS and len(input_shape) not in (2, 3):
+  if declared["convolutional"] and len(input_shape) not in (2, 3):
     raise ConfigError("input_shape", input_shape,
                       f"model {name} needs (H, W, C) or (H, W)")
-  if name in _SEQUENCE_MODELS and len(input_shape) != 1:
+  if declared["sequence"] and len(input_shape) != 1:
     raise ConfigError("input_shape", input_shape,
                       f"model {name} needs (T,): a sequence of token ids")
   if isinstance(num_classes, bool) or int(num_classes) != num_classes or (
       num_classes < 2):
     raise ConfigError("num_classes", num_classes, "must be an int >= 2")
-  module = _build(name, int(num_classes), conv_impl, kwargs)
+  module = declared.build(int(num_classes), conv_impl, **kwargs)
   model = Model(name, module, input_shape, int(num_classes), compute_dtype)
   x = jax.ShapeDtypeStruct((1, *input_shape), jnp.float32)
   try:
