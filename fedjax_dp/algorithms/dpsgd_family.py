@@ -1,8 +1,8 @@
 """The DP-SGD family on the one round: client-side DP-SGD with per-class clip thresholds.
 
 A DP-SGD-family round (spfl, spfl-sound, dp-fl, adp-fl, nodp-fl) is
-described by a :class:`DPSGDPieces` record (static: the example sampling,
-the per-step statistic, whether the steps are private) and built by
+described by a :class:`DPSGDPieces` record (static: the clients' steps with their
+example sampling and per-step statistic, whether they are private) and built by
 :func:`dpsgd_round`, a :class:`fedjax_dp.round.Round`: each cohort client
 runs ``Q`` local DP-SGD steps (:func:`fedjax_dp.client.dp_sgd`, per-example
 clipping and noise from :mod:`fedjax_dp.transforms.per_example`) and uploads
@@ -30,7 +30,7 @@ from typing import Callable, Optional
 import jax.numpy as jnp
 
 from fedjax_dp.algorithms.fedavg import Training
-from fedjax_dp.client import make_optimizer
+from fedjax_dp.client import DPSGDSteps, make_optimizer
 from fedjax_dp.round import ClientOut, Hooks, Piece, Round, tree_sub
 from fedjax_dp.transforms import global_norm
 from fedjax_dp.privacy.example_level import ExampleDPSGDMechanism
@@ -68,19 +68,14 @@ class DPSGDPieces:
 
   Attributes:
     rules: the algorithm's steps and thresholds.
-    sampling: per-step example sampling, "poisson" or "fixed".
-    capacity: the Poisson batch capacity (None for fixed-size batches).
     weighting: "examples" or "uniform".
-    batch_size: L, the examples of a step (expected, under Poisson sampling).
-    local_steps: Q.
+    steps: the clients' local steps (:class:`fedjax_dp.client.DPSGDSteps`: Q, L, the per-step
+      example sampling and its Poisson capacity, the statistic, whether they are private).
   """
 
   rules: Rules
-  sampling: str
-  capacity: Optional[int]
   weighting: str
-  batch_size: int = 1
-  local_steps: int = 1
+  steps: DPSGDSteps
 
 
 def example_record(pieces: DPSGDPieces) -> Callable:
@@ -89,11 +84,13 @@ def example_record(pieces: DPSGDPieces) -> Callable:
   norm statistic, with the combined multiplier ``hp["sigma"]`` (the float32 values the compiled
   steps use) and the round's batch size, steps, sampling and capacity."""
 
+  steps = pieces.steps
+
   def record(hp, grad_key: str, stat_key: Optional[str] = None):
     return ExampleDPSGDMechanism(
-        float(hp["sigma"]), pieces.batch_size, pieces.local_steps, pieces.sampling,
+        float(hp["sigma"]), steps.batch_size, steps.local_steps, steps.sampling,
         grad_noise_multiplier=float(hp[grad_key]),
-        stat_noise=float(hp[stat_key]) if stat_key else 0.0, capacity=pieces.capacity)
+        stat_noise=float(hp[stat_key]) if stat_key else 0.0, capacity=steps.capacity)
 
   return record
 

@@ -223,16 +223,16 @@ def build_dpsgd_family(config, data, rules: Rules, opts: dict, hparams: dict, cl
         "sampling rate L / |D_n| is at most 1")
   model, max_examples = make_model(config, data), int(data.x.shape[1])
   sampling = opts["example_sampling"]
-  pieces = DPSGDPieces(rules, sampling, example_capacity(config, data, sampling),
-                       config.weighting, config.batch_size, config.local_steps)
+  pieces = DPSGDPieces(rules, config.weighting, DPSGDSteps(
+      config.local_steps, config.batch_size, max_examples, sampling,
+      example_capacity(config, data, sampling), rules.statistic, rules.private,
+      rules.data_dependent_noise))
   # Any aggregator, and attacks on the uploads: each upload is already private (example-level,
   # local to its client), so what the server or an attacker computes from them is post-processing.
   aggregation = Pieces(aggregator=config.aggregator or "mean", weighting=config.weighting)
 
   def make():
-    local_train = dp_sgd(objectives.supervised(model.apply), DPSGDSteps(
-        config.local_steps, config.batch_size, max_examples, sampling, pieces.capacity,
-        rules.statistic, rules.private, rules.data_dependent_noise))
+    local_train = dp_sgd(objectives.supervised(model.apply), pieces.steps)
     return dpsgd_round(model, data.num_clients, pieces, Training.of(config),
                        local_train=local_train, aggregator=make_aggregator(aggregation, opts),
                        attack=config.attack,
