@@ -79,11 +79,11 @@ def unread_by_settings(config) -> dict:
               "and the run has no guarantee)"
               if declared["central_noise"] and config.aggregator not in (None, "mean")
               else None)
+  without = (None if declared["unaccounted"] is None
+             else declared["unaccounted"](dict(config.options or {})))
   unaccounted = (f"algorithm {config.algorithm!r} has no privacy mechanism, so nothing is "
                  "accounted" if declared["privacy_unit"] == NONE else
-                 "dp-rsa-g without sign_clip has no guarantee, so nothing is accounted"
-                 if config.algorithm == "dp-rsa-g"
-                 and (config.options or {}).get("sign_clip") is None else unnoised)
+                 f"{without}, so nothing is accounted" if without else unnoised)
   workers_unused = ("the rdp accountant's epsilons take milliseconds and are computed in the "
                     "run's process" if config.accountant == "rdp" else None)
   only = lambda partition: (f"partition is {config.partition} (only {partition} reads it)"

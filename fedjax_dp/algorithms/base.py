@@ -35,9 +35,11 @@ NOISE = frozenset({"clip", "noise_multiplier", "target_epsilon"})
 #     (attacker_knowledge), their raw state; the others fix what their attacks read;
 #   aggregator: the aggregator it is (the robust baselines), None where it has its own or
 #     takes the run's;
-#   defaults: its own values of run settings (RunConfig fields) that the user did not give.
+#   defaults: its own values of run settings (RunConfig fields) that the user did not give;
+#   unaccounted: ``options -> why`` a run with these options (``config.options``) has no
+#     guarantee although the algorithm has a mechanism (None: it always has one), or None.
 TRAITS = {"privacy_unit": NONE, "reads": frozenset(), "byzantine": True, "central_noise": False,
-          "chooses_knowledge": False, "aggregator": None, "defaults": {}}
+          "chooses_knowledge": False, "aggregator": None, "defaults": {}, "unaccounted": None}
 
 
 def algorithm(name: str, *, reference: str, about: str, options: Sequence = (),

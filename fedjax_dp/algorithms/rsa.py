@@ -280,4 +280,6 @@ algorithm("dp-rsa-f", reference="Zhu and Ling, IJCAI 2022, Sign-Flipping",
 algorithm("dp-rsa-g", reference="Zhu and Ling, IJCAI 2022, Sign-Gaussian",
           options=OPTIONS["dp-rsa-g"], privacy_unit=WORKER,
           about="DP-RSA: RSA whose workers send the signs of their differences plus Gaussian "
-                "noise", **_TRAITS)(build_rsa_family)
+                "noise",
+          unaccounted=lambda options: None if options.get("sign_clip") is not None else
+          "dp-rsa-g without sign_clip has no guarantee", **_TRAITS)(build_rsa_family)
