@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import difflib
 import functools
 import json
 import os
@@ -52,10 +53,32 @@ DEFAULT_RUN_DIR = "runs/quickstart"
 
 
 class _Parser(argparse.ArgumentParser):
-  """argparse that reports usage errors as ConfigError (one line, exit 2)."""
+  """argparse that reports usage errors as ConfigError (one line, exit 2), suggesting for a
+  misspelt flag the closest flag of the subcommand given."""
 
   def error(self, message):
     raise ConfigError("arguments", self.prog, message)
+
+  def parse_args(self, args=None, namespace=None):
+    parsed, unknown = self.parse_known_args(args, namespace)
+    if unknown:
+      chosen = self
+      for action in self._actions:
+        if isinstance(action, argparse._SubParsersAction):
+          chosen = action.choices.get(getattr(parsed, action.dest, None), self)
+      self.error(f"unrecognized arguments: {' '.join(unknown)}" + chosen.suggestions(unknown))
+    return parsed
+
+  def suggestions(self, words) -> str:
+    """`` (--algoritm: did you mean --algorithm?)`` for each of ``words`` that is a flag close
+    to one of this parser's; empty if none is."""
+    hints = []
+    for word in words:
+      flag = word.split("=", 1)[0]
+      close = (difflib.get_close_matches(flag, sorted(self._option_string_actions), n=1)
+               if flag.startswith("--") else [])
+      hints += [f"{flag}: did you mean {close[0]}?"] if close else []
+    return f" ({'; '.join(hints)})" if hints else ""
 
 
 def _add_run(sub):

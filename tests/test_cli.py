@@ -91,6 +91,17 @@ def test_unknown_algorithm_option_is_rejected(capsys, tmp_path):
   assert not (tmp_path / "o" / "metrics.jsonl").exists()
 
 
+def test_a_misspelt_flag_is_answered_with_the_closest_known_one(capsys, tmp_path):
+  assert main(["run", "--algoritm", "fedavg", "--output-dir", str(tmp_path / "o")]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "--algoritm: did you mean --algorithm?" in err
+  assert main(["sweep", "--grid", "clip=0.1", "--threds", "2", "--output-dir",
+               str(tmp_path / "s")]) == 2
+  assert "--threds: did you mean --threads?" in capsys.readouterr().err  # the sweep's own flag
+  assert main(["run", "--zzzzzz"]) == 2 and "did you mean" not in capsys.readouterr().err
+  assert not (tmp_path / "o").exists() and not (tmp_path / "s").exists()
+
+
 def test_error_from_a_real_process_has_no_traceback(tmp_path):
   proc = subprocess.run([sys.executable, "-m", "fedjax_dp.cli", "run", "--clip", "-1", "--output-dir", str(tmp_path / "o")],
                         capture_output=True, text=True)
