@@ -50,6 +50,7 @@ from fedjax_dp.sweep import check_axes, parse_grid, plan, sweep
 EXIT_INVALID, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_MEMORY = 2, 3, 130, 4
 EXIT_BROKEN_PIPE = 141  # as a process killed by SIGPIPE: its reader went away
 DEFAULT_RUN_DIR = "runs/quickstart"
+PROGRESS_EVERY = 60.0  # seconds between the progress lines of --no-progress
 
 
 class _Parser(argparse.ArgumentParser):
@@ -86,7 +87,8 @@ def _add_run(sub):
   p.add_argument("--output-dir", help="where metrics.jsonl and summary.json go (default "
                  f"{DEFAULT_RUN_DIR}; with --resume, that folder)")
   p.add_argument("--overwrite", action="store_true", help="replace an earlier run's files in --output-dir")
-  p.add_argument("--no-progress", action="store_true", help="no progress bar")
+  p.add_argument("--no-progress", action="store_true", help="no progress bar: a line on stderr "
+                 f"before the first round, every {PROGRESS_EVERY:g} s and at the last round")
   p.add_argument("--checkpoint-every", type=int, metavar="K",
                  help="save the whole run every K rounds and after the last into "
                  "OUTPUT_DIR/checkpoints/ (the last two kept), so that --resume can continue it "
@@ -167,7 +169,9 @@ def _add_sweep(sub):
                  "in its own thread; with fewer groups, each group runs in that many parts "
                  "(default: one per core, at most 8, on one CPU device; one elsewhere; an "
                  "integer >= 1)")
-  p.add_argument("--no-progress", action="store_true", help="no progress bars")
+  p.add_argument("--no-progress", action="store_true", help="no progress bars: a line on "
+                 f"stderr before each program's first round, every {PROGRESS_EVERY:g} s and at its "
+                 "last round")
   p.add_argument("--release", default="all", choices=("all", "private"),
                  help="as for run: private writes only what the guarantee covers and draws the "
                  "mechanism's randomness from the operating system's entropy (default: all)")
@@ -442,6 +446,7 @@ def _cmd_run(args) -> int:
   t0 = time.perf_counter()
   try:  # simulate checks the device count, then loads the data set
     result = simulate(config, output_dir=str(out), progress=not args.no_progress,
+                      progress_every=PROGRESS_EVERY if args.no_progress else None,
                       release=release,
                       on_round=lambda record: (rounds.append(record), _stop_if_signalled()),
                       tensorboard=tensorboard, checkpoint_every=args.checkpoint_every,
@@ -587,7 +592,9 @@ def _cmd_sweep(args) -> int:
   out = pathlib.Path(args.output_dir)
   try:
     options = RunOptions(output_dir=str(out), overwrite=args.overwrite,
-                         progress=not args.no_progress, release=args.release)
+                         progress=not args.no_progress,
+                         progress_every=PROGRESS_EVERY if args.no_progress else None,
+                         release=args.release)
     result = sweep(config, grid, args.seeds, run_options=options, group_size=args.group_size,
                    threads=args.threads, log=lambda line: print(line, file=sys.stderr))
   except KeyboardInterrupt:  # sweep() removed its partial files and put earlier ones back

@@ -73,8 +73,8 @@ from fedjax_dp.data import FederatedData
 from fedjax_dp.errors import check, check_choice
 from fedjax_dp.models import masked_sums, num_params
 from fedjax_dp.observers import (Checkpoint, History, MetricsFile, NormsFile, Observer, Observers,
-                                 ProgressBar, Record, ReleasePolicy, Start, SummaryFile,
-                                 TensorBoard, flat, is_released)
+                                 ProgressBar, ProgressLines, Record, ReleasePolicy, Start,
+                                 SummaryFile, TensorBoard, flat, is_released)
 from fedjax_dp.privacy.ahead import Ahead, workers_for
 from fedjax_dp.sampling import Cohort
 
@@ -324,6 +324,9 @@ class RunOptions:
       and draws the mechanism's randomness (the rounds' keys, the cohorts) from secret entropy
       instead of the seed (:data:`RANDOMNESS`); checkpoints are refused with it.
     progress: show a progress bar (one per group of experiments).
+    progress_every: without a bar, a progress line on stderr every this many seconds (> 0;
+      and before the first round and at the last: :class:`fedjax_dp.observers.ProgressLines`);
+      None: none.
     output_dir: the command's folder: a run's ``metrics.jsonl``, ``summary.json`` (and
       ``norms.npz``, module docstring) go there; a sweep's ``results.json`` and its
       experiments' folders. In a group each experiment writes to its own
@@ -349,6 +352,7 @@ class RunOptions:
   accounting_workers: Optional[int] = None
   release: str = "all"
   progress: bool = False
+  progress_every: Optional[float] = None
   output_dir: Optional[str] = None
   overwrite: bool = False
   tensorboard: bool = False
@@ -365,6 +369,9 @@ class RunOptions:
           and self.accounting_workers >= 0, "accounting_workers", self.accounting_workers,
           "must be an integer >= 0 or unset")
     check_choice("release", self.release, RELEASES)
+    check(self.progress_every is None or isinstance(self.progress_every, (int, float))
+          and not isinstance(self.progress_every, bool) and 0 < self.progress_every < math.inf,
+          "progress_every", self.progress_every, "must be a finite number of seconds > 0 or unset")
     check(self.checkpoint_every is None or _integer(self.checkpoint_every)
           and self.checkpoint_every >= 1, "checkpoint_every", self.checkpoint_every,
           "must be an integer >= 1")
@@ -857,7 +864,7 @@ class _Program:
 
 
 def _observers(experiment: Experiment, records: Records, options: RunOptions, checkpointer,
-               bar: Optional[ProgressBar]) -> tuple:
+               bar: Optional[Observer]) -> tuple:
   """``(history, observers)``: the experiment's :class:`fedjax_dp.observers.History` and every
   observer of its records in order: the history, its files (``metrics.jsonl``, TensorBoard,
   ``norms.npz`` under release "all"), its checkpoints, the group's progress bar, ``summary.json``
@@ -950,7 +957,9 @@ def run_group(program, experiments, rounds: int, options: Optional[RunOptions] =
   state, hp, run_key = prepared.initial(options.release)
   records = [Records(program, e, options, prepared.shards) for e in experiments]
   checkpointer = _checkpointer(experiments[0], options)
-  bar = ProgressBar(len(experiments)) if options.progress else None
+  bar = (ProgressBar(len(experiments)) if options.progress else None
+         if options.progress_every is None else ProgressLines(options.progress_every,
+                                                             len(experiments)))
   runs = [_observers(e, rec, options, checkpointer if i == 0 else None, bar if i == 0 else None)
           for i, (e, rec) in enumerate(zip(experiments, records))]
   ahead = None

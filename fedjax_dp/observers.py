@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import sys
+import time
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -355,9 +357,12 @@ class ProgressBar(Observer):
   def start(self, start: Start) -> None:
     if start.log is not None:
       self.accuracy = start.log["accuracy"]
-    self.bar = tqdm(total=start.rounds, initial=start.done, unit="round", dynamic_ncols=True)
+    self.bar = tqdm(total=start.rounds, initial=start.done, unit="round", dynamic_ncols=True,
+                    desc="compiling the round")
 
   def round(self, record: Record) -> None:
+    if self.bar.desc:  # the first round ran: it compiled
+      self.bar.set_description_str("", refresh=False)
     row = record.row
     if "test_accuracy" in row:
       self.accuracy = row["test_accuracy"]
@@ -375,3 +380,48 @@ class ProgressBar(Observer):
   def close(self) -> None:
     if self.bar is not None:
       self.bar.close()
+
+
+def _to_stderr(line: str) -> None:
+  print(line, file=sys.stderr, flush=True)
+
+
+class ProgressLines(Observer):
+  """A run's progress as lines, where no bar shows it (``fedjax-dp run --no-progress``): one
+  before the first round (which compiles the round), then one at the first round that ends
+  ``every`` seconds or more after the last line, and one at the last round:
+  ``round r/T: test accuracy a, epsilon e, s s`` (what the policy releases; the accuracy of the
+  last evaluation).
+
+  Args:
+    every: seconds between lines (> 0).
+    experiments: how many experiments the lines' program runs (said when more than one).
+    write: where each line goes (default: stderr).
+    clock: seconds, for the spacing (default: :func:`time.monotonic`).
+  """
+
+  def __init__(self, every: float, experiments: int = 1,
+               write: Callable[[str], Any] = _to_stderr, clock: Callable[[], float] = time.monotonic):
+    self.every, self.write, self.clock = every, write, clock
+    self.tag = f" ({experiments} experiments)" if experiments > 1 else ""
+    self.accuracy = None
+    self.began = self.last = None
+
+  def start(self, start: Start) -> None:
+    if start.log is not None:
+      self.accuracy = start.log["accuracy"]
+    self.began = self.last = self.clock()
+    self.write(f"round {start.done + 1}/{start.rounds}{self.tag}: compiling the round")
+
+  def round(self, record: Record) -> None:
+    row = record.row
+    if "test_accuracy" in row:
+      self.accuracy = row["test_accuracy"]
+    now = self.clock()
+    if now - self.last < self.every and record.round < record.rounds:
+      return
+    self.last = now
+    parts = ([] if self.accuracy is None else [f"test accuracy {self.accuracy:.4f}"]) + (
+        [] if row.get("epsilon") is None else [f"epsilon {row['epsilon']:.3f}"])
+    self.write(f"round {record.round}/{record.rounds}{self.tag}: "
+               + ", ".join(parts + [f"{now - self.began:.1f} s"]))

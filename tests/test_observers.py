@@ -5,10 +5,12 @@ import json
 import numpy as np
 import pytest
 
+from fedjax_dp.cli import main
 from fedjax_dp.engine import RunOptions
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.experiment import simulate
-from fedjax_dp.observers import Observer, Record, ReleasePolicy, Start, is_released
+from fedjax_dp.observers import (Observer, ProgressLines, Record, ReleasePolicy, Start,
+                                 is_released)
 
 RUN = dict(num_clients=40, rounds=3, local_steps=2, model="mlp", max_test=100, eval_every=2)
 
@@ -130,3 +132,23 @@ def test_simulate_takes_run_options_and_refuses_what_the_configuration_sets(tmp_
   assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == len(rows) == 3
   with pytest.raises(ConfigError, match="run_options.eval_every.*setting of the configuration"):
     simulate(**RUN, run_options=RunOptions(eval_every=5))
+
+
+def test_progress_lines_say_compiling_then_every_period_and_at_the_last_round():
+  now, lines = [0.0], []
+  lines_of = ProgressLines(10.0, experiments=2, write=lines.append, clock=lambda: now[0])
+  lines_of.start(Start(5))
+  for r, t, row in ((1, 4.0, {"test_accuracy": 0.5, "epsilon": 1.0}), (2, 8.0, {}),
+                    (3, 12.0, {"epsilon": 1.5}), (4, 15.0, {}), (5, 16.0, {"epsilon": 2.0})):
+    now[0] = t
+    lines_of.round(Record(r, 5, row))
+  assert lines == ["round 1/5 (2 experiments): compiling the round",
+                   "round 3/5 (2 experiments): test accuracy 0.5000, epsilon 1.500, 12.0 s",
+                   "round 5/5 (2 experiments): test accuracy 0.5000, epsilon 2.000, 16.0 s"]
+
+
+def test_a_run_without_a_bar_prints_progress_lines(tmp_path, capsys):
+  assert main(["run", "--rounds", "2", "--num-clients", "30", "--max-test", "50", "--no-progress",
+               "--output-dir", str(tmp_path / "r")]) == 0
+  err = capsys.readouterr().err.splitlines()
+  assert err[0] == "round 1/2: compiling the round" and err[-1].startswith("round 2/2: test ")
