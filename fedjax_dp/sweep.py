@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import csv
 import dataclasses
+import io
 import itertools
 import json
 import math
@@ -55,7 +57,8 @@ from fedjax_dp.stats import seed_stats
 from fedjax_dp.privacy.ledger import PrivacyLedger
 from fedjax_dp.round import check_devices, one_cpu_device
 
-SWEEP_FILES = ("results.json", "experiments")  # everything a sweep writes in its folder
+# Everything a sweep writes in its folder.
+SWEEP_FILES = ("results.json", "results.csv", "experiments")
 # What results.json's fields are, beside each experiment's own summary (which has its release block).
 SWEEP_RELEASE = {
     "covered_by_guarantee": [
@@ -373,6 +376,22 @@ class SweepResult:
             **({} if private else {"seconds": self.seconds}), "threads": self.threads,
             "release": SWEEP_RELEASE}
 
+  def to_csv(self) -> str:
+    """``results.csv``'s content: one line per grid point (:attr:`rows`), a column per grid axis
+    (by its name) then ``accuracy_mean``, ``accuracy_std``, ``seeds``, ``epsilon``,
+    ``epsilon_seeds_composed``, ``delta_seeds_composed`` and ``seeds_composition`` (empty
+    where None)."""
+    axes = list(dict.fromkeys(k for row in self.rows for k in row["grid"]))
+    columns = ["accuracy_mean", "accuracy_std", "seeds", "epsilon", "epsilon_seeds_composed",
+               "delta_seeds_composed", "seeds_composition"]
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(axes + columns)
+    for row in self.rows:
+      values = [row["grid"].get(a) for a in axes] + [row.get(c) for c in columns]
+      writer.writerow(["" if v is None else v for v in values])
+    return text.getvalue()
+
 
 MAX_AUTO_THREADS = 8
 
@@ -618,6 +637,7 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
                          min(threads, len(group_records)), options.release)
     if out is not None:
       out.mkdir(parents=True, exist_ok=True)
+      outputs.write_text_atomic(out / "results.csv", result.to_csv())
       outputs.write_text_atomic(out / "results.json",
                                 dumps(result.to_json(), indent=2, default=str) + "\n")
   return result

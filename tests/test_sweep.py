@@ -1,5 +1,6 @@
 """Sweeps: one compiled program per group of experiments, each equal to its single run."""
 
+import csv
 import json
 
 import dp_accounting
@@ -176,6 +177,11 @@ def test_sweep_command_writes_rows_and_protects_earlier_results(tmp_path, capsys
   rows = json.loads((out / "results.json").read_text())["rows"]
   assert [(r["clip"], r["seeds"]) for r in rows] == [(0.3, 2), (0.6, 2)]
   assert all(0 <= r["accuracy_mean"] <= 1 and r["epsilon"] > 0 for r in rows)
+  with open(out / "results.csv", newline="") as f:  # the same rows, as a table
+    table = list(csv.DictReader(f))
+  assert [(float(t["clip"]), int(t["seeds"])) for t in table] == [(0.3, 2), (0.6, 2)]
+  assert [float(t["accuracy_mean"]) for t in table] == [r["accuracy_mean"] for r in rows]
+  assert [float(t["epsilon"]) for t in table] == [r["epsilon"] for r in rows]
   before = (out / "results.json").read_text()
   assert main(args) == 2  # an earlier sweep is kept
   assert "--overwrite" in capsys.readouterr().err and (out / "results.json").read_text() == before
