@@ -876,7 +876,7 @@ def _observers(experiment: Experiment, records: Records, options: RunOptions, ch
     folder = pathlib.Path(experiment.output_dir)
     run.append(MetricsFile(folder))
     if options.tensorboard:
-      run.append(tensorboard := TensorBoard(folder))
+      run.append(tensorboard := TensorBoard(folder, experiment.config))
     if records.writes_norms:
       run.append(norms := NormsFile(folder, records.clip))
   if checkpointer is not None:

@@ -235,14 +235,42 @@ class SummaryFile(Observer):
                               dumps(result.summary, indent=2, default=str) + "\n")
 
 
+# The metrics TensorBoard's HParams dashboard compares runs by (scalars every run logs).
+HPARAMS_METRICS = ("test_accuracy", "epsilon")
+
+
+def hparams_of(config: Optional[dict]) -> dict:
+  """A recorded configuration (nested, :func:`fedjax_dp.config.nest`) as TensorBoard
+  hyper-parameters: ``{"algorithm/clip": 0.5, "algorithm/attack/name": "none", ...}``, each a
+  number, a bool or text (None as "none", a list as its text); ``not_used`` left out."""
+  out = {}
+  for key, value in (config or {}).items():
+    if key == "not_used":
+      continue
+    if isinstance(value, dict):
+      out.update({f"{key}/{k}": v for k, v in hparams_of(value).items()})
+    else:
+      out[key] = (value if isinstance(value, (bool, int, float, str)) else
+                  "none" if value is None else str(value))
+  return out
+
+
 class TensorBoard(Observer):
   """TensorBoard event files in ``folder/tensorboard/``: each record's numbers as scalars at
   step ``round``, tagged by their ``metrics.jsonl`` names (diagnostics under ``diagnostics/``,
-  with a histogram of the clients' update norms). Opened at the first round, after
-  ``metrics.jsonl``, whose first write removed an earlier run's files."""
+  with a histogram of the clients' update norms), and the run's configuration as hyper-parameters
+  (:func:`hparams_of`), so that the HParams dashboard compares runs by their
+  :data:`HPARAMS_METRICS`. Opened at the first round, after ``metrics.jsonl``, whose first write
+  removed an earlier run's files.
 
-  def __init__(self, folder: pathlib.Path):
+  Args:
+    folder: the run's folder.
+    config: the run's recorded configuration (none: no hyper-parameters are written).
+  """
+
+  def __init__(self, folder: pathlib.Path, config: Optional[dict] = None):
     self.folder = folder
+    self.hparams = hparams_of(config)
     self.writer = None
     self.resumed_from = None
 
@@ -258,6 +286,10 @@ class TensorBoard(Observer):
       suffix = "" if self.resumed_from is None else f".resumed-{self.resumed_from}"
       self.writer = SummaryWriter(str(self.folder / outputs.TENSORBOARD), flush_secs=10,
                                   filename_suffix=suffix)
+      if self.hparams:
+        from tensorboardX.summary import hparams
+        for summary in hparams(self.hparams, dict.fromkeys(HPARAMS_METRICS, 0.0)):
+          self.writer.file_writer.add_summary(summary)
     rec, step = record.row, record.round
     scalars = flat({k: v for k, v in rec.items() if k not in ("round", "diagnostics")})
     if "diagnostics" in rec:

@@ -211,7 +211,8 @@ def _events(folder) -> list:
       (n,) = struct.unpack("<Q", data[i:i + 8])
       assert i + 16 + n <= len(data), f"{f} ends with a partial record"
       event = event_pb2.Event.FromString(data[i + 12:i + 12 + n])
-      found += [(v.tag, event.step) for v in event.summary.value]
+      found += [(v.tag, event.step) for v in event.summary.value
+                if not v.tag.startswith("_hparams_/")]
       i += 16 + n
   return sorted(found)
 

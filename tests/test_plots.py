@@ -17,24 +17,42 @@ TINY = ["--dataset", "digits", "--num-clients", "60", "--model", "mlp", "--round
         "--eval-every", "2", "--no-progress"]
 
 
-def _events(folder) -> tuple:
-  """``({tag: {step: value}}, {histogram tag: steps})`` of the event files in ``folder``, read as
+def _values(folder) -> list:
+  """``(step, Summary.Value)`` of every value in the event files in ``folder``, read as
   TFRecords (length, its CRC, an ``Event`` protobuf, its CRC)."""
   from tensorboardX.proto import event_pb2
   files = sorted(folder.glob("events.out.tfevents.*"))
   assert files, f"no event file in {folder}"
-  scalars, histograms = {}, {}
+  out = []
   for f in files:
     data, i = f.read_bytes(), 0
     while i < len(data):
       (n,) = struct.unpack("<Q", data[i:i + 8])
       event = event_pb2.Event.FromString(data[i + 12:i + 12 + n])
       i += 12 + n + 4
-      for v in event.summary.value:
-        if v.HasField("histo"):
-          histograms.setdefault(v.tag, []).append(event.step)
-        else:
-          scalars.setdefault(v.tag, {})[event.step] = v.simple_value
+      out += [(event.step, v) for v in event.summary.value]
+  return out
+
+
+def _hparams(folder) -> dict:
+  """The hyper-parameters of the HParams plugin's session start in ``folder``'s events."""
+  from tensorboardX.proto.plugin_hparams_pb2 import HParamsPluginData
+  [start] = [v for _, v in _values(folder) if v.tag == "_hparams_/session_start_info"]
+  data = HParamsPluginData.FromString(start.metadata.plugin_data.content)
+  return {k: getattr(v, v.WhichOneof("kind")) for k, v in data.session_start_info.hparams.items()}
+
+
+def _events(folder) -> tuple:
+  """``({tag: {step: value}}, {histogram tag: steps})`` of the event files in ``folder`` (the
+  HParams plugin's summaries left out)."""
+  scalars, histograms = {}, {}
+  for step, v in _values(folder):
+    if v.tag.startswith("_hparams_/"):
+      continue
+    if v.HasField("histo"):
+      histograms.setdefault(v.tag, []).append(step)
+    else:
+      scalars.setdefault(v.tag, {})[step] = v.simple_value
   return scalars, histograms
 
 
@@ -52,6 +70,14 @@ def runs(tmp_path_factory):
     assert main(["run", *TINY, "--tensorboard", "--release", release,
                  "--output-dir", str(out[release])]) == 0
   return out
+
+
+def test_tensorboard_holds_the_configuration_as_hyper_parameters(runs):
+  summary = json.loads((runs["all"] / "summary.json").read_text())
+  hparams = _hparams(runs["all"] / outputs.TENSORBOARD)
+  assert hparams["algorithm/name"] == "dp_fedavg" and hparams["run/rounds"] == 3
+  assert hparams["algorithm/clip"] == summary["config"]["algorithm"]["clip"]
+  assert hparams["run/max_test"] == "none" and not any("not_used" in k for k in hparams)
 
 
 def test_tensorboard_holds_the_records(runs):
