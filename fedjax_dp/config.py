@@ -18,7 +18,7 @@ import typing
 from typing import Any, Mapping, Optional
 
 from fedjax_dp import components
-from fedjax_dp.data.specs import SPECS, check_partition
+from fedjax_dp.data.specs import BY_NAME, SPECS, check_partition
 from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit, check_positive
 from fedjax_dp.models import Model, check_conv_dtype
 from fedjax_dp.privacy.mechanisms import MAX_NOISE_MULTIPLIER
@@ -129,8 +129,8 @@ class RunConfig:
   partition: str = _field("iid", "how the training set is split into clients (natural only for "
                           "the TFF sets, which have client ids)",
                           _values("fedjax_dp.data.partition", "PARTITIONERS"))
-  num_clients: int = _field(700, "number of clients (an int >= 1; natural partitions: at most "
-                            "the data set's)")
+  num_clients: int = _field(700, "number of clients (an int >= 1; a natural partition: at most "
+                            "the data set's, which are its default)")
   dirichlet_alpha: float = _field(0.5, "concentration of the dirichlet partition's label mix "
                                   "(> 0; small: skewed)")
   shards_per_client: int = _field(2, "label-sorted shards per client of the shards partition "
@@ -354,11 +354,12 @@ class RunConfig:
     return self.__dict__.get("_given", frozenset(_FIELDS))
 
   def replace(self, **changes) -> "RunConfig":
-    """This configuration with ``changes`` given too. A change of ``algorithm`` resolves the
-    settings not given again (:func:`make_config`): the new algorithm's defaults apply to
-    them."""
+    """This configuration with ``changes`` given too. A change of ``algorithm``, ``dataset`` or
+    ``partition`` resolves the settings not given again (:func:`make_config`): the new
+    algorithm's and data set's defaults apply to them."""
     check_keys(changes)
-    if "algorithm" in changes and changes["algorithm"] != self.algorithm:
+    if any(k in changes and changes[k] != getattr(self, k)
+           for k in ("algorithm", "dataset", "partition")):
       given = {name: getattr(self, name) for name in self.given}
       return make_config(given, **changes)
     config = dataclasses.replace(self, **changes)
@@ -631,8 +632,8 @@ def make_config(base: Optional[Mapping] = None, **overrides) -> RunConfig:
   """A validated :class:`RunConfig` from the settings given: a base mapping (field name ->
   value, or nested as :func:`nest` gives it; None: nothing) plus overrides. Every setting is resolved here: what is given wins;
   a field not given takes the algorithm's own default (its ``defaults`` trait,
-  :func:`fedjax_dp.algorithms.base.algorithm`: DDGauss runs fixed-size cohorts), else the
-  field's default. The configuration remembers what was given (:attr:`RunConfig.given`).
+  :func:`fedjax_dp.algorithms.base.algorithm`: DDGauss runs fixed-size cohorts), else the data
+  set's (:func:`data_defaults`: a natural partition's clients), else the field's default. The configuration remembers what was given (:attr:`RunConfig.given`).
 
   Raises:
     ConfigError: for a base that is not a mapping (a :class:`RunConfig` included), an unknown
@@ -650,11 +651,20 @@ def make_config(base: Optional[Mapping] = None, **overrides) -> RunConfig:
   load_plugins(d.get("plugins", ()))  # a plugin's algorithm declares its defaults
   try:
     config = RunConfig(**{**algorithm_defaults(d.get("algorithm", _FIELDS["algorithm"].default)),
-                          **d})
+                          **data_defaults(d), **d})
   except TypeError as e:
     raise ConfigError("config", sorted(d), str(e)) from None
   object.__setattr__(config, "_given", frozenset(d))
   return config
+
+
+def data_defaults(settings: Mapping) -> dict:
+  """The run settings the data set implies: a natural partition's ``num_clients`` is its
+  data set's clients (:attr:`fedjax_dp.data.specs.DatasetSpec.natural_clients`), not the
+  field's default."""
+  spec = BY_NAME.get(settings.get("dataset", _FIELDS["dataset"].default))
+  natural = settings.get("partition") == "natural" and spec is not None
+  return {"num_clients": spec.natural_clients} if natural and spec.natural_clients else {}
 
 
 def algorithm_defaults(name) -> dict:

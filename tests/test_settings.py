@@ -71,3 +71,12 @@ def test_config_files_load_nested_or_flat(tmp_path):
                               "byzantine": 2, "options": {"ipm_epsilon": 0.5}}))
   assert load_config_file(str(nested)) == load_config_file(str(flat))
   assert make_config(load_config_file(str(nested))) == make_config(load_config_file(str(flat)))
+
+
+def test_a_natural_partition_defaults_to_its_data_sets_clients():
+  config = make_config(dataset="shakespeare", partition="natural")
+  assert config.num_clients == 715  # TFF's training file's clients, not the field's 700
+  assert make_config(dataset="shakespeare", partition="natural", num_clients=50).num_clients == 50
+  assert make_config(dataset="shakespeare").num_clients == 700  # iid: the field's default
+  # A change of partition resolves again what was not given (a sweep's grid point).
+  assert make_config(dataset="shakespeare").replace(partition="natural").num_clients == 715

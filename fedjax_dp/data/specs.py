@@ -56,6 +56,8 @@ class DatasetSpec:
       comes from, for the error message of ``partition="natural"``.
     partitions: The partitions it takes: ``"natural"`` for sets with client
       ids; ``"dirichlet"`` and ``"shards"`` need one label per example.
+    natural_clients: The clients of its natural partition (TFF's training files), the
+      default ``num_clients`` of a natural partition; None without one.
   """
   name: str
   source: str
@@ -71,6 +73,7 @@ class DatasetSpec:
   # The first training labels of the set's canonical release: MNIST's and Fashion-MNIST's
   # files share names and format, so a folder holding the other set's is told by these.
   label_prefix: tuple[int, ...] = ()
+  natural_clients: Optional[int] = None
 
   def search_dirs(self, data_dir: Optional[pathlib.Path]) -> list[pathlib.Path]:
     """Folders searched for :attr:`files`, in order; none without a data dir."""
@@ -107,16 +110,16 @@ SPECS = (
     DatasetSpec("shakespeare", "tff_shakespeare", 90, (80,), "char_lstm",
                 subdirs=("tff-h5", "shakespeare"),
                 files=("shakespeare_train.h5", "shakespeare_test.h5"),
-                partitions=("natural", "iid")),
+                partitions=("natural", "iid"), natural_clients=715),
     DatasetSpec("federated_emnist", "tff_emnist", 62, (28, 28, 1), "cnn2",
                 subdirs=("tff-h5", "fed_emnist"),
                 files=("fed_emnist_train.h5", "fed_emnist_test.h5"),
-                partitions=("natural", "iid", "dirichlet", "shards")),
+                partitions=("natural", "iid", "dirichlet", "shards"), natural_clients=3400),
     DatasetSpec("federated_emnist_digits", "tff_emnist", 10, (28, 28, 1), "cnn2",
                 subdirs=("tff-h5", "fed_emnist_digitsonly", "fed_emnist"),
                 files=("fed_emnist_digitsonly_train.h5",
                        "fed_emnist_digitsonly_test.h5"),
-                partitions=("natural", "iid", "dirichlet", "shards")),
+                partitions=("natural", "iid", "dirichlet", "shards"), natural_clients=3383),
 )
 
 BY_NAME = {s.name: s for s in SPECS}
