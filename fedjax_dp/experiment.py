@@ -83,7 +83,8 @@ def simulate(config: Optional[RunConfig] = None, data=None, *,
   check_from_config(options)
   config, model = _configured(config, model, settings)
   if options.output_dir is not None and not options.resume:
-    check_output_dir(options.output_dir, overwrite=options.overwrite)
+    checked = check_output_dir(options.output_dir, overwrite=options.overwrite)
+    options = dataclasses.replace(options, output_dir=str(checked))  # resolved where it has ..
   if data is None:
     data = load_data(config)
   if model is not None:

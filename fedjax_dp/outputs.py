@@ -49,11 +49,15 @@ def check_writable(path) -> pathlib.Path:
   """``path`` as a folder that exists or can be created, and in which a file can be written.
 
   Nothing is created: the check writes and removes a probe file in the
-  nearest folder that exists.
+  nearest folder that exists. A path with ``..`` in it is resolved first and returned resolved
+  (``missing/../prior`` is ``prior``, whose results the checks then see, and writing there
+  creates no ``missing/``).
   """
-  out = pathlib.Path(path)
   check(str(path).strip() != "", "output_dir", str(path),
         "must name a folder (an empty path would write into the current folder)")
+  out = pathlib.Path(path)
+  if ".." in out.parts:
+    out = out.resolve()
   existing = _nearest_existing(out.absolute())
   if existing == out.absolute():
     check(out.is_dir(), "output_dir", str(out), "is a file, not a folder")

@@ -400,3 +400,20 @@ def test_programs_at_once_share_one_device_copy_of_their_data():
   assert ref() is None  # the last program holding the copy let it go: nothing else keeps it
   again = placed_arrays(host)
   np.testing.assert_array_equal(again[0], host[0])
+
+
+@pytest.mark.parametrize("command", ["run", "sweep", "reproduce"])
+def test_a_path_through_a_missing_folder_does_not_reach_an_earlier_result(command, tmp_path,
+                                                                         capsys, monkeypatch):
+  from fedjax_dp.cli import main
+  monkeypatch.chdir(tmp_path)
+  prior = tmp_path / "prior"
+  prior.mkdir()
+  marker = {"run": "summary.json", "sweep": "results.json", "reproduce": "results.json"}[command]
+  (prior / marker).write_text('{"kept": true}')
+  args = {"run": ["run", "--rounds", "1"], "sweep": ["sweep", "--grid", "clip=0.3"],
+          "reproduce": ["reproduce", "cheng2022", "--scale", "tiny"]}[command]
+  assert main([*args, "--output-dir", "missing/../prior", "--no-progress"]
+              if command != "reproduce" else [*args, "--output-dir", "missing/../prior"]) == 2
+  assert "already holds" in capsys.readouterr().err
+  assert (prior / marker).read_text() == '{"kept": true}' and not (tmp_path / "missing").exists()
