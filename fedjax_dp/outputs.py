@@ -12,17 +12,24 @@
 * :func:`write_atomic` (and :func:`write_text_atomic`) writes a temporary file
   in the same folder and renames it over the target, so a reader (or a crash)
   never sees half a ``summary.json``, ``norms.npz`` or ``results.json``.
+* :func:`sole_writer` lets one process at a time write a folder: a second command into it
+  (two ``--resume`` of one run, two ``--overwrite``) is refused in one line naming the process
+  that holds it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import pathlib
 import shutil
+import sys
 import tempfile
 import types
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
+
+import filelock
 
 from fedjax_dp.errors import ConfigError, check
 
@@ -39,6 +46,38 @@ ASIDE_PREFIX = ".earlier-"
 # command's own files.
 KIND_MARKERS = {"a run": (METRICS, SUMMARY), "a sweep": ("experiments",),
                 "a reproduction": ("runs.jsonl", "results.md")}
+
+
+# Where the folders' locks live: outside the folders, so that an output folder holds only results.
+LOCKS = pathlib.Path(tempfile.gettempdir()) / "fedjax_dp-locks"
+
+
+@contextlib.contextmanager
+def sole_writer(folder) -> Iterator[None]:
+  """During the block, this process is the only one writing ``folder`` (resolved; a
+  :class:`filelock.FileLock` keyed by its path, in :data:`LOCKS`, released when the block ends
+  or the process dies).
+
+  Raises:
+    ConfigError: naming ``output_dir`` and the process holding the folder, when another one
+      does: it is refused before it writes anything.
+  """
+  path = str(pathlib.Path(folder).resolve())
+  LOCKS.mkdir(parents=True, exist_ok=True)
+  name = hashlib.sha256(path.encode()).hexdigest()[:32]
+  lock, holder = filelock.FileLock(LOCKS / f"{name}.lock"), LOCKS / f"{name}.holder"
+  try:
+    lock.acquire(timeout=0)
+  except filelock.Timeout:
+    who = holder.read_text(errors="replace").strip() if holder.exists() else "another process"
+    raise ConfigError("output_dir", str(folder), f"is being written by {who}: wait for it to "
+                      "end, or choose another directory") from None
+  try:
+    holder.write_text(f"process {os.getpid()} ({' '.join(sys.argv)[:200]})")
+    yield
+  finally:
+    holder.unlink(missing_ok=True)
+    lock.release()
 
 
 def _nearest_existing(path: pathlib.Path) -> pathlib.Path:

@@ -604,43 +604,46 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
   options = run_options or RunOptions()
   points = _checked_plan(config, grid, seeds, options)
   threads = programs_at_once(group_size, threads, [p.config.devices for p in points])
-  out = (None if options.output_dir is None else
-         outputs.check_output_dir(options.output_dir, overwrite=options.overwrite,
-                                  results=SWEEP_FILES))
-  t0 = time.perf_counter()
-  datasets = {}
-  for p in points:  # one load per distinct data set
-    key = _data_key(p.config)
-    if key not in datasets:
-      datasets[key] = (load or load_data)(p.config)
+  writing = (contextlib.nullcontext() if options.output_dir is None
+             else outputs.sole_writer(options.output_dir))  # one process writes a folder
+  with writing:
+    out = (None if options.output_dir is None else
+           outputs.check_output_dir(options.output_dir, overwrite=options.overwrite,
+                                    results=SWEEP_FILES))
+    t0 = time.perf_counter()
+    datasets = {}
+    for p in points:  # one load per distinct data set
+      key = _data_key(p.config)
+      if key not in datasets:
+        datasets[key] = (load or load_data)(p.config)
 
-  # An earlier sweep's files stay until this one has finished (an interrupted or failed sweep
-  # leaves them as they were, and its own partial files go).
-  with (contextlib.nullcontext() if out is None else outputs.replacing(out, SWEEP_FILES, True)):
-    ledgers = [None] * len(points)  # each run's PrivacyLedger, where its epsilon is one ledger's
+    # An earlier sweep's files stay until this one has finished (an interrupted or failed sweep
+    # leaves them as they were, and its own partial files go).
+    with (contextlib.nullcontext() if out is None else outputs.replacing(out, SWEEP_FILES, True)):
+      ledgers = [None] * len(points)  # each run's PrivacyLedger, where its epsilon is one ledger's
 
-    def keep_ledgers(members, done, setups):
-      del done
-      for i, setup in zip(members, setups):
-        ledgers[i] = getattr(setup.accounting, "ledger", None)
+      def keep_ledgers(members, done, setups):
+        del done
+        for i, setup in zip(members, setups):
+          ledgers[i] = getattr(setup.accounting, "ledger", None)
 
-    tasks = [Task(p.config, datasets[_data_key(p.config)],
-                  None if out is None else str(out / "experiments" / f"{i:03d}"), p.name)
-             for i, p in enumerate(points)]
-    results, group_records = run_configs(
-        tasks, dataclasses.replace(options, output_dir=None, overwrite=False), log=log,
-        on_group=keep_ledgers, group_size=group_size, threads=threads)
-    experiments = _experiments(points, results, group_records, out is not None)
-    rows = _rows(points, experiments, datasets, ledgers, seeds)
-    # The programs that ran at once: no more threads than programs.
-    result = SweepResult(rows, experiments, group_records, time.perf_counter() - t0, points,
-                         min(threads, len(group_records)), options.release)
-    if out is not None:
-      out.mkdir(parents=True, exist_ok=True)
-      outputs.write_text_atomic(out / "results.csv", result.to_csv())
-      outputs.write_text_atomic(out / "results.json",
-                                dumps(result.to_json(), indent=2, default=str) + "\n")
-  return result
+      tasks = [Task(p.config, datasets[_data_key(p.config)],
+                    None if out is None else str(out / "experiments" / f"{i:03d}"), p.name)
+               for i, p in enumerate(points)]
+      results, group_records = run_configs(
+          tasks, dataclasses.replace(options, output_dir=None, overwrite=False), log=log,
+          on_group=keep_ledgers, group_size=group_size, threads=threads)
+      experiments = _experiments(points, results, group_records, out is not None)
+      rows = _rows(points, experiments, datasets, ledgers, seeds)
+      # The programs that ran at once: no more threads than programs.
+      result = SweepResult(rows, experiments, group_records, time.perf_counter() - t0, points,
+                           min(threads, len(group_records)), options.release)
+      if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        outputs.write_text_atomic(out / "results.csv", result.to_csv())
+        outputs.write_text_atomic(out / "results.json",
+                                  dumps(result.to_json(), indent=2, default=str) + "\n")
+    return result
 
 
 def _experiments(points: Sequence[Point], results: Sequence, groups: Sequence[dict],

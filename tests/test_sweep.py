@@ -2,6 +2,7 @@
 
 import csv
 import json
+import os
 
 import dp_accounting
 from dp_accounting import rdp
@@ -417,3 +418,25 @@ def test_a_path_through_a_missing_folder_does_not_reach_an_earlier_result(comman
               if command != "reproduce" else [*args, "--output-dir", "missing/../prior"]) == 2
   assert "already holds" in capsys.readouterr().err
   assert (prior / marker).read_text() == '{"kept": true}' and not (tmp_path / "missing").exists()
+
+
+@pytest.mark.parametrize("command", ["run", "resume", "sweep", "reproduce"])
+def test_a_folder_another_process_writes_is_refused_naming_it(command, tmp_path, capsys):
+  from fedjax_dp import outputs
+  from fedjax_dp.cli import main
+  out = tmp_path / "busy"
+  args = {"run": ["run"], "resume": ["run", "--resume", str(out)],
+          "sweep": ["sweep", "--grid", "clip=0.3"],
+          "reproduce": ["reproduce", "cheng2022", "--scale", "tiny"]}[command]
+  if command == "resume":  # a checkpointed run without its summary: one to resume
+    assert main(["run", "--rounds", "1", "--num-clients", "20", "--checkpoint-every", "1",
+                 "--no-progress", "--output-dir", str(out)]) == 0
+    (out / "summary.json").unlink()
+  before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+  capsys.readouterr()
+  with outputs.sole_writer(out):  # as another process writing it would hold it
+    code = main([*args, *(["--output-dir", str(out)] if command != "resume" else [])])
+  err = capsys.readouterr().err
+  assert code == 2 and err.count("\n") == 1, err
+  assert f"is being written by process {os.getpid()}" in err
+  assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
