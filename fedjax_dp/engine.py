@@ -876,7 +876,8 @@ def _observers(experiment: Experiment, records: Records, options: RunOptions, ch
     folder = pathlib.Path(experiment.output_dir)
     run.append(MetricsFile(folder))
     if options.tensorboard:
-      run.append(tensorboard := TensorBoard(folder, experiment.config))
+      run.append(tensorboard := TensorBoard(folder, experiment.config,
+                                            private=options.release == "private"))
     if records.writes_norms:
       run.append(norms := NormsFile(folder, records.clip))
   if checkpointer is not None:
@@ -957,9 +958,10 @@ def run_group(program, experiments, rounds: int, options: Optional[RunOptions] =
   state, hp, run_key = prepared.initial(options.release)
   records = [Records(program, e, options, prepared.shards) for e in experiments]
   checkpointer = _checkpointer(experiments[0], options)
-  bar = (ProgressBar(len(experiments)) if options.progress else None
+  private = options.release == "private"
+  bar = (ProgressBar(len(experiments), private) if options.progress else None
          if options.progress_every is None else ProgressLines(options.progress_every,
-                                                             len(experiments)))
+                                                             len(experiments), private))
   runs = [_observers(e, rec, options, checkpointer if i == 0 else None, bar if i == 0 else None)
           for i, (e, rec) in enumerate(zip(experiments, records))]
   ahead = None

@@ -266,11 +266,14 @@ class TensorBoard(Observer):
   Args:
     folder: the run's folder.
     config: the run's recorded configuration (none: no hyper-parameters are written).
+    private: the run's release is "private": every value's wall time is 0, so the events say
+      nothing of how long a round took.
   """
 
-  def __init__(self, folder: pathlib.Path, config: Optional[dict] = None):
+  def __init__(self, folder: pathlib.Path, config: Optional[dict] = None, private: bool = False):
     self.folder = folder
     self.hparams = hparams_of(config)
+    self.walltime = 0.0 if private else None
     self.writer = None
     self.resumed_from = None
 
@@ -289,16 +292,17 @@ class TensorBoard(Observer):
       if self.hparams:
         from tensorboardX.summary import hparams
         for summary in hparams(self.hparams, dict.fromkeys(HPARAMS_METRICS, 0.0)):
-          self.writer.file_writer.add_summary(summary)
+          self.writer.file_writer.add_summary(summary, walltime=self.walltime)
     rec, step = record.row, record.round
     scalars = flat({k: v for k, v in rec.items() if k not in ("round", "diagnostics")})
     if "diagnostics" in rec:
       scalars.update({f"diagnostics/{k}": v for k, v in flat(rec["diagnostics"]).items()})
       if record.norms is not None and record.norms.size:
-        self.writer.add_histogram("diagnostics/update_norm", record.norms, step)
+        self.writer.add_histogram("diagnostics/update_norm", record.norms, step,
+                                  walltime=self.walltime)
     for tag, v in scalars.items():
       if v is not None:
-        self.writer.add_scalar(tag, v, step)
+        self.writer.add_scalar(tag, v, step, walltime=self.walltime)
 
   def flush(self) -> None:
     """Writes the events so far to disk (before a checkpoint that holds their rounds)."""
@@ -379,10 +383,12 @@ class Checkpoint(Observer):
 class ProgressBar(Observer):
   """A tqdm progress bar of the run's rounds, showing the last test accuracy, the epsilon and
   (a diagnostic, where the policy shows it) the clients' raw training loss; ``experiments``:
-  how many the bar's program runs (shown when more than one)."""
+  how many the bar's program runs (shown when more than one); ``private``: the run's release is
+  "private", so the bar shows no time (neither elapsed nor per round)."""
 
-  def __init__(self, experiments: int = 1):
+  def __init__(self, experiments: int = 1, private: bool = False):
     self.experiments = experiments
+    self.format = "{l_bar}{bar}| {n_fmt}/{total_fmt}{postfix}" if private else None
     self.bar = None
     self.accuracy = None
 
@@ -390,7 +396,7 @@ class ProgressBar(Observer):
     if start.log is not None:
       self.accuracy = start.log["accuracy"]
     self.bar = tqdm(total=start.rounds, initial=start.done, unit="round", dynamic_ncols=True,
-                    desc="compiling the round")
+                    desc="compiling the round", bar_format=self.format)
 
   def round(self, record: Record) -> None:
     if self.bar.desc:  # the first round ran: it compiled
@@ -428,13 +434,14 @@ class ProgressLines(Observer):
   Args:
     every: seconds between lines (> 0).
     experiments: how many experiments the lines' program runs (said when more than one).
+    private: the run's release is "private": the lines say no time.
     write: where each line goes (default: stderr).
     clock: seconds, for the spacing (default: :func:`time.monotonic`).
   """
 
-  def __init__(self, every: float, experiments: int = 1,
+  def __init__(self, every: float, experiments: int = 1, private: bool = False,
                write: Callable[[str], Any] = _to_stderr, clock: Callable[[], float] = time.monotonic):
-    self.every, self.write, self.clock = every, write, clock
+    self.every, self.write, self.clock, self.private = every, write, clock, private
     self.tag = f" ({experiments} experiments)" if experiments > 1 else ""
     self.accuracy = None
     self.began = self.last = None
@@ -455,5 +462,5 @@ class ProgressLines(Observer):
     self.last = now
     parts = ([] if self.accuracy is None else [f"test accuracy {self.accuracy:.4f}"]) + (
         [] if row.get("epsilon") is None else [f"epsilon {row['epsilon']:.3f}"])
-    self.write(f"round {record.round}/{record.rounds}{self.tag}: "
-               + ", ".join(parts + [f"{now - self.began:.1f} s"]))
+    elapsed = [] if self.private else [f"{now - self.began:.1f} s"]
+    self.write(f"round {record.round}/{record.rounds}{self.tag}: " + ", ".join(parts + elapsed))

@@ -152,3 +152,11 @@ def test_a_run_without_a_bar_prints_progress_lines(tmp_path, capsys):
                "--output-dir", str(tmp_path / "r")]) == 0
   err = capsys.readouterr().err.splitlines()
   assert err[0] == "round 1/2: compiling the round" and err[-1].startswith("round 2/2: test ")
+
+
+def test_private_progress_says_no_time():
+  lines = []
+  lines_of = ProgressLines(1.0, private=True, write=lines.append, clock=lambda: 5.0)
+  lines_of.start(Start(1))
+  lines_of.round(Record(1, 1, {"epsilon": 1.0}))
+  assert lines[-1] == "round 1/1: epsilon 1.000"

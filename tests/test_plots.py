@@ -18,7 +18,7 @@ TINY = ["--dataset", "digits", "--num-clients", "60", "--model", "mlp", "--round
 
 
 def _values(folder) -> list:
-  """``(step, Summary.Value)`` of every value in the event files in ``folder``, read as
+  """``(Event, Summary.Value)`` of every value in the event files in ``folder``, read as
   TFRecords (length, its CRC, an ``Event`` protobuf, its CRC)."""
   from tensorboardX.proto import event_pb2
   files = sorted(folder.glob("events.out.tfevents.*"))
@@ -30,7 +30,7 @@ def _values(folder) -> list:
       (n,) = struct.unpack("<Q", data[i:i + 8])
       event = event_pb2.Event.FromString(data[i + 12:i + 12 + n])
       i += 12 + n + 4
-      out += [(event.step, v) for v in event.summary.value]
+      out += [(event, v) for v in event.summary.value]
   return out
 
 
@@ -46,13 +46,13 @@ def _events(folder) -> tuple:
   """``({tag: {step: value}}, {histogram tag: steps})`` of the event files in ``folder`` (the
   HParams plugin's summaries left out)."""
   scalars, histograms = {}, {}
-  for step, v in _values(folder):
+  for event, v in _values(folder):
     if v.tag.startswith("_hparams_/"):
       continue
     if v.HasField("histo"):
-      histograms.setdefault(v.tag, []).append(step)
+      histograms.setdefault(v.tag, []).append(event.step)
     else:
-      scalars.setdefault(v.tag, {})[step] = v.simple_value
+      scalars.setdefault(v.tag, {})[event.step] = v.simple_value
   return scalars, histograms
 
 
@@ -78,6 +78,11 @@ def test_tensorboard_holds_the_configuration_as_hyper_parameters(runs):
   assert hparams["algorithm/name"] == "dp_fedavg" and hparams["run/rounds"] == 3
   assert hparams["algorithm/clip"] == summary["config"]["algorithm"]["clip"]
   assert hparams["run/max_test"] == "none" and not any("not_used" in k for k in hparams)
+
+
+def test_private_events_say_nothing_of_time(runs):
+  assert {event.wall_time for event, _ in _values(runs["private"] / outputs.TENSORBOARD)} == {0.0}
+  assert min(event.wall_time for event, _ in _values(runs["all"] / outputs.TENSORBOARD)) > 1e9
 
 
 def test_tensorboard_holds_the_records(runs):
