@@ -263,22 +263,25 @@ class Checkpointer:
     self.every = every
     self.config = json.loads(json.dumps(config))  # as the JSON item stores it
     self.resume = resume
-    self.folder = self.release = self.tensorboard = None  # the run's, from begin
+    self.folder = self.release = self.tensorboard = self.shards = None  # the run's, from begin
     self._manager = None
 
-  def begin(self, state, experiment, rounds: int, release: str, tensorboard: bool) -> tuple:
+  def begin(self, state, experiment, rounds: int, shards: int, release: str,
+            tensorboard: bool) -> tuple:
     """``(state, start)``: the run's initial state and a :class:`fedjax_dp.observers.Start` at
     round 0, or, with ``resume``, the latest checkpoint's state and a ``Start`` at its round
     (the rows ``metrics.jsonl`` keeps, the saved record state and arrays), with the sampler and
-    the accounting of ``experiment`` restored. ``rounds``: the run's; ``release`` and
-    ``tensorboard``: the run's, which a resumed run's must equal and its checkpoints record."""
+    the accounting of ``experiment`` restored. ``rounds``: the run's; ``shards`` (the devices
+    its clients are split over), ``release`` and ``tensorboard``: the run's, which a resumed
+    run's must equal and its checkpoints record (another split sums the clients' updates in
+    another floating-point order: the resumed rounds would not be the run's)."""
     check(experiment.output_dir is not None, "checkpoint_every", self.every,
           "needs an output_dir: checkpoints go to OUTPUT_DIR/checkpoints/")
     for part in (experiment.sampler, experiment.accounting):
       check(part is None or hasattr(part, "load_state"), "checkpoint_every", self.every,
             f"the run's {type(part).__name__} has no state/load_state to checkpoint")
     self.folder = pathlib.Path(experiment.output_dir)
-    self.release, self.tensorboard = release, bool(tensorboard)
+    self.release, self.tensorboard, self.shards = release, bool(tensorboard), shards
     if not self.resume:
       return state, Start(rounds)
     step = latest_round(self.folder)
@@ -287,6 +290,9 @@ class Checkpointer:
     with _opened(self.folder / outputs.CHECKPOINTS) as manager:
       host, where = _read_host(manager, step), str(manager.directory / str(step))
       self._check_same_run(host, where, release, tensorboard)
+      check(host.get("shards", shards) == shards, "resume", where,
+            f"the checkpoint's run split its clients over {host.get('shards')} devices and this "
+            f"process over {shards} (--cpu-devices, devices): resume it on the split it ran on")
       check(host["leaves"] == _leaves(state), "resume", where,
             "the checkpoint's state has other leaves (paths, shapes, dtypes) than this run's")
       state, arrays = self._restored(manager, step, host, state)
@@ -368,6 +374,7 @@ class Checkpointer:
     accounting = experiment.accounting
     host = {"round": done, "config": self.config, "release": self.release,
             "checkpoint_every": self.every, "tensorboard": self.tensorboard,
+            "shards": self.shards,
             "sampler": experiment.sampler.state(),
             "accounting": None if accounting is None else accounting.state(),
             "log": log_host, "leaves": _leaves(state),

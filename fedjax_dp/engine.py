@@ -968,7 +968,8 @@ def run_group(program, experiments, rounds: int, options: Optional[RunOptions] =
   try:
     start = Start(rounds)
     if checkpointer is not None:
-      state, start = checkpointer.begin(state, experiments[0], rounds, options.release,
+      state, start = checkpointer.begin(state, experiments[0], rounds, prepared.shards,
+                                        options.release,
                                         options.tensorboard)
     for rec, (_, observers) in zip(records, runs):
       rec.resume(start)

@@ -581,3 +581,17 @@ def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path, monkeypatch, capsys):
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "rounds kept" in err[0] and f"--resume {out}" in err[0], err
   assert signal.getsignal(signal.SIGTERM) == before  # the handler is main()'s only
+
+
+def test_a_resume_on_another_device_split_is_refused(tmp_path):
+  out = tmp_path / "run"
+  assert main(["run", "--num-clients", "20", "--rounds", "2", "--model", "mlp", "--max-test", "50",
+               "--checkpoint-every", "1", "--no-progress", "--output-dir", str(out)]) == 0
+  (out / "summary.json").unlink()  # as a run killed after its last checkpoint
+  before = (out / "metrics.jsonl").read_text()
+  proc = subprocess.run([sys.executable, "-m", "fedjax_dp.cli", "run", "--resume", str(out),
+                         "--cpu-devices", "2", "--no-progress"], capture_output=True, text=True,
+                        timeout=600, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert "split its clients over 1 devices and this process over 2" in proc.stderr
+  assert proc.stderr.count("\n") == 1 and (out / "metrics.jsonl").read_text() == before
