@@ -207,3 +207,17 @@ def test_guarantee_notes_say_the_population_size_is_public():
                                num_clients=1000, cohort_size=50)
   assert "population size N public (zero-out" in poisson.guarantee_note
   assert "replace one client (population size public)" in fixed.guarantee_note
+
+
+def test_a_calibrated_multiplier_meets_its_target_in_the_float32_the_round_uses():
+  # At epsilon 1e-9 the RDP accountant's epsilon jumps between neighbouring multipliers: the
+  # search's 14142.14197 meets it, the float32 nearest to it (14142.1416) gives 0.0035.
+  sampling = CohortSampling("poisson", 0.1)
+  z = mechanisms.calibrate_noise_multiplier(1e-9, 1e-5, 2, sampling)
+  ledger = PrivacyLedger(1e-5, "rdp", "add_remove")
+  ledger.compose(mechanisms.gaussian_round_event(float(np.float32(z)), sampling="poisson",
+                                                 sampling_prob=0.1), 2)
+  assert ledger.epsilon() <= 1e-9
+  # An ordinary target keeps the search's answer.
+  z8 = mechanisms.calibrate_noise_multiplier(8.0, 1e-5, 50, sampling)
+  assert abs(z8 - 0.8574428856737534) < 1e-3 and z8 != float(np.float32(z8))

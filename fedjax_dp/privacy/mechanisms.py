@@ -353,6 +353,20 @@ def calibrate(make_event: Callable[[float], dp_accounting.DpEvent], count: int, 
   check(z <= MAX_NOISE_MULTIPLIER, "target_epsilon", target_epsilon,
         f"needs noise multiplier {z:.3g} over {count} compositions at delta={delta}, above "
         f"{MAX_NOISE_MULTIPLIER:g} (it drowns every update): a larger target or fewer rounds")
+  # The compiled round holds the multiplier in float32 (rounded to nearest), and the ledger
+  # accounts that value: it must meet the target too. At extreme targets the accountant's
+  # epsilon jumps between nearby multipliers, and the float32 next to the search's answer can
+  # miss the target by far; then the float32 above it is returned if it meets it, else the
+  # target is refused.
+  with accounting(accountant):
+    nearest = float(np.float32(z))
+    above = float(np.nextafter(np.float32(z), np.float32(np.inf)))
+    if not s.meets(nearest, PLD_INTERVAL):
+      check(s.meets(above, PLD_INTERVAL), "target_epsilon", target_epsilon,
+            f"cannot be certified by the {accountant} accountant at delta={delta} over {count} "
+            f"compositions: it meets it at noise multiplier {z:.10g} but not at {nearest:.10g} "
+            f"or {above:.10g}, the float32 values next to it that the round computes with")
+      return above
   return z
 
 
