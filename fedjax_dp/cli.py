@@ -31,7 +31,8 @@ from fedjax_dp.config import (AGGREGATOR, ALGORITHM, ATTACK, RUN, block, check_f
                               check_noise_multiplier, field_help, field_types, load_config_file,
                               make_config, noise_warning, parse_option, parse_value)
 from fedjax_dp.engine import RunOptions, check_checkpoint_release
-from fedjax_dp.errors import ConfigError, NoiseWarning, check, check_choice, check_open_unit
+from fedjax_dp.errors import (ConfigError, NoiseWarning, RunWarning, check, check_choice,
+                              check_open_unit)
 from fedjax_dp.experiment import simulate
 from fedjax_dp.jsonio import dumps
 from fedjax_dp.outputs import (METRICS, RUN_FILES, SUMMARY, check_output_dir, check_writable,
@@ -343,9 +344,9 @@ def _config_from_args(args, grid: Optional[dict] = None, seeds: int = 1):
 
 
 def _show_warning(python_show, message, category, *args, **kwargs):
-  """Warnings the library gives the user (:class:`fedjax_dp.errors.NoiseWarning`) as one line on
+  """Warnings the library gives the user (:class:`fedjax_dp.errors.RunWarning`) as one line on
   stderr; others as Python shows them (``python_show``)."""
-  if issubclass(category, NoiseWarning):
+  if issubclass(category, RunWarning):
     print(f"fedjax-dp: warning: {message}", file=sys.stderr)
   else:
     python_show(message, category, *args, **kwargs)

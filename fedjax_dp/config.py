@@ -25,6 +25,7 @@ from fedjax_dp.privacy.mechanisms import MAX_NOISE_MULTIPLIER
 from fedjax_dp.sampling import check_design
 
 DEFAULT_MODELS = {spec.name: spec.default_model for spec in SPECS}
+MAX_ROUNDS = 10**6
 
 
 def is_nonfinite(value: Any) -> bool:
@@ -287,7 +288,8 @@ class RunConfig:
       check(v is None or v >= 1, f, v, "must be >= 1 or unset")
 
   def _check_cohorts_and_devices(self):
-    check(self.rounds >= 1, "rounds", self.rounds, "must be >= 1")
+    check(1 <= self.rounds <= MAX_ROUNDS, "rounds", self.rounds, f"must be in [1, {MAX_ROUNDS:,}] "
+          "(every round's record is kept, and its epsilon accounted)")
     check_design(self.sampling, self.num_clients, self.sampling_prob, self.cohort_size)
     check(self.capacity is None or 1 <= self.capacity <= self.num_clients, "capacity",
           self.capacity, f"must be in [1, num_clients={self.num_clients}] or unset")
@@ -415,9 +417,12 @@ def field_types() -> dict:
 
 
 def parse_value(field: str, text: str, typ) -> Any:
-  """Converts a command-line string for ``field``; 'none' unsets optional fields."""
+  """Converts a command-line string for ``field``; 'none' unsets optional fields. A number is
+  written in ASCII digits (Python would read the full-width ``２`` as 2)."""
   if text.lower() in ("none", "null"):
     return None
+  if typ in (int, float) and not text.isascii():
+    raise ConfigError(field, text, f"must be {TYPE_WORDS[typ]}, written in ASCII digits")
   try:
     if typ is bool:
       if text.lower() in ("1", "true", "yes"):

@@ -29,9 +29,18 @@ class ConfigError(ValueError):
     super().__init__(f"invalid {field}={value!r}: {allowed}")
 
 
-class NoiseWarning(UserWarning):
-  """A noise multiplier so large that the noise drowns every update (the run goes on: the
-  command line prints it in one line, before the first round)."""
+class RunWarning(UserWarning):
+  """A setting that runs but is likely not what the user means (the run goes on: the command
+  line prints it in one line, before the first round)."""
+
+
+class NoiseWarning(RunWarning):
+  """A noise multiplier so large that the noise drowns every update."""
+
+
+class SizeWarning(RunWarning):
+  """A size that makes the run far slower than it needs to be (a batch larger than every
+  client's data set)."""
 
 
 class TracedCheckError(TypeError):

@@ -8,13 +8,14 @@ from typing import Optional, Sequence
 
 import flax.linen as nn
 import jax
+import numpy as np
 
 from fedjax_dp import algorithms, engine
 from fedjax_dp.attacks import knowledge_of_unreleased
 from fedjax_dp.config import RunConfig, make_config, nest, noise_warning
 from fedjax_dp.data import Split, load_federated
 from fedjax_dp.engine import Experiment, RunOptions, RunResult, noise_multiplier
-from fedjax_dp.errors import NoiseWarning, check
+from fedjax_dp.errors import NoiseWarning, SizeWarning, check
 from fedjax_dp.models import Model
 from fedjax_dp.observers import Callback, Observer
 from fedjax_dp.outputs import check_output_dir, sole_writer
@@ -105,6 +106,12 @@ def _simulate(config: RunConfig, data, options: RunOptions, model, round, hparam
   warning = noise_warning(noise_multiplier(setup.accounting), how)
   if warning is not None:  # before the first round: the run goes on
     warnings.warn(warning, NoiseWarning, stacklevel=2)
+  largest = int(np.max(data.counts))
+  if config.batch_size > largest:
+    warnings.warn(f"batch_size={config.batch_size} is above the largest client's {largest} "
+                  "examples: each local step computes the gradients of that many examples drawn "
+                  f"with replacement, {config.batch_size / largest:.0f} times those of "
+                  f"--batch-size {largest}", SizeWarning, stacklevel=2)
   own = ([] if on_round is None else [Callback(on_round)]) + list(observers)
   experiment = Experiment(setup.hparams, data, setup.sampler, config.seed, setup.accounting,
                           options.output_dir, recorded_config(config), config.to_dict(), own)

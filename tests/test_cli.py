@@ -786,3 +786,19 @@ def test_an_interrupted_sweep_says_its_folder_is_as_it_was(tmp_path, monkeypatch
       f"fedjax-dp: interrupted: {out} is as it was (a sweep is written whole or not at all; run "
       "it again)")
   assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_sizes_nobody_means_are_refused_or_warned(tmp_path, capsys):
+  too_many = tmp_path / "many.json"
+  too_many.write_text(json.dumps({"rounds": 10**12}))
+  for args in (["run", "--rounds", "２"], ["run", "--rounds", "1000000000000"],
+               ["run", "--config", str(too_many)],
+               ["sweep", "--grid", "rounds=2,1000000000000"]):
+    assert main([*args, "--output-dir", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "rounds" in err, (args, err)
+  assert not (tmp_path / "o").exists()
+  # A batch larger than every client's data runs, with one line saying what it costs.
+  assert main(["run", *TINY, "--batch-size", "1000", "--output-dir", str(tmp_path / "b")]) == 0
+  err = capsys.readouterr().err
+  assert "warning: batch_size=1000 is above the largest client's" in err
