@@ -1,12 +1,13 @@
-# Two entry points that each do all set-up on a fresh machine:
+# Entry points that each do all set-up on a fresh machine:
 #   make demo   -- create .venv, install, run the offline quickstart
 #   make test   -- create .venv, install, run the test suite
+#   make docs   -- create .venv, install, build the documentation site into site/ (strict)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow bench install clean
+.PHONY: demo test test-slow docs bench install clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,5 +28,8 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
 
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) runs site

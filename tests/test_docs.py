@@ -1,0 +1,98 @@
+"""The documentation site builds in strict mode (a warning or a broken link fails), and what the
+README and the site point at exists: the README's relative links and their anchors, every public
+name of ``fedjax_dp`` in the API reference, every notebook among the tutorials."""
+
+import importlib.util
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+SITE_PACKAGES = ("mkdocs", "material", "mkdocstrings_handlers.python", "mkdocs_jupyter")
+
+
+def _missing(name: str) -> bool:
+  try:
+    return importlib.util.find_spec(name) is None
+  except ModuleNotFoundError:
+    return True
+
+
+def test_mkdocs_build_strict(tmp_path):
+  missing = [name for name in SITE_PACKAGES if _missing(name)]
+  if missing:
+    pytest.skip(f"the documentation tools are not installed ({', '.join(missing)}): "
+                "pip install -e '.[docs]'")
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]), NO_MKDOCS_2_WARNING="1")
+  proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
+                         str(tmp_path / "site")], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=600, check=False)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  site = tmp_path / "site"
+  for page in ("index.html", "reference/api/index.html", "reference/cli/index.html",
+               "tutorials/byzantine/index.html", "papers/zhu2022/index.html"):
+    assert (site / page).stat().st_size > 0, page
+  cli = (site / "reference/cli/index.html").read_text()
+  assert "--target-epsilon" in cli and "--mechanism" in cli  # run's and audit's help
+  assert "dp-rsa-f" in (site / "reference/algorithms/index.html").read_text()
+
+
+def _slug(heading: str) -> str:
+  """GitHub's anchor of a heading (as the site's toc slugify writes it)."""
+  text = re.sub(r"[`*]", "", heading.strip()).lower()
+  return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def _anchors(path: pathlib.Path) -> set:
+  text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+  return {_slug(h) for h in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
+def _relative_links(path: pathlib.Path) -> list:
+  text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+  links = re.findall(r"\]\(([^)\s]+)\)", text)
+  return [l for l in links if not re.match(r"[a-z]+:", l) and not l.startswith("#")]
+
+
+def test_readme_links_point_at_files_and_headings_that_exist():
+  links = _relative_links(README)
+  assert any(l.startswith("docs/") for l in links)
+  for link in links:
+    path, _, anchor = link.partition("#")
+    target = ROOT / path
+    assert target.exists(), f"README links to {link}, which does not exist"
+    if anchor:
+      assert anchor in _anchors(target), f"README links to {link}: no such heading"
+
+
+def test_readme_links_every_page_of_the_site():
+  """Every page in the site's navigation is one link away from the README."""
+  nav = re.findall(r"^\s*- (?:[^:\n]+: )?([\w./-]+\.(?:md|ipynb))$",
+                   (ROOT / "mkdocs.yml").read_text(), re.M)
+  linked = {l.partition("#")[0] for l in _relative_links(README)}
+  pages = {f"docs/{p}" for p in nav if p.endswith(".md") and not p.startswith("benchmarks/")}
+  assert pages - linked <= {"docs/index.md", "docs/papers/index.md"}, pages - linked
+
+
+def test_api_reference_documents_every_public_name():
+  import fedjax_dp  # pylint: disable=import-outside-toplevel
+  api = (ROOT / "docs" / "reference" / "api.md").read_text()
+  directives = set(re.findall(r"^::: ([\w.]+)$", api, re.M))
+  for name, (module, attribute) in fedjax_dp._EXPORTS.items():  # pylint: disable=protected-access
+    target = module if attribute is None else f"{module}.{attribute}"
+    assert target in directives, f"fedjax_dp.{name} ({target}) is not in the API reference"
+  assert "__version__" in api and set(fedjax_dp.__all__) == {"__version__", *fedjax_dp._EXPORTS}
+
+
+def test_every_notebook_is_a_tutorial():
+  nav = (ROOT / "mkdocs.yml").read_text()
+  for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
+    page = ROOT / "docs" / "tutorials" / notebook.name
+    assert page.resolve() == notebook.resolve(), f"{page} should link to {notebook}"
+    assert f"tutorials/{notebook.name}" in nav, f"{notebook.name} is not in the site's navigation"
