@@ -89,7 +89,7 @@ def _add_run(sub):
                  f"{DEFAULT_RUN_DIR}; with --resume, that folder)")
   p.add_argument("--overwrite", action="store_true", help="replace an earlier run's files in --output-dir")
   p.add_argument("--no-progress", action="store_true", help="no progress bar: a line on stderr "
-                 f"before the first round, every {PROGRESS_EVERY:g} s and at the last round")
+                 f"every {PROGRESS_EVERY:g} s")
   p.add_argument("--checkpoint-every", type=int, metavar="K",
                  help="save the whole run every K rounds and after the last into "
                  "OUTPUT_DIR/checkpoints/ (the last two kept), so that --resume can continue it "
@@ -171,8 +171,7 @@ def _add_sweep(sub):
                  "(default: one per core, at most 8, on one CPU device; one elsewhere; an "
                  "integer >= 1)")
   p.add_argument("--no-progress", action="store_true", help="no progress bars: a line on "
-                 f"stderr before each program's first round, every {PROGRESS_EVERY:g} s and at its "
-                 "last round")
+                 f"stderr every {PROGRESS_EVERY:g} s from each program")
   p.add_argument("--release", default="all", choices=("all", "private"),
                  help="as for run: private writes only what the guarantee covers and draws the "
                  "mechanism's randomness from the operating system's entropy (default: all)")

@@ -325,8 +325,7 @@ class RunOptions:
       instead of the seed (:data:`RANDOMNESS`); checkpoints are refused with it.
     progress: show a progress bar (one per group of experiments).
     progress_every: without a bar, a progress line on stderr every this many seconds (> 0;
-      and before the first round and at the last: :class:`fedjax_dp.observers.ProgressLines`);
-      None: none.
+      :class:`fedjax_dp.observers.ProgressLines`); None: none.
     output_dir: the command's folder: a run's ``metrics.jsonl``, ``summary.json`` (and
       ``norms.npz``, module docstring) go there; a sweep's ``results.json`` and its
       experiments' folders. In a group each experiment writes to its own

@@ -425,11 +425,11 @@ def _to_stderr(line: str) -> None:
 
 
 class ProgressLines(Observer):
-  """A run's progress as lines, where no bar shows it (``fedjax-dp run --no-progress``): one
-  before the first round (which compiles the round), then one at the first round that ends
-  ``every`` seconds or more after the last line, and one at the last round:
+  """A run's progress as lines, where no bar shows it (``fedjax-dp run --no-progress``): one at
+  each round that ends ``every`` seconds or more after the run began or the last line,
   ``round r/T: test accuracy a, epsilon e, s s`` (what the policy releases; the accuracy of the
-  last evaluation).
+  last evaluation; the first line's time includes compiling the round). A run shorter than
+  ``every`` prints none: its command's last line reports it.
 
   Args:
     every: seconds between lines (> 0).
@@ -450,14 +450,13 @@ class ProgressLines(Observer):
     if start.log is not None:
       self.accuracy = start.log["accuracy"]
     self.began = self.last = self.clock()
-    self.write(f"round {start.done + 1}/{start.rounds}{self.tag}: compiling the round")
 
   def round(self, record: Record) -> None:
     row = record.row
     if "test_accuracy" in row:
       self.accuracy = row["test_accuracy"]
     now = self.clock()
-    if now - self.last < self.every and record.round < record.rounds:
+    if now - self.last < self.every:
       return
     self.last = now
     parts = ([] if self.accuracy is None else [f"test accuracy {self.accuracy:.4f}"]) + (
