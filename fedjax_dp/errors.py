@@ -39,8 +39,8 @@ class NoiseWarning(RunWarning):
 
 
 class SizeWarning(RunWarning):
-  """A size that makes the run far slower than it needs to be (a batch larger than every
-  client's data set)."""
+  """A size that makes the run far slower than it needs to be (a batch many times larger than
+  every client's data set)."""
 
 
 class TracedCheckError(TypeError):

@@ -41,6 +41,10 @@ def load_data(config: RunConfig):
                         download=config.download)
 
 
+# A batch this many times the largest client's data set is warned of (SizeWarning).
+SIZE_WARNING_FACTOR = 10
+
+
 def simulate(config: Optional[RunConfig] = None, data=None, *,
              run_options: Optional[RunOptions] = None, model=None, round=None,
              hparams: Optional[dict] = None, on_round=None,
@@ -107,7 +111,7 @@ def _simulate(config: RunConfig, data, options: RunOptions, model, round, hparam
   if warning is not None:  # before the first round: the run goes on
     warnings.warn(warning, NoiseWarning, stacklevel=2)
   largest = int(np.max(data.counts))
-  if config.batch_size > largest:
+  if config.batch_size > SIZE_WARNING_FACTOR * largest:
     warnings.warn(f"batch_size={config.batch_size} is above the largest client's {largest} "
                   "examples: each local step computes the gradients of that many examples drawn "
                   f"with replacement, {config.batch_size / largest:.0f} times those of "
