@@ -355,13 +355,13 @@ def calibrate(make_event: Callable[[float], dp_accounting.DpEvent], count: int, 
         f"{MAX_NOISE_MULTIPLIER:g} (it drowns every update): a larger target or fewer rounds")
   # The compiled round holds the multiplier in float32 (rounded to nearest), and the ledger
   # accounts that value: it must meet the target too. At extreme targets the accountant's
-  # epsilon jumps between nearby multipliers, and the float32 next to the search's answer can
-  # miss the target by far; then the float32 above it is returned if it meets it, else the
-  # target is refused.
+  # epsilon jumps between nearby multipliers, and a float32 below the search's answer can miss
+  # the target by far; then the float32 above it is returned if it meets it, else the target is
+  # refused. One rounded up adds noise, as the search's answer does (checked no further).
+  nearest = float(np.float32(z))
+  above = float(np.nextafter(np.float32(z), np.float32(np.inf)))
   with accounting(accountant):
-    nearest = float(np.float32(z))
-    above = float(np.nextafter(np.float32(z), np.float32(np.inf)))
-    if not s.meets(nearest, PLD_INTERVAL):
+    if nearest < z and not s.meets(nearest, PLD_INTERVAL):
       check(s.meets(above, PLD_INTERVAL), "target_epsilon", target_epsilon,
             f"cannot be certified by the {accountant} accountant at delta={delta} over {count} "
             f"compositions: it meets it at noise multiplier {z:.10g} but not at {nearest:.10g} "
