@@ -36,7 +36,7 @@ from fedjax_dp.errors import (ConfigError, NoiseWarning, RunWarning, check, chec
 from fedjax_dp.experiment import simulate
 from fedjax_dp.jsonio import dumps
 from fedjax_dp.outputs import (METRICS, RUN_FILES, SUMMARY, check_output_dir, check_writable,
-                               replacing, sole_writer)
+                               claimed, replacing)
 from fedjax_dp.privacy import (ACCOUNTANTS, CohortSampling, GaussianSumMechanism,
                                calibrate_noise_multiplier, epsilon_for)
 from fedjax_dp.privacy.ledger import check_supported
@@ -631,14 +631,13 @@ def _cmd_reproduce(args) -> int:
             "is not read by --render, which runs nothing (it rewrites results.md and the "
             "figures from the saved results): leave it out")
     return render_reproduction(args.paper, args.output_dir)
-  with sole_writer(args.output_dir):  # one process at a time writes a folder
-    return _reproduce_into(args)
+  with claimed(args.output_dir, overwrite=args.overwrite, results=RESULT_FILES) as out:
+    return _reproduce_into(args, out)
 
 
-def _reproduce_into(args) -> int:
-  """``fedjax-dp reproduce`` once its folder is this process's: checked, then the earlier
+def _reproduce_into(args, out: pathlib.Path) -> int:
+  """``fedjax-dp reproduce`` into its checked folder ``out``, this process's: the earlier
   reproduction's files replaced by the new one's."""
-  out = check_output_dir(args.output_dir, overwrite=args.overwrite, results=RESULT_FILES)
   # Earlier results come back if the run fails before writing any (a bad scale or seeds, which
   # the reproduction checks first, or missing data); its figures and runs go with them.
   outcome = None

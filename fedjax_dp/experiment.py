@@ -18,7 +18,7 @@ from fedjax_dp.engine import Experiment, RunOptions, RunResult, noise_multiplier
 from fedjax_dp.errors import NoiseWarning, SizeWarning, check
 from fedjax_dp.models import Model
 from fedjax_dp.observers import Callback, Observer
-from fedjax_dp.outputs import check_output_dir, sole_writer
+from fedjax_dp.outputs import claimed
 from fedjax_dp.privacy.accounting import LedgerAccounting
 from fedjax_dp.privacy.mechanisms import user_level_mechanism
 from fedjax_dp.round import check_devices
@@ -89,10 +89,8 @@ def simulate(config: Optional[RunConfig] = None, data=None, *,
   config, model = _configured(config, model, settings)
   if options.output_dir is None:
     return _simulate(config, data, options, model, round, hparams, on_round, observers)
-  with sole_writer(options.output_dir):  # one process at a time writes a folder
-    if not options.resume:
-      checked = check_output_dir(options.output_dir, overwrite=options.overwrite)
-      options = dataclasses.replace(options, output_dir=str(checked))  # resolved where it has ..
+  with claimed(options.output_dir, overwrite=options.overwrite, resume=options.resume) as out:
+    options = dataclasses.replace(options, output_dir=str(out))  # resolved where it has ..
     return _simulate(config, data, options, model, round, hparams, on_round, observers)
 
 

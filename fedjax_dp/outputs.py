@@ -14,7 +14,7 @@
   never sees half a ``summary.json``, ``norms.npz`` or ``results.json``.
 * :func:`sole_writer` lets one process at a time write a folder: a second command into it
   (two ``--resume`` of one run, two ``--overwrite``) is refused in one line naming the process
-  that holds it.
+  that holds it. :func:`claimed` holds a command's folder so, then checks it.
 """
 
 from __future__ import annotations
@@ -78,6 +78,24 @@ def sole_writer(folder) -> Iterator[None]:
   finally:
     holder.unlink(missing_ok=True)
     lock.release()
+
+
+@contextlib.contextmanager
+def claimed(path, *, overwrite: bool, results: Sequence[str] = RUN_FILES,
+            resume: bool = False) -> Iterator[pathlib.Path]:
+  """The output folder ``path`` of one command: this process's during the block
+  (:func:`sole_writer`), checked once it is (:func:`check_output_dir` with ``overwrite`` and the
+  command's ``results``; not for a ``resume``, whose folder holds the run it continues).
+
+  Yields:
+    The folder as checked (resolved where it has ``..``; as given with ``resume``).
+
+  Raises:
+    ConfigError: as :func:`sole_writer` and :func:`check_output_dir`, before anything is written.
+  """
+  with sole_writer(path):
+    yield (pathlib.Path(path) if resume else
+           check_output_dir(path, overwrite=overwrite, results=results))
 
 
 def _nearest_existing(path: pathlib.Path) -> pathlib.Path:

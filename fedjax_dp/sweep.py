@@ -604,12 +604,9 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
   options = run_options or RunOptions()
   points = _checked_plan(config, grid, seeds, options)
   threads = programs_at_once(group_size, threads, [p.config.devices for p in points])
-  writing = (contextlib.nullcontext() if options.output_dir is None
-             else outputs.sole_writer(options.output_dir))  # one process writes a folder
-  with writing:
-    out = (None if options.output_dir is None else
-           outputs.check_output_dir(options.output_dir, overwrite=options.overwrite,
-                                    results=SWEEP_FILES))
+  folder = (contextlib.nullcontext() if options.output_dir is None else
+            outputs.claimed(options.output_dir, overwrite=options.overwrite, results=SWEEP_FILES))
+  with folder as out:  # None: nothing is written
     t0 = time.perf_counter()
     datasets = {}
     for p in points:  # one load per distinct data set
