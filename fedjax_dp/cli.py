@@ -123,6 +123,13 @@ def _add_cpu_devices(p):
                  "integer >= 1; no effect where JAX runs on an accelerator)")
 
 
+def _progress(args) -> dict:
+  """The run options of ``--no-progress``: a bar, or without one a line every
+  :data:`PROGRESS_EVERY` seconds."""
+  return {"progress": not args.no_progress,
+          "progress_every": PROGRESS_EVERY if args.no_progress else None}
+
+
 def _add_config_flags(p):
   """``--config``, ``--set`` and one flag per :class:`RunConfig` field (run and sweep)."""
   p.add_argument("--config", metavar="FILE.json", help="JSON object of settings, nested as a "
@@ -445,8 +452,7 @@ def _cmd_run(args) -> int:
   before = _run_files(out) if args.resume is None else None
   t0 = time.perf_counter()
   try:  # simulate checks the device count, then loads the data set
-    result = simulate(config, output_dir=str(out), progress=not args.no_progress,
-                      progress_every=PROGRESS_EVERY if args.no_progress else None,
+    result = simulate(config, output_dir=str(out), **_progress(args),
                       release=release,
                       on_round=lambda record: (rounds.append(record), _stop_if_signalled()),
                       tensorboard=tensorboard, checkpoint_every=args.checkpoint_every,
@@ -591,10 +597,8 @@ def _cmd_sweep(args) -> int:
   config = _config_from_args(args, grid, args.seeds)  # planned: bad axes refused before the folder
   out = pathlib.Path(args.output_dir)
   try:
-    options = RunOptions(output_dir=str(out), overwrite=args.overwrite,
-                         progress=not args.no_progress,
-                         progress_every=PROGRESS_EVERY if args.no_progress else None,
-                         release=args.release)
+    options = RunOptions(output_dir=str(out), overwrite=args.overwrite, release=args.release,
+                         **_progress(args))
     result = sweep(config, grid, args.seeds, run_options=options, group_size=args.group_size,
                    threads=args.threads, log=lambda line: print(line, file=sys.stderr))
   except KeyboardInterrupt:  # sweep() removed its partial files and put earlier ones back

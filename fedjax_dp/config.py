@@ -635,10 +635,11 @@ def load_plugins(plugins) -> tuple:
 
 def make_config(base: Optional[Mapping] = None, **overrides) -> RunConfig:
   """A validated :class:`RunConfig` from the settings given: a base mapping (field name ->
-  value, or nested as :func:`nest` gives it; None: nothing) plus overrides. Every setting is resolved here: what is given wins;
-  a field not given takes the algorithm's own default (its ``defaults`` trait,
-  :func:`fedjax_dp.algorithms.base.algorithm`: DDGauss runs fixed-size cohorts), else the data
-  set's (:func:`data_defaults`: a natural partition's clients), else the field's default. The configuration remembers what was given (:attr:`RunConfig.given`).
+  value, or nested as :func:`nest` gives it; None: nothing) plus overrides. Every setting is
+  resolved here: what is given wins; a field not given takes the algorithm's own default (its
+  ``defaults`` trait, :func:`fedjax_dp.algorithms.base.algorithm`: DDGauss runs fixed-size
+  cohorts), else the data set's (:func:`data_defaults`: a natural partition's clients), else the
+  field's default. The configuration remembers what was given (:attr:`RunConfig.given`).
 
   Raises:
     ConfigError: for a base that is not a mapping (a :class:`RunConfig` included), an unknown

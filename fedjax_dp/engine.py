@@ -957,10 +957,11 @@ def run_group(program, experiments, rounds: int, options: Optional[RunOptions] =
   state, hp, run_key = prepared.initial(options.release)
   records = [Records(program, e, options, prepared.shards) for e in experiments]
   checkpointer = _checkpointer(experiments[0], options)
-  private = options.release == "private"
-  bar = (ProgressBar(len(experiments), private) if options.progress else None
-         if options.progress_every is None else ProgressLines(options.progress_every,
-                                                             len(experiments), private))
+  private, bar = options.release == "private", None
+  if options.progress:
+    bar = ProgressBar(len(experiments), private)
+  elif options.progress_every is not None:
+    bar = ProgressLines(options.progress_every, len(experiments), private)
   runs = [_observers(e, rec, options, checkpointer if i == 0 else None, bar if i == 0 else None)
           for i, (e, rec) in enumerate(zip(experiments, records))]
   ahead = None
@@ -968,8 +969,7 @@ def run_group(program, experiments, rounds: int, options: Optional[RunOptions] =
     start = Start(rounds)
     if checkpointer is not None:
       state, start = checkpointer.begin(state, experiments[0], rounds, prepared.shards,
-                                        options.release,
-                                        options.tensorboard)
+                                        options.release, options.tensorboard)
     for rec, (_, observers) in zip(records, runs):
       rec.resume(start)
       observers.start(start)

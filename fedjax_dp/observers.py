@@ -380,7 +380,22 @@ class Checkpoint(Observer):
     self.checkpointer.close()
 
 
-class ProgressBar(Observer):
+class _Progress(Observer):
+  """What a progress display shows beside the round: the last evaluation's test accuracy (a
+  resumed run's from its checkpoint until it evaluates again), in :attr:`accuracy`."""
+
+  accuracy: Optional[float] = None
+
+  def start(self, start: Start) -> None:
+    if start.log is not None:
+      self.accuracy = start.log["accuracy"]
+
+  def round(self, record: Record) -> None:
+    if "test_accuracy" in record.row:
+      self.accuracy = record.row["test_accuracy"]
+
+
+class ProgressBar(_Progress):
   """A tqdm progress bar of the run's rounds, showing the last test accuracy, the epsilon and
   (a diagnostic, where the policy shows it) the clients' raw training loss; ``experiments``:
   how many the bar's program runs (shown when more than one); ``private``: the run's release is
@@ -390,20 +405,17 @@ class ProgressBar(Observer):
     self.experiments = experiments
     self.format = "{l_bar}{bar}| {n_fmt}/{total_fmt}{postfix}" if private else None
     self.bar = None
-    self.accuracy = None
 
   def start(self, start: Start) -> None:
-    if start.log is not None:
-      self.accuracy = start.log["accuracy"]
+    super().start(start)
     self.bar = tqdm(total=start.rounds, initial=start.done, unit="round", dynamic_ncols=True,
                     desc="compiling the round", bar_format=self.format)
 
   def round(self, record: Record) -> None:
+    super().round(record)
     if self.bar.desc:  # the first round ran: it compiled
       self.bar.set_description_str("", refresh=False)
     row = record.row
-    if "test_accuracy" in row:
-      self.accuracy = row["test_accuracy"]
     post = {"acc": f"{self.accuracy:.4f}" if self.accuracy is not None else "-"}
     diag = row.get("diagnostics", {})
     if diag.get("train_loss") is not None:  # the clients' raw loss, a diagnostic
@@ -424,7 +436,7 @@ def _to_stderr(line: str) -> None:
   print(line, file=sys.stderr, flush=True)
 
 
-class ProgressLines(Observer):
+class ProgressLines(_Progress):
   """A run's progress as lines, where no bar shows it (``fedjax-dp run --no-progress``): one at
   each round that ends ``every`` seconds or more after the run began or the last line,
   ``round r/T: test accuracy a, epsilon e, s s`` (what the policy releases; the accuracy of the
@@ -443,18 +455,15 @@ class ProgressLines(Observer):
                write: Callable[[str], Any] = _to_stderr, clock: Callable[[], float] = time.monotonic):
     self.every, self.write, self.clock, self.private = every, write, clock, private
     self.tag = f" ({experiments} experiments)" if experiments > 1 else ""
-    self.accuracy = None
     self.began = self.last = None
 
   def start(self, start: Start) -> None:
-    if start.log is not None:
-      self.accuracy = start.log["accuracy"]
+    super().start(start)
     self.began = self.last = self.clock()
 
   def round(self, record: Record) -> None:
+    super().round(record)
     row = record.row
-    if "test_accuracy" in row:
-      self.accuracy = row["test_accuracy"]
     now = self.clock()
     if now - self.last < self.every:
       return
