@@ -16,8 +16,6 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
-import numpy as np
-
 
 class ConfigError(ValueError):
   """Invalid user input: ``field``, ``value`` and what is ``allowed``."""
@@ -108,7 +106,7 @@ def check_unless_traced(ok: Callable[[Any], Any], field: str, value: Any, allowe
     return
   jax = sys.modules.get("jax")
   if jax is not None and isinstance(value, jax.Array):
-    value = np.asarray(value)
+    value = jax.device_get(value)
   check(ok(value), field, value, allowed)
 
 
