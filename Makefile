@@ -2,12 +2,14 @@
 #   make demo   -- create .venv, install, run the offline quickstart
 #   make test   -- create .venv, install, run the test suite
 #   make docs   -- create .venv, install, build the documentation site into site/ (strict)
+#   make help-snapshot -- rewrite fedjax_dp/_help.json from the live parser, after changing a
+#                 flag, a setting's help or a component (tests/test_console.py says when)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow docs bench install clean
+.PHONY: demo test test-slow docs bench install clean help-snapshot
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +32,9 @@ test-slow: $(STAMP)
 
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict --site-dir site
+
+help-snapshot: $(STAMP)
+	$(BIN)/python -c 'from fedjax_dp import console; console.write_snapshot()'
 
 clean:
 	rm -rf $(VENV) runs site
