@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import difflib
 import functools
 import json
 import os
@@ -32,7 +31,7 @@ from fedjax_dp.config import (AGGREGATOR, ALGORITHM, ATTACK, RUN, block, check_f
                               make_config, noise_warning, parse_option, parse_value)
 from fedjax_dp.engine import RunOptions, check_checkpoint_release
 from fedjax_dp.errors import (ConfigError, NoiseWarning, RunWarning, check, check_choice,
-                              check_open_unit)
+                              check_open_unit, closest)
 from fedjax_dp.experiment import simulate
 from fedjax_dp.jsonio import dumps
 from fedjax_dp.outputs import (METRICS, RUN_FILES, SUMMARY, check_output_dir, check_writable,
@@ -77,9 +76,8 @@ class _Parser(argparse.ArgumentParser):
     hints = []
     for word in words:
       flag = word.split("=", 1)[0]
-      close = (difflib.get_close_matches(flag, sorted(self._option_string_actions), n=1)
-               if flag.startswith("--") else [])
-      hints += [f"{flag}: did you mean {close[0]}?"] if close else []
+      close = closest(flag, sorted(self._option_string_actions)) if flag.startswith("--") else None
+      hints += [] if close is None else [f"{flag}: did you mean {close}?"]
     return f" ({'; '.join(hints)})" if hints else ""
 
 

@@ -25,7 +25,7 @@ import math
 import types
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
-from fedjax_dp.errors import ConfigError, check
+from fedjax_dp.errors import ConfigError, check, check_choice
 
 KINDS = ("algorithm", "aggregator", "attack", "model")
 # The modules that declare each kind's built-in components.
@@ -262,11 +262,12 @@ def get(kind: str, name: str) -> Component:
   """The component ``name`` of ``kind``.
 
   Raises:
-    ConfigError: naming ``kind``, ``name`` and the declared names, if none is declared.
+    ConfigError: naming ``kind``, ``name``, the declared names and the closest of them, if
+      none is declared.
   """
   check(kind in KINDS, "component kind", kind, f"must be one of {list(KINDS)}")
   _load(kind)
-  check(name in _REGISTRY[kind], kind, name, f"must be one of {list(names(kind))}")
+  check_choice(kind, name, names(kind))
   return _REGISTRY[kind][name]
 
 

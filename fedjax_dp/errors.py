@@ -13,8 +13,9 @@ with, so the privacy accounting does not rest on their range.
 
 from __future__ import annotations
 
+import difflib
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Optional
 
 
 class ConfigError(ValueError):
@@ -118,6 +119,38 @@ def check_open_unit(field: str, value: float) -> None:
   check(value is not None and 0 < value < 1, field, value, "must be in (0, 1)")
 
 
-def check_choice(field: str, value: Any, choices) -> None:
+def closest(word: Any, choices: Iterable) -> Optional[str]:
+  """The text among ``choices`` closest to ``word`` (:func:`difflib.get_close_matches`: a
+  similarity ratio of at least 0.6), for a "did you mean" beside a refused name or flag.
+
+  Args:
+    word: what was given; only text is matched.
+    choices: what is allowed; its items that are not text are left out.
+
+  Returns:
+    The closest choice, or None when ``word`` is not text or no choice is close.
+  """
+  if not isinstance(word, str):
+    return None
+  close = difflib.get_close_matches(word, [c for c in choices if isinstance(c, str)], n=1)
+  return close[0] if close else None
+
+
+def check_choice(field: str, value: Any, choices: Iterable) -> None:
+  """Raises :class:`ConfigError` unless ``value`` is one of ``choices``.
+
+  Args:
+    field: the setting's name, for the message.
+    value: the value given.
+    choices: the allowed values, listed in the message in their order.
+
+  Raises:
+    ConfigError: ``value`` is not among ``choices``; the message lists them and, for a
+      misspelt name, suggests the closest (:func:`closest`): ``must be one of ['dp_fedavg',
+      ...] (did you mean 'dp_fedavg'?)``.
+  """
   choices = list(choices)
-  check(value in choices, field, value, f"must be one of {choices}")
+  allowed = value in choices
+  close = None if allowed else closest(value, choices)
+  check(allowed, field, value,
+        f"must be one of {choices}" + ("" if close is None else f" (did you mean {close!r}?)"))

@@ -102,6 +102,22 @@ def test_a_misspelt_flag_is_answered_with_the_closest_known_one(capsys, tmp_path
   assert not (tmp_path / "o").exists() and not (tmp_path / "s").exists()
 
 
+@pytest.mark.parametrize("flag, given, meant", [
+    ("--algorithm", "dp_fedavgg", "dp_fedavg"), ("--dataset", "mnsit", "mnist"),
+    ("--attack", "sign-flp", "sign_flip"), ("--aggregator", "trimed_mean", "trimmed_mean"),
+    ("--model", "cnn_2", "cnn2")])
+def test_a_misspelt_name_is_answered_with_the_closest_declared_one(flag, given, meant, capsys,
+                                                                  tmp_path):
+  assert main(["run", flag, given, "--output-dir", str(tmp_path / "o")]) == 2
+  err = capsys.readouterr().err
+  field = flag[2:]
+  assert err.count("\n") == 1 and f"invalid {field}=" in err, err
+  assert err.rstrip().endswith(f"] (did you mean {meant!r}?)"), err
+  assert not (tmp_path / "o").exists()
+  assert main(["run", flag, "zzzzzz", "--output-dir", str(tmp_path / "o")]) == 2
+  assert "did you mean" not in capsys.readouterr().err  # nothing close: the list alone
+
+
 def test_error_from_a_real_process_has_no_traceback(tmp_path):
   proc = subprocess.run([sys.executable, "-m", "fedjax_dp.cli", "run", "--clip", "-1", "--output-dir", str(tmp_path / "o")],
                         capture_output=True, text=True)

@@ -35,6 +35,8 @@ def test_an_unknown_name_or_kind_is_refused_naming_the_declared_ones(registry):
     components.get("attack", "quiet")
   with pytest.raises(ConfigError, match="component kind"):
     components.get("optimizer", "sgd")
+  with pytest.raises(ConfigError, match=r"\['loud'\] \(did you mean 'loud'\?\)$"):
+    components.get("attack", "lound")
 
 
 def test_a_name_taken_by_another_module_is_refused(registry):
