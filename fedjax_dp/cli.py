@@ -34,8 +34,8 @@ from fedjax_dp.errors import (ConfigError, NoiseWarning, RunWarning, check, chec
                               check_open_unit, closest)
 from fedjax_dp.experiment import simulate
 from fedjax_dp.jsonio import dumps
-from fedjax_dp.outputs import (METRICS, RUN_FILES, SUMMARY, check_output_dir, check_writable,
-                               claimed, replacing)
+from fedjax_dp.outputs import (METRICS, METRICS_CSV, RUN_FILES, SUMMARY, check_output_dir,
+                               check_writable, claimed, replacing)
 from fedjax_dp.privacy import (ACCOUNTANTS, CohortSampling, GaussianSumMechanism,
                                calibrate_noise_multiplier, epsilon_for)
 from fedjax_dp.privacy.ledger import check_supported
@@ -83,8 +83,8 @@ class _Parser(argparse.ArgumentParser):
 
 def _add_run(sub):
   p = sub.add_parser("run", help="run one simulation (no arguments: the offline quickstart)")
-  p.add_argument("--output-dir", help="where metrics.jsonl and summary.json go (default "
-                 f"{DEFAULT_RUN_DIR}; with --resume, that folder)")
+  p.add_argument("--output-dir", help="where metrics.jsonl, metrics.csv and summary.json go "
+                 f"(default {DEFAULT_RUN_DIR}; with --resume, that folder)")
   p.add_argument("--overwrite", action="store_true", help="replace an earlier run's files in --output-dir")
   p.add_argument("--no-progress", action="store_true", help="no progress bar: a line on stderr "
                  f"every {PROGRESS_EVERY:g} s")
@@ -167,7 +167,7 @@ def _add_sweep(sub):
                  "configuration's seed, seed + 1, ...; each splits the data into clients anew "
                  "unless --data-seed fixes the split")
   p.add_argument("--output-dir", required=True, help="where results.json and each experiment's "
-                 "experiments/NNN/{metrics.jsonl,summary.json} go (required)")
+                 "experiments/NNN/{metrics.jsonl,metrics.csv,summary.json} go (required)")
   p.add_argument("--overwrite", action="store_true", help="replace an earlier sweep's files")
   p.add_argument("--group-size", type=int, default=None, help="at most this many experiments "
                  "per compiled program (default: no limit; a smaller group needs less memory)")
@@ -513,7 +513,7 @@ def _report(s: dict, config, seconds: Optional[float], out: pathlib.Path,
   took = "" if seconds is None or private else f"  seconds={seconds:.1f}"
   print(f"final test accuracy={acc:.4f}  {diverged}{eps_text}  rounds={s['rounds']}{took}")
   if wrote:
-    print(f"wrote {out / METRICS} and {out / SUMMARY}")
+    print(f"wrote {out / METRICS}, {out / METRICS_CSV} and {out / SUMMARY}")
   return EXIT_DIVERGED if s["diverged"] else 0
 
 

@@ -37,12 +37,12 @@ draws the mechanism's randomness from the operating system's entropy: with
 it is secret, not public (:data:`RANDOMNESS`, the release block's
 ``randomness``).
 
-Files in ``output_dir``: ``metrics.jsonl`` (one record per round),
-``summary.json``, with ``release="all"`` ``norms.npz`` (every real client's
-pre-clip update norm per round, :class:`fedjax_dp.observers.NormsFile`), and with ``tensorboard``
-TensorBoard event files in ``tensorboard/`` (the records' numbers as scalars
-tagged by their ``metrics.jsonl`` names, the diagnostics under
-``diagnostics/`` with a histogram of the update norms; with
+Files in ``output_dir``: ``metrics.jsonl`` (one record per round), ``metrics.csv`` (its rows as
+a table, :class:`fedjax_dp.observers.MetricsTable`), ``summary.json``, with ``release="all"``
+``norms.npz`` (every real client's pre-clip update norm per round,
+:class:`fedjax_dp.observers.NormsFile`), and with ``tensorboard`` TensorBoard event files in
+``tensorboard/`` (the records' numbers as scalars tagged by their ``metrics.jsonl`` names, the
+diagnostics under ``diagnostics/`` with a histogram of the update norms; with
 ``release="private"`` only the released values).
 """
 
@@ -72,9 +72,9 @@ from fedjax_dp.checkpoint import Checkpointer, params_sha256
 from fedjax_dp.data import FederatedData
 from fedjax_dp.errors import check, check_choice
 from fedjax_dp.models import masked_sums, num_params
-from fedjax_dp.observers import (Checkpoint, History, MetricsFile, NormsFile, Observer, Observers,
-                                 ProgressBar, ProgressLines, Record, ReleasePolicy, Start,
-                                 SummaryFile, TensorBoard, flat, is_released)
+from fedjax_dp.observers import (Checkpoint, History, MetricsFile, MetricsTable, NormsFile,
+                                 Observer, Observers, ProgressBar, ProgressLines, Record,
+                                 ReleasePolicy, Start, SummaryFile, TensorBoard, flat, is_released)
 from fedjax_dp.privacy.ahead import Ahead, workers_for
 from fedjax_dp.sampling import Cohort
 
@@ -865,15 +865,15 @@ class _Program:
 def _observers(experiment: Experiment, records: Records, options: RunOptions, checkpointer,
                bar: Optional[Observer]) -> tuple:
   """``(history, observers)``: the experiment's :class:`fedjax_dp.observers.History` and every
-  observer of its records in order: the history, its files (``metrics.jsonl``, TensorBoard,
-  ``norms.npz`` under release "all"), its checkpoints, the group's progress bar, ``summary.json``
-  (last, when the other files are whole), then its own observers."""
+  observer of its records in order: the history, its files (``metrics.jsonl``, ``metrics.csv``,
+  TensorBoard, ``norms.npz`` under release "all"), its checkpoints, the group's progress bar,
+  ``summary.json`` (last, when the other files are whole), then its own observers."""
   history = History()
   run = [history]
   tensorboard = norms = None
   if experiment.output_dir is not None:
     folder = pathlib.Path(experiment.output_dir)
-    run.append(MetricsFile(folder))
+    run += [MetricsFile(folder), MetricsTable(folder)]
     if options.tensorboard:
       run.append(tensorboard := TensorBoard(folder, experiment.config,
                                             private=options.release == "private"))

@@ -6,7 +6,8 @@
 
 Each round of each experiment gives one :class:`Record`; every output is an :class:`Observer`
 that receives it, in this order: the records a run returns (:class:`History`), ``metrics.jsonl``
-(:class:`MetricsFile`), TensorBoard events (:class:`TensorBoard`), ``norms.npz``
+(:class:`MetricsFile`), ``metrics.csv`` (:class:`MetricsTable`), TensorBoard events
+(:class:`TensorBoard`), ``norms.npz``
 (:class:`NormsFile`), checkpoints (:class:`Checkpoint`), the progress bar
 (:class:`ProgressBar`), ``summary.json`` (:class:`SummaryFile`, last: a folder with a summary
 holds a whole run), then a user's callback (:class:`Callback`, ``simulate(on_round=...)``) and
@@ -31,19 +32,29 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from fedjax_dp import outputs
-from fedjax_dp.jsonio import dumps
+from fedjax_dp.jsonio import dumps, sanitize
 
 
-def flat(record: dict, prefix: str = "") -> dict:
-  """``{"diagnostics": {"update_norm": {"q50": x}}}`` -> ``{"update_norm.q50": x}`` (numbers
-  only): a record's names as ``RunResult.metrics`` and TensorBoard give them."""
+def leaves(record: dict, prefix: str = "") -> dict:
+  """``{"diagnostics": {"update_norm": {"q50": x}}}`` -> ``{"diagnostics.update_norm.q50": x}``:
+  each value of ``record`` that is not a dict, by its keys joined by ``.`` (after ``prefix``), in
+  the record's order; ``metrics.csv``'s columns, named as :func:`pandas.json_normalize` names
+  them."""
   out = {}
   for k, v in record.items():
     if isinstance(v, dict):
-      out.update(flat(v, "" if k == "diagnostics" else f"{prefix}{k}."))
-    elif isinstance(v, (int, float)) and not isinstance(v, bool) or v is None:
+      out.update(leaves(v, f"{prefix}{k}."))
+    else:
       out[prefix + k] = v
   return out
+
+
+def flat(record: dict) -> dict:
+  """``{"diagnostics": {"update_norm": {"q50": x}}}`` -> ``{"update_norm.q50": x}``: the numbers
+  (and None) of :func:`leaves`, the diagnostics' without their ``diagnostics.``; a record's names
+  as ``RunResult.metrics`` and TensorBoard give them."""
+  return {k.removeprefix("diagnostics."): v for k, v in leaves(record).items()
+          if isinstance(v, (int, float)) and not isinstance(v, bool) or v is None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,6 +229,52 @@ class MetricsFile(Observer):
   def round(self, record: Record) -> None:
     self.file.write(dumps(record.row) + "\n")
     self.file.flush()
+
+  def close(self) -> None:
+    self.file.close()
+
+
+class MetricsTable(Observer):
+  """``metrics.csv`` in ``folder``: ``metrics.jsonl``'s rows as a table, a line per round under a
+  header, flushed as it goes.
+
+  Each row is written as ``metrics.jsonl`` holds it (:func:`fedjax_dp.jsonio.sanitize`: a
+  non-finite value empty, with its ``_nonfinite`` note), its nested values in columns of their
+  own (:func:`leaves`), an empty cell where a round has no value (test accuracy between
+  evaluations): the table is :func:`pandas.json_normalize` of ``metrics.jsonl``'s rows, and this
+  observer sees what the release policy shows :class:`MetricsFile` (its diagnostics under
+  ``release="all"`` only). A row that adds a column writes the file again, whole and atomically
+  (:func:`fedjax_dp.outputs.write_text_atomic`), under the wider header. Attached after
+  :class:`MetricsFile`, whose first row removed an earlier run's files; a resumed run writes the
+  rows ``metrics.jsonl`` keeps (``Start.rows``) before its own, so each round is in the table
+  once, as in an uninterrupted run's.
+  """
+
+  def __init__(self, folder: pathlib.Path):
+    self.path = pathlib.Path(folder) / outputs.METRICS_CSV
+    self.file = outputs.MetricsFile(folder, append=True, name=outputs.METRICS_CSV)
+    self.rows, self.columns = [], {}
+
+  def start(self, start: Start) -> None:
+    self.rows = [leaves(sanitize(row)) for row in start.rows]
+    if self.rows:
+      self._write_whole()
+
+  def round(self, record: Record) -> None:
+    row = leaves(sanitize(record.row))
+    self.rows.append(row)
+    if row.keys() <= self.columns.keys():
+      self.file.write(outputs.csv_text([[row.get(c) for c in self.columns]]))
+      self.file.flush()
+    else:
+      self._write_whole()
+
+  def _write_whole(self) -> None:
+    """The file, every row so far under the header of every column so far."""
+    self.columns = dict.fromkeys(c for row in self.rows for c in row)
+    self.file.close()  # the next row is appended to the new file
+    outputs.write_text_atomic(self.path, outputs.csv_text(
+        [list(self.columns), *([row.get(c) for c in self.columns] for row in self.rows)]))
 
   def close(self) -> None:
     self.file.close()

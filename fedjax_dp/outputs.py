@@ -20,25 +20,28 @@
 from __future__ import annotations
 
 import contextlib
+import csv
 import hashlib
+import io
 import os
 import pathlib
 import shutil
 import sys
 import tempfile
 import types
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 import filelock
 
 from fedjax_dp.errors import ConfigError, check
 
 METRICS = "metrics.jsonl"
+METRICS_CSV = "metrics.csv"  # metrics.jsonl's rows as a table (fedjax_dp.observers.MetricsTable)
 SUMMARY = "summary.json"
 NORMS = "norms.npz"
 TENSORBOARD = "tensorboard"  # a folder of TensorBoard event files
 CHECKPOINTS = "checkpoints"  # a folder of orbax checkpoints (fedjax_dp.checkpoint)
-RUN_FILES = (METRICS, SUMMARY, NORMS, TENSORBOARD, CHECKPOINTS)  # everything a run writes
+RUN_FILES = (METRICS, METRICS_CSV, SUMMARY, NORMS, TENSORBOARD, CHECKPOINTS)  # all a run writes
 # The hidden folder where :func:`replacing` keeps the earlier files until the new ones are whole.
 ASIDE_PREFIX = ".earlier-"
 # The files that mark each command's folder. A folder holds one kind: a sweep or a reproduction
@@ -224,17 +227,28 @@ def write_text_atomic(path, text: str) -> None:
   write_atomic(path, lambda tmp: tmp.write_text(text))
 
 
+def csv_text(rows: Iterable[Sequence]) -> str:
+  """``rows`` as CSV (:mod:`csv`'s default dialect), a line each ending in ``\\n``, an empty cell
+  for None."""
+  text = io.StringIO()
+  csv.writer(text, lineterminator="\n").writerows(["" if v is None else v for v in row]
+                                                  for row in rows)
+  return text.getvalue()
+
+
 class MetricsFile:
-  """A run's ``metrics.jsonl``, opened when the first record is written.
+  """A run's ``metrics.jsonl`` (or its file ``name``), opened when the first record is written.
 
   At that moment the folder is created and the earlier run's files
   (:data:`RUN_FILES`) are removed; before it nothing is touched. With
-  ``append`` (a resumed run) the rows are appended and nothing is removed.
+  ``append`` (a resumed run; a file written beside ``metrics.jsonl``, after it) the rows are
+  appended and nothing is removed. After :meth:`close`, a write opens the file again and appends.
   """
 
-  def __init__(self, folder, append: bool = False):
+  def __init__(self, folder, append: bool = False, name: str = METRICS):
     self.folder = check_writable(folder)
     self.append = append
+    self.name = name
     self._file = None
 
   def write(self, text: str) -> None:
@@ -242,7 +256,8 @@ class MetricsFile:
       self.folder.mkdir(parents=True, exist_ok=True)
       if not self.append:
         remove(self.folder, RUN_FILES)
-      self._file = open(self.folder / METRICS, "a" if self.append else "w")
+      self._file = open(self.folder / self.name, "a" if self.append else "w")
+      self.append = True  # the earlier run's files are gone: a later opening appends
     self._file.write(text)
 
   def flush(self) -> None:
@@ -252,3 +267,4 @@ class MetricsFile:
   def close(self) -> None:
     if self._file is not None:
       self._file.close()
+      self._file = None

@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import csv
 import dataclasses
-import io
 import itertools
 import json
 import math
@@ -384,13 +382,9 @@ class SweepResult:
     axes = list(dict.fromkeys(k for row in self.rows for k in row["grid"]))
     columns = ["accuracy_mean", "accuracy_std", "seeds", "epsilon", "epsilon_seeds_composed",
                "delta_seeds_composed", "seeds_composition"]
-    text = io.StringIO()
-    writer = csv.writer(text, lineterminator="\n")
-    writer.writerow(axes + columns)
-    for row in self.rows:
-      values = [row["grid"].get(a) for a in axes] + [row.get(c) for c in columns]
-      writer.writerow(["" if v is None else v for v in values])
-    return text.getvalue()
+    return outputs.csv_text([axes + columns, *([row["grid"].get(a) for a in axes]
+                                               + [row.get(c) for c in columns]
+                                               for row in self.rows)])
 
 
 MAX_AUTO_THREADS = 8

@@ -385,7 +385,7 @@ def test_overwrite_clears_the_old_run_before_its_first_round(capsys, tmp_path, m
   interrupt_at_round(2)
   assert main(["run", *TINY, "--output-dir", str(out), "--overwrite"]) == 130
   assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
-  assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl"]
+  assert sorted(p.name for p in out.iterdir()) == ["metrics.csv", "metrics.jsonl"]
   capsys.readouterr()
 
 

@@ -1,6 +1,8 @@
 """The run loop's observers: one interface for every output, and the release policy over it."""
 
+import csv
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -10,8 +12,9 @@ from fedjax_dp.cli import main
 from fedjax_dp.engine import RunOptions
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.experiment import simulate
-from fedjax_dp.observers import (Observer, ProgressLines, Record, ReleasePolicy, Start,
-                                 is_released)
+from fedjax_dp.jsonio import dumps
+from fedjax_dp.observers import (MetricsTable, Observer, ProgressLines, Record, ReleasePolicy,
+                                 Start, is_released, leaves)
 
 RUN = dict(num_clients=40, rounds=3, local_steps=2, model="mlp", max_test=100, eval_every=2)
 
@@ -161,3 +164,86 @@ def test_private_progress_says_no_time():
   lines_of.start(Start(1))
   lines_of.round(Record(1, 1, {"epsilon": 1.0}))
   assert lines[-1] == "round 1/1: epsilon 1.000"
+
+
+# ------------------------------------------------------------------- metrics.csv
+
+
+def _jsonl(folder) -> list:
+  return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+def _table(folder) -> list:
+  """``metrics.csv``'s lines, each a list of its cells."""
+  with open(folder / "metrics.csv", newline="") as f:
+    return list(csv.reader(f))
+
+
+def _jsonl_as_table(folder) -> list:
+  """``metrics.jsonl``'s rows as a table: a column per value of any row, nested names joined by
+  '.', in the order they first appear; an empty cell for null or no value."""
+  rows = [leaves(row) for row in _jsonl(folder)]
+  columns = list(dict.fromkeys(c for row in rows for c in row))
+  return [columns, *(["" if row.get(c) is None else str(row[c]) for c in columns]
+                     for row in rows)]
+
+
+def test_metrics_csv_holds_the_jsonl_rows_as_a_table(tmp_path):
+  simulate(**RUN, output_dir=str(tmp_path), progress=False)
+  table = _table(tmp_path)
+  assert table == _jsonl_as_table(tmp_path) and len(table) == 1 + RUN["rounds"]
+  assert {"round", "epsilon", "test_accuracy", "diagnostics.update_norm.q50"} <= set(table[0])
+  assert table[1][table[0].index("test_accuracy")] == ""  # round 1 is not evaluated
+  pd = pytest.importorskip("pandas")
+  pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "metrics.csv"),
+                                pd.json_normalize(_jsonl(tmp_path)), check_dtype=False)
+
+
+def test_a_private_runs_metrics_csv_hides_what_its_jsonl_hides(tmp_path):
+  simulate(**RUN, output_dir=str(tmp_path / "all"), progress=False)
+  simulate(**RUN, output_dir=str(tmp_path / "private"), release="private", progress=False)
+  everything, private = _table(tmp_path / "all")[0], _table(tmp_path / "private")
+  assert private == _jsonl_as_table(tmp_path / "private")
+  assert private[0] == [c for c in everything if not c.startswith("diagnostics.")]
+  assert any(c.startswith("diagnostics.") for c in everything)
+
+
+def _untimed(folder) -> list:
+  """``metrics.csv`` without its timings' column (the only one that may differ)."""
+  table = _table(folder)
+  at = table[0].index("diagnostics.seconds")
+  return [line[:at] + line[at + 1:] for line in table]
+
+
+def test_a_resumed_runs_metrics_csv_is_the_uninterrupted_runs(tmp_path):
+  run = dict(RUN, rounds=4, eval_every=3)  # test accuracy from round 3: a column after resuming
+  whole, cut = tmp_path / "whole", tmp_path / "cut"
+  simulate(**run, output_dir=str(whole), checkpoint_every=2, progress=False)
+  # Killed after writing its last row, before its last checkpoint, in the middle of a line.
+  shutil.copytree(whole, cut)
+  shutil.rmtree(cut / "checkpoints" / "4")
+  (cut / "summary.json").unlink()
+  with open(cut / "metrics.csv", "a") as f:
+    f.write("5,1.2")
+  simulate(**run, output_dir=str(cut), checkpoint_every=2, resume=True, progress=False)
+  assert _untimed(cut) == _untimed(whole)
+  assert _table(cut) == _jsonl_as_table(cut) and len(_table(cut)) == 5
+
+
+def test_metrics_table_writes_each_row_as_the_jsonl_holds_it_once(tmp_path):
+  """A row that adds columns (a first evaluation, a non-finite value and its note) writes the
+  table again under the wider header; a resumed table starts from the rows the JSONL keeps."""
+  rows = [{"round": 1, "epsilon": 1.0, "diagnostics": {"n": 3}},
+          {"round": 2, "epsilon": 2.0, "test_loss": float("nan"), "diverged": True,
+           "diagnostics": {"n": 4}},
+          {"round": 3, "epsilon": 3.0, "diagnostics": {"n": 5}}]
+  expected = ("round,epsilon,diagnostics.n,test_loss,diverged,test_loss_nonfinite\n"
+              "1,1.0,3,,,\n2,2.0,4,,True,NaN\n3,3.0,5,,,\n")
+  for done in (0, 1, 2):
+    table = MetricsTable(tmp_path)
+    kept = tuple(json.loads(dumps(row)) for row in rows[:done])  # as metrics.jsonl keeps them
+    table.start(Start(3, done, kept, log=None if done == 0 else {}))
+    for row in rows[done:]:
+      table.round(Record(row["round"], 3, row))
+    table.close()
+    assert (tmp_path / "metrics.csv").read_text() == expected, done
