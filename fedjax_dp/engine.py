@@ -146,8 +146,15 @@ class RunResult:
             for k in names}
 
   def to_dataframe(self):
-    """The per-round metrics as a pandas ``DataFrame`` indexed by round, an integer (needs
-    pandas)."""
+    """The per-round metrics as a table: the way to them from a notebook.
+
+    Returns:
+      A pandas ``DataFrame`` of :attr:`metrics`: a row per round, indexed by ``round`` (an
+      integer), a float64 column per name, NaN where a round has no value.
+
+    Raises:
+      ImportError: pandas is not installed.
+    """
     try:  # lazy: pandas is optional
       import pandas as pd
     except ImportError as e:
