@@ -295,7 +295,7 @@ def _parse_options(items) -> dict:
     k, v = item.split("=", 1)
     check(k not in out, "--set", item, f"sets {k} a second time (first {k}={out.get(k)!r}): "
           "give each option once")
-    out[k] = parse_option(v)
+    out[k] = parse_option(v, k)
   return out
 
 

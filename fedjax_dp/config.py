@@ -14,6 +14,7 @@ import json
 import math
 import numbers
 import pathlib
+import sys
 import typing
 from typing import Any, Mapping, Optional
 
@@ -437,14 +438,39 @@ def parse_value(field: str, text: str, typ) -> Any:
     raise ConfigError(field, text, f"must be {TYPE_WORDS[typ]}") from None
 
 
-def parse_option(text):
-  """An algorithm option's value as given on the command line (``--set NAME=VALUE``, a sweep's
-  grid): a JSON value (number, boolean, null) when it parses as one, else the text itself;
-  values that are not text pass through."""
+def read_json(text: str, field: str, value: Any, **kwargs) -> Any:
+  """``json.loads(text, **kwargs)``, refusing what Python's JSON reader cannot take, as one
+  :class:`ConfigError` naming ``field`` and ``value`` (where ``text`` came from): an integer of
+  more digits than Python converts (``sys.get_int_max_str_digits()``), and arrays or objects
+  nested deeper than Python's recursion limit lets the reader go. Text that is not JSON raises
+  :class:`json.JSONDecodeError`, as from ``json.loads``."""
+  limit = sys.get_int_max_str_digits()
+
+  def integer(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    check(not limit or digits <= limit, field, value, f"holds an integer of {digits} digits: "
+          f"Python reads integers of at most {limit}")
+    return int(text)
+
+  try:
+    return json.loads(text, parse_int=integer, **kwargs)
+  except RecursionError:  # raised by the reader itself, at its first level past the limit
+    raise ConfigError(field, value, "nests arrays or objects deeper than Python's JSON reader "
+                      f"goes (about {sys.getrecursionlimit()} levels)") from None
+
+
+def parse_option(text, name: str):
+  """The value of the algorithm option ``name`` as given on the command line (``--set
+  NAME=VALUE``, a sweep's grid): a JSON value (number, boolean, null) when it parses as one,
+  else the text itself; values that are not text pass through.
+
+  Raises:
+    ConfigError: naming the option, for JSON that Python cannot read (:func:`read_json`).
+  """
   if not isinstance(text, str):
     return text
   try:
-    return json.loads(text)
+    return read_json(text, f"option {name}", text)
   except json.JSONDecodeError:
     return text
 
@@ -586,14 +612,15 @@ def load_config_file(path: str) -> dict:
   summary records.
 
   Raises:
-    ConfigError: for a file that cannot be read or is not a JSON object, a key given twice in one
-      object, or a key that is not a setting.
+    ConfigError: for a file that cannot be read or is not a JSON object (or is JSON that Python
+      cannot read: :func:`read_json`), a key given twice in one object, or a key that is not a
+      setting.
   """
   p = pathlib.Path(path)
   check(p.is_file(), "config", path, "must be an existing JSON file")
   try:
-    d = json.loads(p.read_text(encoding="utf-8"),
-                   object_pairs_hook=functools.partial(_unique_keys, path=str(path)))
+    d = read_json(p.read_text(encoding="utf-8"), "config", path,
+                  object_pairs_hook=functools.partial(_unique_keys, path=str(path)))
   except UnicodeDecodeError as e:
     raise ConfigError("config", path, f"must be UTF-8 text (byte {e.start} is not)") from None
   except json.JSONDecodeError as e:

@@ -264,7 +264,7 @@ def plan(config, grid: Mapping[str, Sequence], seeds: int = 1) -> list:
   check(config.seed + seeds <= 2 ** 32, "seeds", seeds, f"runs seeds {config.seed} to "
         f"{config.seed + seeds - 1}, past the largest seed 2**32 - 1: lower seed or seeds")
   grid = {k: [(parse_value(k, v, types[k]) if isinstance(v, str) else v) if k in types
-              else parse_option(v) for v in values] for k, values in grid.items()}
+              else parse_option(v, k) for v in values] for k, values in grid.items()}
   for k, v in grid.items():
     check(len(v) >= 1, "grid", k, "needs at least one value")
     check(len({json.dumps(x, sort_keys=True) for x in v}) == len(v), "grid", k,

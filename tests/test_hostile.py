@@ -79,7 +79,11 @@ def test_a_composition_too_long_to_tabulate_is_accounted_without_the_exact_check
     ({"seed": 2 ** 70}, "seed"), ({"options": [1, 2]}, "options"), ({"options": "abc"}, "options"),
     ({"options": 3}, "options"), ({"not_used": "clip"}, "not_used"),
     ({"not_used": ["clipp"]}, "not_used"), (b'{"rounds": 2, "dataset": "\xff\xfe"}', "config"),
-    (b"\xff\xfe\x00\x00", "config"), ([1, 2], "config"), (b"{", "config")])
+    (b"\xff\xfe\x00\x00", "config"), ([1, 2], "config"), (b"{", "config"),
+    # What Python's JSON reader cannot take: more digits than it converts, deeper nesting than
+    # its recursion limit (ValueError and RecursionError tracebacks before).
+    (b'{"rounds": ' + b"9" * 5000 + b"}", "config"), (b"[" * 100_000 + b"]" * 100_000, "config"),
+    (b'{"run": ' * 100_000 + b"1" + b"}" * 100_000, "config")])
 def test_config_files_are_refused_by_the_field_at_fault(content, field, capsys, tmp_path):
   cfg = tmp_path / "c.json"
   cfg.write_bytes(content if isinstance(content, bytes) else json.dumps(content).encode())
@@ -87,6 +91,23 @@ def test_config_files_are_refused_by_the_field_at_fault(content, field, capsys, 
   line = _one_error_line(capsys, field)
   if content == {"rounds": "abc"}:
     assert "batch_size" not in line and "'abc'" in line  # names rounds only
+  if isinstance(content, bytes) and b"9" * 5000 in content:
+    assert "5000 digits" in line and "at most 4300" in line
+  if isinstance(content, bytes) and content.startswith((b"[[", b'{"run": {')):
+    assert "nests arrays or objects deeper" in line
+  assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", ["run", "sweep"])
+@pytest.mark.parametrize("value,words", [("9" * 5000, "5000 digits"),
+                                         ("[" * 100_000, "nests arrays or objects deeper")])
+def test_option_values_that_python_cannot_read_are_refused_naming_the_option(
+    command, value, words, capsys, tmp_path):
+  where = (["--set", f"lambda={value}"] if command == "run" else
+           ["--grid", f"lambda=0.1,{value}"])
+  assert main([command, *TINY, "--algorithm", "blur+lus", *where,
+               "--output-dir", str(tmp_path / "o")]) == 2
+  assert words in _one_error_line(capsys, "option lambda")
   assert not (tmp_path / "o").exists()
 
 
