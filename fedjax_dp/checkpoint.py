@@ -157,7 +157,7 @@ def _read_host(manager, step: int) -> dict:
 def read_meta(output_dir) -> dict:
   """The ``host`` item of the latest checkpoint in ``output_dir`` (its ``config``, ``release``,
   ``checkpoint_every``, ``round``, ...); :class:`ConfigError` when there is none."""
-  check(pathlib.Path(output_dir).is_dir(), "resume", str(output_dir),
+  check(outputs.is_dir(output_dir, "resume"), "resume", str(output_dir),
         "is not an existing folder: name the folder of the run to continue")
   step = latest_round(output_dir)
   check(step is not None, "resume", str(output_dir),
@@ -274,7 +274,9 @@ class Checkpointer:
     the accounting of ``experiment`` restored. ``rounds``: the run's; ``shards`` (the devices
     its clients are split over), ``release`` and ``tensorboard``: the run's, which a resumed
     run's must equal and its checkpoints record (another split sums the clients' updates in
-    another floating-point order: the resumed rounds would not be the run's)."""
+    another floating-point order: the resumed rounds would not be the run's). A resume whose
+    ``checkpoints/`` or (with ``tensorboard``) ``tensorboard/`` takes no file is refused
+    (:class:`ConfigError` naming ``resume``) before anything is rewritten."""
     check(experiment.output_dir is not None, "checkpoint_every", self.every,
           "needs an output_dir: checkpoints go to OUTPUT_DIR/checkpoints/")
     for part in (experiment.sampler, experiment.accounting):
@@ -287,6 +289,10 @@ class Checkpointer:
     step = latest_round(self.folder)
     check(step is not None, "resume", str(self.folder),
           f"holds no complete checkpoint in {outputs.CHECKPOINTS}/: nothing to resume")
+    # The folders the resumed run writes into, checked before it rewrites anything (the rows
+    # and events past the checkpoint): one that takes no file (read-only) refuses the resume.
+    for name in (outputs.CHECKPOINTS, *([outputs.TENSORBOARD] if tensorboard else [])):
+      outputs.check_writable(self.folder / name, "resume")
     with _opened(self.folder / outputs.CHECKPOINTS) as manager:
       host, where = _read_host(manager, step), str(manager.directory / str(step))
       self._check_same_run(host, where, release, tensorboard)

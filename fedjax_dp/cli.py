@@ -34,8 +34,8 @@ from fedjax_dp.errors import (ConfigError, NoiseWarning, RunWarning, check, chec
                               check_open_unit, closest)
 from fedjax_dp.experiment import simulate
 from fedjax_dp.jsonio import dumps
-from fedjax_dp.outputs import (METRICS, METRICS_CSV, RUN_FILES, SUMMARY, check_output_dir,
-                               check_writable, claimed, replacing)
+from fedjax_dp.outputs import (METRICS, METRICS_CSV, RUN_FILES, SUMMARY, absolute,
+                               check_output_dir, check_writable, claimed, replacing)
 from fedjax_dp.privacy import (ACCOUNTANTS, CohortSampling, GaussianSumMechanism,
                                calibrate_noise_multiplier, epsilon_for)
 from fedjax_dp.privacy.ledger import check_supported
@@ -362,8 +362,8 @@ def _resumed(args) -> tuple:
   one is refused."""
   check(not args.overwrite, "overwrite", True, "cannot be combined with --resume, which continues "
         "the run in its folder")
-  check(args.output_dir is None or pathlib.Path(args.output_dir).resolve()
-        == pathlib.Path(args.resume).resolve(), "output_dir", args.output_dir,
+  check(args.output_dir is None or absolute(args.output_dir).resolve()
+        == absolute(args.resume, "resume").resolve(), "output_dir", args.output_dir,
         f"must be left out with --resume (the run's folder is {args.resume})")
   meta = read_meta(args.resume)
   normal = lambda x: json.loads(json.dumps(x))

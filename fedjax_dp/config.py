@@ -22,6 +22,7 @@ from fedjax_dp import components
 from fedjax_dp.data.specs import BY_NAME, SPECS, check_partition
 from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit, check_positive
 from fedjax_dp.models import Model, check_conv_dtype
+from fedjax_dp.outputs import is_file
 from fedjax_dp.privacy.mechanisms import MAX_NOISE_MULTIPLIER
 from fedjax_dp.sampling import check_design
 
@@ -617,7 +618,7 @@ def load_config_file(path: str) -> dict:
       setting.
   """
   p = pathlib.Path(path)
-  check(p.is_file(), "config", path, "must be an existing JSON file")
+  check(is_file(p, "config"), "config", path, "must be an existing JSON file")
   try:
     d = read_json(p.read_text(encoding="utf-8"), "config", path,
                   object_pairs_hook=functools.partial(_unique_keys, path=str(path)))

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 import hashlib
 import io
 import os
 import pathlib
 import shutil
+import stat
 import sys
 import tempfile
 import types
@@ -65,7 +67,7 @@ def sole_writer(folder) -> Iterator[None]:
     ConfigError: naming ``output_dir`` and the process holding the folder, when another one
       does: it is refused before it writes anything.
   """
-  path = str(pathlib.Path(folder).resolve())
+  path = str(absolute(folder).resolve())
   LOCKS.mkdir(parents=True, exist_ok=True)
   name = hashlib.sha256(path.encode()).hexdigest()[:32]
   lock, holder = filelock.FileLock(LOCKS / f"{name}.lock"), LOCKS / f"{name}.holder"
@@ -101,35 +103,124 @@ def claimed(path, *, overwrite: bool, results: Sequence[str] = RUN_FILES,
            check_output_dir(path, overwrite=overwrite, results=results))
 
 
-def _nearest_existing(path: pathlib.Path) -> pathlib.Path:
-  return next(p for p in (path, *path.parents) if os.path.lexists(p))
+def absolute(path, field: str = "output_dir") -> pathlib.Path:
+  """``path`` made absolute (a relative one joined to the current folder).
+
+  Raises:
+    ConfigError: naming ``field`` and ``path``, when ``path`` is relative and the current folder
+      no longer exists (deleted after the command started in it).
+  """
+  try:
+    return pathlib.Path(path).absolute()
+  except FileNotFoundError:  # os.getcwd(): the current folder was deleted
+    raise ConfigError(field, str(path), "is relative to the current folder, which no longer "
+                      "exists (it was deleted): give an absolute path, or run the command from "
+                      "an existing folder") from None
 
 
-def check_writable(path) -> pathlib.Path:
+def _status(path, field: str) -> Optional[os.stat_result]:
+  """``path``'s status (links followed); None where nothing is there.
+
+  Raises:
+    ConfigError: naming ``field`` and ``path``, when the file system cannot look ``path`` up (a
+      name longer than it allows, a folder that may not be entered, a loop of links), where
+      ``pathlib`` raises the OSError or answers False.
+  """
+  try:
+    return os.stat(path)
+  except (FileNotFoundError, NotADirectoryError):
+    return None
+  except OSError as e:
+    raise ConfigError(field, str(path), f"cannot be looked up ({e.strerror or e})") from None
+
+
+def is_dir(path, field: str) -> bool:
+  """Whether ``path`` is a folder (:func:`_status`: a path the file system cannot look up is
+  refused, naming ``field``)."""
+  status = _status(path, field)
+  return status is not None and stat.S_ISDIR(status.st_mode)
+
+
+def is_file(path, field: str) -> bool:
+  """Whether ``path`` is a regular file (:func:`_status`: a path the file system cannot look up
+  is refused, naming ``field``)."""
+  status = _status(path, field)
+  return status is not None and stat.S_ISREG(status.st_mode)
+
+
+def _nearest_existing(path: pathlib.Path, field: str, given: str) -> pathlib.Path:
+  """The nearest of the absolute ``path`` and its parents that exists (a name too long to look
+  up does not: :func:`_check_lengths` then refuses it).
+
+  Raises:
+    ConfigError: naming ``field`` and its value ``given`` (``path`` as given), when the file
+      system cannot look a name up (a folder that may not be entered), so that what the command
+      would create there could not be created either.
+  """
+  def exists(p: pathlib.Path) -> bool:
+    try:
+      os.lstat(p)
+    except (FileNotFoundError, NotADirectoryError):
+      return False
+    except OSError as e:
+      if e.errno == errno.ENAMETOOLONG:
+        return False
+      raise ConfigError(field, given, f"cannot be looked up: {p} ({e.strerror or e})") from None
+    return True
+  return next(p for p in (path, *path.parents) if exists(p))
+
+
+def _check_lengths(path: pathlib.Path, existing: pathlib.Path, field: str, given: str) -> None:
+  """Refuses the absolute ``path`` (``given``, for ``field``) where it is longer, or a name in it
+  below the folder ``existing`` is, than the file system of ``existing`` allows: nothing could
+  be created there."""
+  def limit(name: str) -> int:
+    try:
+      return os.pathconf(existing, name)
+    except OSError:  # a file system that does not say: no limit checked here
+      return -1
+  names, longest = limit("PC_NAME_MAX"), limit("PC_PATH_MAX")
+  for part in path.relative_to(existing).parts:
+    size = len(os.fsencode(part))
+    check(names < 0 or size <= names, field, given, f"has a name of {size} bytes, longer than "
+          f"the {names} bytes a name may have on this file system")
+  size = len(os.fsencode(path))
+  check(longest < 0 or size < longest, field, given, f"is {size} bytes long as an absolute "
+        f"path, longer than the {longest - 1} bytes a path may have on this file system")
+
+
+def check_writable(path, field: str = "output_dir") -> pathlib.Path:
   """``path`` as a folder that exists or can be created, and in which a file can be written.
 
   Nothing is created: the check writes and removes a probe file in the
   nearest folder that exists. A path with ``..`` in it is resolved first and returned resolved
   (``missing/../prior`` is ``prior``, whose results the checks then see, and writing there
   creates no ``missing/``).
+
+  Raises:
+    ConfigError: naming ``field`` (the setting that gave ``path``) and ``path``, when it is
+      empty, a file or under one, relative to a current folder that was deleted, longer (or a
+      name in it) than the file system allows, or no file can be written there (read-only).
   """
-  check(str(path).strip() != "", "output_dir", str(path),
+  check(str(path).strip() != "", field, str(path),
         "must name a folder (an empty path would write into the current folder)")
   out = pathlib.Path(path)
+  full = absolute(out, field)
   if ".." in out.parts:
-    out = out.resolve()
-  existing = _nearest_existing(out.absolute())
-  if existing == out.absolute():
-    check(out.is_dir(), "output_dir", str(out), "is a file, not a folder")
+    out = full = full.resolve()
+  existing = _nearest_existing(full, field, str(out))
+  _check_lengths(full, existing, field, str(out))
+  if existing == full:
+    check(full.is_dir(), field, str(out), "is a file, not a folder")
   else:
-    check(existing.is_dir(), "output_dir", str(out),
+    check(existing.is_dir(), field, str(out),
           f"cannot be created: {existing} is a file, not a folder")
   try:
     fd, probe = tempfile.mkstemp(dir=existing, prefix=".fedjax-dp-probe-")
     os.close(fd)
     os.unlink(probe)
   except OSError as e:
-    raise ConfigError("output_dir", str(out),
+    raise ConfigError(field, str(out),
                       f"no file can be written in {existing} ({e.strerror or e})") from None
   return out
 

@@ -26,6 +26,7 @@ from typing import Optional, Sequence
 
 from fedjax_dp.errors import ConfigError, check
 from fedjax_dp.jsonio import NONFINITE_SUFFIX
+from fedjax_dp.outputs import is_dir, is_file
 
 KINDS = ("runs", "norms", "frontier")
 # Sweep grid axes that move a method along its frontier (not part of its line's label).
@@ -73,7 +74,7 @@ def _save(fig, axes, ylabel, path, legend_columns: int = 1, legend_size: int = 8
           legend_outside: bool = False):
   """Labels the axes (``ylabel``: the first one's, or a sequence of one per axis), adds the
   first axis's legend (inside it, or to the right of the last axis), writes ``path`` and
-  returns the figure."""
+  returns the figure; :class:`ConfigError` naming ``out`` when ``path`` cannot be written."""
   for ax, label in zip(axes, [ylabel] if isinstance(ylabel, str) else ylabel):
     ax.set_ylabel(label)
   if legend_outside:  # laid out first: the figure grows to the legend (bbox_inches) instead
@@ -84,7 +85,10 @@ def _save(fig, axes, ylabel, path, legend_columns: int = 1, legend_size: int = 8
   else:
     axes[0].legend(fontsize=legend_size, ncol=legend_columns)
     fig.tight_layout()
-  fig.savefig(path, dpi=90, bbox_inches="tight" if legend_outside else None)
+  try:
+    fig.savefig(path, dpi=90, bbox_inches="tight" if legend_outside else None)
+  except OSError as e:  # a read-only folder or file, a full disk, a name too long
+    raise ConfigError("out", str(path), f"cannot be written ({e.strerror or e})") from None
   return fig
 
 
@@ -206,9 +210,9 @@ def plot_histograms(panels: Sequence[tuple], path, **kwargs):
 def _check_out(out) -> pathlib.Path:
   """``out`` as a path whose folder exists and whose suffix names an image format."""
   out = pathlib.Path(out)
-  check(out.parent.is_dir(), "out", str(out), f"its folder {out.parent} must exist" + (
-      " (it is a file)" if out.parent.is_file() else ""))
-  check(not out.is_dir(), "out", str(out), "is a folder: name the image file to write")
+  check(is_dir(out.parent, "out"), "out", str(out), f"its folder {out.parent} must exist" + (
+      " (it is a file)" if is_file(out.parent, "out") else ""))
+  check(not is_dir(out, "out"), "out", str(out), "is a folder: name the image file to write")
   from matplotlib.backend_bases import FigureCanvasBase
   # pgf needs a LaTeX installation to write, which nothing here installs
   formats = sorted(set(FigureCanvasBase.get_supported_filetypes()) - {"pgf"})
@@ -220,8 +224,8 @@ def _check_out(out) -> pathlib.Path:
 def _file_in(folder, name: str, field: str = "dir") -> pathlib.Path:
   """``folder/name``, which must exist (a folder given as ``folder`` must exist too)."""
   folder = pathlib.Path(folder)
-  check(folder.is_dir(), field, str(folder), "must be an existing folder")
-  check((folder / name).is_file(), field, str(folder), f"holds no {name}")
+  check(is_dir(folder, field), field, str(folder), "must be an existing folder")
+  check(is_file(folder / name, field), field, str(folder), f"holds no {name}")
   return folder / name
 
 

@@ -86,3 +86,42 @@ def count_compiles():
     return events, lambda: monitoring.unregister_event_duration_listener(listener)
 
   return start
+
+
+def _takes_a_file(folder: pathlib.Path) -> bool:
+  """Whether this process can create a file in ``folder`` (one is made and removed)."""
+  import tempfile
+  try:
+    fd, probe = tempfile.mkstemp(dir=folder)
+  except OSError:
+    return False
+  os.close(fd)
+  os.unlink(probe)
+  return True
+
+
+@pytest.fixture
+def unwritable():
+  """``unwritable(folder)``: no file can be created in ``folder`` until the test ends. Its mode
+  is made read-only; where that does not stop this process (root ignores it), the folder is
+  made immutable (``chattr +i``); where neither does, the test is skipped, saying why. Undone
+  when the test ends, so that its temporary folder can be removed."""
+  import shutil
+  import subprocess
+  undo = []
+
+  def make(folder):
+    folder = pathlib.Path(folder)
+    mode = folder.stat().st_mode
+    folder.chmod(0o555)
+    undo.append(lambda: folder.chmod(mode))
+    if _takes_a_file(folder) and shutil.which("chattr") and subprocess.run(
+        ["chattr", "+i", str(folder)], capture_output=True).returncode == 0:
+      undo.append(lambda: subprocess.run(["chattr", "-i", str(folder)], check=True))
+    if _takes_a_file(folder):
+      pytest.skip(f"{folder} takes files even read-only (root) and cannot be made immutable "
+                  "here (chattr +i): no folder refuses this process's writes")
+
+  yield make
+  for step in reversed(undo):
+    step()

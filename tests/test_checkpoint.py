@@ -234,6 +234,19 @@ def test_a_resumed_run_writes_each_tensorboard_step_once(four_rounds, tmp_path, 
   assert resumed["earlier_processes"][0] == {k: now[k] for k in resumed["earlier_processes"][0]}
 
 
+def test_a_resume_whose_tensorboard_folder_takes_no_file_is_refused(four_rounds, tmp_path,
+                                                                    capsys, unwritable):
+  # A traceback (PermissionError) before, once the resume had begun rewriting the folder.
+  out = _killed_before_its_last_checkpoint(four_rounds, tmp_path)
+  before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+  unwritable(out / "tensorboard")
+  assert main(["run", "--resume", str(out), "--no-progress"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith(
+      f"fedjax-dp: error: invalid resume='{out / 'tensorboard'}': no file can be written"), err
+  assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
 def test_a_checkpoint_holds_the_tensorboard_events_of_its_rounds(tmp_path, monkeypatch, capsys):
   # The event writer is flushed before each save: a run killed after it has every step up to
   # the checkpoint on disk, which its resume does not write again.

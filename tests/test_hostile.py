@@ -450,6 +450,51 @@ def test_summary_and_results_are_written_atomically(tmp_path, monkeypatch):
   assert "summary.json" in replaced
 
 
+@pytest.mark.parametrize("where", ["long", "long_below_missing", "long_path"])
+def test_output_paths_longer_than_the_file_system_allows_are_refused(where, capsys, tmp_path):
+  # ENAMETOOLONG: a traceback, or a run that trained and then failed to create its folder
+  # (having created the missing ones above it), before.
+  out = {"long": tmp_path / ("a" * 300), "long_below_missing": tmp_path / "x" / ("a" * 300) / "y",
+         "long_path": tmp_path.joinpath(*["abc"] * 1500)}[where]
+  assert main(["run", *TINY, "--output-dir", str(out)]) == 2
+  line = _one_error_line(capsys, "output_dir")
+  assert ("300 bytes" if where != "long_path" else "bytes a path may have") in line
+  assert not any(tmp_path.iterdir())
+
+
+def test_a_relative_output_dir_in_a_deleted_folder_is_refused(capsys, tmp_path, monkeypatch):
+  # The current folder deleted before the run: os.getcwd() raised FileNotFoundError.
+  gone = tmp_path / "gone"
+  gone.mkdir()
+  monkeypatch.chdir(gone)
+  gone.rmdir()
+  assert main(["run", *TINY]) == 2  # the default --output-dir, runs/quickstart
+  assert "'runs/quickstart': is relative to the current folder, which no longer exists" in (
+      _one_error_line(capsys, "output_dir"))
+  assert main(["sweep", *TINY, "--grid", "clip=0.1,0.2", "--output-dir", "s"]) == 2
+  _one_error_line(capsys, "output_dir")
+  assert not any(tmp_path.iterdir())
+
+
+def _run_folder(folder):
+  """A folder holding a one-round run's metrics.jsonl, enough to plot."""
+  folder.mkdir()
+  (folder / "metrics.jsonl").write_text('{"round": 1, "test_accuracy": 0.5, "epsilon": 1.0}\n')
+  return folder
+
+
+def test_plot_into_a_folder_that_takes_no_file_is_refused(capsys, tmp_path, unwritable):
+  run = _run_folder(tmp_path / "run")
+  assert main(["plot", str(run), "--out", str(tmp_path / ("a" * 300 + ".png"))]) == 2
+  assert "File name too long" in _one_error_line(capsys, "out")
+  folder = tmp_path / "read-only"
+  folder.mkdir()
+  unwritable(folder)
+  assert main(["plot", str(run), "--out", str(folder / "p.png")]) == 2
+  assert "cannot be written" in _one_error_line(capsys, "out")
+  assert not any(folder.iterdir())
+
+
 # ------------------------------------------------------------------ wrong results, never silent
 
 
