@@ -1,7 +1,8 @@
 """Command line: ``fedjax-dp run | sweep | privacy | reproduce | algorithms | audit | plot``.
 
 Exit status: 0 done; 2 invalid input (one line naming the field, the value and
-what is allowed, before anything is compiled or written); 3 ``run`` finished
+what is allowed, before anything is compiled or written), or a stdout that takes no
+output (closed, a full disk: one line); 3 ``run`` finished
 but diverged (a non-finite test loss); 4 out of memory (one line saying what to
 lower); 130 interrupted (Ctrl-C), with one line saying what was kept; 141 the reader of
 stdout went away (``| head``).
@@ -674,7 +675,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "  fedjax-dp privacy --sampling-prob 0.01 --noise-multiplier 1.1 --rounds 100 "
                    "--delta 1e-5\n"
                    "  fedjax-dp reproduce cheng2022 --scale tiny --output-dir runs/r\n"
-                   "exit status: 0 done; 2 invalid input (one line naming the field); 3 run "
+                   "exit status: 0 done; 2 invalid input (one line naming the field) or a stdout "
+                   "that takes no output; 3 run "
                    "diverged; 4 out of memory; 130 interrupted; 141 stdout's reader went away")
   sub = parser.add_subparsers(dest="command", parser_class=_Parser, title="subcommands",
                               metavar="SUBCOMMAND")
@@ -707,16 +709,61 @@ def _stop_if_signalled() -> None:
     raise KeyboardInterrupt
 
 
+class _OutputLost(Exception):
+  """stdout took no more of the command's output: ``error`` is the OSError that its write or
+  flush raised."""
+
+  def __init__(self, error: OSError):
+    super().__init__(error)
+    self.error = error
+
+
+class _Stdout:
+  """``sys.stdout`` while :func:`main` runs a command: writes and flushes go to ``stream``, and
+  an OSError there (a reader that went away, a full disk) becomes :class:`_OutputLost`, so that
+  :func:`_main` reports that stdout failed, and an OSError of any other file is never taken for
+  it. Everything else is ``stream``'s."""
+
+  def __init__(self, stream):
+    self._stream = stream
+
+  def write(self, text: str) -> int:
+    try:
+      return self._stream.write(text)
+    except OSError as e:
+      raise _OutputLost(e) from e
+
+  def flush(self) -> None:
+    try:
+      self._stream.flush()
+    except OSError as e:
+      raise _OutputLost(e) from e
+
+  def __getattr__(self, name):
+    return getattr(self._stream, name)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+  """Runs ``fedjax-dp`` with ``argv`` (default: the process's arguments); the exit status (the
+  module docstring's). Every outcome but a bug ends in a status and at most one line on stderr:
+  output that stdout does not take (closed, a full disk) included."""
   argv = list(sys.argv[1:] if argv is None else argv)
   _SIGNALLED.clear()
-  with interrupts.handling(_interrupt), warnings.catch_warnings():
-    warnings.showwarning = functools.partial(_show_warning, warnings.showwarning)
-    return _main(argv)
+  stdout = sys.stdout  # None where the process started with stdout closed (>&-)
+  sys.stdout = None if stdout is None else _Stdout(stdout)
+  try:
+    with interrupts.handling(_interrupt), warnings.catch_warnings():
+      warnings.showwarning = functools.partial(_show_warning, warnings.showwarning)
+      return _main(argv)
+  finally:
+    sys.stdout = stdout
 
 
 def _main(argv: list) -> int:
   try:
+    check(sys.stdout is not None, "stdout", "closed", "takes no output (the command started "
+          "with it closed, >&-): what the command prints would be lost; point it at a file, or "
+          "at /dev/null to discard it")
     parser = build_parser()
     if not argv:
       argv = ["run"]
@@ -724,20 +771,27 @@ def _main(argv: list) -> int:
     use_cpu_devices(getattr(args, "cpu_devices", None))
     cmd = {"run": _cmd_run, "sweep": _cmd_sweep, "privacy": _cmd_privacy, "reproduce": _cmd_reproduce,
            "algorithms": _cmd_algorithms, "audit": audit.command, "plot": plots.command}[args.command]
-    return cmd(args)
+    status = cmd(args)
+    sys.stdout.flush()  # what is still buffered is the command's output too
+    return status
   except ConfigError as e:
     print("\\n".join(f"fedjax-dp: error: {e}".splitlines()), file=sys.stderr)  # one line, always
     return EXIT_INVALID
   except KeyboardInterrupt:
     print("fedjax-dp: interrupted", file=sys.stderr)
     return EXIT_INTERRUPTED
-  except BrokenPipeError:  # the reader (e.g. `| head`) closed the pipe: nothing left to say
-    # Python flushes stdout at exit: pointed at /dev/null, that flush cannot fail again. The
-    # command stopped where it could no longer write, so its status is a broken pipe's (128 +
-    # SIGPIPE), not success: a run or reproduction may have stopped half way.
+  except _OutputLost as e:
+    # Python flushes stdout at exit: pointed at /dev/null, that flush cannot fail again.
     with contextlib.suppress(AttributeError, OSError, ValueError):
       os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return EXIT_BROKEN_PIPE
+    if isinstance(e.error, BrokenPipeError):  # the reader (`| head`) went away: nothing to say
+      # The command stopped where it could no longer write, so its status is a broken pipe's
+      # (128 + SIGPIPE), not success: a run or reproduction may have stopped half way.
+      return EXIT_BROKEN_PIPE
+    print(f"fedjax-dp: error: stdout takes no more output ({e.error.strerror or e.error}): the "
+          "command's output is lost, all or part of it; point stdout at a file that can be "
+          "written, or at /dev/null to discard it", file=sys.stderr)
+    return EXIT_INVALID
   except Exception as e:  # pylint: disable=broad-except
     if "RESOURCE_EXHAUSTED" not in str(e):
       raise

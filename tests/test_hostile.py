@@ -7,6 +7,9 @@ import io
 import json
 import math
 import os
+import pathlib
+import subprocess
+import sys
 import tarfile
 
 import numpy as np
@@ -493,6 +496,44 @@ def test_plot_into_a_folder_that_takes_no_file_is_refused(capsys, tmp_path, unwr
   assert main(["plot", str(run), "--out", str(folder / "p.png")]) == 2
   assert "cannot be written" in _one_error_line(capsys, "out")
   assert not any(folder.iterdir())
+
+
+def _cli(args, redirect="", **env):
+  """``fedjax-dp ARGS REDIRECT`` (a shell redirection of its stdout) run in a new process with
+  ``env`` added to the environment; its CompletedProcess (stderr captured)."""
+  root = str(pathlib.Path(__file__).resolve().parents[1])
+  env = {**os.environ, **env,
+         "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+  return subprocess.run(["sh", "-c", f'exec "$0" -m fedjax_dp.cli "$@" {redirect}',
+                         sys.executable, *args], stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("args,redirect,words", [
+    # stdout closed (>&-): the command exited 0 with its only output lost.
+    ([*PRIVACY, "--sampling-prob", "0.1", "--noise-multiplier", "1"], ">&-",
+     "invalid stdout='closed': takes no output"),
+    # A full disk, when Python flushes at exit (a traceback, exit 120) or in the middle of
+    # the output (a traceback, exit 1).
+    ([*PRIVACY, "--sampling-prob", "0.1", "--noise-multiplier", "1"], ">/dev/full",
+     "stdout takes no more output (No space left on device)"),
+    (["algorithms"], ">/dev/full", "stdout takes no more output (No space left on device)"),
+])
+def test_output_that_stdout_does_not_take_is_an_error_in_one_line(args, redirect, words):
+  if "/dev/full" in redirect and not os.path.exists("/dev/full"):
+    pytest.skip("no /dev/full here, the device that refuses every write (ENOSPC)")
+  done = _cli(args, redirect)
+  err = done.stderr.decode().strip().splitlines()
+  assert done.returncode == 2 and len(err) == 1, (done.returncode, err)
+  assert err[0].startswith("fedjax-dp: error: ") and words in err[0], err
+
+
+def test_a_run_with_stdout_closed_is_refused_before_anything_is_written(capsys, tmp_path,
+                                                                         monkeypatch):
+  monkeypatch.setattr(sys, "stdout", None)  # as Python starts with >&-
+  assert main(["run", *TINY, "--output-dir", str(tmp_path / "o")]) == 2
+  _one_error_line(capsys, "stdout")
+  assert not (tmp_path / "o").exists()
 
 
 # ------------------------------------------------------------------ wrong results, never silent
