@@ -44,13 +44,15 @@ from fedjax_dp.privacy.sign import SignFlipMechanism, _check_rdp, composed_epsil
 from fedjax_dp.reproduce import (REPRODUCTIONS, finished_a_run, own_files, render_reproduction,
                                  run_reproduction, scales)
 from fedjax_dp.reproduce.runner import RESULT_FILES
-from fedjax_dp.round import use_cpu_devices
+from fedjax_dp.round import check_backend, use_cpu_devices
 from fedjax_dp.sampling import SAMPLINGS
 from fedjax_dp.sweep import check_axes, parse_grid, plan, sweep
 
 EXIT_INVALID, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_MEMORY = 2, 3, 130, 4
 EXIT_BROKEN_PIPE = 141  # as a process killed by SIGPIPE: its reader went away
 DEFAULT_RUN_DIR = "runs/quickstart"
+# The commands that compute with JAX: they start its backend first (check_backend).
+JAX_COMMANDS = ("run", "sweep", "reproduce", "audit")
 PROGRESS_EVERY = 60.0  # seconds between the progress lines of --no-progress
 
 
@@ -769,6 +771,8 @@ def _main(argv: list) -> int:
       argv = ["run"]
     args = parser.parse_args(argv)
     use_cpu_devices(getattr(args, "cpu_devices", None))
+    if args.command in JAX_COMMANDS:
+      check_backend()
     cmd = {"run": _cmd_run, "sweep": _cmd_sweep, "privacy": _cmd_privacy, "reproduce": _cmd_reproduce,
            "algorithms": _cmd_algorithms, "audit": audit.command, "plot": plots.command}[args.command]
     status = cmd(args)

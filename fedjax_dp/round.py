@@ -46,7 +46,7 @@ from fedjax_dp import attacks as attacks_lib
 from fedjax_dp.aggregators.base import weighted_sum
 from fedjax_dp.aggregators.robust import finite_rows
 from fedjax_dp.client import make_optimizer
-from fedjax_dp.errors import check
+from fedjax_dp.errors import ConfigError, check
 from fedjax_dp.models import conv_layers
 from fedjax_dp.transforms import global_norm
 
@@ -576,6 +576,26 @@ def use_cpu_devices(n: Optional[int]) -> None:
     check(have == n, "cpu_devices", n, f"JAX already started in this process with {have} CPU "
           f"device(s); the count is set before JAX starts: a new process (or JAX_NUM_CPU_DEVICES="
           f"{n} in its environment)")
+
+
+def check_backend() -> None:
+  """Starts JAX's backend (its devices are listed), refusing one that cannot start here in one
+  :class:`fedjax_dp.errors.ConfigError` naming ``JAX_PLATFORMS`` (``JAX_PLATFORMS=tpu`` on a
+  machine without a TPU, a platform JAX does not know), in place of JAX's traceback."""
+  try:
+    jax.devices()
+  # RuntimeError: a platform asked for failed to start; AssertionError: JAX 0.10 asserts it
+  # started one after skipping each asked for (JAX_PLATFORMS=cuda without an NVIDIA GPU).
+  except (RuntimeError, AssertionError) as e:
+    # JAX's message, less its hint on JAX_PLATFORMS (the refusal gives its own).
+    detail = (str(e).splitlines() or ["no platform asked for has a device"])[0]
+    detail = detail.split(" (set JAX_PLATFORMS=")[0].split(" (you may need to")[0][:300]
+    asked = jax.config.jax_platforms or ""
+    raise ConfigError("JAX_PLATFORMS", asked, (
+        f"names a platform that JAX cannot start on this machine ({detail}): leave it unset to "
+        "run on what the machine has, or set JAX_PLATFORMS=cpu" if asked else
+        f"JAX cannot start a platform of this machine ({detail}): set JAX_PLATFORMS=cpu "
+        "to run on the CPU")) from None
 
 
 def check_devices(devices: Optional[int]) -> int:

@@ -536,6 +536,37 @@ def test_a_run_with_stdout_closed_is_refused_before_anything_is_written(capsys, 
   assert not (tmp_path / "o").exists()
 
 
+def test_a_jax_platform_this_machine_lacks_is_refused_in_one_line(tmp_path):
+  import importlib.util
+  if importlib.util.find_spec("libtpu") is not None:
+    pytest.skip("libtpu is installed: JAX_PLATFORMS=tpu may start here")
+  # About 50 lines of JAX's traceback before.
+  done = _cli(["run", *TINY, "--output-dir", str(tmp_path / "o")], JAX_PLATFORMS="tpu")
+  err = done.stderr.decode().strip().splitlines()
+  assert done.returncode == 2 and len(err) == 1, (done.returncode, err)
+  assert err[0].startswith("fedjax-dp: error: invalid JAX_PLATFORMS='tpu': names a platform")
+  assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("asked,words", [
+    ("tpu", "names a platform that JAX cannot start on this machine (Unable to initialize"),
+    (None, "JAX cannot start a platform of this machine (Unable to initialize")])
+def test_a_backend_that_cannot_start_is_refused_naming_jax_platforms(asked, words, monkeypatch):
+  import types
+  import fedjax_dp.round
+
+  def devices():
+    raise RuntimeError("Unable to initialize backend 'tpu': INTERNAL: no libtpu.so (set "
+                       "JAX_PLATFORMS='' to automatically choose an available backend)")
+
+  monkeypatch.setattr(fedjax_dp.round, "jax", types.SimpleNamespace(
+      devices=devices, config=types.SimpleNamespace(jax_platforms=asked)))
+  with pytest.raises(ConfigError) as e:
+    fedjax_dp.round.check_backend()
+  assert e.value.field == "JAX_PLATFORMS" and e.value.value == (asked or "")
+  assert words in str(e.value) and "automatically choose" not in str(e.value)  # JAX's hint
+
+
 # ------------------------------------------------------------------ wrong results, never silent
 
 
