@@ -290,8 +290,9 @@ def load_plugins(modules: Iterable[str]) -> None:
     ConfigError: naming the module, if it cannot be imported.
   """
   for module in modules:
-    check(isinstance(module, str) and module != "", "plugin", module,
-          "must be the dotted name of an importable Python module")
+    # A relative name (".x", ".."), which import_module refuses with a TypeError, is not one.
+    check(isinstance(module, str) and all(part.isidentifier() for part in module.split(".")),
+          "plugin", module, "must be the dotted name of an importable Python module")
     try:
       importlib.import_module(module)
     except ImportError as e:

@@ -637,7 +637,8 @@ def load_config_file(path: str) -> dict:
   known = {f.name for f in dataclasses.fields(RunConfig)}
   # A run's summary.json lists under config.not_used the settings it left unread; that object is
   # a config file as written, and the list sets nothing.
-  check(isinstance(unread, list) and all(k in known for k in unread), "not_used", unread,
+  check(isinstance(unread, list) and all(isinstance(k, str) and k in known for k in unread),
+        "not_used", unread,
         "must be a list of setting names (as a summary's config records them); it sets nothing")
   check_keys(d)
   return d

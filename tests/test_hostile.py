@@ -4,6 +4,7 @@ traceback; wrong results are never silent; nothing already written is lost."""
 import dataclasses
 import gzip
 import io
+import itertools
 import json
 import math
 import os
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 
 from fedjax_dp import components
 from fedjax_dp.cli import main
-from fedjax_dp.config import RunConfig, make_config
+from fedjax_dp.config import RunConfig, field_types, make_config
 from fedjax_dp.errors import ConfigError
 
 TINY = ["--num-clients", "40", "--rounds", "2", "--local-steps", "2", "--model", "mlp", "--no-progress"]
@@ -771,3 +772,175 @@ def test_privacy_never_ends_in_a_traceback(args):
   else:
     lines = err.getvalue().strip().splitlines()
     assert rc == 2 and len(lines) == 1 and lines[0].startswith("fedjax-dp: error: invalid "), lines
+
+
+# ------------------------------------------------------------------ the option parser
+
+
+def _run_flags() -> dict:
+  """``fedjax-dp run``'s flags: each option string -> whether it takes a value."""
+  import argparse
+  from fedjax_dp.cli import build_parser
+  sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+  return {a.option_strings[-1]: a.nargs != 0 for a in sub.choices["run"]._actions
+          if a.option_strings and a.option_strings[-1] != "--help"}
+
+
+# Values no flag or setting means, and some it does: empty, signs, non-finite and huge numbers,
+# digits Python reads but ASCII does not have, JSON where text is meant, names too long.
+HOSTILE_TEXT = ["", " ", "0", "-1", "1", "2", "1.5", "-0", "1e400", "-1e400", "nan", "inf",
+                "none", "null", "true", "no", "２", "٣", "1_000", " 3", "0x10", "9" * 5000,
+                "1" + "0" * 30, "abc", "é", "[1]", "{}", '{"a": 1}', "a" * 300, "..", "/",
+                "--rounds", "-", "[" * 5000]
+# Plugins: names that import nothing (an arbitrary name could import a module that does
+# something, such as antigravity).
+HOSTILE_PLUGINS = ["", "..", ".x", "a b", "no_such_module_fedjax_dp", "os/path", "1bad"]
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6)
+    | st.sampled_from([10 ** 400, -(2 ** 70), "２", "\u0000", "nan"]),
+    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=6), kids,
+                                                              max_size=3), max_leaves=8)
+
+
+def _text(value) -> str:
+  """A setting's value as a flag gives it."""
+  return "none" if value is None else repr(value) if isinstance(value, float) else str(value)
+
+
+@st.composite
+def config_files(draw):
+  """A --config file's bytes: a valid configuration, flat or nested, with some settings given
+  odd values (JSON of any shape, huge or non-ASCII numbers) and keys added or left out; or
+  bytes Python's JSON reader cannot take."""
+  from fedjax_dp.config import nest
+  kind = draw(st.integers(0, 9))
+  if kind == 9:
+    return draw(st.sampled_from([b"[" * 5000, b'{"rounds": ' + b"9" * 5000 + b"}",
+                                 b'{"run": ' * 3000 + b"{}" + b"}" * 3000, b"\xff\xfe",
+                                 b'{"rounds": NaN}', b'{"rounds": 1, "rounds": 2}', b""]))
+  d = draw(valid_configs())
+  for key in draw(st.lists(st.sampled_from(sorted(d)), max_size=3)):
+    d[key] = draw(JSON_VALUES)
+  if draw(st.booleans()):
+    d.pop(draw(st.sampled_from(sorted(d))))
+  if draw(st.booleans()):
+    d[draw(st.sampled_from(["options", "not_used", "plugins", "foo", "run", "algorithm"]))] = (
+        draw(JSON_VALUES))
+  try:
+    doc = nest(d) if kind > 4 else d
+  except (ConfigError, TypeError, AttributeError):  # a mutated options block: written flat
+    doc = d
+  if kind > 4 and draw(st.booleans()):
+    block = draw(st.sampled_from(sorted(doc)))
+    if isinstance(doc[block], dict):
+      doc[block][draw(st.sampled_from(["name", "clip", "lambda", "aggregator", "attack", "x"]))] = (
+          draw(JSON_VALUES))
+  return json.dumps(doc, ensure_ascii=draw(st.booleans())).encode()
+
+
+@st.composite
+def run_command_lines(draw):
+  """A ``fedjax-dp run`` command line, with paths as placeholders (``@prior``, ``@fresh``,
+  ...: :func:`test_the_run_parser_never_ends_in_a_traceback` fills them in): mostly the
+  settings of a valid configuration as flags, some given odd values, and the run's own flags
+  (output folder, resume, config file, --set, plugins) with values plausible and not. The
+  odd values are the draws of a middle number (hypothesis favours the smallest)."""
+  def pick(plausible, odd):
+    return draw(st.sampled_from(odd if draw(st.integers(0, 4)) == 2 else plausible))
+
+  flags = _run_flags()
+  valid = draw(valid_configs())
+  args = ["run"] + (["--config", "@config"] if draw(st.booleans()) else [])
+  names = (sorted(valid) if draw(st.booleans()) else
+           draw(st.lists(st.sampled_from(sorted(valid)), max_size=5, unique=True)))
+  for name in names:
+    if name != "options":
+      args += ["--" + name.replace("_", "-"), pick([_text(valid[name])], HOSTILE_TEXT)]
+  for opt, v in valid.get("options", {}).items():
+    args += ["--set", f"{opt}={_text(v)}"]
+  odd_paths = ["@file", "@long", "", "/proc/x", "@fresh"]
+  own = {"--output-dir": lambda: pick(["@fresh", "@prior", "@prior_via_missing"], odd_paths),
+         "--resume": lambda: pick(["@prior"], odd_paths),
+         "--config": lambda: "@config",
+         "--plugin": lambda: draw(st.sampled_from(HOSTILE_PLUGINS)),
+         "--set": lambda: pick(["lambda", "clip", "epsilon"], ["", "x=y"]) + "=" + pick(
+             ["0.1", "1", "true"], HOSTILE_TEXT),
+         "--release": lambda: pick(["all", "private"], ["x"]),
+         "--cpu-devices": lambda: pick(["1"], ["2", "0", "x"]),
+         "--checkpoint-every": lambda: pick(["1", "3"], HOSTILE_TEXT)}
+  settings = {"--" + name.replace("_", "-") for name in field_types()}
+  for flag in (draw(st.lists(st.sampled_from(sorted(set(flags) - settings)), max_size=4))
+               + draw(st.lists(st.sampled_from(sorted(flags)), max_size=1))):
+    if flags[flag]:
+      args += [flag, own.get(flag, lambda: draw(st.sampled_from(HOSTILE_TEXT)))()]
+    else:
+      args.append(flag)
+  if draw(st.integers(0, 9)) == 5:  # a misspelt flag, or a stray word
+    args.append(draw(st.sampled_from(["--algoritm", "--rounds=", "x", "--", "-r"])))
+  return args
+
+
+class _Accepted(Exception):
+  """Raised in place of a run that got through every check: the test trains nothing."""
+
+
+@pytest.fixture(scope="module")
+def parser_workspace(tmp_path_factory):
+  """A folder holding a finished one-round run (``prior``, checkpointed) and a file (``file``),
+  the paths a command line's placeholders name."""
+  ws = tmp_path_factory.mktemp("parser")
+  assert main(["run", *TINY, "--rounds", "1", "--checkpoint-every", "1",
+               "--output-dir", str(ws / "prior")]) == 0
+  (ws / "file").write_text("x")
+  return ws
+
+
+def _contents(folder) -> dict:
+  return {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(args=run_command_lines(), config=config_files())
+# Found by this test: a --resume name longer than the file system allows (ENAMETOOLONG from
+# pathlib's is_dir).
+@example(args=["run", "--accountant", "", "--resume", "@long"], config=b"{}")
+# and a relative --plugin name (TypeError from importlib.import_module).
+@example(args=["run", "--checkpoint-every", "1", "--plugin", ".."], config=b"{}")
+# and a config file's not_used holding a list (TypeError: unhashable type).
+@example(args=["run", "--config", "@config"], config=b'{"not_used": [[]]}')
+def test_the_run_parser_never_ends_in_a_traceback(parser_workspace, args, config):
+  """Any command line and --config file: exit 0, or one line and exit 2; never a traceback,
+  and the finished run in the folder is as it was. Nothing trains: a run that passes every
+  check stops where training would begin (its data would load)."""
+  import contextlib
+  import fedjax_dp.experiment
+  ws = parser_workspace
+  before = _contents(ws / "prior")
+  n = next(_EXAMPLES)
+  fresh = ws / f"fresh-{n}"
+  (ws / f"config-{n}.json").write_bytes(config)
+  names = {"prior": ws / "prior", "fresh": fresh, "file": ws / "file", "long": ws / ("a" * 300),
+           "prior_via_missing": ws / "missing" / ".." / "prior", "config": ws / f"config-{n}.json"}
+  args = [str(names[a[1:]]) if a.startswith("@") and a[1:] in names else a for a in args]
+
+  def accepted(*a, **k):
+    raise _Accepted
+
+  out, err = io.StringIO(), io.StringIO()
+  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+       pytest.MonkeyPatch.context() as patch:
+    patch.chdir(ws)  # relative paths (the default runs/quickstart) in the workspace
+    patch.setattr(fedjax_dp.experiment, "_simulate", accepted)
+    try:
+      rc = main(args)
+    except _Accepted:
+      rc = 0
+  lines = err.getvalue().strip().splitlines()
+  if rc != 0:
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("fedjax-dp: error: "), (
+        args, rc, lines)
+  assert _contents(ws / "prior") == before, args
+  assert not fresh.exists() and not (ws / "missing").exists() and not (ws / "runs").exists()
+
+
+_EXAMPLES = itertools.count()
