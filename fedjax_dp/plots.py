@@ -414,7 +414,7 @@ def plot_frontier(paths: Sequence, out):
   worst-case client's. Writes ``out`` and returns the figure."""
   check(len(paths) >= 1, "dir", list(paths), "give at least one results.json or its folder")
   out = _check_out(out)
-  files = [pathlib.Path(p) if pathlib.Path(p).is_file() else _file_in(p, "results.json")
+  files = [pathlib.Path(p) if is_file(p, "dir") else _file_in(p, "results.json")
            for p in paths]
   curves, baselines = [], []
   for prefix, f in zip(_labels([f.parent for f in files]), files):
@@ -445,9 +445,9 @@ def detect_kind(dirs: Sequence) -> str:
   """``fedjax-dp plot``'s default kind: "frontier" when a path is or holds a ``results.json``,
   "norms" for one folder holding ``norms.npz``, else "runs"."""
   paths = [pathlib.Path(d) for d in dirs]
-  if any(p.name == "results.json" or (p / "results.json").is_file() for p in paths):
+  if any(p.name == "results.json" or is_file(p / "results.json", "dir") for p in paths):
     return "frontier"
-  if len(paths) == 1 and (paths[0] / "norms.npz").is_file():
+  if len(paths) == 1 and is_file(paths[0] / "norms.npz", "dir"):
     return "norms"
   return "runs"
 

@@ -466,6 +466,16 @@ def test_output_paths_longer_than_the_file_system_allows_are_refused(where, caps
   assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("args,field", [(["run", "--config"], "config"),
+                                        (["run", "--resume"], "resume"),
+                                        (["plot", "--out", "p.png"], "dir")])
+def test_input_paths_longer_than_the_file_system_allows_are_refused(args, field, capsys,
+                                                                   tmp_path):
+  # OSError (ENAMETOOLONG) from pathlib's is_file / is_dir before.
+  assert main([*args, str(tmp_path / ("a" * 300))]) == 2
+  assert "cannot be looked up (File name too long)" in _one_error_line(capsys, field)
+
+
 def test_a_relative_output_dir_in_a_deleted_folder_is_refused(capsys, tmp_path, monkeypatch):
   # The current folder deleted before the run: os.getcwd() raised FileNotFoundError.
   gone = tmp_path / "gone"
