@@ -45,6 +45,7 @@ import numpy as np
 from fedjax_dp import interrupts, outputs
 from fedjax_dp.errors import ConfigError, check
 from fedjax_dp.observers import Start
+from fedjax_dp.paths import is_dir
 
 KEEP = 2  # checkpoints kept
 
@@ -157,7 +158,7 @@ def _read_host(manager, step: int) -> dict:
 def read_meta(output_dir) -> dict:
   """The ``host`` item of the latest checkpoint in ``output_dir`` (its ``config``, ``release``,
   ``checkpoint_every``, ``round``, ...); :class:`ConfigError` when there is none."""
-  check(outputs.is_dir(output_dir, "resume"), "resume", str(output_dir),
+  check(is_dir(output_dir, "resume"), "resume", str(output_dir),
         "is not an existing folder: name the folder of the run to continue")
   step = latest_round(output_dir)
   check(step is not None, "resume", str(output_dir),

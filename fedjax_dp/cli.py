@@ -35,8 +35,9 @@ from fedjax_dp.errors import (ConfigError, NoiseWarning, RunWarning, check, chec
                               check_open_unit, closest)
 from fedjax_dp.experiment import simulate
 from fedjax_dp.jsonio import dumps
-from fedjax_dp.outputs import (METRICS, METRICS_CSV, RUN_FILES, SUMMARY, absolute,
-                               check_output_dir, check_writable, claimed, replacing)
+from fedjax_dp.outputs import (METRICS, METRICS_CSV, RUN_FILES, SUMMARY, check_output_dir,
+                               check_writable, claimed, replacing)
+from fedjax_dp.paths import absolute
 from fedjax_dp.privacy import (ACCOUNTANTS, CohortSampling, GaussianSumMechanism,
                                calibrate_noise_multiplier, epsilon_for)
 from fedjax_dp.privacy.ledger import check_supported

@@ -22,7 +22,7 @@ from fedjax_dp import components
 from fedjax_dp.data.specs import BY_NAME, SPECS, check_partition
 from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit, check_positive
 from fedjax_dp.models import Model, check_conv_dtype
-from fedjax_dp.outputs import is_file
+from fedjax_dp.paths import is_file
 from fedjax_dp.privacy.mechanisms import MAX_NOISE_MULTIPLIER
 from fedjax_dp.sampling import check_design
 

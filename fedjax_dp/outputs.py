@@ -27,7 +27,6 @@ import io
 import os
 import pathlib
 import shutil
-import stat
 import sys
 import tempfile
 import types
@@ -36,6 +35,7 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence
 import filelock
 
 from fedjax_dp.errors import ConfigError, check
+from fedjax_dp.paths import absolute
 
 METRICS = "metrics.jsonl"
 METRICS_CSV = "metrics.csv"  # metrics.jsonl's rows as a table (fedjax_dp.observers.MetricsTable)
@@ -101,51 +101,6 @@ def claimed(path, *, overwrite: bool, results: Sequence[str] = RUN_FILES,
   with sole_writer(path):
     yield (pathlib.Path(path) if resume else
            check_output_dir(path, overwrite=overwrite, results=results))
-
-
-def absolute(path, field: str = "output_dir") -> pathlib.Path:
-  """``path`` made absolute (a relative one joined to the current folder).
-
-  Raises:
-    ConfigError: naming ``field`` and ``path``, when ``path`` is relative and the current folder
-      no longer exists (deleted after the command started in it).
-  """
-  try:
-    return pathlib.Path(path).absolute()
-  except FileNotFoundError:  # os.getcwd(): the current folder was deleted
-    raise ConfigError(field, str(path), "is relative to the current folder, which no longer "
-                      "exists (it was deleted): give an absolute path, or run the command from "
-                      "an existing folder") from None
-
-
-def _status(path, field: str) -> Optional[os.stat_result]:
-  """``path``'s status (links followed); None where nothing is there.
-
-  Raises:
-    ConfigError: naming ``field`` and ``path``, when the file system cannot look ``path`` up (a
-      name longer than it allows, a folder that may not be entered, a loop of links), where
-      ``pathlib`` raises the OSError or answers False.
-  """
-  try:
-    return os.stat(path)
-  except (FileNotFoundError, NotADirectoryError):
-    return None
-  except OSError as e:
-    raise ConfigError(field, str(path), f"cannot be looked up ({e.strerror or e})") from None
-
-
-def is_dir(path, field: str) -> bool:
-  """Whether ``path`` is a folder (:func:`_status`: a path the file system cannot look up is
-  refused, naming ``field``)."""
-  status = _status(path, field)
-  return status is not None and stat.S_ISDIR(status.st_mode)
-
-
-def is_file(path, field: str) -> bool:
-  """Whether ``path`` is a regular file (:func:`_status`: a path the file system cannot look up
-  is refused, naming ``field``)."""
-  status = _status(path, field)
-  return status is not None and stat.S_ISREG(status.st_mode)
 
 
 def _nearest_existing(path: pathlib.Path, field: str, given: str) -> pathlib.Path:

@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 
 from fedjax_dp.errors import ConfigError, check
 from fedjax_dp.jsonio import NONFINITE_SUFFIX
-from fedjax_dp.outputs import is_dir, is_file
+from fedjax_dp.paths import is_dir, is_file
 
 KINDS = ("runs", "norms", "frontier")
 # Sweep grid axes that move a method along its frontier (not part of its line's label).
