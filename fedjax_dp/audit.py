@@ -39,18 +39,19 @@ import functools
 import math
 import sys
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from scipy.stats import beta
 
 from fedjax_dp.algorithms import build
 from fedjax_dp.config import make_config
 from fedjax_dp.data import FederatedData
 from fedjax_dp.errors import ConfigError, check, check_choice
 from fedjax_dp.jsonio import dumps
+from fedjax_dp.lower_bounds import (Family, SignFamily, clopper_pearson_upper, family_bound,
+                                    sign_bound, threshold_epsilon)
 from fedjax_dp.models import Model
 from fedjax_dp.models.zoo import MLP
 from fedjax_dp.round import CohortBatch, messages, step
@@ -60,65 +61,71 @@ DELTA = 1e-5
 SCALES = (1.0, 10.0, 100.0)
 CANARY = 50.0      # the canary's feature value: its gradient is far above every clip bound
 DIM = 2            # inputs: feature 0 is the canary's alone (0 for every other example)
+PARAMS = DIM * 2 + 2  # the audited model's parameters (a 2 x 2 kernel and 2 biases)
 
 
 # ----------------------------------------------------------------------------------------------
-# The test: Clopper-Pearson bounds on a threshold test's error rates.
+# The tests: the releases projected on a learned direction, then bounded.
 
-def clopper_pearson_upper(errors, n: int, alpha: float) -> np.ndarray:
-  """One-sided upper confidence bound, level ``1 - alpha``, on a rate of ``errors`` in ``n``."""
-  k = np.asarray(errors, np.float64)
-  safe = np.minimum(k, n - 1)
-  return np.where(k >= n, 1.0, beta.ppf(1.0 - alpha, safe + 1.0, n - safe))
+def _project(r0: np.ndarray, r1: np.ndarray, coords: Optional[np.ndarray]):
+  """The statistic ``<release - midpoint, v>`` of every release, world 1 higher on average.
 
-
-def _epsilons(s0: np.ndarray, s1: np.ndarray, thresholds: np.ndarray, delta: float, alpha: float):
-  """For each threshold t of the test "world 1 iff s > t": ``(eps bound, fpr_u, fnr_u, fp, fn)``."""
-  n0, n1 = len(s0), len(s1)
-  fp = n0 - np.searchsorted(np.sort(s0), thresholds, side="right")
-  fn = np.searchsorted(np.sort(s1), thresholds, side="right")
-  fpr_u = clopper_pearson_upper(fp, n0, alpha / 2)
-  fnr_u = clopper_pearson_upper(fn, n1, alpha / 2)
-  with np.errstate(divide="ignore", invalid="ignore"):
-    a = np.log(np.maximum(1.0 - delta - fnr_u, 0.0) / fpr_u)
-    b = np.log(np.maximum(1.0 - delta - fpr_u, 0.0) / fnr_u)
-  return np.maximum(a, b), fpr_u, fnr_u, fp, fn
-
-
-def epsilon_lower_bound(r0: np.ndarray, r1: np.ndarray, delta: float, confidence: float,
-                        coords: Optional[np.ndarray] = None) -> dict:
-  """Lower bound on epsilon from releases ``r0``, ``r1`` (``[trials, d]``) of two neighbours.
-
-  See the module docstring: direction, midpoint, orientation and threshold are
-  chosen on the first half of each world's trials, the bound is computed on
-  the second half. ``coords`` (a ``[d]`` mask) restricts the direction to the
-  coordinates the canary was designed to reach (a Dirac canary's), which the
-  auditor knows in advance. Returns the bound (0 when no test beats guessing)
-  and the chosen test's counts.
+  ``v`` is the difference of the two worlds' mean releases on the first half of each world's
+  trials and the midpoint their average; ``coords`` (a ``[d]`` mask) restricts both to the
+  coordinates the canary was designed to reach (a Dirac canary's), which the auditor knows in
+  advance.
   """
   r0 = np.asarray(r0, np.float64).reshape(len(r0), -1)
   r1 = np.asarray(r1, np.float64).reshape(len(r1), -1)
   if coords is not None:
     r0, r1 = r0[:, coords], r1[:, coords]
   h = len(r0) // 2
-  alpha = 1.0 - confidence
   m0, m1 = r0[:h].mean(0), r1[:h].mean(0)
   v, mid = m1 - m0, (m0 + m1) / 2
+  return (r0 - mid) @ v, (r1 - mid) @ v
+
+
+def _threshold_counts(s0, s1, thresholds, alpha):
+  """For the tests "world 1 iff s > t": ``(eps bound, fpr_u, fnr_u, fp, fn)`` at ``delta``."""
+  fp = len(s0) - np.searchsorted(np.sort(s0), thresholds, side="right")
+  fn = np.searchsorted(np.sort(s1), thresholds, side="right")
+  return (clopper_pearson_upper(fp, len(s0), alpha / 2),
+          clopper_pearson_upper(fn, len(s1), alpha / 2), fp, fn)
+
+
+def epsilon_lower_bound(r0: np.ndarray, r1: np.ndarray, delta: float, confidence: float,
+                        coords: Optional[np.ndarray] = None) -> dict:
+  """Assumption-free lower bound on epsilon from releases ``r0``, ``r1`` (``[trials, d]``).
+
+  The statistic is :func:`_project`'s; the orientation and threshold of the best test
+  (:func:`fedjax_dp.lower_bounds.threshold_epsilon`) are chosen on the first half of each world's
+  trials, and that one test's rates are bounded on the second half (Clopper-Pearson, each
+  one-sided at ``(1 - confidence) / 2``). Selecting on one half and bounding on the other needs
+  no correction for multiple testing.
+
+  Returns:
+    The bound (0 when no test beats guessing), the largest bound the trial counts can show
+    (a test without errors), and the chosen test's counts.
+  """
+  s0, s1 = _project(r0, r1, coords)
+  h = len(s0) // 2
+  alpha = 1.0 - confidence
   best = None
   for sign in (1.0, -1.0):
-    s0, s1 = sign * ((r0 - mid) @ v), sign * ((r1 - mid) @ v)
-    u = np.unique(np.concatenate([s0[:h], s1[:h]]))
+    a, b = sign * s0, sign * s1
+    u = np.unique(np.concatenate([a[:h], b[:h]]))
     # Midpoints between consecutive values: on the selection half each splits it as the value
     # below does, and on fresh data it sits in the middle of a gap rather than at its edge.
     cand = np.concatenate([[-np.inf], (u[:-1] + u[1:]) / 2])
-    eps, *_ = _epsilons(s0[:h], s1[:h], cand, delta, alpha)
+    eps = threshold_epsilon(*_threshold_counts(a[:h], b[:h], cand, alpha)[:2], delta)
     i = int(np.nanargmax(np.where(np.isfinite(eps), eps, -np.inf)))
     if best is None or eps[i] > best[0]:
-      best = (eps[i], sign, cand[i], s0[h:], s1[h:])
+      best = (eps[i], sign, cand[i], a[h:], b[h:])
   _, sign, t, e0, e1 = best
-  eps, fpr_u, fnr_u, fp, fn = (x[0] for x in _epsilons(e0, e1, np.array([t]), delta, alpha))
-  # The largest bound these trial counts can show (a test without errors).
-  cap, *_ = _epsilons(np.zeros(len(e0)), np.ones(len(e1)), np.array([0.5]), delta, alpha)
+  fpr_u, fnr_u, fp, fn = (x[0] for x in _threshold_counts(e0, e1, np.array([t]), alpha))
+  eps = threshold_epsilon(fpr_u, fnr_u, delta)
+  cap = threshold_epsilon(*_threshold_counts(np.zeros(len(e0)), np.ones(len(e1)),
+                                             np.array([0.5]), alpha)[:2], delta)
   return {"epsilon_lower_bound": max(0.0, float(eps)) if np.isfinite(eps) else 0.0,
           "max_lower_bound_at_trials": float(cap[0]),
           "test": {"orientation": "above" if sign > 0 else "below", "threshold": float(t),
@@ -183,12 +190,27 @@ def _step_fn(rnd):
   return jax.jit(jax.vmap(one, in_axes=(0, 0, 0) + (None,) * 5))
 
 
+# Trials per compiled call: the releases of one audit are computed in chunks of this size.
+CHUNK = 1 << 15
+
+
+def _chunked(fn, keys, per_trial=(), shared=()) -> np.ndarray:
+  """``fn(keys, *per_trial, *shared)`` over the leading axis in chunks of :data:`CHUNK` (the
+  last padded with its own first rows, then cut), stacked on the host."""
+  n, out = len(keys), []
+  for lo in range(0, n, CHUNK):
+    idx = np.arange(lo, lo + CHUNK) % n if n > CHUNK else np.arange(n)
+    part = fn(keys[idx], *(a[idx] for a in per_trial), *shared)
+    out.append(np.asarray(part)[:min(CHUNK, n - lo)])
+  return np.concatenate(out)
+
+
 def _round_releases(setup, data, hp, ids, mask, key, trials: int):
   """One round per trial on ``data`` with cohorts ``ids``, ``mask`` (``[trials, C]``)."""
   rnd = setup.program
   keys = jax.random.split(key, trials)
-  return np.asarray(_step_fn(rnd)(keys, ids, mask, _zero_state(rnd, hp), hp, data.x, data.y,
-                                  data.counts))
+  return _chunked(_step_fn(rnd), keys, (ids, mask),
+                  (_zero_state(rnd, hp), hp, data.x, data.y, data.counts))
 
 
 def _canary_coords(setup, hp) -> np.ndarray:
@@ -197,11 +219,6 @@ def _canary_coords(setup, hp) -> np.ndarray:
   marked = jax.tree_util.tree_map_with_path(
       lambda path, p: p.at[0].set(1.0) if getattr(path[-1], "key", None) == "kernel" else p, params)
   return np.asarray(_flat(marked)) > 0
-
-
-def _cohorts(sampler, trials: int):
-  cs = [sampler.sample() for _ in range(trials)]
-  return np.stack([c.ids for c in cs]), np.stack([c.mask for c in cs])
 
 
 def _claim(setup, cohort) -> dict:
@@ -226,30 +243,32 @@ def _hp(setup, key: str, factor: float) -> dict:
 NUM_USERS = 8  # the population of the user-level audits (the canary is the last client)
 
 
-def _user_level(algorithm: str, sampling: str, options=None):
+def _user_level(algorithm: str, sampling: str, options=None, noise_key: str = "noise_multiplier",
+                users: int = NUM_USERS, cohort: int = 4):
   """DP-FedAvg family: the round's noisy mean of clipped updates, one round.
 
   Poisson (add/remove): world 1 has the canary client, world 0 has not (its slot
   never joins; the population size and the public denominator ``qN`` are kept).
   Fixed cohorts (replace-one): the canary is replaced by the anti-canary (the same
-  example with the other label, whose update is the canary's negated).
+  example with the other label, whose update is the canary's negated). ``noise_key``: the
+  hyper-parameter the noise factor scales; ``users`` clients, fixed cohorts of ``cohort``.
   """
   def run(trials, key, factor, scale):
-    cfg = dict(algorithm=algorithm, num_clients=NUM_USERS, sampling=sampling, clip=1.0,
+    cfg = dict(algorithm=algorithm, num_clients=users, sampling=sampling, clip=1.0,
                noise_multiplier=1.5 if sampling == "poisson" else 3.0, options=options or {})
-    cfg.update(sampling_prob=0.5) if sampling == "poisson" else cfg.update(cohort_size=4)
-    canary = NUM_USERS - 1
+    cfg.update(sampling_prob=0.5) if sampling == "poisson" else cfg.update(cohort_size=cohort)
+    canary = users - 1
     out = []
     for world in (0, 1):
       label = 0 if world else 1
-      data = federation(NUM_USERS, 4, 0, (canary, CANARY * scale, label), alone=True)
+      data = federation(users, 4, 0, (canary, CANARY * scale, label), alone=True)
       setup = _build(_config(**cfg, seed=world), data)
-      ids, mask = _cohorts(setup.sampler, trials)
+      ids, mask = setup.sampler.sample_many(trials)
       if sampling == "poisson" and world == 0:
         mask = np.where(ids == canary, 0.0, mask).astype(np.float32)
-      hp = _hp(setup, "noise_multiplier", factor)
+      hp = _hp(setup, noise_key, factor)
       out.append(_round_releases(setup, data, hp, ids, mask, jax.random.fold_in(key, world), trials))
-    claim = _claim(setup, Cohort(np.arange(NUM_USERS, dtype=np.int32), np.ones(NUM_USERS, np.float32)))
+    claim = _claim(setup, Cohort(np.arange(users, dtype=np.int32), np.ones(users, np.float32)))
     return out[0], out[1], claim, _canary_coords(setup, hp)
   return run
 
@@ -297,6 +316,37 @@ def _example_level(algorithm: str, example_sampling: str, cls: Optional[str] = N
   return run
 
 
+PUBLIC = 4  # AE-DPFL's public examples in its audit
+
+
+def _votes(trials, key, factor, scale):
+  """AE-DPFL: the noisy vote counts the server step receives, one round (add/remove a client).
+
+  Two clients: the canary (one example, 50 on feature 0, label 0; after its local step it votes
+  class 0 on every public example) and the holder of the public set (``PUBLIC`` examples), who
+  leaves the population. Poisson sampling (q = 0.5): in world 1 the canary joins with
+  probability q, in world 0 never. The release is what the round's server step receives (the
+  step is swapped for one that returns it: training on the noisy labels is post-processing).
+  """
+  cfg = dict(algorithm="ae-dpfl", num_clients=2, sampling="poisson", sampling_prob=0.5,
+             noise_multiplier=1.5, options={"public_size": PUBLIC})
+  data = federation(2, PUBLIC, 0, (0, CANARY * scale, 0), alone=True)
+  setup = _build(_config(**cfg), data)
+  rnd = setup.program
+  released = dataclasses.replace(rnd, hooks=rnd.hooks._replace(
+      server_step=lambda state, counts, hp, key: (counts, state.opt_state)))
+  hp = _hp(setup, "noise_multiplier", factor)
+  out = []
+  for world in (0, 1):
+    ids, mask = setup.sampler.sample_many(trials)
+    mask = mask * world
+    keys = jax.random.split(jax.random.fold_in(key, world), trials)
+    out.append(_chunked(_step_fn(released), keys, (ids, mask),
+                        (_zero_state(rnd, hp), hp, data.x, data.y, data.counts)))
+  claim = _claim(setup, Cohort(np.zeros(1, np.int32), np.ones(1, np.float32)))
+  return out[0], out[1], claim, np.arange(2 * PUBLIC) % 2 == 0  # the counts of class 0
+
+
 @functools.lru_cache(maxsize=16)
 def _message_fn(rnd):
   """``(keys, x0, row, hp, x, y, count) -> [trials, d]``: one worker's message per trial (the
@@ -331,8 +381,8 @@ def _sign(variant: str, options: dict, perturb_key: str, flip: bool):
       s = scale if world == 0 else -scale
       row = jax.tree_util.tree_map(lambda p: p + s, state.params)
       keys = jax.random.split(jax.random.fold_in(key, world), trials)
-      out.append(np.asarray(_message_fn(rnd)(keys, state.params, row, hp, data.x[0], data.y[0],
-                                             data.counts[0])))
+      out.append(_chunked(_message_fn(rnd), keys,
+                          shared=(state.params, row, hp, data.x[0], data.y[0], data.counts[0])))
     claim = _claim(setup, Cohort(np.zeros(1, np.int32), np.ones(1, np.float32)))
     return out[0], out[1], claim, None
   return run
@@ -372,7 +422,7 @@ def _omniscient(trials, key, factor, scale):
     s = -scale if world == 0 else scale
     rows = jax.tree_util.tree_map(lambda o: o.at[0].set(s), others)
     keys = jax.random.split(jax.random.fold_in(key, world), trials)
-    out.append(np.asarray(fn(keys, rows)))
+    out.append(_chunked(fn, keys, shared=(rows,)))
   claim = _claim(setup, Cohort(np.arange(K, dtype=np.int32), np.ones(K, np.float32)))
   return out[0], out[1], claim, None
 
@@ -385,6 +435,8 @@ class Audit:
     run: ``(trials, key, noise_factor, scale) -> (releases0, releases1, claim)``.
     covers: the relation, the number of rounds/steps and the canary, in words.
     formal: whether the library claims a guarantee (False: audited over ``--scales``).
+    family: the family the release along the canary's direction belongs to
+      (:mod:`fedjax_dp.lower_bounds`), for the bound that assumes it.
     trials: the default number of releases per neighbour.
     max_noise_factor: the largest ``noise_factor`` the mechanism can run with (Sign-Flipping's
       flip probability, which the factor scales, is at most 1/2).
@@ -393,7 +445,8 @@ class Audit:
   run: Callable
   covers: str
   formal: bool = True
-  trials: int = 20000
+  family: Union[Family, SignFamily, None] = None
+  trials: int = 200_000
   max_noise_factor: float = math.inf
 
 
@@ -408,30 +461,47 @@ _SIGN = ("worker-level, replace one worker's data set, one iteration, 6 coordina
 AUDITS = {
     "dp_fedavg-poisson": Audit(_user_level("dp_fedavg", "poisson"),
                                _FEDAVG + "; add/remove the canary client under Poisson sampling "
-                               "(q = 0.5), noise multiplier 1.5"),
+                               "(q = 0.5), noise multiplier 1.5", family=Family(0.5)),
     "dp_fedavg-fixed": Audit(_user_level("dp_fedavg", "fixed"),
                              _FEDAVG + "; replace the canary client by its anti-canary (the other "
-                             "label), cohorts of 4 without replacement, noise multiplier 3"),
+                             "label), cohorts of 4 without replacement, noise multiplier 3",
+                             family=Family(4 / NUM_USERS, replace=True)),
+    "ddgauss": Audit(_user_level("ddgauss", "fixed", noise_key="sigma", users=2, cohort=2),
+                     "user-level, one round, 2 clients (4 examples each), both in every cohort, "
+                     "clip 1; DDGauss (16-bit secure sum of discrete Gaussian shares after "
+                     "rotation, scaling and randomized rounding), noise multiplier 3; replace "
+                     "the canary client (one example, 50 on a feature no other client has) by "
+                     "its anti-canary (the other label)",
+                     family=Family(1.0, replace=True), trials=50_000),
+    "ae-dpfl": Audit(_votes, "user-level, one round: the noisy vote counts on 4 public examples "
+                     "(a canary client that votes class 0 on each, added or removed under "
+                     "Poisson sampling, q = 0.5), noise multiplier 1.5", family=Family(0.5)),
     "blur+lus": Audit(_user_level("blur+lus", "poisson"),
                       _FEDAVG + "; BLUR local training, LUS sparsification (0.7) then clip then "
-                      "noise; add/remove under Poisson sampling (q = 0.5), noise multiplier 1.5"),
+                      "noise; add/remove under Poisson sampling (q = 0.5), noise multiplier 1.5",
+                      family=Family(0.5)),
     "dp-sgd-fixed": Audit(_example_level("dp-fl", "fixed"),
                           _DPSGD + "; fixed-size batches of 48 sampled without replacement, "
-                          "noise multiplier 3"),
+                          "noise multiplier 3", family=Family(48 / 64, replace=True)),
     "dp-sgd-poisson": Audit(_example_level("dp-fl", "poisson"),
                             _DPSGD + "; Poisson batches (rate 1/2) truncated at the library's "
-                            "capacity, noise multiplier 2, PLD accountant"),
+                            "capacity, noise multiplier 2, PLD accountant",
+                            family=Family(0.5, replace=True)),
     "spfl-sound-high": Audit(_example_level("spfl-sound", "fixed", "high"),
                              _DPSGD + "; fixed batches of 48, spfl-sound's high class, sigma 3 (the gradient's share "
-                             "of it, beside the noisy norm statistic)"),
+                             "of it, beside the noisy norm statistic)",
+                             family=Family(48 / 64, replace=True)),
     "spfl-sound-low": Audit(_example_level("spfl-sound", "fixed", "low"),
                             _DPSGD + "; fixed batches of 48, spfl-sound's low class, sigma 3: gradients scaled by "
-                            "beta_low 0.9 under the cap low_cap = clip"),
+                            "beta_low 0.9 under the cap low_cap = clip",
+                            family=Family(48 / 64, replace=True)),
     "dp-rsa-f": Audit(_sign("dp-rsa-f", {"keep_prob": 0.6}, "keep_prob", True),
-                      _SIGN + "; Sign-Flipping, keep probability 0.6", max_noise_factor=1.25),
+                      _SIGN + "; Sign-Flipping, keep probability 0.6", max_noise_factor=1.25,
+                      family=SignFamily(PARAMS)),
     "dp-rsa-g": Audit(_sign("dp-rsa-g", {"sign_sigma": 1.5, "sign_clip": 0.5}, "sign_sigma", False),
                       _SIGN.replace("- 1 in", "- 100 in").replace("+ 1 in", "+ 100 in")
-                      + "; Sign-Gaussian, sigma 1.5, coordinates clipped to [-0.5, 0.5]"),
+                      + "; Sign-Gaussian, sigma 1.5, coordinates clipped to [-0.5, 0.5]",
+                      family=SignFamily(PARAMS)),
     "spfl": Audit(_example_level("spfl", "fixed", "low"),
                   "published SP-FL's low class (noise scaled by the batch's own gradient norms): "
                   "one client, one step (64 examples, fixed batches of 48); canary: a zero example replaced "
@@ -457,6 +527,16 @@ MAX_SCALE = {"spfl": math.sqrt(_FLOAT32_MAX) / (CANARY * BASE_SCALE["spfl"]),
              "dp-rsa-g-unclipped": _FLOAT32_MAX / BASE_SCALE["dp-rsa-g-unclipped"],
              "dp-rsa-f-omniscient": _FLOAT32_MAX / BASE_SCALE["dp-rsa-f-omniscient"]}
 FORMAL_SCALE = {"dp-rsa-g": 100.0}
+# The noise factor at which --table checks that every audit catches a mis-calibrated release.
+CAUGHT_FACTOR = 0.5
+
+
+def _family_bound(family, r0, r1, delta: float, confidence: float, coords) -> dict:
+  """:func:`fedjax_dp.lower_bounds.family_bound` on :func:`_project`'s statistic, or
+  :func:`fedjax_dp.lower_bounds.sign_bound` on the signs."""
+  if isinstance(family, SignFamily):
+    return sign_bound(np.asarray(r0), np.asarray(r1), family, delta, confidence)
+  return family_bound(*_project(r0, r1, coords), family, delta, confidence)
 
 
 def audit(mechanism: str, trials: Optional[int] = None, seed: int = 0, confidence: float = 0.95,
@@ -491,10 +571,16 @@ def audit(mechanism: str, trials: Optional[int] = None, seed: int = 0, confidenc
          "seed": seed, "noise_factor": noise_factor}
   if a.formal:
     r0, r1, claim, coords = a.run(trials, key, noise_factor, FORMAL_SCALE.get(mechanism, 1.0))
-    bound = epsilon_lower_bound(r0, r1, claim["delta"], confidence, coords)
+    # Two bounds, each at half the error budget, so that both hold together at `confidence`.
+    each = 1.0 - (1.0 - confidence) / 2
+    free = epsilon_lower_bound(r0, r1, claim["delta"], each, coords)
+    fam = _family_bound(a.family, r0, r1, claim["delta"], each, coords)
     eps = claim["epsilon"]
-    out.update(bound, epsilon_claimed=eps,
-               tightness=bound["epsilon_lower_bound"] / eps if eps else None)
+    out.update(epsilon_lower_bound=fam.pop("epsilon_lower_bound"), epsilon_claimed=eps,
+               epsilon_lower_bound_threshold=free["epsilon_lower_bound"],
+               max_threshold_bound_at_trials=free["max_lower_bound_at_trials"],
+               threshold_test=free["test"], **fam)
+    out["tightness"] = out["epsilon_lower_bound"] / eps if eps else None
   else:
     by_scale, claim = {}, None
     for s in scales:
@@ -520,12 +606,12 @@ def add_parser(sub):
   p = sub.add_parser("audit", help="empirical privacy audit: a lower bound on epsilon from "
                      "releases on neighbouring inputs, against the ledger's claim")
   p.add_argument("--mechanism", help="the mechanism audited (default: none; needed unless "
-                 f"--list; one of: {', '.join(sorted(AUDITS))})")
-  p.add_argument("--trials", type=int, help="releases per neighbouring input (default 20000; "
-                 "10000 per scale without a guarantee); half select the test, half bound its errors")
+                 f"--list or --table; one of: {', '.join(sorted(AUDITS))})")
+  p.add_argument("--trials", type=int, help="releases per neighbouring input (default: the "
+                 "mechanism's, see --list); half select the test, half bound its errors")
   p.add_argument("--seed", type=int, default=0, help="PRNG seed of the releases (default: 0)")
   p.add_argument("--confidence", type=float, default=0.95,
-                 help="joint confidence of the two Clopper-Pearson bounds (default 0.95)")
+                 help="joint confidence of all the bounds reported (default 0.95)")
   p.add_argument("--noise-factor", type=float, default=1.0,
                  help="multiply the noise the release runs with (the ledger keeps the nominal "
                  "one); below 1 simulates a mis-calibrated mechanism, which the audit must catch; "
@@ -534,6 +620,9 @@ def add_parser(sub):
                  "(default 1,10,100)")
   p.add_argument("--json", action="store_true", help="print one JSON object")
   p.add_argument("--list", action="store_true", help="list the mechanisms and what each audit covers")
+  p.add_argument("--table", action="store_true",
+                 help="audit every mechanism with a guarantee at noise factors 1 and "
+                 f"{CAUGHT_FACTOR:g} and print the Markdown table of the documentation")
 
 
 def _parse_scales(text):
@@ -545,17 +634,62 @@ def _parse_scales(text):
   return scales
 
 
+def violations(rep: dict) -> list:
+  """The bounds of report ``rep`` that exceed its claimed epsilon: ``[(name, bound)]``."""
+  claimed = rep["epsilon_claimed"]
+  if claimed is None:
+    return []
+  bounds = (("the family's bound", rep["epsilon_lower_bound"]),
+            ("the threshold bound", rep["epsilon_lower_bound_threshold"]))
+  return [(name, b) for name, b in bounds if b > claimed]
+
+
+def table(trials: Optional[int] = None, seed: int = 0, confidence: float = 0.95):
+  """Every mechanism with a guarantee audited at noise factors 1 and :data:`CAUGHT_FACTOR`.
+
+  Returns:
+    ``(markdown, reports)``: the documentation's table (one row per mechanism: the claim, both
+    bounds at factor 1, the tightness, the family's bound at the smaller factor and whether it
+    exceeds the claim) and the reports, in pairs.
+  """
+  rows = ["| mechanism | claimed | lower bound | tightness | threshold bound | "
+          f"bound at noise x{CAUGHT_FACTOR:g} | caught | trials per neighbour |",
+          "|---|---|---|---|---|---|---|---|"]
+  reports = []
+  for name, a in AUDITS.items():
+    if not a.formal:
+      continue
+    ok = audit(name, trials, seed, confidence)
+    low = audit(name, trials, seed, confidence, noise_factor=CAUGHT_FACTOR)
+    reports.append((ok, low))
+    rows.append(f"| `{name}` | {ok['epsilon_claimed']:.3f} | {ok['epsilon_lower_bound']:.3f} | "
+                f"{ok['tightness']:.2f} | {ok['epsilon_lower_bound_threshold']:.3f} | "
+                f"{low['epsilon_lower_bound']:.3f} | {'yes' if violations(low) else 'no'} | "
+                f"{ok['trials']:,} |")
+  return "\n".join(rows), reports
+
+
 def command(args) -> int:
-  """``fedjax-dp audit``: 0 when the bound is within the claim, 1 when it exceeds it."""
-  if args.list:  # it audits nothing: a setting of an audit would be ignored
-    for flag in ("mechanism", "trials", "scales"):
+  """``fedjax-dp audit``: 0 when every bound is within the claim, 1 when one exceeds it."""
+  if args.list or args.table:  # neither audits one mechanism: its settings would be ignored
+    mode = "--list" if args.list else "--table"
+    for flag in ("mechanism", "scales") + (("trials",) if args.list else ()):
       check(getattr(args, flag) is None, flag, getattr(args, flag),
-            "is not read by --list, which audits nothing: leave it out")
-    listing = {k: {"formal_guarantee": a.formal, "trials": a.trials, "covers": a.covers}
+            f"is not read by {mode}: leave it out")
+    check(not (args.list and args.table), "table", True, "is not read with --list: leave it out")
+  if args.list:
+    listing = {k: {"formal_guarantee": a.formal, "trials": a.trials, "covers": a.covers,
+                   "assumption": a.family.describe() if a.family else None}
                for k, a in AUDITS.items()}
     print(dumps(listing) if args.json else
           "\n".join(f"{k}: {a.covers}" for k, a in AUDITS.items()))
     return 0
+  if args.table:
+    check(args.noise_factor == 1.0, "noise_factor", args.noise_factor,
+          f"is not read by --table, which audits at 1 and {CAUGHT_FACTOR:g}: leave it out")
+    markdown, reports = table(args.trials, args.seed, args.confidence)
+    print(dumps([r for pair in reports for r in pair]) if args.json else markdown)
+    return _exit_status([ok for ok, _ in reports])
   check_choice("mechanism", args.mechanism, sorted(AUDITS))
   scales = SCALES
   if args.scales is not None:
@@ -568,12 +702,22 @@ def command(args) -> int:
     print(dumps(rep))
   else:
     claimed = rep["epsilon_claimed"]
-    print(f"{rep['mechanism']}: epsilon lower bound {rep['epsilon_lower_bound']:.3f}, claimed "
+    bounds = (f"epsilon lower bound {rep['epsilon_lower_bound']:.3f}" if claimed is None else
+              f"epsilon lower bound {rep['epsilon_lower_bound']:.3f} (assumption-free "
+              f"threshold bound {rep['epsilon_lower_bound_threshold']:.3f})")
+    print(f"{rep['mechanism']}: {bounds}, claimed "
           + (f"{claimed:.3f}" if claimed is not None else "none (no formal guarantee)")
           + (f", by scale {rep['lower_bound_by_scale']}" if "lower_bound_by_scale" in rep else "")
           + f" ({rep['trials']} trials per neighbour, {rep['seconds']} s)")
-  if rep["epsilon_claimed"] is not None and rep["epsilon_lower_bound"] > rep["epsilon_claimed"]:
-    print(f"fedjax-dp: audit failed: {args.mechanism}'s lower bound {rep['epsilon_lower_bound']:.3f} "
-          f"exceeds the claimed epsilon {rep['epsilon_claimed']:.3f}", file=sys.stderr)
-    return 1
-  return 0
+  return _exit_status([rep])
+
+
+def _exit_status(reports) -> int:
+  """1 (with one line on stderr per violation) when a bound exceeds its claim, else 0."""
+  status = 0
+  for rep in reports:
+    for name, bound in violations(rep):
+      print(f"fedjax-dp: audit failed: {rep['mechanism']}: {name} {bound:.3f} exceeds the "
+            f"claimed epsilon {rep['epsilon_claimed']:.3f}", file=sys.stderr)
+      status = 1
+  return status

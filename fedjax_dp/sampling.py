@@ -65,6 +65,15 @@ def _pad(ids: np.ndarray, capacity: int) -> Cohort:
   return Cohort(padded, mask)
 
 
+def _rows(joins: np.ndarray, capacity: int) -> tuple:
+  """``[n, num_clients]`` membership to ``(ids, mask)`` (``[n, capacity]``), ids ascending then
+  padded with 0 as :func:`_pad` pads one cohort."""
+  n, num = joins.shape
+  order = np.argsort(~joins, axis=1, kind="stable")[:, :capacity].astype(np.int32)
+  mask = np.take_along_axis(joins, order, axis=1)
+  return np.where(mask, order, 0).astype(np.int32), mask.astype(np.float32)
+
+
 def poisson_capacity(num_clients: int, prob: float, tail: float = 1e-9) -> int:
   """Smallest c with P[Binomial(N, p) > c] < ``tail`` (Chernoff-free exact tail via the log-pmf)."""
   from scipy import stats  # scipy comes with scikit-learn
@@ -128,6 +137,22 @@ class PoissonSampler(_Sampler):
       self.capacity_grew += 1
     return _pad(ids, self.capacity)
 
+  def sample_many(self, n: int) -> tuple:
+    """``n`` cohorts at once: ``(ids, mask)``, each ``[n, capacity]``.
+
+    The draws are those of ``n`` calls of :meth:`sample` (the generator's uniforms are
+    consumed in the same order), except that the capacity does not grow: a draw past it
+    raises.
+
+    Raises:
+      ConfigError: a draw holds more clients than ``capacity``.
+    """
+    joins = self._rng.random((n, self.num_clients)) < self.prob
+    sizes = joins.sum(1)
+    check(int(sizes.max(initial=0)) <= self.capacity, "capacity", self.capacity,
+          f"is below a draw of {int(sizes.max(initial=0))} clients")
+    return _rows(joins, self.capacity)
+
 
 class FixedSizeSampler(_Sampler):
   """A uniformly random subset of exactly ``cohort_size`` clients, without replacement.
@@ -152,6 +177,18 @@ class FixedSizeSampler(_Sampler):
   def sample(self) -> Cohort:
     ids = np.sort(self._rng.choice(self.num_clients, self.capacity, replace=False)).astype(np.int32)
     return _pad(ids, self.capacity)
+
+  def sample_many(self, n: int) -> tuple:
+    """``n`` uniformly random cohorts at once: ``(ids, mask)``, each ``[n, cohort_size]``.
+
+    Each row has the distribution of :meth:`sample` (a uniform subset, sorted), drawn as the
+    ``cohort_size`` smallest of ``num_clients`` uniforms; the generator's stream differs from
+    ``n`` calls of :meth:`sample`.
+    """
+    order = np.argsort(self._rng.random((n, self.num_clients)), axis=1)
+    joins = np.zeros((n, self.num_clients), bool)
+    np.put_along_axis(joins, order[:, :self.capacity], True, axis=1)
+    return _rows(joins, self.capacity)
 
 
 def make_sampler(kind: str, num_clients: int, seed: int, prob: float | None = None,
