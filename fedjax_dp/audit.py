@@ -44,6 +44,7 @@ from typing import Callable, Optional, Union
 import jax
 import jax.numpy as jnp
 import numpy as np
+from scipy.stats import norm
 
 from fedjax_dp.algorithms import build
 from fedjax_dp.config import make_config
@@ -238,7 +239,7 @@ def _hp(setup, key: str, factor: float) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
-# The audits. Each ``run(trials, key, factor, scale) -> (r0, r1, claim)``.
+# The audits. Each ``run(trials, key, factor, scale) -> (r0, r1, claim, coords)``.
 
 NUM_USERS = 8  # the population of the user-level audits (the canary is the last client)
 
@@ -269,6 +270,7 @@ def _user_level(algorithm: str, sampling: str, options=None, noise_key: str = "n
       hp = _hp(setup, noise_key, factor)
       out.append(_round_releases(setup, data, hp, ids, mask, jax.random.fold_in(key, world), trials))
     claim = _claim(setup, Cohort(np.arange(users, dtype=np.int32), np.ones(users, np.float32)))
+    claim["signal"] = 1.0 / (cfg["noise_multiplier"] * factor)  # the clipped canary: norm 1
     return out[0], out[1], claim, _canary_coords(setup, hp)
   return run
 
@@ -312,6 +314,7 @@ def _example_level(algorithm: str, example_sampling: str, cls: Optional[str] = N
     eps = setup.accounting.client_epsilon(client)
     claim.update(epsilon=eps, formal_guarantee=eps is not None)
     claim["class"] = "all" if cls is None else cls
+    claim["signal"] = 1.0 / float(hp[noise_key])  # noise sd per unit of the clipped canary
     return out[0], out[1], claim, _canary_coords(setup, hp)
   return run
 
@@ -344,6 +347,7 @@ def _votes(trials, key, factor, scale):
     out.append(_chunked(_step_fn(released), keys, (ids, mask),
                         (_zero_state(rnd, hp), hp, data.x, data.y, data.counts)))
   claim = _claim(setup, Cohort(np.zeros(1, np.int32), np.ones(1, np.float32)))
+  claim["signal"] = 1.0 / float(hp["noise_multiplier"])  # votes of norm sqrt(m), noise z sqrt(m)
   return out[0], out[1], claim, np.arange(2 * PUBLIC) % 2 == 0  # the counts of class 0
 
 
@@ -384,6 +388,9 @@ def _sign(variant: str, options: dict, perturb_key: str, flip: bool):
       out.append(_chunked(_message_fn(rnd), keys,
                           shared=(state.params, row, hp, data.x[0], data.y[0], data.counts[0])))
     claim = _claim(setup, Cohort(np.zeros(1, np.int32), np.ones(1, np.float32)))
+    clip = hp.get("sign_clip")  # a Sign-Gaussian coordinate past its clip flips w.p. Phi(-c/sd)
+    claim["signal"] = (float(hp["keep_prob"]) if flip else None if clip is None
+                       else float(norm.cdf(clip / hp["sign_sigma"])))  # the keep probability
     return out[0], out[1], claim, None
   return run
 
@@ -432,7 +439,9 @@ class Audit:
   """One audited mechanism: what its two neighbours are and how it is run.
 
   Attributes:
-    run: ``(trials, key, noise_factor, scale) -> (releases0, releases1, claim)``.
+    run: ``(trials, key, noise_factor, scale) -> (releases0, releases1, claim, coords)``; the
+      claim holds the ledger's report and ``signal``, the parameter of the release that ran in
+      ``family``'s terms (its exact epsilon is ``epsilon_of_release``).
     covers: the relation, the number of rounds/steps and the canary, in words.
     formal: whether the library claims a guarantee (False: audited over ``--scales``).
     family: the family the release along the canary's direction belongs to
@@ -576,11 +585,14 @@ def audit(mechanism: str, trials: Optional[int] = None, seed: int = 0, confidenc
     free = epsilon_lower_bound(r0, r1, claim["delta"], each, coords)
     fam = _family_bound(a.family, r0, r1, claim["delta"], each, coords)
     eps = claim["epsilon"]
+    exact = a.family.epsilon(claim["signal"], claim["delta"])
     out.update(epsilon_lower_bound=fam.pop("epsilon_lower_bound"), epsilon_claimed=eps,
+               epsilon_of_release=exact,
                epsilon_lower_bound_threshold=free["epsilon_lower_bound"],
                max_threshold_bound_at_trials=free["max_lower_bound_at_trials"],
                threshold_test=free["test"], **fam)
     out["tightness"] = out["epsilon_lower_bound"] / eps if eps else None
+    out["tightness_to_release"] = out["epsilon_lower_bound"] / exact if exact else None
   else:
     by_scale, claim = {}, None
     for s in scales:
