@@ -73,8 +73,9 @@ def test_table_audits_each_mechanism_at_two_noise_factors(capsys, monkeypatch):
   lines = capsys.readouterr().out.strip().splitlines()
   assert lines[0].startswith("| mechanism | claimed | lower bound |") and len(lines) == 3
   cells = [c.strip() for c in lines[2].strip("|").split("|")]
-  assert cells[0] == "`dp-rsa-f`" and cells[6] == "yes" and cells[7] == "400"
-  assert float(cells[2]) <= float(cells[1]) < float(cells[5])
+  assert cells[0] == "`dp-rsa-f`" and cells[8] == "yes" and cells[9] == "400"
+  claimed, exact, bound, low_exact, low_bound = (float(cells[i]) for i in (1, 2, 3, 6, 7))
+  assert bound <= exact <= claimed * 1.0001 < low_bound <= low_exact
 
 
 def test_list(capsys):
