@@ -120,3 +120,18 @@ def test_accounting_speed_times_workers_against_none_at_a_tiny_size(capsys):
   assert (base["accounting_workers"], helped["accounting_workers"]) == (0, 1)
   assert helped["same_epsilons_as_baseline"] and helped["final_epsilon"] == base["final_epsilon"]
   assert helped["baseline_over_this_total"] > 0
+
+
+def test_audit_seeds_writes_one_line_per_audit_and_its_table(tmp_path, capsys):
+  out = tmp_path / "seeds.jsonl"
+  mod = _load("audit_seeds")
+  assert mod.main(["--seeds", "2", "--trials", "400", "--mechanisms", "dp-rsa-f",
+                   "--out", str(out)]) == 0
+  lines = [json.loads(line) for line in out.read_text().splitlines()]
+  assert [(r["mechanism"], r["seed"]) for r in lines] == [("dp-rsa-f", 0), ("dp-rsa-f", 1)]
+  assert all(r["epsilon_lower_bound"] <= r["epsilon_claimed"] and not r["violations"]
+             for r in lines)
+  capsys.readouterr()
+  assert mod.main(["--table", str(out)]) == 0
+  row = capsys.readouterr().out.strip().splitlines()[-1]
+  assert row.startswith("| `dp-rsa-f` | 2 | 400 |") and row.endswith("| 0 |")
