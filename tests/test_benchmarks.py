@@ -76,6 +76,7 @@ def test_gpu_benchmark_runs_every_measurement_at_its_tiny_size(capsys):
   assert accounted["workers"]["same_epsilons_as_baseline"]
 
 
+@pytest.mark.slow  # five CIFAR-size reproduction runs, each compiling: `make test-slow`
 def test_gpu_benchmark_times_table2_through_the_reproduction_at_its_tiny_size(capsys):
   """The table2 record runs the reproduction's own Table 2 plan at one epsilon (4 alphas x 5
   methods x 3 seeds = 60 runs at the accelerator size; at the tiny size 5) and extrapolates its
