@@ -71,7 +71,8 @@ def test_table_audits_each_mechanism_at_two_noise_factors(capsys, monkeypatch):
   monkeypatch.setattr(audit, "AUDITS", {"dp-rsa-f": audit.AUDITS["dp-rsa-f"]})
   assert main(["audit", "--table", "--trials", "400"]) == 0
   lines = capsys.readouterr().out.strip().splitlines()
-  assert lines[0].startswith("| mechanism | claimed | lower bound |") and len(lines) == 3
+  assert lines[0].startswith("| mechanism | claimed | exact (release) | lower bound |")
+  assert len(lines) == 3
   cells = [c.strip() for c in lines[2].strip("|").split("|")]
   assert cells[0] == "`dp-rsa-f`" and cells[8] == "yes" and cells[9] == "400"
   claimed, exact, bound, low_exact, low_bound = (float(cells[i]) for i in (1, 2, 3, 6, 7))
