@@ -51,8 +51,8 @@ from fedjax_dp.config import make_config
 from fedjax_dp.data import FederatedData
 from fedjax_dp.errors import ConfigError, check, check_choice
 from fedjax_dp.jsonio import dumps
-from fedjax_dp.lower_bounds import (Family, SignFamily, clopper_pearson_upper, family_bound,
-                                    sign_bound, threshold_epsilon)
+from fedjax_dp.lower_bounds import (Family, SignFamily, family_bound, sign_bound, error_rates,
+                                    threshold_epsilon)
 from fedjax_dp.models import Model
 from fedjax_dp.models.zoo import MLP
 from fedjax_dp.round import CohortBatch, messages, step
@@ -86,14 +86,6 @@ def _project(r0: np.ndarray, r1: np.ndarray, coords: Optional[np.ndarray]):
   return (r0 - mid) @ v, (r1 - mid) @ v
 
 
-def _threshold_counts(s0, s1, thresholds, alpha):
-  """For the tests "world 1 iff s > t": ``(eps bound, fpr_u, fnr_u, fp, fn)`` at ``delta``."""
-  fp = len(s0) - np.searchsorted(np.sort(s0), thresholds, side="right")
-  fn = np.searchsorted(np.sort(s1), thresholds, side="right")
-  return (clopper_pearson_upper(fp, len(s0), alpha / 2),
-          clopper_pearson_upper(fn, len(s1), alpha / 2), fp, fn)
-
-
 def epsilon_lower_bound(r0: np.ndarray, r1: np.ndarray, delta: float, confidence: float,
                         coords: Optional[np.ndarray] = None) -> dict:
   """Assumption-free lower bound on epsilon from releases ``r0``, ``r1`` (``[trials, d]``).
@@ -118,15 +110,17 @@ def epsilon_lower_bound(r0: np.ndarray, r1: np.ndarray, delta: float, confidence
     # Midpoints between consecutive values: on the selection half each splits it as the value
     # below does, and on fresh data it sits in the middle of a gap rather than at its edge.
     cand = np.concatenate([[-np.inf], (u[:-1] + u[1:]) / 2])
-    eps = threshold_epsilon(*_threshold_counts(a[:h], b[:h], cand, alpha)[:2], delta)
+    eps = threshold_epsilon(*error_rates(cand, np.sort(a[:h]), np.sort(b[:h]), alpha / 2)[2:],
+                            delta)
     i = int(np.nanargmax(np.where(np.isfinite(eps), eps, -np.inf)))
     if best is None or eps[i] > best[0]:
       best = (eps[i], sign, cand[i], a[h:], b[h:])
   _, sign, t, e0, e1 = best
-  fpr_u, fnr_u, fp, fn = (x[0] for x in _threshold_counts(e0, e1, np.array([t]), alpha))
+  fp, fn, fpr_u, fnr_u = (x[0] for x in error_rates(np.array([t]), np.sort(e0), np.sort(e1),
+                                                    alpha / 2))
   eps = threshold_epsilon(fpr_u, fnr_u, delta)
-  cap = threshold_epsilon(*_threshold_counts(np.zeros(len(e0)), np.ones(len(e1)),
-                                             np.array([0.5]), alpha)[:2], delta)
+  cap = threshold_epsilon(*error_rates(np.array([0.5]), np.zeros(len(e0)), np.ones(len(e1)),
+                                      alpha / 2)[2:], delta)
   return {"epsilon_lower_bound": max(0.0, float(eps)) if np.isfinite(eps) else 0.0,
           "max_lower_bound_at_trials": float(cap[0]),
           "test": {"orientation": "above" if sign > 0 else "below", "threshold": float(t),

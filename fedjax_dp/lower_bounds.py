@@ -77,6 +77,24 @@ def clopper_pearson_upper(errors, n: int, alpha: float) -> np.ndarray:
   return np.where(k >= n, 1.0, beta.ppf(1.0 - alpha, safe + 1.0, n - safe))
 
 
+def error_rates(thresholds, s0: np.ndarray, s1: np.ndarray, alpha: float) -> tuple:
+  """The errors of the tests "world 1 iff s > t", one per threshold ``t``.
+
+  Args:
+    thresholds: the thresholds ``t`` (array-like).
+    s0, s1: the statistic of each release of worlds 0 and 1, each sorted ascending.
+    alpha: each rate bound's one-sided error probability.
+
+  Returns:
+    ``(fp, fn, fpr_u, fnr_u)``: the false positives among ``s0``, the false negatives among
+    ``s1`` and their rates' Clopper-Pearson upper bounds (:func:`clopper_pearson_upper`).
+  """
+  fp = len(s0) - np.searchsorted(s0, thresholds, side="right")
+  fn = np.searchsorted(s1, thresholds, side="right")
+  return (fp, fn, clopper_pearson_upper(fp, len(s0), alpha),
+          clopper_pearson_upper(fn, len(s1), alpha))
+
+
 def threshold_epsilon(fpr_u, fnr_u, delta: float) -> np.ndarray:
   """The (epsilon, delta) lower bound of tests with error rates at most ``fpr_u``, ``fnr_u``.
 
@@ -91,7 +109,8 @@ def threshold_epsilon(fpr_u, fnr_u, delta: float) -> np.ndarray:
 
 
 def mixture_delta(epsilon: float, p: float, mu: float) -> float:
-  """Exact delta(epsilon) of ``P1 = (1-p) N(0,1) + p N(mu,1)`` against ``P0 = (1-p) N(0,1) + p N(-mu,1)``.
+  """Exact delta(epsilon) of ``P1 = (1-p) N(0,1) + p N(mu,1)`` against
+  ``P0 = (1-p) N(0,1) + p N(-mu,1)``.
 
   The pair is symmetric under ``s -> -s`` and its likelihood ratio ``L`` is increasing in ``s``,
   so the hockey-stick divergence is ``P1(s > s*) - e^eps P0(s > s*)`` with ``L(s*) = e^eps``.
@@ -243,17 +262,11 @@ def family_bound(s0: np.ndarray, s1: np.ndarray, family: Family, delta: float,
   alpha = (1.0 - confidence) / 2
   sel0, sel1, ev0, ev1 = np.sort(s0[:h]), np.sort(s1[:h]), np.sort(s0[h:]), np.sort(s1[h:])
 
-  def rates(t, a, b):
-    fp = len(a) - np.searchsorted(a, t, side="right")
-    fn = np.searchsorted(b, t, side="right")
-    return (fp, fn, clopper_pearson_upper(fp, len(a), alpha),
-            clopper_pearson_upper(fn, len(b), alpha))
-
   levels = np.geomspace(max(3.0 / h, 1e-6), 0.5, 64)
   candidates = np.unique(np.quantile(sel0, 1.0 - levels))
-  _, _, fpr_u, fnr_u = rates(candidates, sel0, sel1)
+  _, _, fpr_u, fnr_u = error_rates(candidates, sel0, sel1, alpha)
   t = float(candidates[int(np.argmax(family.signal_lower(fpr_u, fnr_u)))])
-  fp, fn, fpr_u, fnr_u = (float(x[0]) for x in rates(np.array([t]), ev0, ev1))
+  fp, fn, fpr_u, fnr_u = (float(x[0]) for x in error_rates(np.array([t]), ev0, ev1, alpha))
   mu = float(family.signal_lower(fpr_u, fnr_u))
   return {"epsilon_lower_bound": family.epsilon(mu, delta), "signal_lower_bound": mu,
           "assumption": family.describe(),
