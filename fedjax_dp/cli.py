@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 from fedjax_dp import audit, components, interrupts, plots
 from fedjax_dp.algorithms import choosing_knowledge, option_table, options, refuse_unused
 from fedjax_dp.algorithms.options import describe
-from fedjax_dp.checkpoint import latest_round, read_meta
+from fedjax_dp.checkpoint import check_extension, latest_round, read_meta
 from fedjax_dp.config import (AGGREGATOR, ALGORITHM, ATTACK, RUN, block, check_finite,
                               check_noise_multiplier, field_help, field_types, load_config_file,
                               make_config, noise_warning, parse_option, parse_value)
@@ -99,7 +99,9 @@ def _add_run(sub):
   p.add_argument("--resume", metavar="DIR",
                  help="continue the run in DIR from its latest checkpoint, with the configuration "
                  "stored there (a setting given that differs from it is refused); rounds written after "
-                 "the checkpoint are recomputed (default: none, a new run)")
+                 "the checkpoint are recomputed; a larger --rounds extends a run whose "
+                 "--noise-multiplier was given (one calibrated for --target-epsilon over its rounds "
+                 "cannot be) (default: none, a new run)")
   p.add_argument("--release", choices=("all", "private"),
                  help="all (the default): also write raw diagnostics (realized cohort sizes, client losses, "
                  "pre-clip norms, timings) under 'diagnostics', with the mechanism's draws fixed by "
@@ -363,7 +365,8 @@ def _show_warning(python_show, message, category, *args, **kwargs):
 def _resumed(args) -> tuple:
   """``(config, release, tensorboard, rounds done)`` of the run ``--resume`` names, from its
   latest checkpoint; a setting given (flag, ``--config``, ``--set``) that differs from the stored
-  one is refused."""
+  one is refused, but for more ``rounds`` where the run can be extended
+  (:func:`fedjax_dp.checkpoint.check_extension`)."""
   check(not args.overwrite, "overwrite", True, "cannot be combined with --resume, which continues "
         "the run in its folder")
   check(args.output_dir is None or absolute(args.output_dir).resolve()
@@ -376,11 +379,15 @@ def _resumed(args) -> tuple:
 
   def effective(c):  # a run without a model ran its data set's (summary.json's config.model)
     return normal(dict(c.to_dict(), model=c.model_name))
+  base, overrides, options = _settings(args)
+  given = {**base, **overrides}
+  if "rounds" in given:  # more rounds extend the run where no round it released changes
+    config = config.replace(rounds=given.pop("rounds"))
+    check_extension(stored, config.rounds, where)
   # Compared with the stored configuration as it loads (a field added since it was written takes
   # its default), so that repeating a stored setting is never a conflict.
   loaded = effective(config)
-  base, overrides, options = _settings(args)
-  for name, value in {**base, **overrides}.items():
+  for name, value in given.items():
     try:
       same = effective(config.replace(**{name: value})) == loaded
     except ConfigError:

@@ -343,7 +343,8 @@ class RunOptions:
       (needs tensorboardX: ``pip install 'fedjax_dp[tensorboard]'``).
     checkpoint_every: save the whole run every this many rounds (and after the last) into
       ``output_dir/checkpoints/`` (:mod:`fedjax_dp.checkpoint`; one experiment only).
-    resume: continue the run in ``output_dir`` from its latest checkpoint (same configuration;
+    resume: continue the run in ``output_dir`` from its latest checkpoint (same configuration,
+      or more rounds where :func:`fedjax_dp.checkpoint.check_extension` allows them;
       ``checkpoint_every`` then says how often to go on saving, default as the checkpoint's run).
 
   Raises:
