@@ -330,7 +330,8 @@ class RunOptions:
       and what is public by design (module docstring; :class:`fedjax_dp.observers.ReleasePolicy`),
       and draws the mechanism's randomness (the rounds' keys, the cohorts) from secret entropy
       instead of the seed (:data:`RANDOMNESS`); checkpoints are refused with it.
-    progress: show a progress bar (one per group of experiments).
+    progress: show a progress bar (a sweep's programs share one,
+      :class:`fedjax_dp.observers.SweepProgress`).
     progress_every: without a bar, a progress line on stderr every this many seconds (> 0;
       :class:`fedjax_dp.observers.ProgressLines`); None: none.
     output_dir: the command's folder: a run's ``metrics.jsonl``, ``summary.json`` (and
