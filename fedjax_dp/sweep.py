@@ -122,6 +122,16 @@ def seeds_composed(epsilon: Optional[float], delta: Optional[float], seeds: int,
   labels: 20-21 of 100 clients' data sets under shards, 93-99 under dirichlet, none under iid),
   so no bound follows from the runs' guarantees and the epsilon and delta are None,
   ``seeds_composition`` saying why. All None for a row without a guarantee.
+
+  Args:
+    epsilon: each run's epsilon (the largest over the runs), None without a guarantee.
+    delta: the runs' delta.
+    seeds: how many runs.
+    ledgers: each run's :class:`fedjax_dp.privacy.ledger.PrivacyLedger`, None where its epsilon
+      is not one ledger's (then basic composition).
+    same_data: the runs trained on the same clients (one split).
+    relation: the runs' neighbouring relation (their summaries' ``neighbouring_relation``).
+    split_reads_labels: the split into clients depends on the examples' labels.
   """
   if epsilon is None or delta is None:
     return {"epsilon_seeds_composed": None, "delta_seeds_composed": None,
@@ -446,7 +456,16 @@ def threads_for(requested: Optional[int], devices: Sequence[Optional[int]]) -> i
 
 def programs_at_once(group_size: Optional[int], threads: Optional[int],
                      devices: Sequence[Optional[int]]) -> int:
-  """Checks ``group_size`` and returns :func:`threads_for` ``(threads, devices)``."""
+  """Checks ``group_size`` and returns :func:`threads_for` ``(threads, devices)``.
+
+  Args:
+    group_size: at most this many experiments per program (an integer >= 1, or None: no limit).
+    threads: programs run at once (None: automatic).
+    devices: the configurations' ``devices`` fields.
+
+  Raises:
+    ConfigError: naming ``group_size`` or ``threads`` when it is not an integer >= 1 or None.
+  """
   check(group_size is None or (isinstance(group_size, numbers.Integral)
                                and not isinstance(group_size, bool) and group_size >= 1),
         "group_size", group_size,
@@ -539,6 +558,14 @@ def run_configs(tasks: Sequence[Task], options: Optional[RunOptions] = None, *, 
     return done, time.perf_counter() - tg
 
   def finish(g, done, seconds):
+    """Keeps group ``g``'s results and record, gives its line to the display or ``log`` and
+    calls ``on_group``.
+
+    Args:
+      g: the group's index.
+      done: its experiments' :class:`fedjax_dp.engine.RunResult` s.
+      seconds: its wall time.
+    """
     members, first = groups[g], tasks[groups[g][0]].config
     for i, res in zip(members, done):
       results[i] = res
@@ -664,6 +691,13 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
       ledgers = [None] * len(points)  # each run's PrivacyLedger, where its epsilon is one ledger's
 
       def keep_ledgers(members, done, setups):
+        """Keeps each run's ledger (:func:`run_configs`' ``on_group``).
+
+        Args:
+          members: the group's experiments (indices).
+          done: their results (unused).
+          setups: their :class:`fedjax_dp.algorithms.Setup` s.
+        """
         del done
         for i, setup in zip(members, setups):
           ledgers[i] = getattr(setup.accounting, "ledger", None)
