@@ -25,7 +25,13 @@ checkpoint's round and recomputes the rounds after it: round ``r``'s key is
 ``fold_in(k_run, r)`` (:func:`fedjax_dp.round.run_keys`) and the sampler
 continues from its saved state, so on the same machine a resumed run ends with
 the same parameters, bit for bit, as an uninterrupted one
-(:func:`params_sha256`), and ``metrics.jsonl`` has every round once. A resumed run that writes
+(:func:`params_sha256`), and ``metrics.jsonl`` has every round once.
+
+A resumed run may have more rounds than the checkpoint's run planned (:func:`check_extension`:
+extending a finished run) where no round it released changes: its noise multiplier was given,
+not calibrated for ``target_epsilon`` over its rounds. The extended run equals, bit for bit, a
+run of its rounds from the start; the rows it keeps are the ones the shorter run released, the
+last of them with the evaluation that ended it. A resumed run that writes
 TensorBoard events drops those past the checkpoint's round from ``tensorboard/``'s files in the
 same way, and writes the rounds after it to a file of its own, so each step is there once.
 """
@@ -43,6 +49,8 @@ import jax
 import numpy as np
 
 from fedjax_dp import interrupts, outputs
+from fedjax_dp.algorithms import unread_fields
+from fedjax_dp.config import make_config
 from fedjax_dp.errors import ConfigError, check
 from fedjax_dp.observers import Start
 from fedjax_dp.paths import is_dir
@@ -122,6 +130,33 @@ def _restore(manager, step: int, **items):
 _HOST = {"round": int, "config": dict, "release": str, "checkpoint_every": int, "sampler": dict,
          "accounting": (dict, type(None)), "log": dict, "leaves": list, "log_arrays": dict}
 _HOST_LOG = ("accuracy", "loss", "diverged")  # what Records.resume reads of ``host["log"]``
+
+
+def check_extension(stored: dict, rounds: int, where: str) -> None:
+  """Refuses continuing the run whose configuration is ``stored`` (a checkpoint's, JSON) to
+  ``rounds`` rounds where that would change a round it released: fewer rounds than it planned
+  (a run is extended, never shortened), or more where its noise was calibrated for
+  ``target_epsilon`` over its planned rounds (more rounds would need more noise in every round,
+  those already released too). A fixed ``noise_multiplier`` reads no number of rounds: nothing
+  else a round computes does (the evaluation after the last round adds one to the shorter run's
+  last row, and the accounting composes the new rounds with those before).
+
+  Raises:
+    ConfigError: naming ``rounds`` and the setting that forbids it (``where``: the checkpoint).
+  """
+  planned = stored.get("rounds")
+  if rounds == planned:
+    return
+  check(isinstance(planned, int) and rounds > planned, "rounds", rounds,
+        f"is below the resumed run's rounds={planned} ({where}): a run is extended, never "
+        "shortened; leave --rounds out to continue it")
+  config = make_config(stored)
+  if config.target_epsilon is not None and "target_epsilon" not in unread_fields(config):
+    raise ConfigError("rounds", rounds, f"cannot extend the resumed run ({where}): its noise "
+                      f"was calibrated for target_epsilon={config.target_epsilon:g} over its "
+                      f"{planned} rounds, and more rounds would need more noise in every round, "
+                      "those it released too; start a new run (a run with a fixed "
+                      "noise_multiplier can be extended)")
 
 
 def _damaged(where: str, what: str) -> ConfigError:
@@ -305,15 +340,22 @@ class Checkpointer:
       state, arrays = self._restored(manager, step, host, state)
     self._load(experiment, host, where)
     rows = _kept_rows(self.folder / outputs.METRICS, step)
+    if step < rounds:  # a finished run extended: its summary and norms are written again at the end
+      for name in (outputs.SUMMARY, outputs.NORMS):
+        (self.folder / name).unlink(missing_ok=True)
     if tensorboard:  # the resumed run writes the rounds after ``step`` again
       _kept_events(self.folder / outputs.TENSORBOARD, step)
     return state, Start(rounds, step, tuple(rows), host["log"], arrays)
 
   def _check_same_run(self, host: dict, where: str, release: str, tensorboard: bool) -> None:
-    """Refuses a checkpoint written by another configuration, release or TensorBoard choice;
-    takes its ``checkpoint_every`` where none was given."""
+    """Refuses a checkpoint written by another configuration (but for more rounds, where
+    :func:`check_extension` allows them), release or TensorBoard choice; takes its
+    ``checkpoint_every`` where none was given."""
     differ = sorted(k for k in set(host["config"]) | set(self.config)
                     if host["config"].get(k) != self.config.get(k))
+    if differ == ["rounds"]:
+      check_extension(host["config"], self.config["rounds"], where)
+      differ = []
     check(not differ, "resume", where,
           f"the checkpoint was written by another configuration (it differs in {differ})")
     check(host["release"] == release, "release", release,

@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 from fedjax_dp import audit, components, interrupts, plots
 from fedjax_dp.algorithms import choosing_knowledge, option_table, options, refuse_unused
 from fedjax_dp.algorithms.options import describe
-from fedjax_dp.checkpoint import latest_round, read_meta
+from fedjax_dp.checkpoint import check_extension, latest_round, read_meta
 from fedjax_dp.config import (AGGREGATOR, ALGORITHM, ATTACK, RUN, block, check_finite,
                               check_noise_multiplier, field_help, field_types, load_config_file,
                               make_config, noise_warning, parse_option, parse_value)
@@ -99,7 +99,9 @@ def _add_run(sub):
   p.add_argument("--resume", metavar="DIR",
                  help="continue the run in DIR from its latest checkpoint, with the configuration "
                  "stored there (a setting given that differs from it is refused); rounds written after "
-                 "the checkpoint are recomputed (default: none, a new run)")
+                 "the checkpoint are recomputed; a larger --rounds extends a run whose "
+                 "--noise-multiplier was given (one calibrated for --target-epsilon over its rounds "
+                 "cannot be) (default: none, a new run)")
   p.add_argument("--release", choices=("all", "private"),
                  help="all (the default): also write raw diagnostics (realized cohort sizes, client losses, "
                  "pre-clip norms, timings) under 'diagnostics', with the mechanism's draws fixed by "
@@ -166,11 +168,18 @@ def _add_sweep(sub):
   p.add_argument("--grid", required=True, action="append", metavar="'NAME=V1,V2 ...'",
                  help="the grid: axes separated by spaces, values by commas; a name is a run flag "
                  "(clip, target_epsilon, noise_multiplier, local_steps, ...) or a --set option "
-                 "(lambda, sparsity, ...), e.g. 'clip=0.1,0.3 lambda=0.1,0.4' (required)")
+                 "(lambda, sparsity, ...), e.g. 'clip=0.1,0.3 lambda=0.1,0.4' (required; "
+                 "repeatable: the axes of every --grid together, e.g. --grid clip=0.1,0.3 --grid "
+                 "lambda=0.1,0.4)")
   p.add_argument("--seeds", type=int, default=1, help="seeds per grid point (default 1): the "
-                 "configuration's seed, seed + 1, ...; each splits the data into clients anew "
-                 "unless --data-seed fixes the split")
-  p.add_argument("--output-dir", required=True, help="where results.json and each experiment's "
+                 "configuration's seed, seed + 1, ...; they share one split of the data into "
+                 "clients (--data-seed's, else --seed's), so that a row's epsilon over its seeds "
+                 "is for the runs' own unit, unless --vary-split")
+  p.add_argument("--vary-split", action="store_true", help="each seed splits the data into "
+                 "clients by its own seed (refused beside --data-seed); a row's privacy over its "
+                 "seeds is then for one example (see results.json's seeds_privacy_unit)")
+  p.add_argument("--output-dir", required=True, help="where results.json, results.csv and each "
+                 "experiment's "
                  "experiments/NNN/{metrics.jsonl,metrics.csv,summary.json} go (required)")
   p.add_argument("--overwrite", action="store_true", help="replace an earlier sweep's files")
   p.add_argument("--group-size", type=int, default=None, help="at most this many experiments "
@@ -179,8 +188,8 @@ def _add_sweep(sub):
                  "in its own thread; with fewer groups, each group runs in that many parts "
                  "(default: one per core, at most 8, on one CPU device; one elsewhere; an "
                  "integer >= 1)")
-  p.add_argument("--no-progress", action="store_true", help="no progress bars: a line on "
-                 f"stderr every {PROGRESS_EVERY:g} s from each program")
+  p.add_argument("--no-progress", action="store_true", help="no progress bar (one for the whole "
+                 f"sweep): a line on stderr every {PROGRESS_EVERY:g} s")
   p.add_argument("--release", default="all", choices=("all", "private"),
                  help="as for run: private writes only what the guarantee covers and draws the "
                  "mechanism's randomness from the operating system's entropy (default: all)")
@@ -319,13 +328,15 @@ def _settings(args) -> tuple:
   return base, overrides, options
 
 
-def _config_from_args(args, grid: Optional[dict] = None, seeds: int = 1):
+def _config_from_args(args, grid: Optional[dict] = None, seeds: int = 1,
+                      vary_split: bool = False):
   """The :class:`RunConfig` of ``--config``, the field flags and ``--set``; a setting given that
   the algorithm does not read is refused. ``grid`` (a sweep's): a flag or ``--set`` option that
   is also an axis is refused (a ``--config`` file's value is the base the axis varies), a field
   that only its axis gives takes the axis's first value (each experiment sets its own), and a
   setting given is refused only when no grid point reads it; the plan of ``grid`` x ``seeds``
-  refuses bad axes, values and seeds, and an axis that a point does not read
+  (``vary_split``: each seed on its own split) refuses bad axes, values and seeds, and an axis
+  that a point does not read
   (:func:`fedjax_dp.sweep.plan`), before any folder is touched."""
   base, overrides, options = _settings(args)
   # A flag or --set beside an axis of the same name would be replaced in every experiment.
@@ -345,7 +356,8 @@ def _config_from_args(args, grid: Optional[dict] = None, seeds: int = 1):
   given = set(base) | {k for k, v in overrides.items() if v is not None}
   config = make_config(base, options=options, **overrides)
   if grid:  # a setting given beside the grid is refused only where no grid point reads it
-    refuse_unused(config, given - set(grid), [p.config for p in plan(config, grid, seeds)])
+    refuse_unused(config, given - set(grid), [p.config for p in plan(config, grid, seeds,
+                                                                           vary_split)])
   else:
     refuse_unused(config, given)
   return config
@@ -363,7 +375,8 @@ def _show_warning(python_show, message, category, *args, **kwargs):
 def _resumed(args) -> tuple:
   """``(config, release, tensorboard, rounds done)`` of the run ``--resume`` names, from its
   latest checkpoint; a setting given (flag, ``--config``, ``--set``) that differs from the stored
-  one is refused."""
+  one is refused, but for more ``rounds`` where the run can be extended
+  (:func:`fedjax_dp.checkpoint.check_extension`)."""
   check(not args.overwrite, "overwrite", True, "cannot be combined with --resume, which continues "
         "the run in its folder")
   check(args.output_dir is None or absolute(args.output_dir).resolve()
@@ -376,11 +389,15 @@ def _resumed(args) -> tuple:
 
   def effective(c):  # a run without a model ran its data set's (summary.json's config.model)
     return normal(dict(c.to_dict(), model=c.model_name))
+  base, overrides, options = _settings(args)
+  given = {**base, **overrides}
+  if "rounds" in given:  # more rounds extend the run where no round it released changes
+    config = config.replace(rounds=given.pop("rounds"))
+    check_extension(stored, config.rounds, where)
   # Compared with the stored configuration as it loads (a field added since it was written takes
   # its default), so that repeating a stored setting is never a conflict.
   loaded = effective(config)
-  base, overrides, options = _settings(args)
-  for name, value in {**base, **overrides}.items():
+  for name, value in given.items():
     try:
       same = effective(config.replace(**{name: value})) == loaded
     except ConfigError:
@@ -592,17 +609,17 @@ def _cmd_sweep(args) -> int:
   check(args.checkpoint_every is None, "checkpoint_every", args.checkpoint_every,
         "a sweep is not checkpointed (its experiments run as one vmapped program): run an "
         "experiment alone with fedjax-dp run --checkpoint-every K")
-  check(len(args.grid) == 1, "grid", " / ".join(args.grid), "is given once, with every axis in "
-        "it (axes separated by spaces)")
-  grid = parse_grid(args.grid[0])
+  grid = parse_grid(*args.grid)
   check_axes(grid)
-  config = _config_from_args(args, grid, args.seeds)  # planned: bad axes refused before the folder
+  # Planned: bad axes refused before the folder.
+  config = _config_from_args(args, grid, args.seeds, args.vary_split)
   out = pathlib.Path(args.output_dir)
   try:
     options = RunOptions(output_dir=str(out), overwrite=args.overwrite, release=args.release,
                          **_progress(args))
     result = sweep(config, grid, args.seeds, run_options=options, group_size=args.group_size,
-                   threads=args.threads, log=lambda line: print(line, file=sys.stderr))
+                   threads=args.threads, log=lambda line: print(line, file=sys.stderr),
+                   vary_split=args.vary_split)
   except KeyboardInterrupt:  # sweep() removed its partial files and put earlier ones back
     print(f"fedjax-dp: interrupted: {out} is as it was (a sweep is written whole or not at "
           "all; run it again)", file=sys.stderr)
@@ -625,7 +642,7 @@ def _cmd_sweep(args) -> int:
   threads = "1 thread" if result.threads == 1 else f"{result.threads} threads"
   took = "" if args.release == "private" else f", {result.seconds:.1f}s"  # raw, as in _report
   print(f"{len(result.experiments)} experiments in {len(result.groups)} compiled programs "
-        f"({threads}){took}; wrote {out / 'results.json'}")
+        f"({threads}){took}; wrote {out / 'results.json'} and {out / 'results.csv'}")
   return 0
 
 

@@ -174,6 +174,14 @@ def _evaluate_fn(model, experiments: Optional[str] = None):
   experiment axis, one test set; "stacked": a test set per experiment too.
   """
   def evaluate(params, xs, ys, ms):
+    """``(accuracy, loss)`` of ``params`` over the test set's chunks.
+
+    Args:
+      params: the model's parameters (with a leading experiment axis when vmapped).
+      xs: the test inputs, ``[chunks, batch, *example_shape]``.
+      ys: their labels, ``[chunks, batch]``.
+      ms: 1 for a real example, 0 for padding, ``[chunks, batch]``.
+    """
     def chunk(args):
       x, y, m = args
       return masked_sums(model.apply(params, x), y, m)
@@ -202,9 +210,18 @@ def make_evaluator(model, test_x: np.ndarray, test_y: np.ndarray, batch_size: in
                    experiments: Optional[str] = None):
   """``params -> (accuracy, loss)`` over the whole test set, in fixed-size chunks (jitted once).
 
-  ``experiments`` (:func:`_evaluate_fn`): "shared" or "stacked" evaluate
-  parameters with a leading experiment axis, on one test set or (then
-  ``test_x``, ``test_y`` are sequences) on each experiment's own.
+  Args:
+    model: the model (its ``apply``).
+    test_x: the test inputs ``[n, *example_shape]`` (a sequence of them with "stacked").
+    test_y: their labels ``[n]`` (likewise).
+    batch_size: examples per chunk (the test set is padded to a whole number of chunks, the
+      padding masked out).
+    experiments: None for one model's parameters; "shared" or "stacked"
+      (:func:`_evaluate_fn`): parameters with a leading experiment axis, on one test set or on
+      each experiment's own.
+
+  Returns:
+    The evaluation, ``params -> (accuracy, loss)`` (per experiment with ``experiments``).
   """
   if experiments == "stacked":
     arrays = [np.stack(a) for a in zip(*[_test_chunks(x, y, batch_size)
@@ -244,13 +261,21 @@ def client_norms(metrics: dict, shards: int = 1) -> np.ndarray:
 def summarize_round(metrics: dict, clip: Optional[float], released_metrics=()) -> tuple:
   """Host-side summary of one round's metrics: ``(released, diagnostics)``.
 
-  ``released`` holds the scalar metrics named in ``released_metrics``;
-  ``diagnostics`` the realized cohort size, the real clients' mean loss, the
-  quantiles of their pre-clip update norms (``ClientOut.norm``: the raw local update, before
-  any transform), the fraction of those above the clip bound (``fraction_clipped``; where a
-  transform precedes the clip, LUS's sparsification, the clip sees a smaller norm, so this is
-  an upper bound on the fraction it scales down) and every other scalar metric (raw, not
-  covered by any guarantee).
+  Args:
+    metrics: the round's metrics on the host (``mask``, ``client_loss``, ``update_norm`` per
+      client slot, and scalars).
+    clip: the clip bound, for ``fraction_clipped`` (None: none).
+    released_metrics: the names of the metrics computed from the noisy release only
+      (:func:`fedjax_dp.observers.is_released`).
+
+  Returns:
+    ``(released, diagnostics)``: ``released`` holds the scalar metrics named in
+    ``released_metrics``; ``diagnostics`` the realized cohort size, the real clients' mean
+    loss, the quantiles of their pre-clip update norms (``ClientOut.norm``: the raw local
+    update, before any transform), the fraction of those above the clip bound
+    (``fraction_clipped``; where a transform precedes the clip, LUS's sparsification, the clip
+    sees a smaller norm, so this is an upper bound on the fraction it scales down) and every
+    other scalar metric (raw, not covered by any guarantee).
   """
   mask = np.asarray(metrics["mask"]) > 0
   diag = {"cohort_size": int(mask.sum())}
@@ -272,6 +297,14 @@ def provenance(model, state, data) -> dict:
 
   Public by design: the population size and the test set are part of the
   setting; per-client example counts are raw and go to the diagnostics.
+
+  Args:
+    model: the run's model (its ``name``, ``input_shape``, ``num_classes``).
+    state: its final :class:`fedjax_dp.round.RoundState` (its parameters are counted).
+    data: its :class:`fedjax_dp.data.FederatedData`.
+
+  Returns:
+    ``{"model": {...}, "data": {...}}``.
   """
   params = state.params
   return {
@@ -330,7 +363,8 @@ class RunOptions:
       and what is public by design (module docstring; :class:`fedjax_dp.observers.ReleasePolicy`),
       and draws the mechanism's randomness (the rounds' keys, the cohorts) from secret entropy
       instead of the seed (:data:`RANDOMNESS`); checkpoints are refused with it.
-    progress: show a progress bar (one per group of experiments).
+    progress: show a progress bar (a sweep's programs share one,
+      :class:`fedjax_dp.observers.SweepProgress`).
     progress_every: without a bar, a progress line on stderr every this many seconds (> 0;
       :class:`fedjax_dp.observers.ProgressLines`); None: none.
     output_dir: the command's folder: a run's ``metrics.jsonl``, ``summary.json`` (and
@@ -343,7 +377,8 @@ class RunOptions:
       (needs tensorboardX: ``pip install 'fedjax_dp[tensorboard]'``).
     checkpoint_every: save the whole run every this many rounds (and after the last) into
       ``output_dir/checkpoints/`` (:mod:`fedjax_dp.checkpoint`; one experiment only).
-    resume: continue the run in ``output_dir`` from its latest checkpoint (same configuration;
+    resume: continue the run in ``output_dir`` from its latest checkpoint (same configuration,
+      or more rounds where :func:`fedjax_dp.checkpoint.check_extension` allows them;
       ``checkpoint_every`` then says how often to go on saving, default as the checkpoint's run).
 
   Raises:
@@ -573,10 +608,21 @@ class Records:
 
   def round(self, r: int, rounds: int, metrics: dict, accounted: dict, evaluation,
             seconds: float) -> Record:
-    """Round ``r``'s (0-based) whole record: the released values, the accounting's fields
-    ``accounted``, the ``evaluation`` ``(accuracy, loss)`` or None, and under ``diagnostics``
-    the raw statistics (:func:`summarize_round`) with the round's ``seconds``; the release
-    policy hides what an observer may not see."""
+    """Round ``r``'s whole record; the release policy hides what an observer may not see.
+
+    Args:
+      r: the round, 0-based.
+      rounds: the run's rounds.
+      metrics: the experiment's metrics of the round, on the host.
+      accounted: the accounting's fields (:meth:`account`).
+      evaluation: ``(accuracy, loss)`` on the test set, or None where the round evaluated none.
+      seconds: the round's wall time (a raw diagnostic).
+
+    Returns:
+      The :class:`fedjax_dp.observers.Record`: the released values, ``accounted``, the
+      evaluation, and under ``diagnostics`` the raw statistics (:func:`summarize_round`) with
+      ``seconds``.
+    """
     released, diag = summarize_round(metrics, self.clip, self.released_metrics)
     rec = {"round": r + 1, **released, **accounted}
     if evaluation is not None:
@@ -613,9 +659,19 @@ class Records:
     self.earlier_provenance = list(log.get("provenance", []))  # none in older checkpoints
 
   def summary(self, program, state, rounds: int, timing: dict) -> dict:
-    """The run's ``summary.json``: the final evaluation, the privacy report, the configuration,
-    the model's hash, what the run used (:func:`provenance`), the release block and, under
-    release "all", the raw diagnostics (``timing`` among them)."""
+    """The run's ``summary.json``.
+
+    Args:
+      program: the group's :class:`fedjax_dp.round.Round` (its model).
+      state: the experiment's final :class:`fedjax_dp.round.RoundState`.
+      rounds: the run's rounds.
+      timing: the run's timings (:meth:`_Timer.timing`).
+
+    Returns:
+      The final evaluation, the privacy report, the configuration, the model's hash, what the
+      run used (:func:`provenance`), the release block and, under release "all", the raw
+      diagnostics (``timing`` among them).
+    """
     e = self.e
     summary = {"final_accuracy": self.accuracy, "final_test_loss": self.loss,
                "diverged": self.diverged, "rounds": rounds}
@@ -863,7 +919,14 @@ class _Program:
     return cohorts, jax.device_put(self.stack(batches))
 
   def call(self, state, hp, inputs, key):
-    """One round of every experiment: ``(state, metrics)``."""
+    """One round of every experiment: ``(state, metrics)``.
+
+    Args:
+      state: the experiments' :class:`fedjax_dp.round.RoundState` (stacked for several).
+      hp: their hyper-parameters.
+      inputs: the cohorts' step inputs (:meth:`inputs`).
+      key: the round's key (:func:`_round_keys`).
+    """
     if self.arrays is not None:
       return self.step(state, hp, self.arrays, *inputs, key)
     return self.step(state, hp, inputs, key)
@@ -915,7 +978,14 @@ class _Timer:
       self.first_round = seconds
 
   def timing(self, rounds: int, done: int, experiments: int, ahead) -> dict:
-    """The summary's timing fields for ``rounds`` of which ``done`` ran before this process."""
+    """The summary's timing fields.
+
+    Args:
+      rounds: the run's rounds.
+      done: those that ran before this process (a resumed run's checkpoint round).
+      experiments: the experiments in the group.
+      ahead: the run's accounting workers (:func:`_epsilons_ahead`), or None.
+    """
     total = time.perf_counter() - self.start
     timing = {"seconds_total": total, "seconds_first_round": self.first_round,
               "seconds_per_round_after_first": None if self.first_round is None else

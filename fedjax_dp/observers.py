@@ -9,9 +9,9 @@ that receives it, in this order: the records a run returns (:class:`History`), `
 (:class:`MetricsFile`), ``metrics.csv`` (:class:`MetricsTable`), TensorBoard events
 (:class:`TensorBoard`), ``norms.npz``
 (:class:`NormsFile`), checkpoints (:class:`Checkpoint`), the progress bar
-(:class:`ProgressBar`), ``summary.json`` (:class:`SummaryFile`, last: a folder with a summary
-holds a whole run), then a user's callback (:class:`Callback`, ``simulate(on_round=...)``) and
-own observers (``simulate(observers=[...])``).
+(:class:`ProgressBar`; a sweep's programs share one, :class:`SweepProgress`), ``summary.json``
+(:class:`SummaryFile`, last: a folder with a summary holds a whole run), then a user's callback
+(:class:`Callback`, ``simulate(on_round=...)``) and own observers (``simulate(observers=[...])``).
 
 The release policy (:class:`ReleasePolicy`) decides what each observer sees: with
 ``release="all"`` an observer that asks for them (:attr:`Observer.sees_diagnostics`) gets the
@@ -22,9 +22,11 @@ what is public by design (:mod:`fedjax_dp.engine`'s docstring lists which is whi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import pathlib
 import sys
+import threading
 import time
 from typing import Any, Callable, Optional, Sequence
 
@@ -529,3 +531,92 @@ class ProgressLines(_Progress):
         [] if row.get("epsilon") is None else [f"epsilon {row['epsilon']:.3f}"])
     elapsed = [] if self.private else [f"{now - self.began:.1f} s"]
     self.write(f"round {record.round}/{record.rounds}{self.tag}: " + ", ".join(parts + elapsed))
+
+
+class SweepProgress:
+  """One progress display for all the programs of a sweep (:func:`fedjax_dp.sweep.run_configs`),
+  which may run at once in threads: a tqdm bar of every experiment's rounds together, or, where
+  no bar shows it (``every`` given), a line at each round that ends ``every`` seconds or more
+  after the sweep began or the last line, ``sweep: n/N experiment rounds, p/P programs done,
+  s s``. Each program reports through its own :meth:`observer`; :meth:`program_done` counts the
+  programs that ended and prints their line without breaking the bar. Safe to call from several
+  threads.
+
+  Args:
+    rounds: every experiment's rounds together (the display's total).
+    programs: the compiled programs the sweep runs.
+    every: None: a bar; else seconds between lines (> 0).
+    private: the experiments' release is "private": the display says no time.
+    write: where each line goes (default: stderr).
+    clock: seconds, for the spacing (default: :func:`time.monotonic`).
+  """
+
+  def __init__(self, rounds: int, programs: int, every: Optional[float] = None,
+               private: bool = False, write: Callable[[str], Any] = _to_stderr,
+               clock: Callable[[], float] = time.monotonic):
+    self.total, self.programs, self.every = rounds, programs, every
+    self.private, self.write, self.clock = private, write, clock
+    self.done = self.ended = 0
+    self.lock = threading.Lock()
+    self.began = self.last = clock()
+    self.bar = None
+    if every is None:
+      self.bar = tqdm(total=rounds, unit="round", dynamic_ncols=True, desc="compiling the rounds",
+                      bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt}{postfix}" if private else None)
+      self.bar.set_postfix_str(self._programs(), refresh=False)
+
+  def _programs(self) -> str:
+    return f"{self.ended}/{self.programs} programs done"
+
+  def observer(self, experiments: int) -> Observer:
+    """The observer of a program that runs ``experiments`` experiments, given to its first
+    experiment: each of its rounds counts ``experiments`` rounds."""
+    return _SweepPart(self, experiments)
+
+  def advance(self, rounds: int) -> None:
+    """Counts ``rounds`` more experiment rounds."""
+    with self.lock:
+      self.done += rounds
+      if self.bar is not None:
+        if self.bar.desc:  # a round ran: it compiled
+          self.bar.set_description_str("", refresh=False)
+        self.bar.update(rounds)
+        return
+      now = self.clock()
+      if now - self.last >= self.every:
+        self.last = now
+        took = "" if self.private else f", {now - self.began:.1f} s"
+        self.write(f"sweep: {self.done}/{self.total} experiment rounds, {self._programs()}{took}")
+
+  def program_done(self, say: Optional[Callable[[str], Any]] = None,
+                   line: Optional[str] = None) -> None:
+    """Counts a program that ended, and gives ``say`` its ``line`` (with the bar cleared while
+    it is written, then drawn again below it)."""
+    with self.lock:
+      self.ended += 1
+      if self.bar is not None:
+        self.bar.set_postfix_str(self._programs(), refresh=False)
+      if say is not None:
+        with (tqdm.external_write_mode(file=sys.stderr) if self.bar is not None
+              else contextlib.nullcontext()):
+          say(line)
+      if self.bar is not None:
+        self.bar.refresh()
+
+  def close(self) -> None:
+    if self.bar is not None:
+      self.bar.close()
+      self.bar = None
+
+
+class _SweepPart(Observer):
+  """What one program of a sweep reports to its :class:`SweepProgress`: its rounds, each counting
+  its ``experiments``."""
+
+  sees_diagnostics = False
+
+  def __init__(self, progress: SweepProgress, experiments: int):
+    self.progress, self.experiments = progress, experiments
+
+  def round(self, record: Record) -> None:
+    self.progress.advance(self.experiments)

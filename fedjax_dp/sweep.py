@@ -6,8 +6,10 @@
 
 Every grid point is a :class:`fedjax_dp.config.RunConfig` (a grid name is a
 configuration field or one of the algorithm's ``--set`` options), run with
-seeds ``config.seed, config.seed + 1, ...``. Each experiment is built as its
-single run would be (its own data partition, sampler, noise calibrated to its
+seeds ``config.seed, config.seed + 1, ...``, which share one split of the data into clients
+(the base configuration's ``split_seed``, recorded as each experiment's ``data_seed``) unless
+``vary_split`` gives each seed its own. Each experiment is built as its
+single run would be (its own sampler, noise calibrated to its
 own ``target_epsilon``, its own accounting), so every bad value is refused
 before anything compiles. Experiments whose rounds share one static structure
 (the same :class:`fedjax_dp.round.Round`, rounds, evaluation period and data
@@ -21,7 +23,7 @@ another elsewhere. Each experiment's results equal its single run with the same
 seed, up to floating-point reassociation.
 
 Memory: a group holds one copy of the clients' data when its experiments share
-a data set and one per distinct data set otherwise (seeds partition the data
+a data set and one per distinct data set otherwise (``vary_split``: seeds partition the data
 differently), plus one model state per experiment; programs running at once in
 threads share one device copy of a data set (:func:`fedjax_dp.engine.placed_arrays`)
 and hold their states each (``threads=1`` holds one group's at a time).
@@ -51,6 +53,7 @@ from fedjax_dp.errors import ConfigError, check
 from fedjax_dp.experiment import (check_from_config, client_blocks, load_data, recorded_config,
                                   options_for)
 from fedjax_dp.jsonio import dumps
+from fedjax_dp.observers import SweepProgress
 from fedjax_dp.stats import seed_stats
 from fedjax_dp.privacy.ledger import PrivacyLedger
 from fedjax_dp.round import check_devices, one_cpu_device
@@ -119,6 +122,16 @@ def seeds_composed(epsilon: Optional[float], delta: Optional[float], seeds: int,
   labels: 20-21 of 100 clients' data sets under shards, 93-99 under dirichlet, none under iid),
   so no bound follows from the runs' guarantees and the epsilon and delta are None,
   ``seeds_composition`` saying why. All None for a row without a guarantee.
+
+  Args:
+    epsilon: each run's epsilon (the largest over the runs), None without a guarantee.
+    delta: the runs' delta.
+    seeds: how many runs.
+    ledgers: each run's :class:`fedjax_dp.privacy.ledger.PrivacyLedger`, None where its epsilon
+      is not one ledger's (then basic composition).
+    same_data: the runs trained on the same clients (one split).
+    relation: the runs' neighbouring relation (their summaries' ``neighbouring_relation``).
+    split_reads_labels: the split into clients depends on the examples' labels.
   """
   if epsilon is None or delta is None:
     return {"epsilon_seeds_composed": None, "delta_seeds_composed": None,
@@ -129,7 +142,8 @@ def seeds_composed(epsilon: Optional[float], delta: Optional[float], seeds: int,
                 "none: the seeds split the data into clients differently and the split reads the "
                 "labels (partition shards or dirichlet, or a class-balanced max_train subset), so "
                 "one example's change moves many examples between clients and no bound follows "
-                "from the runs' guarantees; give data_seed to share one split"),
+                "from the runs' guarantees; share one split (a sweep without vary_split, or "
+                "data_seed) for a bound"),
             "seeds_privacy_unit": None}
   unit = {"seeds_privacy_unit": "the runs' own" if same_data else
           "one example (the seeds split the data into clients differently)"}
@@ -159,14 +173,19 @@ def same_clients(datas: Sequence) -> bool:
                                for f in ("counts", "y", "x")) for d in datas[1:])
 
 
-def parse_grid(text: str) -> dict:
+def parse_grid(*texts: str) -> dict:
   """``"clip=0.1,0.3 lambda=0.1,0.4"`` -> ``{"clip": ["0.1", "0.3"], "lambda": ["0.1", "0.4"]}``.
 
-  Values stay strings here; :func:`plan` converts them by the field's type (or,
-  for options, as JSON numbers and words).
+  Several texts (``--grid`` given more than once) give the axes of all of them together, as one
+  text with their axes would. Values stay strings here; :func:`plan` converts them by the
+  field's type (or, for options, as JSON numbers and words).
+
+  Raises:
+    ConfigError: naming ``grid``, for an item that is not ``NAME=V1,V2,...``, an axis named
+      twice (in one text or in two), a value named twice or empty, and no axis at all.
   """
   grid = {}
-  for item in text.split():
+  for item in " ".join(texts).split():
     check("=" in item, "grid", item, "each axis must look like NAME=V1,V2,... (axes separated by spaces)")
     name, values = item.split("=", 1)
     name = name.replace("-", "_")
@@ -177,7 +196,7 @@ def parse_grid(text: str) -> dict:
     check(len({v.strip() for v in vals}) == len(vals), "grid", item,
           "names a value twice (the same experiments would run twice)")
     grid[name] = vals
-  check(grid, "grid", text, "must name at least one axis, e.g. 'clip=0.1,0.3'")
+  check(grid, "grid", " ".join(texts), "must name at least one axis, e.g. 'clip=0.1,0.3'")
   return grid
 
 
@@ -246,13 +265,26 @@ def check_axes(grid: Mapping[str, Sequence]) -> None:
     check(name not in grid, "grid", name, "cannot be a grid axis")
 
 
-def plan(config, grid: Mapping[str, Sequence], seeds: int = 1) -> list:
+def plan(config, grid: Mapping[str, Sequence], seeds: int = 1, vary_split: bool = False) -> list:
   """Every grid point times seed, as :class:`Point` s (grid order, then seeds).
 
   A grid name is a :class:`RunConfig` field (its values converted by the
   field's type) or, otherwise, one of the algorithm's options (``--set``; its values
   checked by the algorithm when built); a name that is neither is refused here. Giving ``target_epsilon`` unsets ``noise_multiplier``
   and the other way round, as on the command line.
+
+  Args:
+    config: the base :class:`RunConfig`.
+    grid: axis name -> values (strings are converted by the field's type).
+    seeds: seeds per grid point: ``config.seed``, ``config.seed + 1``, ...
+    vary_split: each seed splits the data into clients by its own seed (``data_seed`` unset);
+      False: a grid point's seeds share its split (``data_seed``: the point's ``split_seed``,
+      its ``data_seed`` or else the base seed), so that a row's mean over seeds is covered
+      for the runs' own privacy unit (:func:`seeds_composed`).
+
+  Raises:
+    ConfigError: on a bad grid, setting, option or number of seeds, and for ``vary_split``
+      beside a ``data_seed`` (which fixes the split).
   """
   types = field_types()
   check_config(config)
@@ -261,6 +293,7 @@ def plan(config, grid: Mapping[str, Sequence], seeds: int = 1) -> list:
   grid = check_grid(grid)
   check_axes(grid)
   _check_axis_names(config, grid, types)
+  check(isinstance(vary_split, bool), "vary_split", vary_split, "must be True or False")
   check(config.seed + seeds <= 2 ** 32, "seeds", seeds, f"runs seeds {config.seed} to "
         f"{config.seed + seeds - 1}, past the largest seed 2**32 - 1: lower seed or seeds")
   grid = {k: [(parse_value(k, v, types[k]) if isinstance(v, str) else v) if k in types
@@ -274,7 +307,7 @@ def plan(config, grid: Mapping[str, Sequence], seeds: int = 1) -> list:
         f"{count // seeds} points makes {count} experiments, more than one sweep runs (at most "
         f"{MAX_EXPERIMENTS}): split the grid into several sweeps")
   return [point for combo in itertools.product(*grid.values())
-          for point in _points(config, grid, dict(zip(grid, combo)), types, seeds)]
+          for point in _points(config, grid, dict(zip(grid, combo)), types, seeds, vary_split)]
 
 
 def _check_axis_names(config, grid: Mapping[str, Sequence], types: Mapping) -> None:
@@ -297,10 +330,10 @@ def _check_axis_names(config, grid: Mapping[str, Sequence], types: Mapping) -> N
 
 
 def _points(config, grid: Mapping[str, Sequence], values: dict, types: Mapping,
-            seeds: int) -> list:
-  """The :class:`Point` s of one grid point (``values``: axis -> value), one per seed. Giving
-  ``target_epsilon`` unsets ``noise_multiplier`` and the other way round; an axis the point
-  does not read is refused."""
+            seeds: int, vary_split: bool) -> list:
+  """The :class:`Point` s of one grid point (``values``: axis -> value), one per seed, on one
+  split of the data unless ``vary_split`` (:func:`plan`). Giving ``target_epsilon`` unsets
+  ``noise_multiplier`` and the other way round; an axis the point does not read is refused."""
   fields, options = {}, dict(config.options)
   for given, other in (("target_epsilon", "noise_multiplier"),
                        ("noise_multiplier", "target_epsilon")):
@@ -318,7 +351,11 @@ def _points(config, grid: Mapping[str, Sequence], values: dict, types: Mapping,
     check(name not in grid or name not in unread or fields[name] is None, "grid", name,
           f"{unread.get(name)}: at the {_grid_point(values)} its values would run the same "
           "experiment; sweep the points that read it separately")
-  return [Point(values, config.seed + s, point.replace(seed=config.seed + s))
+  check(not vary_split or point.data_seed is None, "vary_split", vary_split,
+        f"gives each seed its own split of the data into clients, and data_seed="
+        f"{point.data_seed} fixes one (at the {_grid_point(values)}): leave one of them out")
+  split = {} if vary_split else {"data_seed": point.split_seed}
+  return [Point(values, config.seed + s, point.replace(seed=config.seed + s, **split))
           for s in range(seeds)]
 
 
@@ -419,7 +456,16 @@ def threads_for(requested: Optional[int], devices: Sequence[Optional[int]]) -> i
 
 def programs_at_once(group_size: Optional[int], threads: Optional[int],
                      devices: Sequence[Optional[int]]) -> int:
-  """Checks ``group_size`` and returns :func:`threads_for` ``(threads, devices)``."""
+  """Checks ``group_size`` and returns :func:`threads_for` ``(threads, devices)``.
+
+  Args:
+    group_size: at most this many experiments per program (an integer >= 1, or None: no limit).
+    threads: programs run at once (None: automatic).
+    devices: the configurations' ``devices`` fields.
+
+  Raises:
+    ConfigError: naming ``group_size`` or ``threads`` when it is not an integer >= 1 or None.
+  """
   check(group_size is None or (isinstance(group_size, numbers.Integral)
                                and not isinstance(group_size, bool) and group_size >= 1),
         "group_size", group_size,
@@ -460,10 +506,11 @@ def run_configs(tasks: Sequence[Task], options: Optional[RunOptions] = None, *, 
   Args:
     tasks: the configurations, their data sets, output folders and names (:class:`Task`).
     options: the run options they share (:class:`fedjax_dp.engine.RunOptions`: release,
-      progress, one bar per group); each group's evaluation period, placement, client chunk,
+      progress: one display for every group, :class:`fedjax_dp.observers.SweepProgress`);
+      each group's evaluation period, placement, client chunk,
       devices and accounting workers are its configurations'
       (:func:`fedjax_dp.experiment.options_for`).
-    log: gets one line per group as it ends.
+    log: gets one line per group as it ends (written past the progress bar).
     on_group: ``on_group(indices, results, setups)`` is called as each group ends (the
       :class:`fedjax_dp.algorithms.Setup` s it ran).
     group_size: at most this many experiments per program (a larger group runs as several;
@@ -491,30 +538,54 @@ def run_configs(tasks: Sequence[Task], options: Optional[RunOptions] = None, *, 
   groups = _groups(tasks, built, group_size, threads)
   results, records = [None] * len(tasks), [None] * len(groups)
   stop = threading.Event()
+  progress = None  # one display for every program, which its groups' runs report to
+  if options.progress or options.progress_every is not None:
+    progress = SweepProgress(sum(t.config.rounds for t in tasks), len(groups),
+                             None if options.progress else options.progress_every,
+                             options.release == "private")
+    options = dataclasses.replace(options, progress=False, progress_every=None)
 
   def run_one(members):
     tg = time.perf_counter()
     first, program = tasks[members[0]].config, built[members[0]].program
+    shown = [] if progress is None else [progress.observer(len(members))]
     experiments = [Experiment(built[i].hparams, tasks[i].data, built[i].sampler,
                               tasks[i].config.seed, built[i].accounting, tasks[i].output_dir,
-                              recorded_config(tasks[i].config)) for i in members]
+                              recorded_config(tasks[i].config),
+                              observers=shown if i == members[0] else ()) for i in members]
     done = engine.run_group(program, experiments, first.rounds,
                             options=options_for(first, program, options), stop=stop)
     return done, time.perf_counter() - tg
 
   def finish(g, done, seconds):
+    """Keeps group ``g``'s results and record, gives its line to the display or ``log`` and
+    calls ``on_group``.
+
+    Args:
+      g: the group's index.
+      done: its experiments' :class:`fedjax_dp.engine.RunResult` s.
+      seconds: its wall time.
+    """
     members, first = groups[g], tasks[groups[g][0]].config
     for i, res in zip(members, done):
       results[i] = res
     records[g] = {"experiments": list(members), "seconds": seconds,
                   "side_by_side": len(members) > 1 and engine.experiments_vmapped()}
-    if log is not None:  # a private release prints no timing (a raw diagnostic)
-      log(f"[group {g + 1}/{len(groups)}] {len(members)} experiments of {first.algorithm}"
-          + ("" if options.release == "private" else f": {seconds:.1f}s"))
+    # A private release prints no timing (a raw diagnostic).
+    line = (f"[group {g + 1}/{len(groups)}] {len(members)} experiments of {first.algorithm}"
+            + ("" if options.release == "private" else f": {seconds:.1f}s"))
+    if progress is not None:
+      progress.program_done(log, line)
+    elif log is not None:
+      log(line)
     if on_group is not None:
       on_group(members, done, [built[i] for i in members])
 
-  _in_threads(groups, threads, run_one, finish, stop)
+  try:
+    _in_threads(groups, threads, run_one, finish, stop)
+  finally:
+    if progress is not None:
+      progress.close()
   return results, records
 
 
@@ -566,17 +637,21 @@ def _in_threads(groups: list, threads: int, run_one, finish, stop: threading.Eve
 
 def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int = 1, *,
           run_options: Optional[RunOptions] = None, load=None, log=None,
-          group_size: Optional[int] = None, threads: Optional[int] = None) -> SweepResult:
+          group_size: Optional[int] = None, threads: Optional[int] = None,
+          vary_split: bool = False) -> SweepResult:
   """Runs every grid point times seed; experiments that share a round run as one program.
 
   Args:
     config: the base :class:`RunConfig` (default: the quickstart).
     grid: axis name -> values (strings are converted by the field's type).
-    seeds: seeds per grid point: ``config.seed``, ``config.seed + 1``, ...
+    seeds: seeds per grid point: ``config.seed``, ``config.seed + 1``, ...; they share one split
+      of the data into clients (:func:`plan`).
     run_options: the run options (:class:`fedjax_dp.engine.RunOptions`): ``release`` ("all" or
-      "private"), ``progress`` (a bar per group), and ``output_dir``: if given, each
+      "private"), ``progress`` and ``progress_every`` (one display for the whole sweep,
+      :class:`fedjax_dp.observers.SweepProgress`), and ``output_dir``: if given, each
       experiment writes ``experiments/NNN/metrics.jsonl`` and ``summary.json`` there, and the
-      sweep ``results.json`` (:meth:`SweepResult.to_json`); ``overwrite`` replaces an earlier
+      sweep ``results.json`` (:meth:`SweepResult.to_json`) and ``results.csv``
+      (:meth:`SweepResult.to_csv`); ``overwrite`` replaces an earlier
       sweep's files there (they are moved aside while the sweep runs and deleted when it has
       finished; a sweep that fails or is interrupted leaves them as they were); without it a
       folder holding ``results.json`` or ``experiments/`` is refused before anything loads.
@@ -588,6 +663,8 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
     group_size: at most this many experiments per compiled program (:func:`run_configs`).
     threads: programs run at once (:func:`threads_for`; default: one per core on one CPU
       device, else one).
+    vary_split: each seed splits the data into clients by its own seed (:func:`plan`); a row's
+      mean over seeds is then covered for one example (:func:`seeds_composed`).
 
   Returns:
     The :class:`SweepResult`.
@@ -596,7 +673,7 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
     ConfigError: on a bad grid, setting or option, before any data set loads.
   """
   options = run_options or RunOptions()
-  points = _checked_plan(config, grid, seeds, options)
+  points = _checked_plan(config, grid, seeds, options, vary_split)
   threads = programs_at_once(group_size, threads, [p.config.devices for p in points])
   folder = (contextlib.nullcontext() if options.output_dir is None else
             outputs.claimed(options.output_dir, overwrite=options.overwrite, results=SWEEP_FILES))
@@ -614,6 +691,13 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
       ledgers = [None] * len(points)  # each run's PrivacyLedger, where its epsilon is one ledger's
 
       def keep_ledgers(members, done, setups):
+        """Keeps each run's ledger (:func:`run_configs`' ``on_group``).
+
+        Args:
+          members: the group's experiments (indices).
+          done: their results (unused).
+          setups: their :class:`fedjax_dp.algorithms.Setup` s.
+        """
         del done
         for i, setup in zip(members, setups):
           ledgers[i] = getattr(setup.accounting, "ledger", None)
@@ -648,7 +732,7 @@ def _experiments(points: Sequence[Point], results: Sequence, groups: Sequence[di
 
 
 def _checked_plan(config, grid: Optional[Mapping[str, Sequence]], seeds: int,
-                  options: RunOptions) -> list:
+                  options: RunOptions, vary_split: bool = False) -> list:
   """:func:`plan` of ``config`` (default: the quickstart), with ``options``, every point's
   algorithm options and device count checked before any data set loads."""
   check_from_config(options)
@@ -658,7 +742,7 @@ def _checked_plan(config, grid: Optional[Mapping[str, Sequence]], seeds: int,
   check_config(config, unset_ok=True)
   config = make_config() if config is None else config
   # plan refuses a grid that is not a mapping of lists and an axis a point does not read.
-  points = plan(config, {} if grid is None else grid, seeds)
+  points = plan(config, {} if grid is None else grid, seeds, vary_split)
   for p in points:
     algorithm_options.read(p.config, algorithms.option_table(p.config.algorithm))
     check_devices(p.config.devices)

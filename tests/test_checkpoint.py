@@ -342,8 +342,60 @@ def test_a_finished_run_whose_summary_is_damaged_is_refused_in_one_line(checkpoi
   assert _rows(run) == _rows(checkpointed)
 
 
+def _tiny(rounds: int, *more: str) -> list:
+  """:data:`TINY` with ``rounds`` rounds and the flags ``more``."""
+  at = TINY.index("--rounds")
+  return [*TINY[:at], *TINY[at + 2:], "--rounds", str(rounds), *more]
+
+
+def test_a_finished_run_with_a_fixed_noise_multiplier_extends_as_if_run_whole(tmp_path, capsys):
+  whole, run = tmp_path / "whole", tmp_path / "run"
+  noise = ("--noise-multiplier", "1.0")
+  assert main(["run", *_tiny(4, *noise), "--output-dir", str(whole)]) == 0
+  assert main(["run", *_tiny(2, *noise), "--checkpoint-every", "1", "--output-dir", str(run)]) == 0
+  capsys.readouterr()
+  assert main(["run", "--resume", str(run), "--rounds", "4", "--no-progress"]) == 0
+  assert "rounds=4" in capsys.readouterr().out
+  s, w = _summary(run), _summary(whole)
+  assert s["params_sha256"] == w["params_sha256"]  # bit for bit the 4-round run
+  assert s["rounds"] == 4 and s["config"] == w["config"]  # the recorded configuration says 4
+  assert s["epsilon"] == w["epsilon"] and s["final_accuracy"] == w["final_accuracy"]
+  rows, whole_rows = _rows(run), _rows(whole)
+  assert [r["round"] for r in rows] == [1, 2, 3, 4]  # each round once
+  assert rows[2:] == whole_rows[2:] and rows[0] == whole_rows[0]
+  # Round 2 keeps what the 2-round run released: the evaluation after its last round.
+  assert "test_accuracy" in rows[1] and "test_accuracy" not in whole_rows[1]
+  assert {k: v for k, v in rows[1].items() if not k.startswith("test_")} == whole_rows[1]
+  assert _same_norms(run, whole)
+  assert len((run / "metrics.csv").read_text().splitlines()) == 5
+  assert _steps(run) == [3, 4]
+  # Extended, it is a finished 4-round run: fewer rounds are refused, the same are no conflict.
+  assert main(["run", "--resume", str(run), "--rounds", "3"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "invalid rounds=3: is below the resumed run's rounds=4" in err[0], err
+  assert main(["run", "--resume", str(run), "--rounds", "4", "--no-progress"]) == 0
+  assert "holds a finished run: nothing to resume" in capsys.readouterr().out
+
+
+def test_a_run_calibrated_for_a_target_epsilon_is_not_extended(checkpointed, capsys):
+  rows = (checkpointed / "metrics.jsonl").read_text()
+  assert main(["run", "--resume", str(checkpointed), "--rounds", "12"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("fedjax-dp: error: invalid rounds=12: cannot "
+                                             "extend the resumed run"), err
+  assert "calibrated for target_epsilon=8 over its 8 rounds" in err[0]
+  # The Python API refuses it alike, before it rewrites anything.
+  from fedjax_dp.config import make_config
+  from fedjax_dp.experiment import simulate
+  config = make_config(num_clients=60, rounds=12, local_steps=2, model="mlp", eval_every=3)
+  with pytest.raises(ConfigError, match="calibrated for target_epsilon=8 over its 8 rounds"):
+    simulate(config, output_dir=str(checkpointed), resume=True)
+  assert (checkpointed / "metrics.jsonl").read_text() == rows
+
+
 @pytest.mark.parametrize("args,field", [
     (["--rounds", "9"], "rounds"),
+    (["--rounds", "7"], "rounds"),
     (["--clip", "0.3"], "clip"),
     (["--set", "lambda=0.1"], "lambda"),
     (["--release", "private"], "release"),

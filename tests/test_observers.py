@@ -149,6 +149,23 @@ def test_progress_lines_come_every_period():
   assert lines == ["round 3/5 (2 experiments): test accuracy 0.5000, epsilon 1.500, 12.0 s"]
 
 
+def test_a_sweeps_progress_lines_count_every_programs_rounds():
+  from fedjax_dp.observers import SweepProgress
+  now, lines, said = [0.0], [], []
+  progress = SweepProgress(12, 2, every=10.0, write=lines.append, clock=lambda: now[0])
+  first, second = progress.observer(2), progress.observer(4)  # programs of 2 and 4 experiments
+  for t, part in ((4.0, first), (8.0, second), (12.0, first), (13.0, second)):
+    now[0] = t
+    part.round(Record(1, 2, {}))
+  progress.program_done(said.append, "[group 1/2] done")
+  assert lines == ["sweep: 8/12 experiment rounds, 0/2 programs done, 12.0 s"]
+  assert said == ["[group 1/2] done"] and progress.ended == 1 and progress.done == 12
+  private = SweepProgress(1, 1, every=1.0, private=True, write=lines.append,
+                          clock=iter([0.0, 5.0]).__next__)
+  private.observer(1).round(Record(1, 1, {}))
+  assert lines[-1] == "sweep: 1/1 experiment rounds, 0/1 programs done"
+
+
 def test_a_run_without_a_bar_prints_progress_lines(tmp_path, capsys, monkeypatch):
   monkeypatch.setattr(cli, "PROGRESS_EVERY", 1e-9)  # a line at every round
   assert main(["run", "--rounds", "2", "--num-clients", "30", "--max-test", "50", "--no-progress",

@@ -53,7 +53,8 @@ def test_each_experiment_equals_its_single_run_and_the_grid_is_one_program(tmp_p
 
   # clip and noise are numbers (one group); two seeds partition the data differently (stacked).
   result = sweep(_base(), {"clip": ["0.2", "1.0"], "noise_multiplier": [0.5]}, seeds=2,
-                 run_options=RunOptions(output_dir=str(tmp_path)), load=load, threads=1)
+                 run_options=RunOptions(output_dir=str(tmp_path)), load=load, threads=1,
+                 vary_split=True)
   assert len(result.experiments) == 4 and len(result.groups) == 1
   assert [(e["values"]["clip"], e["seed"]) for e in result.experiments] == [
       (0.2, 0), (0.2, 1), (1.0, 0), (1.0, 1)]
@@ -100,11 +101,40 @@ def test_seeds_on_the_same_clients_are_composed_by_their_accountant():
   assert row["epsilon"] < row["epsilon_seeds_composed"] < 2 * row["epsilon"]
   params = [e["result"].state.params for e in result.experiments]
   assert not all(np.array_equal(a, b) for a, b in zip(*map(jax.tree_util.tree_leaves, params)))
-  # The same seeds on the shards partition (a split by labels) and no data_seed: no bound.
-  shards = sweep(_base(partition="shards", rounds=1), {"clip": ["0.5"]}, seeds=2, threads=8)
+  # The same seeds on the shards partition (a split by labels), each on its own split: no bound.
+  shards = sweep(_base(partition="shards", rounds=1), {"clip": ["0.5"]}, seeds=2, threads=8,
+                 vary_split=True)
   assert shards.rows[0]["epsilon"] > 0 and shards.rows[0]["epsilon_seeds_composed"] is None
   assert shards.threads == 2  # two experiments: two programs at once, not eight
   assert shards.rows[0]["seeds_composition"].startswith("none: ")
+
+
+def test_a_sweeps_seeds_share_one_split_unless_asked_otherwise():
+  # By default a grid point's seeds train on the same clients (the base seed's split, recorded as
+  # each experiment's data_seed), so a row's composed epsilon is for the runs' own unit.
+  base = _base(seed=3, rounds=1)
+  points = plan(base, {"clip": [0.5]}, seeds=3)
+  assert [(p.seed, p.config.data_seed, p.config.split_seed) for p in points] == [
+      (3, 3, 3), (4, 3, 3), (5, 3, 3)]
+  assert [p.config.data_seed for p in plan(base.replace(data_seed=9), {"clip": [0.5]}, 2)] == [9, 9]
+  varied = plan(base, {"clip": [0.5]}, seeds=3, vary_split=True)
+  assert [(p.config.data_seed, p.config.split_seed) for p in varied] == [
+      (None, 3), (None, 4), (None, 5)]
+  with pytest.raises(ConfigError, match=r"vary_split=True: gives each seed its own split.*"
+                     "data_seed=9 fixes one"):
+    plan(base.replace(data_seed=9), {"clip": [0.5]}, seeds=2, vary_split=True)
+  # A split by labels, shared: its seeds compose by the runs' accountant, for their own unit.
+  from fedjax_dp.experiment import load_data
+  loads = []
+  shards = sweep(_base(partition="shards", rounds=1), {"clip": ["0.5"]}, seeds=2, threads=1,
+                 load=lambda cfg: loads.append(cfg.split_seed) or load_data(cfg))
+  row = shards.rows[0]
+  assert loads == [0]  # one data set for both seeds
+  assert row["seeds_privacy_unit"] == "the runs' own" and row["seeds_composition"] == "rdp"
+  assert row["epsilon"] < row["epsilon_seeds_composed"] < 2 * row["epsilon"]
+  summaries = [e["result"].summary for e in shards.experiments]
+  assert [s["config"]["run"]["seed"] for s in summaries] == [0, 1]
+  assert [s["config"]["run"]["data_seed"] for s in summaries] == [0, 0]
 
 
 def test_target_epsilon_axis_calibrates_each_experiment():
@@ -168,19 +198,24 @@ def test_options_as_grid_axes_and_bad_axes_are_refused_before_running():
 def test_sweep_command_writes_rows_and_protects_earlier_results(tmp_path, capsys):
   from fedjax_dp.cli import main
   out = tmp_path / "s"
+  # --grid is repeatable: the axes of every --grid together.
   args = ["sweep", "--grid", "clip=0.3,0.6", "--seeds", "2", "--rounds", "2", "--num-clients", "60",
-          "--max-test", "200", "--local-steps", "1", "--noise-multiplier", "1.0", "--output-dir", str(out), "--no-progress",
-          "--threads", "1"]
+          "--max-test", "200", "--local-steps", "1", "--grid", "noise_multiplier=1.0",
+          "--output-dir", str(out), "--no-progress", "--threads", "1"]
   assert main(args) == 0
   printed = capsys.readouterr().out
-  assert "clip=0.3: accuracy=" in printed
+  assert "clip=0.3 noise_multiplier=1.0: accuracy=" in printed
+  # The seeds share one split: the row's privacy over both is for the runs' own unit.
+  assert "(all seeds: " in printed and ", rdp)" in printed and "per example" not in printed
   assert "4 experiments in 1 compiled programs (1 thread)" in printed
+  assert f"wrote {out / 'results.json'} and {out / 'results.csv'}" in printed
   rows = json.loads((out / "results.json").read_text())["rows"]
   assert [(r["clip"], r["seeds"]) for r in rows] == [(0.3, 2), (0.6, 2)]
   assert all(0 <= r["accuracy_mean"] <= 1 and r["epsilon"] > 0 for r in rows)
   with open(out / "results.csv", newline="") as f:  # the same rows, as a table
     table = list(csv.DictReader(f))
-  assert [(float(t["clip"]), int(t["seeds"])) for t in table] == [(0.3, 2), (0.6, 2)]
+  assert [(float(t["clip"]), float(t["noise_multiplier"]), int(t["seeds"])) for t in table] == [
+      (0.3, 1.0, 2), (0.6, 1.0, 2)]
   assert [float(t["accuracy_mean"]) for t in table] == [r["accuracy_mean"] for r in rows]
   assert [float(t["epsilon"]) for t in table] == [r["epsilon"] for r in rows]
   before = (out / "results.json").read_text()
@@ -211,7 +246,52 @@ def test_sweep_command_writes_rows_and_protects_earlier_results(tmp_path, capsys
   assert "options': cannot be a grid axis" in capsys.readouterr().err
   assert main(["sweep", "--grid", "clip=0.1", "--grid", "clip=0.2", "--output-dir",
                str(tmp_path / "o")]) == 2  # not the last one silently
-  assert "is given once" in capsys.readouterr().err
+  assert "invalid grid='clip': names an axis twice" in capsys.readouterr().err
+
+
+def test_vary_split_gives_each_seed_its_own_split(tmp_path, capsys):
+  from fedjax_dp.cli import main
+  args = ["sweep", "--grid", "clip=0.3", "--seeds", "2", "--rounds", "1", "--num-clients", "40",
+          "--max-test", "100", "--local-steps", "1", "--noise-multiplier", "1.0", "--no-progress",
+          "--threads", "1", "--vary-split"]
+  assert main([*args, "--output-dir", str(tmp_path / "v")]) == 0
+  assert "basic, group of 2, per example)" in capsys.readouterr().out
+  summaries = [json.loads((tmp_path / f"v/experiments/00{i}/summary.json").read_text())
+               for i in (0, 1)]
+  assert [s["config"]["run"].get("data_seed") for s in summaries] == [None, None]
+  assert main([*args, "--data-seed", "3", "--output-dir", str(tmp_path / "d")]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "invalid vary_split=True" in err[0] and "data_seed=3" in err[0], err
+  assert not (tmp_path / "d").exists()
+
+
+def test_a_sweep_has_one_progress_display_for_all_its_programs(monkeypatch, capsys):
+  """Programs running at once in threads report to one display: no program draws its own."""
+  from fedjax_dp import engine, observers, sweep as sweep_module
+  made = []
+
+  class Counted(observers.SweepProgress):
+    def __init__(self, *a, **kw):
+      super().__init__(*a, **kw)
+      made.append(self)
+
+  def refused(*a, **kw):
+    raise AssertionError("a program drew a display of its own")
+  monkeypatch.setattr(sweep_module, "SweepProgress", Counted)
+  monkeypatch.setattr(engine, "ProgressBar", refused)
+  monkeypatch.setattr(engine, "ProgressLines", refused)
+  lines = []
+  result = sweep(_base(rounds=2), {"clip": ["0.3", "0.6"]}, seeds=2, threads=2,
+                 run_options=RunOptions(progress_every=1e-9), log=lines.append)
+  assert len(result.groups) == 2 and len(made) == 1
+  err = capsys.readouterr().err.splitlines()
+  # Both programs' rounds in one count, a line at each (the period is tiny).
+  assert len(err) == 4 and all(line.startswith("sweep: ") for line in err), err
+  assert err[-1].startswith("sweep: 8/8 experiment rounds, ")
+  assert sorted(line.split("]")[0] for line in lines) == ["[group 1/2", "[group 2/2"]
+  assert made[0].ended == 2
+  sweep(_base(rounds=1), {"clip": ["0.3", "0.6"]}, threads=2, run_options=RunOptions(progress=True))
+  assert len(made) == 2 and made[1].done == 2 and made[1].bar is None  # closed
 
 
 @pytest.mark.parametrize("command", ["run", "sweep", "reproduce"])
@@ -302,10 +382,10 @@ def test_experiments_run_in_sequence_on_one_cpu_and_side_by_side_elsewhere(monke
   load = lambda cfg: cache.setdefault(cfg.seed, load_data(cfg))
   assert not engine.experiments_vmapped()
   grid = {"clip": ["0.3", "0.6"]}
-  in_sequence = sweep(_base(rounds=2), grid, seeds=2, load=load, threads=1)
+  in_sequence = sweep(_base(rounds=2), grid, seeds=2, load=load, threads=1, vary_split=True)
   assert [g["side_by_side"] for g in in_sequence.groups] == [False]
   monkeypatch.setattr(engine, "experiments_vmapped", lambda: True)
-  side_by_side = sweep(_base(rounds=2), grid, seeds=2, load=load, threads=1)
+  side_by_side = sweep(_base(rounds=2), grid, seeds=2, load=load, threads=1, vary_split=True)
   assert [g["side_by_side"] for g in side_by_side.groups] == [True]
   assert held == {(2, (0, 1, 0, 1))}  # two seeds' data sets for four experiments
   _compare_to_single_runs(in_sequence, load)
