@@ -27,6 +27,9 @@ with probability ``confidence``. Then
 every test). Selecting on one half and bounding on the other needs no
 correction for multiple testing.
 
+``fedjax-dp audit --one-run`` audits a whole DP-FedAvg training run instead, in one run, with
+many canary clients (:mod:`fedjax_dp.audit_one_run`).
+
 A lower bound is evidence, not proof: a mechanism whose bound stays below its
 claim is not shown private, while a bound above the claim (exit status 1)
 shows that the claim is false for the code that ran (at the stated confidence).
@@ -47,6 +50,7 @@ import numpy as np
 from scipy.stats import norm
 
 from fedjax_dp.algorithms import build
+from fedjax_dp.audit_one_run import CANARIES, ONE_RUN, SETTINGS, one_run_audit
 from fedjax_dp.config import make_config
 from fedjax_dp.data import FederatedData
 from fedjax_dp.errors import ConfigError, check, check_choice
@@ -96,6 +100,12 @@ def epsilon_lower_bound(r0: np.ndarray, r1: np.ndarray, delta: float, confidence
   one-sided at ``(1 - confidence) / 2``). Selecting on one half and bounding on the other needs
   no correction for multiple testing.
 
+  Args:
+    r0, r1: the releases of worlds 0 and 1, ``[trials, d]`` each.
+    delta: the delta at which epsilon is bounded.
+    confidence: the joint confidence of the two rate bounds.
+    coords: a ``[d]`` mask of the coordinates the statistic reads (None: all).
+
   Returns:
     The bound (0 when no test beats guessing), the largest bound the trial counts can show
     (a test without errors), and the chosen test's counts.
@@ -143,6 +153,16 @@ def federation(num_clients: int, examples: int, seed: int, special=None, alone: 
   ``special = (client, x0, label)``: example 0 of ``client`` becomes ``(x0, 0)`` with
   ``label`` (the canary, an anti-canary, or a zero example); with ``alone`` that
   client holds just that example.
+
+  Args:
+    num_clients: the clients.
+    examples: the examples of each.
+    seed: the seed of the features and labels.
+    special: ``(client, x0, label)``, or None for none.
+    alone: the special client holds its special example only.
+
+  Returns:
+    The :class:`fedjax_dp.data.FederatedData` (its test set: client 0's first example).
   """
   rng = np.random.default_rng([seed, 0xA0D1])
   x = np.zeros((num_clients, examples, DIM), np.float32)
@@ -549,6 +569,21 @@ def audit(mechanism: str, trials: Optional[int] = None, seed: int = 0, confidenc
   ``noise_factor`` multiplies the noise (the flip probability for Sign-Flipping)
   the release runs with while the ledger accounts the nominal one: a factor
   below 1 is a mis-calibrated implementation, which a sound audit must catch.
+
+  Args:
+    mechanism: a key of :data:`AUDITS`.
+    trials: releases per neighbouring input (default: the mechanism's).
+    seed: the PRNG seed of the releases.
+    confidence: the joint confidence of every bound reported.
+    noise_factor: the factor on the noise that runs (at most the mechanism's
+      ``max_noise_factor``).
+    scales: the canary scales of a mechanism without a guarantee.
+
+  Returns:
+    The report: the bounds, the claim (the setup's own accounting), the tests' counts.
+
+  Raises:
+    ConfigError: an unknown mechanism or a setting out of its range, before anything runs.
   """
   check_choice("mechanism", mechanism, sorted(AUDITS))
   a = AUDITS[mechanism]
@@ -612,7 +647,7 @@ def add_parser(sub):
   p = sub.add_parser("audit", help="empirical privacy audit: a lower bound on epsilon from "
                      "releases on neighbouring inputs, against the ledger's claim")
   p.add_argument("--mechanism", help="the mechanism audited (default: none; needed unless "
-                 f"--list or --table; one of: {', '.join(sorted(AUDITS))})")
+                 f"--list, --table or --one-run; one of: {', '.join(sorted(AUDITS))})")
   p.add_argument("--trials", type=int, help="releases per neighbouring input (default: the "
                  "mechanism's, see --list); half select the test, half bound its errors")
   p.add_argument("--seed", type=int, default=0, help="PRNG seed of the releases (default: 0)")
@@ -629,6 +664,14 @@ def add_parser(sub):
   p.add_argument("--table", action="store_true",
                  help="audit every mechanism with a guarantee at noise factors 1 and "
                  f"{CAUGHT_FACTOR:g} and print the Markdown table of the documentation")
+  p.add_argument("--one-run", action="store_true",
+                 help="audit one whole DP-FedAvg training run (the engine's, Poisson sampling, "
+                 "digits, an MLP) with canary clients, each included with probability 1/2 "
+                 "(Steinke, Nasr and Jagielski 2023)")
+  p.add_argument("--canaries", type=int, help="--one-run: the canary clients (default "
+                 f"{CANARIES})")
+  p.add_argument("--rounds", type=int, help="--one-run: the run's rounds (default "
+                 f"{SETTINGS['rounds']})")
 
 
 def _parse_scales(text):
@@ -645,13 +688,21 @@ def violations(rep: dict) -> list:
   claimed = rep["epsilon_claimed"]
   if claimed is None:
     return []
-  bounds = (("the family's bound", rep["epsilon_lower_bound"]),
-            ("the threshold bound", rep["epsilon_lower_bound_threshold"]))
+  if rep["mechanism"] == ONE_RUN:
+    bounds = (("the one-run bound", rep["epsilon_lower_bound"]),)
+  else:
+    bounds = (("the family's bound", rep["epsilon_lower_bound"]),
+              ("the threshold bound", rep["epsilon_lower_bound_threshold"]))
   return [(name, b) for name, b in bounds if b > claimed]
 
 
 def table(trials: Optional[int] = None, seed: int = 0, confidence: float = 0.95):
   """Every mechanism with a guarantee audited at noise factors 1 and :data:`CAUGHT_FACTOR`.
+
+  Args:
+    trials: releases per neighbouring input (default: each mechanism's).
+    seed: the PRNG seed of the releases.
+    confidence: the joint confidence of each audit's bounds.
 
   Returns:
     ``(markdown, reports)``: the documentation's table (one row per mechanism: the claim, the
@@ -679,6 +730,12 @@ def table(trials: Optional[int] = None, seed: int = 0, confidence: float = 0.95)
 
 def command(args) -> int:
   """``fedjax-dp audit``: 0 when every bound is within the claim, 1 when one exceeds it."""
+  if not args.one_run:
+    for flag in ("canaries", "rounds"):
+      check(getattr(args, flag) is None, flag, getattr(args, flag),
+            "is read only by --one-run: leave it out")
+  else:
+    return _one_run(args)
   if args.list or args.table:  # neither audits one mechanism: its settings would be ignored
     mode = "--list" if args.list else "--table"
     for flag in ("mechanism", "scales") + (("trials",) if args.list else ()):
@@ -729,3 +786,22 @@ def _exit_status(reports) -> int:
             f"claimed epsilon {rep['epsilon_claimed']:.3f}", file=sys.stderr)
       status = 1
   return status
+
+
+def _one_run(args) -> int:
+  """``fedjax-dp audit --one-run``: one DP-FedAvg run audited with canary clients."""
+  for flag in ("mechanism", "trials", "scales"):
+    check(getattr(args, flag) is None, flag, getattr(args, flag),
+          "is not read by --one-run: leave it out")
+  for flag in ("list", "table"):
+    check(not getattr(args, flag), flag, True, "is not read with --one-run: leave it out")
+  settings = {} if args.rounds is None else {"rounds": args.rounds}
+  rep = one_run_audit(CANARIES if args.canaries is None else args.canaries, args.seed,
+                      args.confidence, args.noise_factor, **settings)
+  if args.json:
+    print(dumps(rep))
+  else:
+    print(f"{rep['mechanism']}: epsilon lower bound {rep['epsilon_lower_bound']:.3f} "
+          f"({rep['v']} of {rep['r']} guesses right, {rep['m']} canaries), claimed "
+          f"{rep['epsilon_claimed']:.3f} ({rep['settings']['rounds']} rounds, {rep['seconds']} s)")
+  return _exit_status([rep])

@@ -31,6 +31,11 @@ Two kinds of bound:
   clip, a wrong sampling rate) usually shows as a signal no member explains,
   reported as an infinite bound.
 
+One run instead of many (:func:`one_run_p_value`, :func:`one_run_epsilon`): ``m`` canaries,
+each included independently with probability 1/2, in one run of the mechanism, and an auditor
+who guesses which of them were included (Steinke, Nasr and Jagielski, "Privacy Auditing with One
+(1) Training Run", NeurIPS 2023). Its bound assumes nothing about the mechanism either.
+
 Epsilon of a family member comes from dp_accounting's privacy loss
 distributions with optimistic rounding (an estimate from below), except for
 replace-one under sampling (a mixture against a mixture), which dp_accounting
@@ -47,7 +52,7 @@ import numpy as np
 from dp_accounting.pld import privacy_loss_distribution as pld
 from scipy.optimize import brentq
 from scipy.special import ndtr
-from scipy.stats import beta, norm
+from scipy.stats import beta, binom, norm
 
 from fedjax_dp.errors import check
 
@@ -100,6 +105,14 @@ def threshold_epsilon(fpr_u, fnr_u, delta: float) -> np.ndarray:
 
   ``max(log((1 - delta - FNR_u) / FPR_u), log((1 - delta - FPR_u) / FNR_u))``, elementwise;
   ``-inf`` where no test beats guessing.
+
+  Args:
+    fpr_u: upper bounds on the tests' false positive rates (array-like).
+    fnr_u: upper bounds on their false negative rates (array-like, broadcast with ``fpr_u``).
+    delta: the delta at which epsilon is bounded.
+
+  Returns:
+    The lower bounds on epsilon, elementwise (float64).
   """
   fpr_u, fnr_u = np.asarray(fpr_u, np.float64), np.asarray(fnr_u, np.float64)
   with np.errstate(divide="ignore", invalid="ignore"):
@@ -114,6 +127,14 @@ def mixture_delta(epsilon: float, p: float, mu: float) -> float:
 
   The pair is symmetric under ``s -> -s`` and its likelihood ratio ``L`` is increasing in ``s``,
   so the hockey-stick divergence is ``P1(s > s*) - e^eps P0(s > s*)`` with ``L(s*) = e^eps``.
+
+  Args:
+    epsilon: the epsilon at which delta is computed.
+    p: the probability that the canary is present, in (0, 1).
+    mu: the canary's shift, in noise standard deviations.
+
+  Returns:
+    delta(epsilon), at least 0.
   """
   def log_ratio(s):
     a = np.logaddexp(math.log1p(-p) + norm.logpdf(s), math.log(p) + norm.logpdf(s - mu))
@@ -283,6 +304,12 @@ def sign_bound(r0: np.ndarray, r1: np.ndarray, family: SignFamily, delta: float,
   the flips of the second half, over both worlds and all coordinates, get a Clopper-Pearson
   upper bound at level ``confidence``.
 
+  Args:
+    r0, r1: the releases of worlds 0 and 1, ``[trials, count]`` each.
+    family: the assumed :class:`SignFamily`.
+    delta: the delta of the epsilon reported.
+    confidence: the confidence of the flip rate's bound.
+
   Returns:
     ``{epsilon_lower_bound, keep_prob_lower_bound, assumption, test}``.
   """
@@ -297,3 +324,95 @@ def sign_bound(r0: np.ndarray, r1: np.ndarray, family: SignFamily, delta: float,
   return {"epsilon_lower_bound": family.epsilon(keep, delta), "keep_prob_lower_bound": keep,
           "assumption": family.describe(),
           "test": {"flips": flips, "evaluated_signs": n}}
+
+
+def _check_guesses(m: int, r: int, v: int, delta: float) -> None:
+  for name, value in (("canaries", m), ("guesses", r), ("correct", v)):
+    check(isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0,
+          name, value, "must be an integer >= 0")
+  check(r <= m, "guesses", r, f"must be at most the canaries ({m})")
+  check(v <= r, "correct", v, f"must be at most the guesses ({r})")
+  check(isinstance(delta, (int, float)) and 0 <= delta <= 1, "delta", delta, "must be in [0, 1]")
+
+
+def one_run_p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
+  """The probability of ``v`` or more correct guesses of ``r`` under (epsilon, delta)-DP.
+
+  ``m`` canaries are each included in the mechanism's input independently with probability
+  1/2; after one run the auditor guesses "included" or "excluded" for ``r`` of them (abstaining
+  on the others). If the mechanism is (epsilon, delta)-DP under adding or removing one canary,
+  the number ``W`` of correct guesses satisfies (Steinke, Nasr and Jagielski, "Privacy Auditing
+  with One (1) Training Run", NeurIPS 2023, their main theorem for (epsilon, delta)-DP,
+  computed as in their Appendix D)::
+
+    P[W >= v] <= beta + alpha * delta * 2m,
+    q = e^eps / (1 + e^eps),          beta = P[Binomial(r, q) >= v],
+    alpha = max_{i in 1..v} (1/i) sum_{j=1..i} P[Binomial(r, q) = v - j].
+
+  With delta = 0 this is the binomial test: the guesses are no better than ``r`` independent
+  randomized responses with accuracy ``q``.
+
+  Args:
+    m: the canaries (each included with probability 1/2).
+    r: the guesses made (at most ``m``).
+    v: the correct guesses (at most ``r``).
+    epsilon: the epsilon of the null hypothesis (>= 0).
+    delta: the delta of the null hypothesis, in [0, 1].
+
+  Returns:
+    The p-value, at most 1.
+
+  Raises:
+    ConfigError: a count that is not an integer >= 0, ``r > m``, ``v > r``, epsilon below 0
+      or not a number, or delta outside [0, 1].
+  """
+  _check_guesses(m, r, v, delta)
+  check(isinstance(epsilon, (int, float)) and epsilon >= 0, "epsilon", epsilon,
+        "must be a number >= 0")
+  q = 1.0 / (1.0 + math.exp(-epsilon)) if epsilon < 700 else 1.0
+  tail = float(binom.sf(v - 1, r, q))  # beta = P[Binomial(r, q) >= v]
+  if delta == 0 or v == 0:
+    return min(1.0, tail)
+  below = np.cumsum(binom.pmf(v - np.arange(1, v + 1), r, q))  # P[v - i <= B < v], i = 1..v
+  alpha = float(np.max(below / np.arange(1, v + 1)))
+  return min(1.0, tail + alpha * delta * 2 * m)
+
+
+# Halvings of one_run_epsilon's bisection.
+ONE_RUN_BISECTIONS = 60
+
+
+def one_run_epsilon(m: int, r: int, v: int, delta: float, confidence: float) -> float:
+  """The largest epsilon that ``v`` correct guesses of ``r`` (``m`` canaries) reject at level
+  ``1 - confidence``: a lower bound on the mechanism's epsilon at ``delta``, at ``confidence``.
+
+  The largest epsilon with :func:`one_run_p_value` ``<= 1 - confidence``, by bisection (the
+  p-value increases with epsilon); 0 when even epsilon = 0 is not rejected.
+
+  Args:
+    m: the canaries (each included with probability 1/2).
+    r: the guesses made (at most ``m``).
+    v: the correct guesses (at most ``r``).
+    delta: the delta at which epsilon is bounded, in [0, 1].
+    confidence: the probability that the bound holds, in (0, 1).
+
+  Returns:
+    The lower bound on epsilon (0 when none).
+
+  Raises:
+    ConfigError: on the bad counts or delta of :func:`one_run_p_value`, or a confidence outside
+      (0, 1).
+  """
+  _check_guesses(m, r, v, delta)
+  check(isinstance(confidence, (int, float)) and 0 < confidence < 1, "confidence", confidence,
+        "must be in (0, 1)")
+  level = 1.0 - confidence
+  if one_run_p_value(m, r, v, 0.0, delta) > level:
+    return 0.0
+  lo, hi = 0.0, 1.0
+  while one_run_p_value(m, r, v, hi, delta) <= level:
+    lo, hi = hi, 2 * hi  # ends: as epsilon grows, q -> 1 and the p-value -> 1
+  for _ in range(ONE_RUN_BISECTIONS):
+    mid = (lo + hi) / 2
+    lo, hi = (mid, hi) if one_run_p_value(m, r, v, mid, delta) <= level else (lo, mid)
+  return lo

@@ -4,11 +4,14 @@ mis-calibrated mechanisms caught, no-guarantee mechanisms growing with scale, an
 import json
 import math
 
+import jax
 import numpy as np
 import pytest
 
-from fedjax_dp import audit
+from fedjax_dp import audit, audit_one_run
 from fedjax_dp.cli import main
+from fedjax_dp.errors import ConfigError
+from fedjax_dp.round import CohortBatch, step
 
 TRIALS = 2000  # one compiled release program per audit serves both of its noise factors
 SOUND = [k for k, a in audit.AUDITS.items() if a.formal]
@@ -116,3 +119,50 @@ def test_bad_input_exits_2_naming_the_field(args, field, capsys):
   assert main(["audit"] + args) == 2
   err = capsys.readouterr().err.strip()
   assert len(err.splitlines()) == 1 and f"invalid {field}=" in err
+
+
+# A one-run audit small enough for a test: 100 canaries, 5 rounds sampling half the population
+# (claim about 0.8 at delta 1e-5).
+SMALL_RUN = dict(canaries=100, guesses=(10, 25), num_clients=20, rounds=5, sampling_prob=0.5,
+                 noise_multiplier=6.0, local_steps=1)
+
+
+def test_one_run_audit_within_the_claim_and_a_broken_run_caught():
+  ok = audit_one_run.one_run_audit(**SMALL_RUN)
+  assert ok["formal_guarantee"] and ok["neighbouring_relation"] == "add_remove"
+  assert 0 < ok["epsilon_claimed"] < 1
+  assert 0 <= ok["epsilon_lower_bound"] <= ok["epsilon_claimed"] and not audit.violations(ok)
+  assert ok["m"] == 100 and ok["r"] in (20, 50) and 0 <= ok["v"] <= ok["r"]
+  assert 20 < len(ok["included"]) < 80
+  # A hundredth of the noise while the ledger accounts the nominal one.
+  broken = audit_one_run.one_run_audit(**SMALL_RUN, noise_factor=0.01)
+  assert broken["epsilon_claimed"] == ok["epsilon_claimed"]
+  assert broken["epsilon_lower_bound"] > broken["epsilon_claimed"], broken
+  assert [name for name, _ in audit.violations(broken)] == ["the one-run bound"]
+
+
+def test_one_run_canaries_go_through_the_clip_and_an_excluded_one_sends_nothing():
+  run = audit_one_run.canary_run(2, 0, canary_norm=10.0, num_clients=4, noise_multiplier=1.0)
+  hp = dict(run.hparams, noise_multiplier=np.float32(0.0),
+            canary=np.array([-1, -1, -1, -1, 10.0, 0.0], np.float32))  # canary 0 in, 1 out
+  state = run.program.init(jax.random.PRNGKey(0), hp)
+  ids = np.array([4, 5], np.int32)
+  batch = CohortBatch(run.data.x[ids], run.data.y[ids], run.data.counts[ids], ids,
+                      np.ones(2, np.float32))
+  new, _ = jax.jit(step, static_argnums=0)(run.program, state, hp, batch, jax.random.PRNGKey(1))
+  moved = np.asarray(audit_one_run._flat(new.params) - audit_one_run._flat(state.params))
+  u = audit_one_run.canary_directions(state.params, 0, [4])[0]
+  # The update 10 clip bounds long was clipped to the bound: the mean moves by clip / qN along u.
+  assert np.linalg.norm(moved) == pytest.approx(float(hp["clip"] / hp["expected_size"]), rel=1e-4)
+  assert moved @ u == pytest.approx(np.linalg.norm(moved), rel=1e-4)
+
+
+def test_one_run_command_refuses_what_it_does_not_read(capsys):
+  assert main(["audit", "--one-run", "--mechanism", "dp-rsa-f"]) == 2
+  assert "invalid mechanism=" in capsys.readouterr().err
+  assert main(["audit", "--mechanism", "dp-rsa-f", "--canaries", "10"]) == 2
+  assert "invalid canaries=" in capsys.readouterr().err
+  with pytest.raises(ConfigError, match="invalid settings="):
+    audit_one_run.one_run_audit(canaries=100, algorithm="fedavg")
+  with pytest.raises(ConfigError, match="invalid canaries="):
+    audit_one_run.one_run_audit(canaries=10)

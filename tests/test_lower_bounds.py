@@ -9,6 +9,7 @@ from scipy.integrate import quad
 from scipy.stats import binom, norm
 
 from fedjax_dp import lower_bounds as lb
+from fedjax_dp.errors import ConfigError
 
 
 def test_clopper_pearson_upper_bound_covers_the_rate():
@@ -108,3 +109,47 @@ def test_sign_bound_estimates_the_keep_probability():
   assert rep["keep_prob_lower_bound"] < keep
   lying = np.where(rng.random((n, 6)) < 0.8, 1.0, -1.0)
   assert lb.sign_bound(-lying, lying, fam, 1e-5, 0.95)["epsilon_lower_bound"] > truth
+
+
+def test_one_run_p_value_without_delta_is_the_binomial_test():
+  for eps in (0.0, 0.5, 2.0):
+    q = math.exp(eps) / (1 + math.exp(eps))
+    for r, v in ((20, 15), (100, 70), (200, 200)):
+      assert lb.one_run_p_value(1000, r, v, eps, 0.0) == pytest.approx(binom.sf(v - 1, r, q))
+
+
+def test_one_run_p_value_worked_example():
+  # m = 10, r = v = 2, eps = 0, delta = 0.01: q = 1/2, beta = P[B >= 2] = 1/4; alpha =
+  # max(P[B = 1] / 1, (P[B = 1] + P[B = 0]) / 2) = max(1/2, 3/8) = 1/2; p = 1/4 + 1/2 * 0.01 * 20.
+  assert lb.one_run_p_value(10, 2, 2, 0.0, 0.01) == pytest.approx(0.35)
+  # Every guess right and delta = 0: the bound solves q^r = 1 - confidence.
+  q = 0.05 ** (1 / 100)
+  assert lb.one_run_epsilon(1000, 100, 100, 0.0, 0.95) == pytest.approx(math.log(q / (1 - q)),
+                                                                        rel=1e-9)
+
+
+def test_one_run_bound_grows_with_the_correct_guesses_and_is_zero_at_chance():
+  p = [lb.one_run_p_value(1000, 200, v, 1.0, 1e-5) for v in range(100, 201, 10)]
+  assert all(a >= b for a, b in zip(p, p[1:]))
+  eps = [lb.one_run_epsilon(1000, 200, v, 1e-5, 0.95) for v in range(100, 201, 10)]
+  assert all(a <= b for a, b in zip(eps, eps[1:])) and eps[-1] > 3
+  assert eps[0] == 0.0  # half the guesses right: no better than chance
+  # The bound is the largest epsilon rejected: its p-value sits at the level.
+  e = lb.one_run_epsilon(1000, 200, 180, 1e-5, 0.95)
+  assert lb.one_run_p_value(1000, 200, 180, e, 1e-5) <= 0.05 < lb.one_run_p_value(
+      1000, 200, 180, e + 1e-6, 1e-5)
+  # delta only weakens it.
+  assert lb.one_run_epsilon(1000, 200, 180, 1e-3, 0.95) < e
+
+
+@pytest.mark.parametrize("args, field", [((10, 20, 5, 1.0, 0.0), "guesses"),
+                                         ((10, 5, 6, 1.0, 0.0), "correct"),
+                                         ((10, 5, -1, 1.0, 0.0), "correct"),
+                                         ((10, 5, 2.5, 1.0, 0.0), "correct"),
+                                         ((10, 5, 2, -1.0, 0.0), "epsilon"),
+                                         ((10, 5, 2, 1.0, 2.0), "delta")])
+def test_one_run_p_value_refuses_bad_input(args, field):
+  with pytest.raises(ConfigError, match=f"invalid {field}="):
+    lb.one_run_p_value(*args)
+  with pytest.raises(ConfigError, match="invalid confidence="):
+    lb.one_run_epsilon(10, 5, 2, 0.0, 1.0)

@@ -110,7 +110,7 @@ def common_hparams(config, opts: dict, **extra) -> dict:
   return as_hparams(hp)
 
 
-INT_HPARAMS = ("byzantine", "client_class")
+INT_HPARAMS = ("byzantine", "client_class", "canary_seed")
 
 
 def as_hparams(values: dict) -> dict:

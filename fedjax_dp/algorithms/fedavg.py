@@ -5,6 +5,8 @@ which transforms, which aggregator, whether the aggregate is noised) and
 built by :func:`fedavg_round`; every number comes from ``hparams``:
 
 * ``client_lr``, ``server_lr``; ``lambda`` (BLUR) and ``sparsity`` (LUS);
+* ``canary_seed``, ``canary`` (the ``canary`` transform of audits: each client's canary scale,
+  below 0 for a client that is no canary, :func:`fedjax_dp.transforms.replace_by_canary`);
 * ``clip``: the L2 bound of the ``clip`` transform, BLUR's radius and the
   unit of the noise (one value, so they cannot disagree);
 * ``noise_multiplier``: the noised mean adds ``N(0, (z * clip)^2)`` to the sum;
@@ -30,13 +32,15 @@ import optax
 from fedjax_dp import aggregators, objectives
 from fedjax_dp.client import local_sgd, make_optimizer, sample_batch
 from fedjax_dp.round import ClientOut, Piece, Round, tree_sub
-from fedjax_dp.transforms import clip_l2, global_norm, identity, sparsify_by_utility
+from fedjax_dp.transforms import (clip_l2, global_norm, identity, replace_by_canary,
+                                  sparsify_by_utility)
 
 # Client transforms by name: hp -> transform. BOUNDS names the hp key of the L2 bound a transform
 # enforces on its output (what a noised sum's sensitivity rests on).
 TRANSFORMS = {
     "sparsify": lambda hp: sparsify_by_utility(hp["sparsity"]),
     "clip": lambda hp: clip_l2(hp["clip"]),
+    "canary": lambda hp: replace_by_canary(hp["canary_seed"]),
 }
 BOUNDS = {"clip": "clip"}
 
@@ -154,7 +158,8 @@ def fedavg_client(model, pieces: Pieces, training: Training, lus_batches: int = 
 
   The released update is ``transforms(w_{t,Q} - w_t)``; ``norm`` is the raw
   update's norm (a diagnostic); LUS's ``sparsify`` gets the gradient of the
-  local loss at ``w_{t,Q}`` (:func:`lus_gradient`).
+  local loss at ``w_{t,Q}`` (:func:`lus_gradient`), and every transform the client's own
+  hyper-parameters (:attr:`fedjax_dp.round.Hooks.client_hparams`; ``()`` without) as ``client``.
   """
   loss = objectives.supervised(model.apply)
   lus = (lus_gradient(loss, training.batch_size, lus_batches) if "sparsify" in pieces.transforms
@@ -168,12 +173,12 @@ def fedavg_client(model, pieces: Pieces, training: Training, lus_batches: int = 
           else identity())
 
     def fn(params0, x, y, count, row, chp, key):
-      del row, chp
+      del row
       k_train, k_tx, k_extra = jax.random.split(key, 3)
       params_q, train_loss = train(params0, x, y, count, k_train)
       delta = tree_sub(params_q, params0)
       extras = {} if lus is None else {"grad": lus(params_q, params0, x, y, count, k_extra)}
-      out, _ = tx.update(delta, tx.init(delta), params_q, key=k_tx, **extras)
+      out, _ = tx.update(delta, tx.init(delta), params_q, key=k_tx, client=chp, **extras)
       return ClientOut(upload=out, loss=train_loss, norm=global_norm(delta))
 
     return fn

@@ -17,10 +17,12 @@ optax transforms of one update.
 
 from fedjax_dp.transforms.core import (
     add_gaussian_noise,
+    canary_direction,
     clip_l2,
     gaussian_like,
     global_norm,
     identity,
+    replace_by_canary,
     salted,
     sample_like,
 )
@@ -35,6 +37,7 @@ from fedjax_dp.transforms.per_example import (
 )
 from fedjax_dp.transforms.sparsify import sparsify_by_utility
 
-__all__ = ["DPArgs", "GradientRule", "add_gaussian_noise", "clip_factors", "clip_l2", "dp_args",
-           "dp_gradient", "gaussian_like", "global_norm", "identity", "per_example_grads",
-           "plain_gradient", "salted", "sample_like", "sparsify_by_utility"]
+__all__ = ["DPArgs", "GradientRule", "add_gaussian_noise", "canary_direction", "clip_factors",
+           "clip_l2", "dp_args", "dp_gradient", "gaussian_like", "global_norm", "identity",
+           "per_example_grads", "plain_gradient", "replace_by_canary", "salted", "sample_like",
+           "sparsify_by_utility"]

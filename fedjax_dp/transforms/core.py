@@ -15,6 +15,7 @@ from fedjax_dp.errors import check_unless_traced
 SALT_GAUSSIAN = 0x6A55
 SALT_SIGN_FLIP = 0x51F1
 SALT_SIGN_GAUSSIAN = 0x5167
+SALT_CANARY = 0xCA7A
 
 
 def global_norm(tree) -> jax.Array:
@@ -97,5 +98,37 @@ def add_gaussian_noise(stddev: float, salt: int = SALT_GAUSSIAN) -> optax.Gradie
     del params, extra
     noise = gaussian_like(updates, stddev, salted(key, salt))
     return jax.tree_util.tree_map(jnp.add, updates, noise), state
+
+  return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update)
+
+
+def canary_direction(like, seed, client) -> jax.Array:
+  """Canary ``client``'s fixed direction: a pytree shaped like ``like`` of L2 norm 1, uniform on
+  the unit sphere (standard normal coordinates, normalised), a function of ``seed`` and ``client``
+  only (traced or not), so an auditor recomputes it from the two numbers."""
+  key = jax.random.fold_in(salted(jax.random.PRNGKey(seed), SALT_CANARY), client)
+  u = sample_like(like, lambda k, shape: jax.random.normal(k, shape, jnp.float32), key)
+  norm = global_norm(u)
+  return jax.tree_util.tree_map(lambda a, x: (a / norm).astype(x.dtype), u, like)
+
+
+def replace_by_canary(seed) -> optax.GradientTransformationExtraArgs:
+  """Replaces a canary client's update by its canary; needs ``client=(id, scale)``.
+
+  A client whose ``scale`` is below 0 keeps its update; one whose ``scale`` is ``c >= 0`` sends
+  ``c * u`` instead, ``u`` its :func:`canary_direction` (``seed``, ``id``): the white-box
+  "gradient canaries" of Steinke, Nasr and Jagielski ("Privacy Auditing with One (1) Training
+  Run", NeurIPS 2023). ``c = 0`` is a canary left out of the run: it sends nothing.
+
+  Privacy: a transform before the clip. A user-level guarantee bounds what any one client can
+  contribute through the clip, whatever its update, so the canary is within what it covers; the
+  clip, the noise, the sampling and the accounting act on it as on every other client.
+  """
+  def update(updates, state, params=None, *, client, **extra):
+    del params, extra
+    ident, scale = client
+    u = canary_direction(updates, seed, ident)
+    return jax.tree_util.tree_map(
+        lambda a, c: jnp.where(scale >= 0, scale * c, a).astype(a.dtype), updates, u), state
 
   return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update)
