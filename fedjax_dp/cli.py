@@ -113,7 +113,17 @@ def _add_run(sub):
                  help="also write TensorBoard event files to OUTPUT_DIR/tensorboard/ (needs "
                  "tensorboardX: pip install 'fedjax_dp[tensorboard]'); with --release private only "
                  "the released values, no diagnostics; --resume continues as the run began")
+  _add_wandb(p)
   _add_config_flags(p)
+
+
+def _add_wandb(p):
+  p.add_argument("--wandb", metavar="PROJECT",
+                 help="also log the configuration and each round's values to a Weights & Biases "
+                 "run in PROJECT, one per experiment (needs wandb: pip install "
+                 "'fedjax_dp[wandb]'; wandb login, or WANDB_MODE=offline to write only local "
+                 "files); with --release private only the released values, logged when the run "
+                 "has finished, with no system metrics (default: none, no W&B)")
 
 
 def _add_cpu_devices(p):
@@ -194,6 +204,7 @@ def _add_sweep(sub):
                  help="as for run: private writes only what the guarantee covers and draws the "
                  "mechanism's randomness from the operating system's entropy (default: all)")
   _add_cpu_devices(p)
+  _add_wandb(p)
   p.add_argument("--checkpoint-every", type=int, metavar="K",
                  help="refused: a sweep is not checkpointed (fedjax-dp run --checkpoint-every K "
                  "is) (default: none)")
@@ -474,7 +485,8 @@ def _cmd_run(args) -> int:
     result = simulate(config, output_dir=str(out), **_progress(args),
                       release=release,
                       on_round=lambda record: (rounds.append(record), _stop_if_signalled()),
-                      tensorboard=tensorboard, checkpoint_every=args.checkpoint_every,
+                      tensorboard=tensorboard, wandb=args.wandb,
+                      checkpoint_every=args.checkpoint_every,
                       resume=args.resume is not None, overwrite=args.overwrite)
   except KeyboardInterrupt:
     kept = done + len(rounds)
@@ -616,7 +628,7 @@ def _cmd_sweep(args) -> int:
   out = pathlib.Path(args.output_dir)
   try:
     options = RunOptions(output_dir=str(out), overwrite=args.overwrite, release=args.release,
-                         **_progress(args))
+                         wandb=args.wandb, **_progress(args))
     result = sweep(config, grid, args.seeds, run_options=options, group_size=args.group_size,
                    threads=args.threads, log=lambda line: print(line, file=sys.stderr),
                    vary_split=args.vary_split)

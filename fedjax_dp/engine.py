@@ -43,7 +43,9 @@ a table, :class:`fedjax_dp.observers.MetricsTable`), ``summary.json``, with ``re
 :class:`fedjax_dp.observers.NormsFile`), and with ``tensorboard`` TensorBoard event files in
 ``tensorboard/`` (the records' numbers as scalars tagged by their ``metrics.jsonl`` names, the
 diagnostics under ``diagnostics/`` with a histogram of the update norms; with
-``release="private"`` only the released values).
+``release="private"`` only the released values). With ``wandb`` the same numbers and the
+configuration go to a Weights & Biases run (:class:`fedjax_dp.observers.WandB`), wherever W&B
+writes.
 """
 
 from __future__ import annotations
@@ -74,12 +76,16 @@ from fedjax_dp.errors import check, check_choice
 from fedjax_dp.models import masked_sums, num_params
 from fedjax_dp.observers import (Checkpoint, History, MetricsFile, MetricsTable, NormsFile,
                                  Observer, Observers, ProgressBar, ProgressLines, Record,
-                                 ReleasePolicy, Start, SummaryFile, TensorBoard, flat, is_released)
+                                 ReleasePolicy, Start, SummaryFile, TensorBoard, WandB, flat,
+                                 is_released)
 from fedjax_dp.privacy.ahead import Ahead, workers_for
 from fedjax_dp.sampling import Cohort
 
 PLACEMENTS = ("device", "host")
 RELEASES = ("all", "private")
+# A Weights & Biases project name (RunOptions.wandb): at most this many characters, none of these.
+WANDB_PROJECT_CHARS = 128
+WANDB_FORBIDDEN = "/\\#?%:"
 ROW_COVERED = ("test_accuracy", "test_loss", "diverged")
 # params_sha256: a hash of the released model (post-processing of it, like its test accuracy).
 SUMMARY_COVERED = ("final_accuracy", "final_test_loss", "diverged", "params_sha256")
@@ -375,6 +381,9 @@ class RunOptions:
       writes its first round; :func:`fedjax_dp.outputs.check_output_dir`).
     tensorboard: also write TensorBoard event files to each ``output_dir/tensorboard/``
       (needs tensorboardX: ``pip install 'fedjax_dp[tensorboard]'``).
+    wandb: also log each experiment's configuration and records to a Weights & Biases run in
+      this project (:class:`fedjax_dp.observers.WandB`; needs wandb:
+      ``pip install 'fedjax_dp[wandb]'``); None: no W&B.
     checkpoint_every: save the whole run every this many rounds (and after the last) into
       ``output_dir/checkpoints/`` (:mod:`fedjax_dp.checkpoint`; one experiment only).
     resume: continue the run in ``output_dir`` from its latest checkpoint (same configuration,
@@ -383,7 +392,7 @@ class RunOptions:
 
   Raises:
     ConfigError: on a value outside the ranges above, a private release with checkpoints,
-      or TensorBoard without tensorboardX.
+      TensorBoard without tensorboardX, or W&B without wandb.
   """
 
   eval_every: int = 1
@@ -397,6 +406,7 @@ class RunOptions:
   output_dir: Optional[str] = None
   overwrite: bool = False
   tensorboard: bool = False
+  wandb: Optional[str] = None
   checkpoint_every: Optional[int] = None
   resume: bool = False
 
@@ -420,6 +430,13 @@ class RunOptions:
     if self.tensorboard:
       check(importlib.util.find_spec("tensorboardX") is not None, "tensorboard", True,
             "needs the tensorboardX package: pip install 'fedjax_dp[tensorboard]'")
+    if self.wandb is not None:
+      check(isinstance(self.wandb, str) and 0 < len(self.wandb) <= WANDB_PROJECT_CHARS
+            and not set(self.wandb) & set(WANDB_FORBIDDEN), "wandb", self.wandb,
+            f"must be a W&B project name: 1 to {WANDB_PROJECT_CHARS} characters, none of "
+            f"{' '.join(WANDB_FORBIDDEN)}")
+      check(importlib.util.find_spec("wandb") is not None, "wandb", self.wandb,
+            "needs the wandb package: pip install 'fedjax_dp[wandb]'")
 
   @property
   def checkpointed(self) -> bool:
@@ -936,8 +953,8 @@ def _observers(experiment: Experiment, records: Records, options: RunOptions, ch
                bar: Optional[Observer]) -> tuple:
   """``(history, observers)``: the experiment's :class:`fedjax_dp.observers.History` and every
   observer of its records in order: the history, its files (``metrics.jsonl``, ``metrics.csv``,
-  TensorBoard, ``norms.npz`` under release "all"), its checkpoints, the group's progress bar,
-  ``summary.json`` (last, when the other files are whole), then its own observers."""
+  TensorBoard, ``norms.npz`` under release "all"), its W&B run, its checkpoints, the group's
+  progress bar, ``summary.json`` (last, when the other files are whole), then its own observers."""
   history = History()
   run = [history]
   tensorboard = norms = None
@@ -949,6 +966,8 @@ def _observers(experiment: Experiment, records: Records, options: RunOptions, ch
                                             private=options.release == "private"))
     if records.writes_norms:
       run.append(norms := NormsFile(folder, records.clip))
+  if options.wandb is not None:
+    run.append(WandB(options.wandb, experiment.config, private=options.release == "private"))
   if checkpointer is not None:
     run.append(Checkpoint(checkpointer, experiment, records, norms, tensorboard))
   if bar is not None:

@@ -7,7 +7,7 @@
 Each round of each experiment gives one :class:`Record`; every output is an :class:`Observer`
 that receives it, in this order: the records a run returns (:class:`History`), ``metrics.jsonl``
 (:class:`MetricsFile`), ``metrics.csv`` (:class:`MetricsTable`), TensorBoard events
-(:class:`TensorBoard`), ``norms.npz``
+(:class:`TensorBoard`), a Weights & Biases run (:class:`WandB`), ``norms.npz``
 (:class:`NormsFile`), checkpoints (:class:`Checkpoint`), the progress bar
 (:class:`ProgressBar`; a sweep's programs share one, :class:`SweepProgress`), ``summary.json``
 (:class:`SummaryFile`, last: a folder with a summary holds a whole run), then a user's callback
@@ -294,6 +294,16 @@ class SummaryFile(Observer):
                               dumps(result.summary, indent=2, default=str) + "\n")
 
 
+def scalars(row: dict) -> dict:
+  """A record's numbers as TensorBoard and W&B log them at step ``row["round"]``:
+  ``{"test_accuracy": a, "epsilon": e, ..., "diagnostics/update_norm.q50": x, ...}``, tagged by
+  their ``metrics.jsonl`` names (:func:`flat`), the diagnostics (where the row holds them) under
+  ``diagnostics/``; the round and the values that are None left out."""
+  out = flat({k: v for k, v in row.items() if k not in ("round", "diagnostics")})
+  out.update({f"diagnostics/{k}": v for k, v in flat(row.get("diagnostics", {})).items()})
+  return {k: v for k, v in out.items() if v is not None}
+
+
 # The metrics TensorBoard's HParams dashboard compares runs by (scalars every run logs).
 HPARAMS_METRICS = ("test_accuracy", "epsilon")
 
@@ -352,16 +362,12 @@ class TensorBoard(Observer):
         from tensorboardX.summary import hparams
         for summary in hparams(self.hparams, dict.fromkeys(HPARAMS_METRICS, 0.0)):
           self.writer.file_writer.add_summary(summary, walltime=self.walltime)
-    rec, step = record.row, record.round
-    scalars = flat({k: v for k, v in rec.items() if k not in ("round", "diagnostics")})
-    if "diagnostics" in rec:
-      scalars.update({f"diagnostics/{k}": v for k, v in flat(rec["diagnostics"]).items()})
-      if record.norms is not None and record.norms.size:
-        self.writer.add_histogram("diagnostics/update_norm", record.norms, step,
-                                  walltime=self.walltime)
-    for tag, v in scalars.items():
-      if v is not None:
-        self.writer.add_scalar(tag, v, step, walltime=self.walltime)
+    step = record.round
+    if "diagnostics" in record.row and record.norms is not None and record.norms.size:
+      self.writer.add_histogram("diagnostics/update_norm", record.norms, step,
+                                walltime=self.walltime)
+    for tag, v in scalars(record.row).items():
+      self.writer.add_scalar(tag, v, step, walltime=self.walltime)
 
   def flush(self) -> None:
     """Writes the events so far to disk (before a checkpoint that holds their rounds)."""
@@ -375,6 +381,67 @@ class TensorBoard(Observer):
     if self.writer is not None:
       self.writer.close()
       self.writer = None
+
+
+class WandB(Observer):
+  """A Weights & Biases run in project ``project`` (the optional ``wandb`` package:
+  ``pip install 'fedjax_dp[wandb]'``): the run's configuration as the W&B run's config (nested
+  as ``summary.json`` records it, ``not_used`` left out), each record's numbers at step
+  ``round`` under their TensorBoard tags (:func:`scalars`: the diagnostics only where the
+  release policy shows them), and when the run has finished the summary's top-level values
+  (``final_accuracy``, ``epsilon``, ...). It captures no console output. A resumed run's W&B run
+  is a new one, holding every round (the checkpoint's rows first). Where W&B writes, and whether
+  it uploads, are W&B's own settings (``WANDB_DIR``, ``WANDB_MODE=offline``, ``wandb login``).
+
+  Args:
+    project: the W&B project.
+    config: the run's recorded configuration.
+    private: the run's release is "private". W&B stamps each row with the wall time it was
+      logged and the seconds since its run began, so the rows are held and logged together
+      once the run has finished (nothing is logged of a run that does not finish), with W&B's
+      system metrics and machine metadata off: W&B's times then say when the run ended, not
+      how long a round took.
+  """
+
+  def __init__(self, project: str, config: Optional[dict] = None, private: bool = False):
+    self.project = project
+    self.config = {k: v for k, v in (config or {}).items() if k != "not_used"}
+    self.private = private
+    self.run = None
+    self.held = []  # (step, values) not yet logged
+
+  def start(self, start: Start) -> None:
+    self.held = [(row["round"], scalars(row)) for row in start.rows]
+
+  def round(self, record: Record) -> None:
+    self.held.append((record.round, scalars(record.row)))
+    if not self.private:
+      self._log()
+
+  def _log(self) -> None:
+    """Opens the W&B run (once) and logs the rows held."""
+    if self.run is None:
+      # The optional wandb (checked with the run's options): imported on use, so that a run
+      # without W&B neither needs the package nor waits for its import.
+      import wandb
+      self.run = wandb.init(project=self.project, config=self.config, reinit="create_new",
+                            settings=wandb.Settings(console="off", x_disable_stats=self.private,
+                                                    x_disable_meta=self.private))
+    for step, values in self.held:
+      self.run.log(values, step=step)
+    self.held = []
+
+  def finish(self, result) -> None:
+    self._log()
+    self.run.summary.update({k: v for k, v in result.summary.items()
+                             if isinstance(v, (bool, int, float, str))})
+    self.run.finish()
+    self.run = None
+
+  def close(self) -> None:
+    if self.run is not None:  # the run did not finish: W&B marks it failed
+      self.run.finish(exit_code=1)
+      self.run = None
 
 
 class NormsFile(Observer):
