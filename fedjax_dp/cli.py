@@ -92,6 +92,7 @@ def _add_run(sub):
   p.add_argument("--overwrite", action="store_true", help="replace an earlier run's files in --output-dir")
   p.add_argument("--no-progress", action="store_true", help="no progress bar: a line on stderr "
                  f"every {PROGRESS_EVERY:g} s")
+  _add_compilation_cache_flag(p)
   p.add_argument("--checkpoint-every", type=int, metavar="K",
                  help="save the whole run every K rounds and after the last into "
                  "OUTPUT_DIR/checkpoints/ (the last two kept), so that --resume can continue it "
@@ -137,11 +138,20 @@ def _add_cpu_devices(p):
                  "integer >= 1; no effect where JAX runs on an accelerator)")
 
 
-def _progress(args) -> dict:
-  """The run options of ``--no-progress``: a bar, or without one a line every
-  :data:`PROGRESS_EVERY` seconds."""
+def _run_options(args) -> dict:
+  """The run options of ``--no-progress`` (a bar, or without one a line every
+  :data:`PROGRESS_EVERY` seconds) and ``--no-compilation-cache``."""
   return {"progress": not args.no_progress,
-          "progress_every": PROGRESS_EVERY if args.no_progress else None}
+          "progress_every": PROGRESS_EVERY if args.no_progress else None,
+          "compilation_cache": not args.no_compilation_cache}
+
+
+def _add_compilation_cache_flag(p):
+  p.add_argument("--no-compilation-cache", action="store_true", help="compile every program "
+                 "anew, without JAX's persistent compilation cache (default: programs are kept in "
+                 "$FEDJAX_DP_JAX_CACHE, else $XDG_CACHE_HOME/fedjax_dp/jax, and read back when "
+                 "any later run compiles the same one; FEDJAX_DP_JAX_CACHE=off turns the cache "
+                 "off for every command)")
 
 
 def _add_config_flags(p):
@@ -200,6 +210,7 @@ def _add_sweep(sub):
                  "integer >= 1)")
   p.add_argument("--no-progress", action="store_true", help="no progress bar (one for the whole "
                  f"sweep): a line on stderr every {PROGRESS_EVERY:g} s")
+  _add_compilation_cache_flag(p)
   p.add_argument("--release", default="all", choices=("all", "private"),
                  help="as for run: private writes only what the guarantee covers and draws the "
                  "mechanism's randomness from the operating system's entropy (default: all)")
@@ -482,7 +493,7 @@ def _cmd_run(args) -> int:
   before = _run_files(out) if args.resume is None else None
   t0 = time.perf_counter()
   try:  # simulate checks the device count, then loads the data set
-    result = simulate(config, output_dir=str(out), **_progress(args),
+    result = simulate(config, output_dir=str(out), **_run_options(args),
                       release=release,
                       on_round=lambda record: (rounds.append(record), _stop_if_signalled()),
                       tensorboard=tensorboard, wandb=args.wandb,
@@ -628,7 +639,7 @@ def _cmd_sweep(args) -> int:
   out = pathlib.Path(args.output_dir)
   try:
     options = RunOptions(output_dir=str(out), overwrite=args.overwrite, release=args.release,
-                         wandb=args.wandb, **_progress(args))
+                         wandb=args.wandb, **_run_options(args))
     result = sweep(config, grid, args.seeds, run_options=options, group_size=args.group_size,
                    threads=args.threads, log=lambda line: print(line, file=sys.stderr),
                    vary_split=args.vary_split)

@@ -67,6 +67,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
+from fedjax_dp import compilation
 from fedjax_dp import provenance as run_provenance
 # The module, not its names: tests replace round.compiled_step to watch the programs.
 from fedjax_dp import round as round_lib
@@ -389,6 +390,11 @@ class RunOptions:
     resume: continue the run in ``output_dir`` from its latest checkpoint (same configuration,
       or more rounds where :func:`fedjax_dp.checkpoint.check_extension` allows them;
       ``checkpoint_every`` then says how often to go on saving, default as the checkpoint's run).
+    compilation_cache: keep the programs this run compiles in JAX's persistent compilation
+      cache and read them from it when another run (in this or a later process) compiles the
+      same program (:func:`fedjax_dp.compilation.enable`: in ``$FEDJAX_DP_JAX_CACHE``, default
+      ``$XDG_CACHE_HOME/fedjax_dp/jax``; ``FEDJAX_DP_JAX_CACHE=off`` turns it off everywhere).
+      False leaves JAX's cache settings as they are.
 
   Raises:
     ConfigError: on a value outside the ranges above, a private release with checkpoints,
@@ -409,6 +415,7 @@ class RunOptions:
   wandb: Optional[str] = None
   checkpoint_every: Optional[int] = None
   resume: bool = False
+  compilation_cache: bool = True
 
   def __post_init__(self):
     check(_integer(self.eval_every) and self.eval_every >= 1, "eval_every", self.eval_every,
@@ -1049,6 +1056,8 @@ def run_group(program, experiments, rounds: int, options: Optional[RunOptions] =
   """
   options = options or RunOptions()
   _check_group(experiments, rounds, options)
+  if options.compilation_cache:
+    compilation.enable()
   prepared = _Program(program, experiments, options)
   state, hp, run_key = prepared.initial(options.release)
   records = [Records(program, e, options, prepared.shards) for e in experiments]

@@ -2,10 +2,13 @@
 
 import os
 import pathlib
+import shutil
+import tempfile
 
 import pytest
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
+_CACHE_MADE = pytest.StashKey[str]()
 
 # Property-based tests (tests/test_hostile.py) try the same examples every run, so a suite's
 # result does not depend on the draw; FEDJAX_DP_HYPOTHESIS=explore draws new ones (a failure
@@ -21,13 +24,22 @@ settings.load_profile("explore" if os.environ.get("FEDJAX_DP_HYPOTHESIS") == "ex
 def pytest_configure(config):
   """A relative ``$FEDJAX_DP_DATA`` is made absolute once, from the directory pytest started in:
   notebooks and README commands run in other working directories. JAX's persistent compilation
-  cache is off in the tests (``FEDJAX_DP_JAX_CACHE=off``) unless the environment names a folder:
-  a test process reading programs that other tests' processes compiled crashed inside JAX's
-  deserialization (in ``compilation_cache.get_executable_and_time``) twice, and the user's cache
-  is left alone. tests/test_compilation.py checks the cache in processes of its own."""
+  cache (on by default in every run) lives in a folder of this test session's own, unless the
+  environment names one (``FEDJAX_DP_JAX_CACHE``, ``off`` included): the session starts with it
+  empty, as CI does, its processes (the xdist workers and the commands they start) share it,
+  and the user's cache is left alone. The process that made it removes it at the end."""
   if os.environ.get("FEDJAX_DP_DATA"):
     os.environ["FEDJAX_DP_DATA"] = str(pathlib.Path(os.environ["FEDJAX_DP_DATA"]).resolve())
-  os.environ.setdefault("FEDJAX_DP_JAX_CACHE", "off")
+  if "FEDJAX_DP_JAX_CACHE" not in os.environ:  # xdist's workers inherit the controller's
+    folder = tempfile.mkdtemp(prefix="fedjax_dp_test_jax_cache_")
+    os.environ["FEDJAX_DP_JAX_CACHE"] = folder
+    config.stash[_CACHE_MADE] = folder
+
+
+def pytest_unconfigure(config):
+  folder = config.stash.get(_CACHE_MADE, None)
+  if folder is not None:
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

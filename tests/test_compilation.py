@@ -50,3 +50,15 @@ def test_a_second_process_reads_the_program_the_first_compiled(tmp_path):
   assert int(_run(env)["hits"]) > 0
   env[compilation.ENV] = "off"
   assert _run(env) == {"folder": "None", "hits": "0", "bound": "-1"}
+
+
+def test_a_run_keeps_its_programs_in_the_cache_unless_told_not_to(tmp_path):
+  env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+  main = "import sys; from fedjax_dp.cli import main; sys.exit(main(sys.argv[1:]))"
+  for flags, kept in (([], True), (["--no-compilation-cache"], False)):
+    cache = tmp_path / f"cache{len(flags)}"
+    env[compilation.ENV] = str(cache)
+    subprocess.run([sys.executable, "-c", main, "run", "--rounds", "1", "--num-clients", "20",
+                    "--no-progress", "--output-dir", str(tmp_path / f"run{len(flags)}"), *flags],
+                   env=env, check=True, capture_output=True)
+    assert (cache.is_dir() and any(n.name.startswith("jit_") for n in cache.iterdir())) == kept

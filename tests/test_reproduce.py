@@ -124,7 +124,7 @@ def test_run_jobs(tmp_path):
   records = run_jobs(jobs, lambda job, res: {"accuracy": res.summary["final_accuracy"]},
                      load_data=load, runs_path=runs_path, diagnostics=("update_norm",),
                      on_record=lambda rs: partial.append(len(rs)),
-                     execution=Execution(_fake_run, compilation_cache=False, log=lines.append))
+                     execution=Execution(_fake_run, log=lines.append))
   assert loaded == ["a", "b"]  # one data set per key, loaded when the key changes
   assert partial == [2, 4, 6, 8]  # after each group of two
   written = [json.loads(line) for line in runs_path.read_text().splitlines()]
@@ -154,7 +154,7 @@ def test_run_jobs_hands_its_threads_to_the_programs():
   jobs = [Job(None, {"seed": s}) for s in (0, 1)]
   records = run_jobs(jobs, lambda job, res: {"accuracy": res.summary["final_accuracy"]},
                      load_data=lambda _: {"acc": 0.5},
-                     execution=Execution(execute, threads=3, compilation_cache=False,
+                     execution=Execution(execute, threads=3,
                                          log=lambda line: None))
   assert seen == [3] and [r["accuracy"] for r in records] == [0.5, 1.5]
 

@@ -21,7 +21,6 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from fedjax_dp import compilation
 from fedjax_dp.errors import check
 from fedjax_dp.provenance import environment
 from fedjax_dp.sweep import MAX_EXPERIMENTS, Task, run_configs
@@ -94,14 +93,11 @@ class Execution:
       ``done(indices, results, setups)`` as some of them end (default: :func:`simulate_jobs`).
     threads: compiled programs run at once (``fedjax-dp reproduce --threads``;
       :func:`fedjax_dp.sweep.threads_for`; default: one per core on one CPU device, else one).
-    compilation_cache: turn on JAX's persistent compilation cache
-      (:func:`fedjax_dp.compilation.enable`).
     log: where the progress lines go.
   """
 
   execute: Callable = simulate_jobs
   threads: Optional[int] = None
-  compilation_cache: bool = True
   log: Callable[[str], Any] = print
 
 
@@ -173,8 +169,6 @@ def run_jobs(jobs: Sequence[Job], record: Callable[[Job, Any], dict], *,
   Returns:
     One record per job, in the jobs' order.
   """
-  if execution.compilation_cache:
-    compilation.enable()
   if runs_path is not None:
     pathlib.Path(runs_path).parent.mkdir(parents=True, exist_ok=True)
     if not append:
