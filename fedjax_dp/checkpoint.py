@@ -278,7 +278,8 @@ class Checkpointer:
     order: the resumed rounds would not be the run's).
 
     Args:
-      state: the run's initial round state (a pytree; a resumed state is placed as its leaves).
+      state: the run's initial round state (a pytree; a restored one is placed on the devices
+        as this one is).
       experiment: the run's experiment (its ``output_dir``, ``sampler`` and ``accounting``).
       rounds: the run's rounds ``T``.
       shards: the devices its clients are split over.

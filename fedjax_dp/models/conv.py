@@ -105,7 +105,7 @@ def resolve_impl(impl: str, x_shape, kernel_shape, strides, padding: str, dtype)
   :data:`WINOGRAD_MIN_TILES` output tiles in the batch (``x_shape[0]`` times the tiles of one
   example), else im2col. Under a ``vmap`` the batch is what one mapped call sees: a vmap over
   clients keeps each client's batch, per-example gradients (a vmap over examples) see one.
-  Elsewhere than on a CPU ``"auto"`` is im2col (Winograd is not tuned there).
+  Elsewhere than on a CPU ``"auto"`` is im2col (Winograd is unmeasured there).
 
   Args:
     impl: one of :data:`CONV_IMPLS`.

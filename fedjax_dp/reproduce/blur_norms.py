@@ -227,7 +227,7 @@ def reduction_bound(grad_norm: float, lam: float, eta: float, steps: int) -> flo
   gradient discounted from the first step).
 
   Args:
-    grad_norm: ``G >= 0``, the gradients' norm (bound).
+    grad_norm: ``G >= 0``, a bound on the gradients' norms.
     lam: ``lambda >= 0``, BLUR's regularisation weight.
     eta: ``eta > 0``, the local learning rate (``lambda eta < 1``).
     steps: ``Q >= 1``, the local steps.
@@ -268,7 +268,7 @@ def constant_gradient_norm(grad_norm: float, lam: float, eta: float, steps: int,
   """``||u_Q||`` for a constant gradient of norm ``G``, exactly (result 2 of the module).
 
   Args:
-    grad_norm: ``G >= 0``, the gradients' norm (bound).
+    grad_norm: ``G >= 0``, the constant gradient's norm.
     lam: ``lambda >= 0``, BLUR's regularisation weight.
     eta: ``eta > 0``, the local learning rate (``lambda eta < 1``).
     steps: ``Q >= 1``, the local steps.
@@ -308,7 +308,7 @@ def worst_case_norm(grad_norm: float, lam: float, eta: float, steps: int, radius
   is ``max(S + eta G, G / lambda)``.
 
   Args:
-    grad_norm: ``G >= 0``, the gradients' norm (bound).
+    grad_norm: ``G >= 0``, a bound on the gradients' norms.
     lam: ``lambda >= 0``, BLUR's regularisation weight.
     eta: ``eta > 0``, the local learning rate (``lambda eta < 1``).
     steps: ``Q >= 1``, the local steps.

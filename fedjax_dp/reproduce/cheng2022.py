@@ -249,7 +249,8 @@ def plan(epsilons, sparsities, ablation_epsilon, seeds: int, ablation_seeds: int
     seeds: seeds ``0 .. seeds - 1`` of every run.
     ablation_seeds: the ablation runs seeds ``0 .. ablation_seeds - 1``.
     table: "table1" or "table2", naming the columns (:data:`COLUMNS`).
-    settings: the ``(model, alpha)`` pairs (None: the configuration's).
+    settings: the ``(model, alpha)`` pairs; a None keeps the configuration's model or
+      partition.
 
   Returns:
     The planned runs, in run order.
@@ -857,7 +858,7 @@ def plot(rows: list, runs: list, settings: dict, out_dir: pathlib.Path) -> list:
     out_dir: the folder the PNGs are written to.
 
   Returns:
-    The paths written (None for a figure with nothing to draw).
+    The paths of the PNGs written.
   """
   eps_fig, table = settings["figure_epsilon"], settings["table"]
 
