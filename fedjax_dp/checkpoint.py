@@ -273,9 +273,8 @@ class Checkpointer:
     the sampler and the accounting of ``experiment`` restored and the rows of ``metrics.jsonl``
     (and TensorBoard's events) past it dropped.
 
-    ``shards``, ``release`` and ``tensorboard`` are recorded in the checkpoints and a resumed
-    run's must equal them (another split sums the clients' updates in another floating-point
-    order: the resumed rounds would not be the run's).
+    A resumed run's ``shards``, ``release`` and ``tensorboard`` must equal the checkpoint's
+    (another split sums the updates in another floating-point order).
 
     Args:
       state: the run's initial round state (a pytree; a restored one is placed on the devices

@@ -368,8 +368,7 @@ def gradient_norm_fn(model, batch_size: int, batches: int):
       x: ``[clients, max_examples, ...]`` examples, padded.
       y: ``[clients, max_examples]`` labels.
       counts: ``[clients]`` real examples per client.
-      key: the PRNG key the minibatches are drawn from.
-    """
+      key: the PRNG key the minibatches are drawn from."""
     def norm(batch):
       return global_norm(grad(params, batch, params))
 
@@ -380,8 +379,7 @@ def gradient_norm_fn(model, batch_size: int, batches: int):
         x: ``[max_examples, ...]`` its padded examples.
         y: ``[max_examples]`` its labels.
         count: its real examples.
-        key: its PRNG key.
-      """
+        key: its PRNG key."""
       mask = (jnp.arange(y.shape[0]) < count).astype(jnp.float32)
       mb = jax.vmap(lambda k: norm(sample_batch(x, y, count, k, batch_size)))(
           jax.random.split(key, batches))

@@ -848,7 +848,7 @@ def claims(rows: list, runs: list, settings: dict) -> list:
 def plot(rows: list, runs: list, settings: dict, out_dir: pathlib.Path) -> list:
   """Fig. 2 (pre-clip update norms per round, the first model and alpha), accuracy-versus-round
   curves (one panel per model, alpha and curve epsilon) and, with figures, Figs. 3 and 4
-  (accuracy against Q and p, error bars: std over seeds).
+  (:func:`_figure_plots`).
 
   Args:
     rows: the rows of ``results.json`` (one per setting, mean and std over seeds).
@@ -898,7 +898,13 @@ def plot(rows: list, runs: list, settings: dict, out_dir: pathlib.Path) -> list:
       panels.append((f"{where}epsilon = {eps:g} (mean of {settings['seeds']} seeds)", curves))
   paths.append(plot_curves(panels, out_dir / "cheng2022_accuracy.png", xlabel="round",
                            layout=Layout(legend_outside=True)))
-  figures = settings.get("figures")
+  return paths + _figure_plots(rows, settings, out_dir)
+
+
+def _figure_plots(rows: list, settings: dict, out_dir: pathlib.Path) -> list:
+  """Figs. 3 and 4 (accuracy against Q and p, error bars: std over seeds), written to
+  ``out_dir``; their paths (none for a scale without figures)."""
+  figures, paths = settings.get("figures"), []
   by = {_key(r): r for r in rows}
   find = _finder(by, settings)
   for fig, field in FIGURE_AXES.items() if figures else ():
