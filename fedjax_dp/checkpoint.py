@@ -304,15 +304,34 @@ class Checkpointer:
 
   def begin(self, state, experiment, rounds: int, shards: int, release: str,
             tensorboard: bool) -> tuple:
-    """``(state, start)``: the run's initial state and a :class:`fedjax_dp.observers.Start` at
-    round 0, or, with ``resume``, the latest checkpoint's state and a ``Start`` at its round
-    (the rows ``metrics.jsonl`` keeps, the saved record state and arrays), with the sampler and
-    the accounting of ``experiment`` restored. ``rounds``: the run's; ``shards`` (the devices
-    its clients are split over), ``release`` and ``tensorboard``: the run's, which a resumed
-    run's must equal and its checkpoints record (another split sums the clients' updates in
-    another floating-point order: the resumed rounds would not be the run's). A resume whose
-    ``checkpoints/`` or (with ``tensorboard``) ``tensorboard/`` takes no file is refused
-    (:class:`ConfigError` naming ``resume``) before anything is rewritten."""
+    """The run's starting point: round 0, or with ``resume`` the latest checkpoint's round, with
+    the sampler and the accounting of ``experiment`` restored and the rows of ``metrics.jsonl``
+    (and TensorBoard's events) past it dropped.
+
+    A resumed run's ``shards``, ``release`` and ``tensorboard`` must equal the checkpoint's
+    (another split sums the updates in another floating-point order).
+
+    Args:
+      state: the run's initial round state (a pytree; a restored one is placed on the devices
+        as this one is).
+      experiment: the run's experiment (its ``output_dir``, ``sampler`` and ``accounting``).
+      rounds: the run's rounds ``T``.
+      shards: the devices its clients are split over.
+      release: what the run's records release (:data:`fedjax_dp.engine.RELEASES`).
+      tensorboard: whether the run writes TensorBoard events.
+
+    Returns:
+      ``(state, start)``: the state to run from and its :class:`fedjax_dp.observers.Start`
+      (with a resume: its round, the rows ``metrics.jsonl`` keeps, the saved record state and
+      arrays).
+
+    Raises:
+      ConfigError: no output folder; a sampler or accounting without ``load_state``; with
+        ``resume``: no complete checkpoint, a ``checkpoints/`` or (with ``tensorboard``)
+        ``tensorboard/`` folder that takes no file (before anything is rewritten), or a
+        checkpoint of another configuration, release, TensorBoard choice, split or state, or
+        a damaged one.
+    """
     check(experiment.output_dir is not None, "checkpoint_every", self.every,
           "needs an output_dir: checkpoints go to OUTPUT_DIR/checkpoints/")
     for part in (experiment.sampler, experiment.accounting):
@@ -413,7 +432,15 @@ class Checkpointer:
 
   def save(self, done: int, state, experiment, log_host: dict, log_arrays: dict) -> None:
     """Saves the run after round ``done``: ``state``, ``experiment``'s sampler and accounting,
-    and the records' state (``log_host``, JSON, and ``log_arrays``)."""
+    and the records' state, with SHA-256 digests that a resume checks.
+
+    Args:
+      done: the rounds done, the checkpoint's step.
+      state: the round state (a pytree of arrays).
+      experiment: the run's experiment (its ``sampler`` and ``accounting`` are saved).
+      log_host: the records' JSON state (:meth:`fedjax_dp.engine.Records.state`).
+      log_arrays: the records' arrays by name (NumPy).
+    """
     import orbax.checkpoint as ocp  # lazy: a slow import, which runs without checkpoints skip
     # Opened at the first save: a new run's first record has removed an earlier run's folder,
     # and a resumed run's begin only read.

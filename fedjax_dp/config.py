@@ -77,6 +77,16 @@ def check_type(field: str, value: Any, hint) -> None:
 
   Config files are JSON: ``rounds: true``, ``rounds: 2.5`` or ``rounds: "abc"``
   must be refused by name, not read as 1, truncated or met with a traceback.
+
+  Args:
+    field: the field's name, which the error names.
+    value: the value given.
+    hint: the field's type annotation: ``int``, ``float``, ``bool``, ``str`` or
+      ``Optional`` of one of them (None then passes); any other type is not checked.
+
+  Raises:
+    ConfigError: ``value`` is not of the type (a bool is neither an int nor a float; an int
+      is a float).
   """
   args = typing.get_args(hint)
   optional = typing.get_origin(hint) is typing.Union and type(None) in args
@@ -151,7 +161,7 @@ class RunConfig:
                           "winograd on a CPU where it pays (3x3 stride-1 float32 layers of at "
                           "least 32 input channels, an 8x8 output and 64 tiles a batch) and by "
                           "im2col elsewhere; winograd (3x3 stride-1 kernels, float32 only) "
-                          "everywhere it applies; benchmarks/RESULTS.md",
+                          "everywhere it applies; the benchmarks' results compare them",
                           _values("fedjax_dp.models", "CONV_IMPLS"))
   compute_dtype: str = _field("float32", "the dtype the model's forward and backward pass "
                               "compute in (parameters and updates stay float32)",
@@ -178,7 +188,7 @@ class RunConfig:
       "layer runs by winograd; 4 // D over D CPU devices), the whole cohort on accelerators); with "
       "the noised mean and no attack the round's memory then stays flat in the cohort size, "
       "and a block of padded slots only is skipped; on a CPU, blocks keep small models in "
-      "cache and skip a Poisson cohort's padding (1.3-1.7x faster rounds, benchmarks/RESULTS.md)")
+      "cache and skip a Poisson cohort's padding, for faster rounds")
   devices: Optional[int] = _field(None, "split each round's clients over this many devices "
                                   "(none: every device JAX sees, across processes; an int >= 1)")
   # Client.
@@ -420,7 +430,21 @@ def field_types() -> dict:
 
 def parse_value(field: str, text: str, typ) -> Any:
   """Converts a command-line string for ``field``; 'none' unsets optional fields. A number is
-  written in ASCII digits (Python would read the full-width ``２`` as 2)."""
+  written in ASCII digits (Python would read the full-width ``２`` as 2).
+
+  Args:
+    field: the field's name, which the error names.
+    text: the string given; "none" or "null" (any case) is None.
+    typ: the type to convert to (:func:`field_types`): ``bool`` takes 1/true/yes or
+      0/false/no (any case), ``int`` and ``float`` what ``int(text)`` and ``float(text)`` read
+      from ASCII text; any other type keeps the text.
+
+  Returns:
+    The converted value, or None.
+
+  Raises:
+    ConfigError: ``text`` is not a value of ``typ``.
+  """
   if text.lower() in ("none", "null"):
     return None
   if typ in (int, float) and not text.isascii():
@@ -443,8 +467,21 @@ def read_json(text: str, field: str, value: Any, **kwargs) -> Any:
   """``json.loads(text, **kwargs)``, refusing what Python's JSON reader cannot take, as one
   :class:`ConfigError` naming ``field`` and ``value`` (where ``text`` came from): an integer of
   more digits than Python converts (``sys.get_int_max_str_digits()``), and arrays or objects
-  nested deeper than Python's recursion limit lets the reader go. Text that is not JSON raises
-  :class:`json.JSONDecodeError`, as from ``json.loads``."""
+  nested deeper than Python's recursion limit lets the reader go.
+
+  Args:
+    text: the JSON text.
+    field: the field the error names.
+    value: what the error shows as the given value (e.g. the file's path).
+    **kwargs: passed to ``json.loads`` (not ``parse_int``).
+
+  Returns:
+    The decoded value.
+
+  Raises:
+    ConfigError: an integer of too many digits, or nesting too deep.
+    json.JSONDecodeError: ``text`` is not JSON.
+  """
   limit = sys.get_int_max_str_digits()
 
   def integer(text: str) -> int:

@@ -147,7 +147,16 @@ def options_for(config: RunConfig, program, options: Optional[RunOptions] = None
   """``options`` (default: ``RunOptions()``) with the fields that are the configuration's
   settings (:data:`FROM_CONFIG`) taken from ``config``: its evaluation period, placement,
   devices, accounting workers, and the client blocks :func:`client_blocks` chooses for
-  ``program`` (a :class:`fedjax_dp.round.Round`)."""
+  ``program`` (a :class:`fedjax_dp.round.Round`).
+
+  Args:
+    config: the run's configuration.
+    program: the round that runs (its ``model`` and ``model_batch`` are read).
+    options: the run options to complete; None: ``RunOptions()``.
+
+  Returns:
+    A new :class:`RunOptions` (``options`` is not changed).
+  """
   return dataclasses.replace(
       options or RunOptions(), eval_every=config.eval_every, placement=config.placement,
       client_chunk=client_blocks(config, program.model, program.model_batch),
@@ -155,7 +164,7 @@ def options_for(config: RunConfig, program, options: Optional[RunOptions] = None
 
 
 # Clients per block that the automatic choice aims at on one CPU device; over several CPU devices
-# (fedjax-dp run --cpu-devices N), each device's share of it (benchmarks/RESULTS.md).
+# (fedjax-dp run --cpu-devices N), each device's share of it.
 CPU_BLOCK = 4
 
 
@@ -170,16 +179,24 @@ def client_blocks(config: RunConfig, model: Model, model_batch: Optional[int] = 
   cohort gets the block size in 2-6 that wastes the fewest padded slots (10 clients: 2 blocks
   of 5), a cohort of at most 4 clients one block. Over ``D`` CPU devices (each running on its
   own cores), blocks of ``CPU_BLOCK // D`` clients (at least 1) on each device, whose share of
-  the cohort is ``M / D`` (the MLP at 50 clients on 2 cores: 0.98-1.13x the centralized batch
-  in blocks of 2, 1.32-1.43x in blocks of 4, benchmarks/RESULTS.md). When one of ``model``'s
-  layers runs by Winograd (:meth:`fedjax_dp.models.Model.conv_impls` at the configuration's
-  batch size), blocks of one client: its tile transforms' intermediates slow every client down
-  when several share a block (CNN-2-layers, 10 clients: 9.7 s a round in blocks of 1, 11.7 s
-  in blocks of 2, 16.0 s in blocks of 5, benchmarks/RESULTS.md); ``model_batch``
-  (:attr:`fedjax_dp.round.Round.model_batch`) replaces the batch size where the clients apply
-  the model to fewer examples at once (DP-SGD: one). The choice depends on the
-  configuration, its model and the platform only, so a sweep's experiment and its single run
-  agree.
+  the cohort is ``M / D``. When one of ``model``'s layers runs by Winograd
+  (:meth:`fedjax_dp.models.Model.conv_impls` at the configuration's batch size), blocks of one
+  client: its tile transforms' intermediates slow every client down when several share a
+  block. The choice depends on the configuration, its model and the platform only, so a
+  sweep's experiment and its single run agree.
+
+  Args:
+    config: the run's configuration (``client_chunk``, ``devices``, ``sampling``,
+      ``cohort_size`` and ``batch_size`` are read).
+    model: the run's model.
+    model_batch: the examples the clients apply the model to at once where fewer than the
+      batch size (:attr:`fedjax_dp.round.Round.model_batch`; DP-SGD: one); None: the batch size.
+
+  Returns:
+    Clients per block on each device (``>= 1``), or None for the whole cohort in one vmap.
+
+  Raises:
+    ConfigError: ``config.devices`` is outside ``[1, the devices JAX sees]``.
   """
   if config.client_chunk is not None:
     return config.client_chunk or None
@@ -225,7 +242,21 @@ def custom_setup(rnd, hparams: Optional[dict], config: RunConfig, data):
   """The :class:`fedjax_dp.algorithms.Setup` of a hand-built round: sampler and accounting from
   the configuration, privacy from the round's pieces; with Byzantine clients (``hparams``'
   ``byzantine``) an attack that reads the regular rows reads their unreleased updates, which
-  voids the guarantee (``attacker_knowledge: "omniscient"``), as in DP-FedAvg."""
+  voids the guarantee (``attacker_knowledge: "omniscient"``), as in DP-FedAvg.
+
+  Args:
+    rnd: the hand-built :class:`fedjax_dp.round.Round`.
+    hparams: the round's hyperparameters by name; ``server_lr`` (default 1), ``byzantine``
+      (default 0) and ``expected_size`` (default the sampler's) are added where missing.
+    config: the run's configuration (sampling, seed, delta and accountant are read).
+    data: the federated data (its ``num_clients`` is read).
+
+  Returns:
+    The :class:`fedjax_dp.algorithms.Setup`: round, sampler, accounting and hyperparameters.
+
+  Raises:
+    ConfigError: ``hparams`` is None, or a bad sampling description.
+  """
   check(hparams is not None, "hparams", hparams, "must be given with a hand-built round")
   sampler = make_sampler(config.sampling, data.num_clients, config.seed, config.sampling_prob,
                          config.cohort_size, config.capacity)

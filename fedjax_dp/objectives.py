@@ -22,6 +22,14 @@ def supervised(apply_fn: Callable) -> Objective:
   """Mean cross-entropy of ``apply_fn(params, x)`` over the batch's real examples."""
 
   def objective(params, batch, anchor):
+    """The loss at ``params``.
+
+    Args:
+      params: the model's parameters (a pytree ``apply_fn`` takes).
+      batch: ``(x, y, mask)``: inputs ``[B, ...]``, integer labels ``[B, *label_shape]`` and
+        ``[B]`` weights (1 for a real example, 0 for padding).
+      anchor: unused (the round's global model).
+    """
     del anchor
     x, y, mask = batch
     return cross_entropy(apply_fn(params, x), y, mask)
@@ -40,6 +48,13 @@ def proximal(objective: Objective, mu: float) -> Objective:
   check_unless_traced(lambda m: m >= 0, "mu", mu, "must be >= 0")
 
   def wrapped(params, batch, anchor):
+    """``objective(params, batch, anchor) + (mu/2) ||params - anchor||^2``.
+
+    Args:
+      params: the model's parameters.
+      batch: ``(x, y, mask)``, passed to ``objective``.
+      anchor: the round's global model ``w_t`` (a pytree shaped as ``params``).
+    """
     return objective(params, batch, anchor) + 0.5 * mu * sq_distance(params, anchor)
 
   return wrapped
@@ -65,6 +80,12 @@ def blur(objective: Objective, lam: float, radius: float) -> Objective:
     objective: the local objective ``f_i`` (``(params, batch, anchor) -> loss``).
     lam: lambda >= 0 (the paper's grid: 0.05, 0.1, 0.2, 0.4, 0.8).
     radius: S > 0, normally the clip bound (both may be traced hyper-parameters).
+
+  Returns:
+    The objective ``h_i``, ``(params, batch, anchor) -> loss``.
+
+  Raises:
+    ConfigError: ``lam < 0`` or ``radius <= 0`` (when not traced).
   """
   check_unless_traced(lambda v: v is not None and v >= 0, "lambda", lam, "must be >= 0")
   check_unless_traced(lambda v: v is not None and v > 0, "radius", radius,
@@ -72,6 +93,13 @@ def blur(objective: Objective, lam: float, radius: float) -> Objective:
   r2 = jnp.square(radius)
 
   def wrapped(params, batch, anchor):
+    """``h_i(params)``.
+
+    Args:
+      params: the model's parameters ``w``.
+      batch: ``(x, y, mask)``, passed to ``objective``.
+      anchor: the round's global model ``w_t`` (a pytree shaped as ``params``).
+    """
     d2 = sq_distance(params, anchor)
     # jnp.where (not jnp.maximum) so the gradient on the sphere is exactly 0.
     excess = jnp.where(d2 > r2, d2 - r2, 0.0)

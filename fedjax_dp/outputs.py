@@ -92,6 +92,12 @@ def claimed(path, *, overwrite: bool, results: Sequence[str] = RUN_FILES,
   (:func:`sole_writer`), checked once it is (:func:`check_output_dir` with ``overwrite`` and the
   command's ``results``; not for a ``resume``, whose folder holds the run it continues).
 
+  Args:
+    path: the output folder (a ``str`` or path).
+    overwrite: whether earlier files among ``results`` may be replaced.
+    results: the names of the files the command writes (default: a run's).
+    resume: the command continues the run in ``path``: the folder is not checked.
+
   Yields:
     The folder as checked (resolved where it has ``..``; as given with ``resume``).
 
@@ -188,7 +194,21 @@ def holds_result(path: pathlib.Path) -> bool:
 
 def check_output_dir(path, *, overwrite: bool, results: Sequence[str] = RUN_FILES) -> pathlib.Path:
   """:func:`check_writable`; no other command's results (:data:`KIND_MARKERS`) and, unless
-  ``overwrite``, no earlier result among ``results`` (the command's own files)."""
+  ``overwrite``, no earlier result among ``results`` (the command's own files).
+
+  Args:
+    path: the output folder (a ``str`` or path).
+    overwrite: whether earlier files among ``results`` may be replaced.
+    results: the names of the files the command writes (default: a run's).
+
+  Returns:
+    The folder (resolved where ``path`` has ``..``).
+
+  Raises:
+    ConfigError: naming ``output_dir``: as :func:`check_writable`; the folder holds a result set
+      aside by a killed command, another command's results, or (without ``overwrite``) one of
+      ``results``.
+  """
   out = check_writable(path)
   aside = min(out.glob(f"{ASIDE_PREFIX}*"), default=None) if out.is_dir() else None
   if aside is not None:
@@ -227,8 +247,18 @@ def replacing(folder, names: Sequence[str], whole: bool = False,
   come back and a folder the block created is removed again: a refused command loses nothing.
   Otherwise the earlier files are deleted. ``whole``: the new files are worth keeping only whole
   (a sweep, which cannot resume), so a block that raises at any point leaves the earlier files
-  as they were and its own partial ones go. Yields a namespace whose ``restored`` says, once the
-  block has raised, whether the folder was put back as it was.
+  as they were and its own partial ones go.
+
+  Args:
+    folder: the command's output folder (created by the block if missing).
+    names: the names of the files and folders the command writes there.
+    whole: keep the new files only if the block completes.
+    started: whether the block has begun writing results, given the folder; None: whether
+      any of ``names`` holds one (:func:`holds_result`).
+
+  Yields:
+    A namespace whose ``restored`` says, once the block has raised, whether the folder was put
+    back as it was.
   """
   folder = pathlib.Path(folder)
   created = not folder.exists()

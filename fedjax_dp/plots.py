@@ -161,9 +161,23 @@ def plot_curves(panels: Sequence[tuple], path, **kwargs):
 
 def quantiles_figure(panels: Sequence[tuple], path, *, clip: Optional[float], ylabel: str,
                      size: tuple = (4.5, 3.4)):
-  """Per-round quantiles of the clients' update norms, one panel per ``(title, rounds,
-  {"q10", "q50", "q90": values})`` of ``panels``, against the clip bound ``clip`` (none: no
-  bound drawn); writes ``path`` and returns the figure."""
+  """Per-round quantiles of the clients' update norms, one panel per entry of ``panels``,
+  against the clip bound; writes ``path`` and returns the figure.
+
+  Args:
+    panels: ``(title, rounds, {"q10", "q50", "q90": values})`` per panel, each ``values`` one
+      per round of ``rounds``.
+    path: the image file written.
+    clip: the clip bound drawn as a horizontal line; None: none drawn.
+    ylabel: the first panel's y label.
+    size: each panel's ``(width, height)`` in inches.
+
+  Returns:
+    The matplotlib figure.
+
+  Raises:
+    ConfigError: ``panels`` is empty, or ``path`` cannot be written (naming ``out``).
+  """
   fig, axes = _panels(len(panels), size, True)
   for ax, (title, rounds, q) in zip(axes, panels):
     ax.fill_between(rounds, q["q10"], q["q90"], alpha=0.3, label="10-90% of clients")
@@ -184,9 +198,23 @@ def plot_quantiles(panels: Sequence[tuple], path, **kwargs):
 
 def histograms_figure(panels: Sequence[tuple], path, *, clip: Optional[float], xlabel: str,
                       bins: int = 40, size: tuple = (4.5, 3.4)):
-  """Step histograms (densities), one panel per ``(title, [(label, values)])`` of ``panels``
-  (one bin grid per panel), against the clip bound ``clip`` (none: no bound drawn); writes
-  ``path`` and returns the figure."""
+  """Step histograms (densities), one panel per entry of ``panels`` (one bin grid per panel),
+  against the clip bound; writes ``path`` and returns the figure.
+
+  Args:
+    panels: ``(title, [(label, values)])`` per panel: one histogram per series.
+    path: the image file written.
+    clip: the clip bound drawn as a vertical line; None: none drawn.
+    xlabel: every panel's x label.
+    bins: the number of bins of each panel's grid, over all its series' values.
+    size: each panel's ``(width, height)`` in inches.
+
+  Returns:
+    The matplotlib figure.
+
+  Raises:
+    ConfigError: ``panels`` is empty, or ``path`` cannot be written (naming ``out``).
+  """
   import numpy as np
   fig, axes = _panels(len(panels), size, False)
   for ax, (title, series) in zip(axes, panels):

@@ -75,7 +75,16 @@ def _rows(joins: np.ndarray, capacity: int) -> tuple:
 
 
 def poisson_capacity(num_clients: int, prob: float, tail: float = 1e-9) -> int:
-  """Smallest c with P[Binomial(N, p) > c] < ``tail`` (Chernoff-free exact tail via the log-pmf)."""
+  """Smallest c with P[Binomial(N, p) > c] < ``tail`` (Chernoff-free exact tail via the log-pmf).
+
+  Args:
+    num_clients: ``N``, the population, ``>= 1``.
+    prob: ``p``, each client's probability per round, in ``(0, 1]``.
+    tail: the largest allowed probability that a round's draw exceeds the capacity.
+
+  Returns:
+    ``c``, clipped to ``[1, N]``.
+  """
   from scipy import stats  # scipy comes with scikit-learn
   c = int(stats.binom.isf(tail, num_clients, prob)) + 1
   return max(1, min(num_clients, c))
@@ -193,6 +202,22 @@ class FixedSizeSampler(_Sampler):
 
 def make_sampler(kind: str, num_clients: int, seed: int, prob: float | None = None,
                  cohort_size: int | None = None, capacity: int | None = None):
+  """The cohort sampler of a sampling design.
+
+  Args:
+    kind: "poisson" or "fixed" (:data:`SAMPLINGS`).
+    num_clients: ``N``, the population, ``>= 1``.
+    seed: the NumPy generator's seed.
+    prob: "poisson": each client's probability per round, in ``(0, 1]``.
+    cohort_size: "fixed": clients per round, in ``[1, N]``.
+    capacity: "poisson": the padded cohort slots, in ``[1, N]``; None: :func:`poisson_capacity`.
+
+  Returns:
+    A :class:`PoissonSampler` or :class:`FixedSizeSampler`.
+
+  Raises:
+    ConfigError: an unknown ``kind`` or a setting out of range (:func:`check_design`).
+  """
   check_choice("sampling", kind, SAMPLINGS)
   if kind == "poisson":
     return PoissonSampler(num_clients, prob, seed, capacity)

@@ -36,7 +36,22 @@ class SyntheticClients(FederatedData):
 def synthetic_population(num_clients: int, examples: int = 8, example_shape=(28, 28, 1),
                          num_classes: int = 10, test_examples: int = 256) -> SyntheticClients:
   """A population of ``num_clients`` clients of ``examples`` generated examples each (run it with
-  host placement: the dense arrays are never built)."""
+  host placement: the dense arrays are never built).
+
+  Args:
+    num_clients: the population, ``>= 1``.
+    examples: examples per client, ``>= 1``.
+    example_shape: one example's shape (float32 values in ``[0, 1]``).
+    num_classes: the number of classes the labels cycle through.
+    test_examples: the test set's size: example 0 of clients ``0, 1, ...`` (modulo the
+      population).
+
+  Returns:
+    The :class:`SyntheticClients`.
+
+  Raises:
+    ConfigError: ``num_clients`` or ``examples`` below 1.
+  """
   check(num_clients >= 1, "num_clients", num_clients, "must be >= 1")
   check(examples >= 1, "examples", examples, "must be >= 1")
   shape = (num_clients, examples) + tuple(example_shape)

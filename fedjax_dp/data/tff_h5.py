@@ -118,6 +118,16 @@ def load_tff_h5_federated(train_path, test_path, features: Sequence[str],
         "max_clients", max_clients, "must be None or an integer >= 1")
 
   def per_client(field, path, limit):
+    """Every non-empty client's ``(x, y)`` of one file, as two lists in file order.
+
+    Args:
+      field: The argument the error names ("train_path" or "test_path").
+      path: The HDF5 file.
+      limit: Keep only the first this many non-empty clients; ``None`` keeps all.
+
+    Raises:
+      ConfigError: The file holds no non-empty client.
+    """
     xs, ys = [], []
     for x, y in _read_all(path, features, client_fn, limit):
       xs.append(x)

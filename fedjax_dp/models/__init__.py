@@ -113,6 +113,14 @@ def conv_layers():
   found = {}
 
   def record(call, args, kwargs, context):
+    """Flax's method interceptor: records a Conv call's implementation, then makes the call.
+
+    Args:
+      call: the intercepted method, bound to its module.
+      args: its positional arguments (a Conv's first is its input).
+      kwargs: its keyword arguments.
+      context: flax's ``InterceptorContext`` (module and method name).
+    """
     if isinstance(context.module, Conv) and context.method_name == "__call__":
       path = "/".join(context.module.scope.path)
       found[path] = sorted(set(found.get(path, [])) | {context.module.resolved_impl(args[0])})

@@ -4,10 +4,9 @@ Why this module exists: inside a ``lax.scan`` XLA:CPU lowers the two backward
 convolutions that JAX derives for ``lax.conv_general_dilated`` (the input
 gradient, a transposed conv, and the weight gradient, a conv with the batch as
 contraction dim and a large "kernel") into naive loop convolutions
-(jax-ml/jax#12868): about 3 s per CNN-2-layers step of batch 64 in a scan
-against 0.13 s in a Python loop. Three replacements stay on the fast path,
-and ``impl="auto"`` (the default) chooses between im2col and Winograd per
-layer (:func:`resolve_impl`):
+(jax-ml/jax#12868), many times slower than the same step outside a scan.
+Three replacements stay on the fast path, and ``impl="auto"`` (the default)
+chooses between im2col and Winograd per layer (:func:`resolve_impl`):
 
 * ``impl="im2col"``: the padded input is cut into ``kh * kw`` shifted
   (and, for strides, strided) static slices, concatenated on the channel axis
@@ -17,7 +16,7 @@ layer (:func:`resolve_impl`):
 * ``impl="custom_vjp"``: the forward pass is a ``lax`` conv and the
   ``jax.custom_vjp`` writes both gradients as ordinary forward NHWC/HWIO
   convolutions. Fast in a scan for one model, but under ``vmap`` over kernels
-  the convs become grouped convolutions (about 5x slower on CPU).
+  the convs become grouped convolutions (slow on CPU).
 * ``impl="winograd"``: 3x3 stride-1 convolutions by Winograd's minimal
   filtering F(4x4, 3x3) (Lavin and Gray, "Fast Algorithms for Convolutional
   Neural Networks", CVPR 2016): each 6x6 input tile and the kernel are
@@ -29,8 +28,8 @@ layer (:func:`resolve_impl`):
   selects. Every other kernel size or stride falls back to im2col. Its
   rounding error is larger than im2col's (about 1e-6 relative in float32).
 * ``impl="lax"``: ``lax.conv_general_dilated`` with default autodiff (the
-  reference; on accelerators unmeasured against im2col, which ``auto`` uses
-  there and the H200 numbers of benchmarks/RESULTS.md were taken with).
+  reference; on accelerators not compared with im2col, which ``auto`` uses
+  there).
 
 All four compute the same function (tested to float32 rounding).
 
@@ -53,7 +52,7 @@ from fedjax_dp.errors import check_choice, ConfigError
 CONV_IMPLS = ("auto", "im2col", "winograd", "custom_vjp", "lax")
 # ``impl="auto"`` runs a layer by Winograd on a CPU when it has at least this many input
 # channels, an output of at least this size a side and at least this many 4x4 output tiles
-# in the batch it sees; every other layer by im2col (measured, benchmarks/RESULTS.md).
+# in the batch it sees; every other layer by im2col.
 WINOGRAD_MIN_CHANNELS = 32
 WINOGRAD_MIN_OUTPUT = 8
 WINOGRAD_MIN_TILES = 64
@@ -82,7 +81,17 @@ def _pads(size: int, k: int, s: int, padding: str) -> tuple[int, int, int]:
 
 def conv_output_size(size: int, kernel: int, stride: int = 1,
                      padding: str = "SAME") -> int:
-  """Output length of one spatial dim (``<= 0`` means impossible)."""
+  """Output length of one spatial dim (``<= 0`` means impossible), as ``lax`` computes it.
+
+  Args:
+    size: the input's length along the dim.
+    kernel: the kernel's length along the dim.
+    stride: the stride, ``>= 1``.
+    padding: "SAME" (``ceil(size / stride)``) or "VALID" (``(size - kernel) // stride + 1``).
+
+  Returns:
+    The output length.
+  """
   if padding == "VALID" and size < kernel:
     return 0
   return _pads(size, kernel, stride, padding)[2]
@@ -96,7 +105,19 @@ def resolve_impl(impl: str, x_shape, kernel_shape, strides, padding: str, dtype)
   :data:`WINOGRAD_MIN_TILES` output tiles in the batch (``x_shape[0]`` times the tiles of one
   example), else im2col. Under a ``vmap`` the batch is what one mapped call sees: a vmap over
   clients keeps each client's batch, per-example gradients (a vmap over examples) see one.
-  Elsewhere than on a CPU ``"auto"`` is im2col (Winograd is unmeasured there)."""
+  Elsewhere than on a CPU ``"auto"`` is im2col (Winograd is unmeasured there).
+
+  Args:
+    impl: one of :data:`CONV_IMPLS`.
+    x_shape: the input's shape, NHWC.
+    kernel_shape: the kernel's shape, HWIO.
+    strides: ``(sh, sw)``.
+    padding: "SAME" or "VALID".
+    dtype: the dtype the layer computes in.
+
+  Returns:
+    "winograd" or "im2col" for ``impl`` "auto" or "winograd"; any other ``impl`` as it is.
+  """
   if impl not in ("auto", "winograd"):
     return impl
   if tuple(kernel_shape[:2]) != (3, 3) or tuple(strides) != (1, 1):

@@ -46,6 +46,14 @@ def masked_sums(logits: jax.Array, labels: jax.Array,
   ``loss_sum`` sums the cross-entropy, ``correct`` counts argmax hits and
   ``weight`` counts the positions (for ``[B]`` labels: ``sum(mask)``). Sums
   over chunks of a test set divide into exact means.
+
+  Args:
+    logits: ``[B, *label_shape, num_classes]``.
+    labels: integer class ids ``[B, *label_shape]`` (:data:`IGNORE` ignored).
+    mask: optional ``[B]`` weights (0/1 floats); ``None`` means all ones.
+
+  Returns:
+    Three float32 scalars ``(loss_sum, correct, weight)``.
   """
   w = _weights(labels, mask)
   ce = per_example_cross_entropy(logits, labels)
@@ -76,7 +84,17 @@ def cross_entropy(logits: jax.Array, labels: jax.Array,
 
 def accuracy(logits: jax.Array, labels: jax.Array,
              mask: jax.Array | None = None) -> jax.Array:
-  """Fraction of real label positions whose argmax logit is the label (0 if none)."""
+  """Fraction of real label positions whose argmax logit is the label (0 if none).
+
+  Args:
+    logits: ``[B, *label_shape, num_classes]``.
+    labels: integer class ids ``[B, *label_shape]`` (:data:`IGNORE` ignored).
+    mask: optional ``[B]`` weights (0/1 floats); ``None`` means all ones.
+
+  Returns:
+    Scalar ``sum(w * hit) / sum(w)``, ``w`` as in :func:`cross_entropy`, or 0 when
+    ``sum(w) == 0``.
+  """
   _, correct, weight = masked_sums(logits, labels, mask)
   return _ratio(correct, weight)
 

@@ -1,11 +1,10 @@
 """A PLD run's per-round epsilons, computed by worker processes ahead of the rounds.
 
 A run reports epsilon after every round. With the PLD accountant each report costs
-dp_accounting 0.1-0.7 s of one core (it self-composes the round's privacy loss distribution
-and reads epsilon off it, a pure-Python loop over the distribution: 0.11 s after 50 rounds
-of a sampled Gaussian, 0.57 s after 1,000), so on an accelerator, where a round takes
-milliseconds, the accounting sets the round rate. The event that
-:class:`fedjax_dp.privacy.accounting.LedgerAccounting` composes does not depend on the
+dp_accounting one core's work (it self-composes the round's privacy loss distribution and
+reads epsilon off it, a pure-Python loop over the distribution, longer as the rounds grow),
+so on an accelerator, where a round is much shorter, the accounting sets the round rate. The
+event that :class:`fedjax_dp.privacy.accounting.LedgerAccounting` composes does not depend on the
 round's draw, so every epsilon the run will report is known when it starts
 (:meth:`fedjax_dp.privacy.ledger.PrivacyLedger.upcoming`): :class:`Ahead` hands them, in
 round order, to worker processes (:func:`main`: a fresh interpreter that imports the
@@ -41,12 +40,18 @@ MAX_AUTO_WORKERS = 8
 def workers_for(requested: Optional[int], platform: str) -> int:
   """Worker processes for ``requested`` (None: automatic) on a JAX ``platform``.
 
-  Automatic: none on a CPU, whose cores run the rounds (the quickstart with the PLD
-  accountant, 2 cores: 11.3-11.8 s with none, 13.8-14.3 s with one, 11.3-11.6 s with two,
-  benchmarks/RESULTS.md); elsewhere one per core but one, at most :data:`MAX_AUTO_WORKERS`.
-  A number requested (validated with the configuration, and by engine.run_group) starts at
-  most one per core or :data:`MAX_AUTO_WORKERS`, whichever is more: each is a Python process
-  (1,000 of them hung a 2-core machine), and a run stored with more resumes on a smaller one.
+  Automatic: none on a CPU, whose cores run the rounds (a worker would compete with them);
+  elsewhere one per core but one, at most :data:`MAX_AUTO_WORKERS`. A number requested
+  (validated with the configuration, and by engine.run_group) starts at most one per core or
+  :data:`MAX_AUTO_WORKERS`, whichever is more: each is a Python process, and a run stored
+  with more resumes on a smaller machine.
+
+  Args:
+    requested: the workers asked for (``>= 0``), or None for the automatic choice.
+    platform: the JAX platform the rounds run on ("cpu", "gpu", "tpu", ...).
+
+  Returns:
+    The number of worker processes to start, ``>= 0``.
   """
   if requested is not None:
     return min(requested, max(MAX_AUTO_WORKERS, os.cpu_count() or 1))
@@ -100,7 +105,7 @@ class Ahead:
 
   def submit(self, keys: Sequence[tuple]) -> None:
     """Queues ``keys`` in this order. A worker builds each event's privacy loss distribution
-    the first time it composes it (0.5-1.5 s) and keeps it, so when the keys compose at least
+    the first time it composes it (the costly step) and keeps it, so when the keys compose at least
     as many distinct sets of events as there are workers (an example-level report: one per
     example count) each set goes to one worker, the same every time; fewer sets (a user-level
     run's rounds: one) are spread over the workers in turn."""

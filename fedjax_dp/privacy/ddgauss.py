@@ -64,6 +64,17 @@ def rounded_l2_bound(norm: float, beta: float, dim: int) -> float:
   ``sqrt(norm^2 + d/4 + sqrt(2 log(1/beta)) (norm + sqrt(d)/2))`` with
   probability at least ``1 - beta``, and conditional rounding retries until it is.
   ``B`` is the smaller of the two (``beta = 0``: the first, no retries needed).
+
+  Args:
+    norm: the L2 norm bound of ``x`` before rounding (integer units, ``>= 0``).
+    beta: the conditional rounding's failure probability, in ``[0, 1)``.
+    dim: ``d``, the vector's dimension.
+
+  Returns:
+    ``B``.
+
+  Raises:
+    ConfigError: ``beta`` is outside ``[0, 1)``.
   """
   check(0 <= beta < 1, "beta", beta, "must be in [0, 1)")
   plain = norm + math.sqrt(dim)
@@ -91,6 +102,20 @@ def ddgauss_rdp(orders, l2: float, l1: float, sigma: float, n: int, dim: int) ->
   ``tau`` measures how far the sum of discrete Gaussians is from one discrete
   Gaussian of variance ``n sigma^2``; as it vanishes (large ``sigma``, or
   ``n = 1``) the bound is the Gaussian mechanism's ``alpha l2^2 / (2 n sigma^2)``.
+
+  Args:
+    orders: the RDP orders ``alpha >= 1`` (array-like of floats).
+    l2: the L2 sensitivity bound of ``Delta`` (integer units).
+    l1: the L1 sensitivity bound of ``Delta`` (integer units).
+    sigma: each share's discrete Gaussian standard deviation (integer units), ``>= 1/2``.
+    n: the number of independent shares in the sum, ``>= 1``.
+    dim: ``d``, the vector's dimension.
+
+  Returns:
+    float64 array of ``eps(alpha)``, shaped like ``orders``.
+
+  Raises:
+    ConfigError: ``sigma < 1/2`` or ``n < 1``.
   """
   check(sigma >= 0.5, "sigma", sigma, "must be >= 1/2 (Theorem 1's range)")
   check(int(n) >= 1, "noise shares", n, "must be >= 1")
@@ -119,6 +144,15 @@ def subsampled_rdp(orders, q: float, rdp: Callable) -> np.ndarray:
   ``alpha``, is interpolated linearly between the neighbouring integers (their
   Corollary 10; it is 0 at ``alpha = 1``). The result is the smaller of this
   and the unsubsampled ``rdp`` (both hold).
+
+  Args:
+    orders: the RDP orders, each in ``[1, max(ORDERS)]`` (array-like of floats).
+    q: the sampled fraction, ``M / N`` in ``(0, 1]``; at ``q >= 1`` ``rdp(orders)`` is returned.
+    rdp: the unsubsampled mechanism's RDP, a function from an array of orders to an array of
+      epsilons of the same shape.
+
+  Returns:
+    float64 array of the subsampled ``eps'(alpha)``, shaped like ``orders``.
   """
   a = np.asarray(orders, np.float64)
   if q >= 1:
@@ -152,6 +186,21 @@ def scale_for_bits(bits: int, clip: float, noise_multiplier: float, clients: int
   rotation, rounding, noise), with ``M sigma^2 = (s z c)^2``; solving
   ``2 k_stddevs * std = 2^bits`` for ``s`` gives
   ``s = sqrt((4^bits / (4 k^2) - M/4) / (c^2 (rho M^2 / d + z^2)))``.
+
+  Args:
+    bits: secure aggregation's modulus is ``2^bits``.
+    clip: ``c``, the L2 clip of each update (model units, ``> 0``).
+    noise_multiplier: ``z``, the noise standard deviation of the sum over ``c``.
+    clients: ``M``, the cohort size.
+    dim: ``d``, the padded dimension.
+    k_stddevs: ``k``, the standard deviations of the aggregate that ``2^bits`` must hold.
+    rho: the flattening constant of the rotation (1: a perfectly flat rotated vector).
+
+  Returns:
+    ``s``.
+
+  Raises:
+    ConfigError: ``4^bits / (4 k^2) <= M/4``, i.e. the rounding alone overflows ``2^bits``.
   """
   room = 4.0 ** bits / (4 * k_stddevs ** 2) - clients / 4
   if room <= 0:
@@ -304,7 +353,25 @@ def mechanism_for(noise_multiplier: float, *, clip: float, quantization: Quantiz
 def calibrate_noise_multiplier(target_epsilon: float, delta: float, rounds: int,
                                make: Callable[[float], DDGaussMechanism]) -> float:
   """Smallest ``z`` (to a relative 1e-4, never below it) whose ``make(z)``, composed over
-  ``rounds`` by :class:`fedjax_dp.privacy.ledger.PrivacyLedger`, meets (epsilon, delta)."""
+  ``rounds`` by :class:`fedjax_dp.privacy.ledger.PrivacyLedger`, meets (epsilon, delta).
+
+  A ``z`` at which ``make`` raises :class:`ConfigError` (local noise below Theorem 1's
+  ``sigma >= 1/2``) counts as having no bound; the search brackets ``z`` in ``[1e-3, 1]``,
+  doubling the upper end until it meets the target, and bisects geometrically.
+
+  Args:
+    target_epsilon: the epsilon to meet, ``> 0``.
+    delta: the delta of the (epsilon, delta) guarantee, in ``(0, 1)``.
+    rounds: the number of rounds composed.
+    make: the round's :class:`DDGaussMechanism` for a noise multiplier (e.g.
+      :func:`mechanism_for` with the run's other settings bound).
+
+  Returns:
+    ``z``.
+
+  Raises:
+    ConfigError: no ``z`` up to ``1e6`` meets the target.
+  """
   def epsilon(z):
     try:
       mech = make(z)

@@ -173,6 +173,23 @@ def calibrate_example_noise(target_epsilon: float, delta: float, steps: int, num
   calibration) with the per-step event of a client holding ``num_examples``
   examples. Pass the largest number of steps any client can take (every
   round) and the smallest client to bound every client's epsilon.
+
+  Args:
+    target_epsilon: the epsilon to meet, ``> 0``.
+    delta: the target delta, in ``(0, 1)``.
+    steps: the local steps composed, ``>= 1``.
+    num_examples: ``|D_n|``, the client's examples.
+    batch_size: ``L``, examples per step (fixed: at most ``num_examples``).
+    sampling: per-step example sampling, "fixed" or "poisson".
+    accountant: "rdp" or "pld" (Poisson batches need "pld").
+    capacity: Poisson only: the most examples a step keeps (``K``); None: never truncated.
+
+  Returns:
+    The noise multiplier ``z`` (:func:`fedjax_dp.privacy.mechanisms.calibrate`).
+
+  Raises:
+    ConfigError: a bad argument, an accountant that cannot compose the step's event, or a
+      target no noise multiplier meets.
   """
   def make_event(z):
     return ExampleDPSGDMechanism(z, batch_size, 1, sampling, capacity=capacity).step_event(num_examples)

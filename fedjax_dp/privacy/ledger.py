@@ -101,6 +101,17 @@ def make_accountant(accountant: str = "rdp", relation: str = "add_remove",
   ``pld_interval`` is the PLD accountant's ``value_discretization_interval``:
   every epsilon the ledger reports uses dp_accounting's default,
   :data:`PLD_INTERVAL`; only calibration's first search asks for a coarser one.
+
+  Args:
+    accountant: "rdp" or "pld".
+    relation: "add_remove" or "replace_one".
+    pld_interval: PLD only: the privacy-loss discretisation interval, ``> 0``.
+
+  Returns:
+    An empty dp_accounting ``PrivacyAccountant``.
+
+  Raises:
+    ConfigError: an unknown accountant or relation.
   """
   check_choice("accountant", accountant, ACCOUNTANTS)
   check_choice("neighbouring relation", relation, tuple(_RELATIONS))
@@ -120,8 +131,19 @@ def check_supported(event: dp_accounting.DpEvent, accountant: str, relation: str
 
   Asked of every run's round event while building, so an unsupported pair
   (PLD with fixed-size sampling, RDP with Poisson sampling under replace-one)
-  is refused before anything compiles. ``alternative`` names another way out
-  (e.g. a setting whose event the chosen accountant does compose).
+  is refused before anything compiles.
+
+  Args:
+    event: the mechanism's ``DpEvent`` (one round or one step).
+    accountant: "rdp" or "pld".
+    relation: "add_remove" or "replace_one".
+    field: the configuration field the error names.
+    alternative: another way out the error suggests (e.g. a setting whose event the chosen
+      accountant does compose); "" for none.
+
+  Raises:
+    ConfigError: ``accountant`` cannot compose ``event`` under ``relation``; the message names
+      the other accountant when it can.
   """
   if not _supports(event, accountant, relation):
     other = [a for a in ACCOUNTANTS if a != accountant and _supports(event, a, relation)]
@@ -135,14 +157,37 @@ def check_supported(event: dp_accounting.DpEvent, accountant: str, relation: str
 def check_accountable(event: dp_accounting.DpEvent, accountant: str, relation: str) -> None:
   """Builds ``event``'s RDP curve or PLD (kept for the ledger, :func:`event_rdp`,
   :func:`_event_pld`), so a setting dp_accounting cannot compute is refused before a run
-  trains, not when its first epsilon is reported."""
+  trains, not when its first epsilon is reported.
+
+  Args:
+    event: the mechanism's ``DpEvent``.
+    accountant: "rdp" or "pld".
+    relation: "add_remove" or "replace_one".
+
+  Raises:
+    ConfigError: dp_accounting fails on the event (:data:`ACCOUNTING_FAILURES`).
+  """
   with accounting(accountant):
     (event_rdp if accountant == "rdp" else _event_pld)(event, relation)
 
 
 def epsilon_for(event: dp_accounting.DpEvent, count: int, delta: float,
                 accountant: str = "rdp", relation: str = "add_remove") -> float:
-  """Epsilon at ``delta`` of ``event`` self-composed ``count`` times."""
+  """Epsilon at ``delta`` of ``event`` self-composed ``count`` times.
+
+  Args:
+    event: one round's (or step's) ``DpEvent``.
+    count: the number of compositions, ``>= 1``.
+    delta: the target delta, in ``(0, 1)``.
+    accountant: "rdp" or "pld".
+    relation: "add_remove" or "replace_one".
+
+  Returns:
+    Epsilon (``inf`` for a non-private event).
+
+  Raises:
+    ConfigError: an unknown accountant or relation, or dp_accounting fails on the setting.
+  """
   acc = make_accountant(accountant, relation)
   with accounting(accountant):
     acc.compose(event, int(count))
@@ -155,9 +200,8 @@ def event_rdp(event: dp_accounting.DpEvent, relation: str) -> np.ndarray:
 
   RDP composes by addition, so a ledger of many rounds adds ``count`` times
   this curve instead of asking the accountant to recompute the event's curve
-  every time epsilon is reported (for a Poisson-sampled Gaussian that costs
-  about 0.17 s; per round, it dominated short simulations). The curve is read
-  from a fresh :class:`RdpAccountant` that composed the event once.
+  every time epsilon is reported. The curve is read from a fresh
+  :class:`RdpAccountant` that composed the event once.
   """
   acc = make_accountant("rdp", relation)
   with accounting("rdp"):
@@ -169,10 +213,10 @@ def event_rdp(event: dp_accounting.DpEvent, relation: str) -> np.ndarray:
 def _event_pld(event: dp_accounting.DpEvent, relation: str):
   """The privacy loss distribution of one ``event``, built by dp_accounting once.
 
-  Building a sampled Gaussian's PLD costs 0.5-1.5 s; self-composing it ``k``
-  times and reading epsilon about 0.1 s. The ledger composes the cached
-  PLD (exactly what ``PLDAccountant.compose(event, k)`` computes) instead
-  of rebuilding it whenever epsilon is reported.
+  Building a sampled Gaussian's PLD costs more than self-composing it ``k``
+  times and reading epsilon, so the ledger composes the cached PLD (exactly
+  what ``PLDAccountant.compose(event, k)`` computes) instead of rebuilding it
+  whenever epsilon is reported.
   """
   acc = make_accountant("pld", relation)
   with accounting("pld"):

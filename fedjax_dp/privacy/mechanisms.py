@@ -142,6 +142,23 @@ def user_level_mechanism(rnd, hparams: dict, sampling: str, sampling_prob=None,
   configuration says about noise or target epsilon (a median of clipped
   updates, noise on unbounded updates, a hand-built aggregator that declares
   nothing, a server rule reading the clients' per-client values, and so on).
+
+  Args:
+    rnd: the :class:`fedjax_dp.round.Round` that runs (its client and aggregator pieces, hooks
+      and weighting are read).
+    hparams: the round's hyperparameters by name (float32 values); the client's ``bound`` name,
+      ``"noise_multiplier"`` and optionally ``"byzantine"`` are read.
+    sampling: "poisson" or "fixed".
+    sampling_prob: Poisson only: each client's probability per round.
+    num_clients: ``N``, the population (fixed-size sampling).
+    cohort_size: ``M``, clients per round (fixed-size sampling).
+
+  Returns:
+    A :class:`GaussianSumMechanism`, or :class:`NonPrivate` with the reason in its
+    ``guarantee_note``.
+
+  Raises:
+    ConfigError: the sampling description is invalid (as :class:`GaussianSumMechanism`).
   """
   bound = getattr(rnd.client, "bound", None)
   noise = getattr(rnd.aggregator, "noise", None)
@@ -187,6 +204,16 @@ def byzantine_mixture(num_clients: int, cohort_size: int, byzantine: int,
   composition; an attack that reads this round's regular updates voids the guarantee,
   :data:`fedjax_dp.attacks.OMNISCIENT_REASON`). ``cohort_rdp`` returns the curve at
   dp_accounting's ``DEFAULT_RDP_ORDERS``; it is called once per ``k`` of K's support.
+
+  Args:
+    num_clients: ``N``, the population, Byzantine clients included.
+    cohort_size: ``M``, clients per round.
+    byzantine: ``b``, the Byzantine clients among the ``N``, in ``[0, N)``.
+    cohort_rdp: the RDP curve (at ``DEFAULT_RDP_ORDERS``) of a round whose cohort holds the
+      given number ``m >= 1`` of regular clients, sampled uniformly from the ``N - b``.
+
+  Returns:
+    float64 array, the round's RDP at ``DEFAULT_RDP_ORDERS``.
   """
   orders = np.asarray(rdp_privacy_accountant.DEFAULT_RDP_ORDERS, np.float64)
   ks = np.arange(max(0, cohort_size - (num_clients - byzantine)), min(cohort_size, byzantine) + 1)
@@ -200,7 +227,24 @@ def byzantine_mixture(num_clients: int, cohort_size: int, byzantine: int,
 def gaussian_round_event(z: float, sampling: str, sampling_prob=None, num_clients=None,
                          cohort_size=None, byzantine: int = 0) -> dp_accounting.DpEvent:
   """One round's event for a sum of clipped updates with noise multiplier ``z`` (fixed-size
-  cohorts with Byzantine clients: over the regular clients, :func:`byzantine_mixture`)."""
+  cohorts with Byzantine clients: over the regular clients, :func:`byzantine_mixture`).
+
+  Poisson: ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` (add/remove, sensitivity ``S``);
+  fixed: ``SampledWithoutReplacementDpEvent(N, M, GaussianDpEvent(z / 2))`` (replace-one,
+  sensitivity ``2S``).
+
+  Args:
+    z: the noise multiplier, the noise's standard deviation over the clip bound ``S``.
+    sampling: "poisson" or "fixed".
+    sampling_prob: Poisson only: each client's probability per round.
+    num_clients: fixed only: ``N``, the population.
+    cohort_size: fixed only: ``M``, clients per round.
+    byzantine: fixed only: the Byzantine clients among the ``N`` (0: none).
+
+  Returns:
+    The round's ``DpEvent`` (an :class:`~fedjax_dp.privacy.ledger.RdpCurveDpEvent` with
+    Byzantine clients).
+  """
   if sampling == "poisson":
     return dp_accounting.PoissonSampledDpEvent(sampling_prob, dp_accounting.GaussianDpEvent(z))
   # Replace-one sensitivity of a sum of updates clipped to S is 2S.
@@ -309,7 +353,7 @@ def calibrate(make_event: Callable[[float], dp_accounting.DpEvent], count: int, 
   the target, the floor is returned (it meets the target; smaller values are not searched).
 
   With PLD the search runs first on a grid of privacy losses 10 times coarser than the ledger's
-  (:data:`~fedjax_dp.privacy.ledger.COARSE_PLD_INTERVAL`), whose evaluations cost about a tenth;
+  (:data:`~fedjax_dp.privacy.ledger.COARSE_PLD_INTERVAL`), whose evaluations are cheaper;
   its answer is then checked on the ledger's grid, and moved there by steps that double and a
   bisection when the two grids disagree by more than ``1e-4``: two exact evaluations instead of
   a dozen in the common case. Whatever the coarse search finds, the result meets the target on
@@ -322,7 +366,7 @@ def calibrate(make_event: Callable[[float], dp_accounting.DpEvent], count: int, 
     target_epsilon, delta: the target guarantee.
     accountant: "rdp" or "pld"; it must support the event (checked first).
     coarse_first: with PLD, search the coarse grid first (False: the ledger's grid alone,
-      about 3x slower; ``benchmarks/calibration_speed.py``'s baseline).
+      ``benchmarks/calibration_speed.py``'s baseline).
 
   Returns:
     The noise multiplier, at most :data:`MAX_NOISE_MULTIPLIER`.

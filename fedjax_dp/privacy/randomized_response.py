@@ -105,6 +105,18 @@ def randomized_response_delta_exact(epsilon: float, keep_prob: float, count: int
   ``delta(epsilon) = E[(1 - exp(epsilon - L))_+]`` (tight: randomized response
   is symmetric, and its k-fold composition is the worst case for k ``eps0``-DP
   mechanisms; Kairouz, Oh and Viswanath 2015, Thm. 3.3).
+
+  Args:
+    epsilon: the epsilon at which delta is read, ``>= 0``.
+    keep_prob: ``gamma``, each response's keep probability, in ``(1/2, 1)``.
+    count: the number of composed responses, ``>= 1``.
+
+  Returns:
+    ``delta(epsilon)``.
+
+  Raises:
+    ConfigError: ``keep_prob`` is outside ``(1/2, 1)``, or the composition is too long to
+      tabulate (:func:`exact_tabulable`).
   """
   check(0.5 < keep_prob < 1, "keep_prob", keep_prob, "must be in (0.5, 1)")
   return _rr_delta(epsilon, _rr_loss_table(keep_prob, count))
@@ -113,7 +125,21 @@ def randomized_response_delta_exact(epsilon: float, keep_prob: float, count: int
 def randomized_response_epsilon_exact(keep_prob: float, count: int, delta: float) -> float:
   """Smallest epsilon with ``delta(epsilon) <= delta`` for ``count`` composed randomized responses.
 
-  A check on dp_accounting's composed value (never used in its place).
+  A check on dp_accounting's composed value (never used in its place). Found by Brent's
+  method on :func:`randomized_response_delta_exact`'s profile between 0 and ``count eps0``
+  (relative tolerance 1e-10).
+
+  Args:
+    keep_prob: ``gamma``, each response's keep probability, in ``(1/2, 1)``.
+    count: the number of composed responses, ``>= 1``.
+    delta: the target delta, in ``(0, 1)``.
+
+  Returns:
+    Epsilon (0 when ``delta(0) <= delta``).
+
+  Raises:
+    ConfigError: ``keep_prob`` is outside ``(1/2, 1)``, or the composition is too long to
+      tabulate (:func:`exact_tabulable`).
   """
   from scipy.optimize import brentq
   check(0.5 < keep_prob < 1, "keep_prob", keep_prob, "must be in (0.5, 1)")

@@ -185,14 +185,24 @@ class SignGaussianMechanism:
 def composed_epsilon(mechanism, rounds: int, delta: float) -> dict:
   """Whole-run epsilon of ``rounds`` rounds of a sign mechanism, through dp_accounting (RDP).
 
-  Returns a dict with ``epsilon`` (dp_accounting), ``epsilon_per_coordinate_round``
-  and, for randomized-response mechanisms, ``epsilon_exact`` (the exact value
-  of the composed randomized response, :func:`checked_against_exact`; None when too
-  long to tabulate) and ``epsilon_basic_composition`` (``d T eps0``, pure DP).
+  Args:
+    mechanism: a :class:`SignFlipMechanism` or :class:`SignGaussianMechanism`.
+    rounds: ``T``, the rounds composed, ``>= 1``.
+    delta: the target delta, in ``(0, 1)``.
+
+  Returns:
+    A JSON-ready dict with ``epsilon`` (dp_accounting; None without a formal guarantee),
+    ``epsilon_per_coordinate_round``, the run's settings (``rounds``, ``dimension``,
+    ``delta``, ``accountant``, ``neighbouring_relation``, ``formal_guarantee``,
+    ``guarantee_note``, ``dp_event``) and, for randomized-response mechanisms,
+    ``epsilon_exact`` (the exact value of the composed randomized response,
+    :func:`checked_against_exact`; None when too long to tabulate) and
+    ``epsilon_basic_composition`` (``d T eps0``, pure DP).
 
   Raises:
-    ConfigError: if dp_accounting's epsilon is below the exact value (an
-      accountant that mishandled the composition), which would be a false claim.
+    ConfigError: ``rounds < 1`` or ``delta`` outside ``(0, 1)``; or dp_accounting's epsilon
+      is below the exact value (an accountant that mishandled the composition), which would
+      be a false claim.
   """
   check(int(rounds) >= 1, "rounds", rounds, "must be >= 1")
   check_open_unit("delta", delta)
@@ -219,7 +229,21 @@ def checked_against_exact(eps: float, keep_prob: float, count: int, delta: float
   """The exact epsilon of ``count`` composed randomized responses at ``delta``, refusing a
   composed ``eps`` below it (an accountant that mishandled the composition, which would be a
   false claim); None, unchecked, when the composition is too long to tabulate
-  (:func:`fedjax_dp.privacy.randomized_response.exact_tabulable`)."""
+  (:func:`fedjax_dp.privacy.randomized_response.exact_tabulable`).
+
+  Args:
+    eps: the accountant's composed epsilon.
+    keep_prob: ``gamma``, each response's keep probability, in ``(1/2, 1)``.
+    count: the number of composed responses (coordinates times rounds).
+    delta: the target delta, in ``(0, 1)``.
+    accountant: the accountant's name, which the error names.
+
+  Returns:
+    The exact epsilon, or None when not tabulated.
+
+  Raises:
+    ConfigError: ``eps`` is below the exact epsilon by more than a relative ``1e-6``.
+  """
   if not exact_tabulable(keep_prob, count):
     return None
   exact = randomized_response_epsilon_exact(keep_prob, count, delta)

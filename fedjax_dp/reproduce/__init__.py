@@ -64,8 +64,23 @@ def own_files(paper: str, folder) -> list:
 
 def run_reproduction(paper: str, scale: str, output_dir: str, data_dir=None, seeds=None,
                      threads=None) -> int:
-  """Runs ``paper``'s reproduction at ``scale`` (``fedjax-dp reproduce``); ``threads``: its
-  compiled programs run at once (:func:`fedjax_dp.sweep.threads_for`; default automatic)."""
+  """Runs ``paper``'s reproduction at ``scale`` (``fedjax-dp reproduce``).
+
+  Args:
+    paper: one of :data:`REPRODUCTIONS`.
+    scale: one of the paper module's ``SCALES`` (:func:`scales`).
+    output_dir: the folder its results are written to.
+    data_dir: the folder holding the data files (None: ``$FEDJAX_DP_DATA``).
+    seeds: the seeds of each setting (None: the scale's).
+    threads: compiled programs run at once (:func:`fedjax_dp.sweep.threads_for`; None:
+      automatic).
+
+  Returns:
+    The reproduction's exit status.
+
+  Raises:
+    ConfigError: an unknown paper or scale, a bad ``seeds`` or ``threads``, or as the run.
+  """
   check_choice("paper", paper, sorted(REPRODUCTIONS))
   check_threads(threads)
   module, fn = REPRODUCTIONS[paper].split(":")

@@ -142,21 +142,57 @@ def discount(lam: float, eta: float) -> float:
 
 def effective_steps(lam: float, eta: float, steps: int) -> float:
   """``Q_eff = (1 - (1 - b)^Q) / b``: a constant gradient discounted at every step moves the
-  update as far as ``Q_eff`` plain steps (``Q`` when ``b = 0``)."""
+  update as far as ``Q_eff`` plain steps (``Q`` when ``b = 0``).
+
+  Args:
+    lam: ``lambda >= 0``, BLUR's regularisation weight.
+    eta: ``eta > 0``, the local learning rate (``lambda eta < 1``).
+    steps: ``Q >= 1``, the local steps.
+
+  Returns:
+    ``Q_eff``, in ``(0, Q]``.
+
+  Raises:
+    ConfigError: ``lambda eta`` outside ``[0, 1)`` or ``eta <= 0``.
+  """
   b = discount(lam, eta)
   return float(steps) if b == 0 else (1.0 - (1.0 - b) ** steps) / b
 
 
 def shrink_factor(lam: float, eta: float, steps: int) -> float:
   """``(1 - (1 - b)^Q) / (Q b)``: the smallest ratio of BLUR's update norm to plain local SGD's
-  for a constant gradient, at any ``S`` (reached as ``S -> 0``, every step discounted)."""
+  for a constant gradient, at any ``S`` (reached as ``S -> 0``, every step discounted).
+
+  Args:
+    lam: ``lambda >= 0``, BLUR's regularisation weight.
+    eta: ``eta > 0``, the local learning rate (``lambda eta < 1``).
+    steps: ``Q >= 1``, the local steps.
+
+  Returns:
+    The ratio, in ``(0, 1]``.
+
+  Raises:
+    ConfigError: ``lambda eta`` outside ``[0, 1)`` or ``eta <= 0``.
+  """
   return effective_steps(lam, eta, steps) / steps
 
 
 def shrink_floor(lam: float, eta: float, steps: int) -> float:
   """``1 / (1 + b (Q - 1))``: for any gradients, ``||v_Q|| - ||u_Q|| <= b (Q - 1) max_q
   ||u_q||`` (identity (I)), so an update whose norm is largest at its last step is at least this
-  fraction of the plain update of the same gradients."""
+  fraction of the plain update of the same gradients.
+
+  Args:
+    lam: ``lambda >= 0``, BLUR's regularisation weight.
+    eta: ``eta > 0``, the local learning rate (``lambda eta < 1``).
+    steps: ``Q >= 1``, the local steps.
+
+  Returns:
+    The fraction, in ``(0, 1]``.
+
+  Raises:
+    ConfigError: ``lambda eta`` outside ``[0, 1)`` or ``eta <= 0``.
+  """
   return 1.0 / (1.0 + discount(lam, eta) * (steps - 1))
 
 
@@ -168,21 +204,60 @@ def steady_norm(grad_norm: float, lam: float) -> float:
 
 def max_gradient_inside(lam: float, eta: float, steps: int, radius: float) -> float:
   """``S / (eta Q_eff) = lambda S / (1 - (1 - b)^Q)``: a constant gradient of larger norm leaves
-  BLUR's update outside the ball after ``Q`` steps (``S / (eta Q)`` for plain SGD)."""
+  BLUR's update outside the ball after ``Q`` steps (``S / (eta Q)`` for plain SGD).
+
+  Args:
+    lam: ``lambda >= 0``, BLUR's regularisation weight.
+    eta: ``eta > 0``, the local learning rate (``lambda eta < 1``).
+    steps: ``Q >= 1``, the local steps.
+    radius: ``S > 0``, the ball's radius (the clip bound).
+
+  Returns:
+    The gradient norm.
+
+  Raises:
+    ConfigError: ``lambda eta`` outside ``[0, 1)`` or ``eta <= 0``.
+  """
   return float(radius) / (float(eta) * effective_steps(lam, eta, steps))
 
 
 def reduction_bound(grad_norm: float, lam: float, eta: float, steps: int) -> float:
   """``eta G (Q - Q_eff)``: the largest ``||v_Q - u_Q||`` for gradients of norm at most ``G``,
   the most BLUR can take off the plain update of the same gradients (attained by a constant
-  gradient discounted from the first step)."""
+  gradient discounted from the first step).
+
+  Args:
+    grad_norm: ``G >= 0``, a bound on the gradients' norms.
+    lam: ``lambda >= 0``, BLUR's regularisation weight.
+    eta: ``eta > 0``, the local learning rate (``lambda eta < 1``).
+    steps: ``Q >= 1``, the local steps.
+
+  Returns:
+    The bound, in the update's units.
+
+  Raises:
+    ConfigError: ``lambda eta`` outside ``[0, 1)`` or ``eta <= 0``.
+  """
   return float(eta) * float(grad_norm) * (steps - effective_steps(lam, eta, steps))
 
 
 def noise_floor(sigma: float, lam: float, eta: float, steps: int) -> float:
   """``eta sigma sqrt((1 - (1 - b)^(2Q)) / (b (2 - b)))``: the smallest RMS norm of BLUR's
   update for zero-mean gradient noise of second moment ``sigma^2`` (result 7 of the module;
-  ``eta sigma sqrt(Q)`` when ``b = 0``)."""
+  ``eta sigma sqrt(Q)`` when ``b = 0``).
+
+  Args:
+    sigma: the noise's RMS norm, ``sqrt(E ||g_q||^2)``.
+    lam: ``lambda >= 0``, BLUR's regularisation weight.
+    eta: ``eta > 0``, the local learning rate (``lambda eta < 1``).
+    steps: ``Q >= 1``, the local steps.
+
+  Returns:
+    The RMS norm floor.
+
+  Raises:
+    ConfigError: ``lambda eta`` outside ``[0, 1)`` or ``eta <= 0``.
+  """
   b = discount(lam, eta)
   factor = steps if b == 0 else (1.0 - (1.0 - b) ** (2 * steps)) / (b * (2.0 - b))
   return float(eta) * float(sigma) * math.sqrt(factor)
@@ -192,8 +267,21 @@ def constant_gradient_norm(grad_norm: float, lam: float, eta: float, steps: int,
                            radius: float) -> float:
   """``||u_Q||`` for a constant gradient of norm ``G``, exactly (result 2 of the module).
 
-  Raises ValueError when the update re-enters the ball before step ``Q`` (``G < lambda S``
-  and enough steps): its norm then stays within ``S + eta G`` (:func:`worst_case_norm`).
+  Args:
+    grad_norm: ``G >= 0``, the constant gradient's norm.
+    lam: ``lambda >= 0``, BLUR's regularisation weight.
+    eta: ``eta > 0``, the local learning rate (``lambda eta < 1``).
+    steps: ``Q >= 1``, the local steps.
+    radius: ``S > 0``, the ball's radius (the clip bound).
+
+  Returns:
+    ``||u_Q||``.
+
+  Raises:
+    ConfigError: ``lambda eta`` outside ``[0, 1)``, ``eta <= 0``, ``G < 0``, ``S <= 0`` or
+      ``Q < 1``.
+    ValueError: the update re-enters the ball before step ``Q`` (``G < lambda S`` and enough
+      steps): its norm then stays within ``S + eta G`` (:func:`worst_case_norm`).
   """
   b, G, S = discount(lam, eta), float(grad_norm), float(radius)
   check(G >= 0 and S > 0 and steps >= 1, "grad_norm, radius, steps", (G, S, steps),
@@ -217,7 +305,21 @@ def constant_gradient_norm(grad_norm: float, lam: float, eta: float, steps: int,
 def worst_case_norm(grad_norm: float, lam: float, eta: float, steps: int, radius: float) -> float:
   """``B_Q``, the largest ``||u_Q||`` over gradients of norm at most ``G`` in any directions
   (attained): ``B_q = max(min(B_{q-1}, S), (1 - b) B_{q-1}) + eta G`` from ``B_0 = 0``; its limit
-  is ``max(S + eta G, G / lambda)``."""
+  is ``max(S + eta G, G / lambda)``.
+
+  Args:
+    grad_norm: ``G >= 0``, a bound on the gradients' norms.
+    lam: ``lambda >= 0``, BLUR's regularisation weight.
+    eta: ``eta > 0``, the local learning rate (``lambda eta < 1``).
+    steps: ``Q >= 1``, the local steps.
+    radius: ``S > 0``, the ball's radius (the clip bound).
+
+  Returns:
+    ``B_Q``.
+
+  Raises:
+    ConfigError: ``lambda eta`` outside ``[0, 1)`` or ``eta <= 0``.
+  """
   b, bound = discount(lam, eta), 0.0
   for _ in range(steps):
     bound = max(min(bound, radius), (1.0 - b) * bound) + eta * grad_norm
@@ -245,15 +347,39 @@ def gradient_norm_fn(model, batch_size: int, batches: int):
   """``(params, data, seed) -> {"minibatch": [clients, batches], "full": [clients]}``: every
   client's local gradient norms of ``f_i`` at ``params``, for ``batches`` minibatches of
   ``batch_size`` examples drawn as local SGD draws them and for all of its examples (one
-  compilation for every ``params``). Raw diagnostics, not private."""
+  compilation for every ``params``). Raw diagnostics, not private.
+
+  Args:
+    model: the :class:`fedjax_dp.models.Model` whose cross-entropy ``f_i`` is differentiated.
+    batch_size: examples per minibatch (a local step's batch).
+    batches: minibatches drawn per client.
+
+  Returns:
+    The function ``fn(params, data, seed=0)``.
+  """
   grad = jax.grad(objectives.supervised(model.apply))
 
   @jax.jit
   def norms(params, x, y, counts, key):
+    """Every client's gradient norms (compiled).
+
+    Args:
+      params: the model's parameters.
+      x: ``[clients, max_examples, ...]`` examples, padded.
+      y: ``[clients, max_examples]`` labels.
+      counts: ``[clients]`` real examples per client.
+      key: the PRNG key the minibatches are drawn from."""
     def norm(batch):
       return global_norm(grad(params, batch, params))
 
     def client(x, y, count, key):
+      """One client's ``([batches] minibatch norms, full-batch norm)``.
+
+      Args:
+        x: ``[max_examples, ...]`` its padded examples.
+        y: ``[max_examples]`` its labels.
+        count: its real examples.
+        key: its PRNG key."""
       mask = (jnp.arange(y.shape[0]) < count).astype(jnp.float32)
       mb = jax.vmap(lambda k: norm(sample_batch(x, y, count, k, batch_size)))(
           jax.random.split(key, batches))
@@ -262,6 +388,16 @@ def gradient_norm_fn(model, batch_size: int, batches: int):
     return jax.vmap(client)(x, y, counts, jax.random.split(key, counts.shape[0]))
 
   def fn(params, data, seed: int = 0) -> dict:
+    """The norms at ``params``.
+
+    Args:
+      params: the model's parameters (e.g. a run's final global model).
+      data: the :class:`fedjax_dp.data.FederatedData` whose clients are measured.
+      seed: the seed of the minibatch draws.
+
+    Returns:
+      ``{"minibatch": [clients, batches], "full": [clients]}`` NumPy arrays.
+    """
     mb, full = norms(params, data.x, data.y, data.counts, jax.random.PRNGKey(seed))
     return {"minibatch": np.asarray(mb), "full": np.asarray(full)}
 
@@ -304,7 +440,23 @@ def _settings(scale: str, spec: dict, base: dict, n_seeds: int, first: int, wall
 
 def run(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] = None, log=print,
         threads: Optional[int] = None) -> int:
-  """Entry point of ``fedjax-dp reproduce cheng2022-norms``."""
+  """Entry point of ``fedjax-dp reproduce cheng2022-norms``: runs the scale's jobs and writes
+  the files of the module's docstring.
+
+  Args:
+    scale: one of :data:`SCALES`.
+    output_dir: the folder written.
+    data_dir: the folder holding the data files (None: ``$FEDJAX_DP_DATA``).
+    seeds: the seeds of each lambda (None: the scale's).
+    log: where the progress lines and the results go.
+    threads: compiled programs run at once (None: automatic).
+
+  Returns:
+    0.
+
+  Raises:
+    ConfigError: an unknown scale or a bad ``seeds``, or as the runs.
+  """
   check_choice("scale", scale, sorted(SCALES))
   spec = SCALES[scale]
   base = dict(spec["config"], data_dir=data_dir)
@@ -489,7 +641,7 @@ def _measured_lines(rows: list, s: dict) -> list:
   lines += markdown_table(
       [("lambda", "lambda"), ("acc", "test accuracy % (final)"), ("clients", "client updates"),
        ("q", "norm q10 / q50 / q90"), ("over", "fraction > S"),
-       ("ratio", "median / median(lambda=0)"), ("bounds", "Eq. 5 min ratio: const g / growing"),
+       ("ratio", "median / median(lambda=0)"), ("bounds", "Eq. 5's min ratio: const g / growing"),
        ("pred", f"Eq. 5, constant g = G_eff = {_g(rows[0]['g_eff'] if rows else None)}")],
       [{"lambda": f"{r['lambda']:g}" + (" (DP-FedAvg)" if r["lambda"] == 0 else ""),
         "acc": mean_std(r["accuracy_mean"], r["accuracy_std"]),

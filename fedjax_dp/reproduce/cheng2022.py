@@ -237,8 +237,24 @@ class PlannedRun(NamedTuple):
 
 def plan(epsilons, sparsities, ablation_epsilon, seeds: int, ablation_seeds: int,
          table: str = "table1", settings=((None, None),)) -> list:
-  """Every run, a :class:`PlannedRun`, for each ``(model, alpha)`` of ``settings`` (``table`` names the columns, :data:`COLUMNS`;
-  the Table 3 sparsity ablation follows Table 1 only)."""
+  """Every run, a :class:`PlannedRun`, for each ``(model, alpha)`` of ``settings``: per seed,
+  non-private FedAvg and each column of ``table`` at each epsilon, then (Table 1 only) the
+  Table 3 sparsity ablation.
+
+  Args:
+    epsilons: the target epsilons of the table's rows.
+    sparsities: LUS's sparsities ``c`` of the ablation (empty: none); ``c = 0.7`` reuses the
+      Table 1 runs when ``ablation_epsilon`` is among ``epsilons``.
+    ablation_epsilon: the target epsilon of the ablation.
+    seeds: seeds ``0 .. seeds - 1`` of every run.
+    ablation_seeds: the ablation runs seeds ``0 .. ablation_seeds - 1``.
+    table: "table1" or "table2", naming the columns (:data:`COLUMNS`).
+    settings: the ``(model, alpha)`` pairs; a None keeps the configuration's model or
+      partition.
+
+  Returns:
+    The planned runs, in run order.
+  """
   jobs = []
   for model, alpha in settings:
     for seed in range(seeds):
@@ -266,8 +282,19 @@ def figure_plan(figures: dict, base: dict, seeds: int, table_runs, epsilons) -> 
   number and every cohort is padded to the group's largest capacity), so a method's runs at
   every p, seeds included, are one program, each experiment padded to the capacity at the
   largest p (72 clients at p = 0.1 of 500). At the ``cifar`` scale (Q = 30 and p = 0.06 are
-  Table 2's runs) that makes 3 programs of 12 runs for Fig. 4 and 3 x 4 programs of 3 runs for
-  Fig. 3.
+  Table 2's runs) that makes three programs of 12 runs for Fig. 4 and twelve programs of 3 runs
+  (three methods at four values of Q) for Fig. 3.
+
+  Args:
+    figures: the scale's ``figures``: ``model``, ``alpha``, ``epsilon`` and the values of
+      ``local_steps`` and ``sampling_prob``.
+    base: the scale's configuration (its own ``local_steps`` and ``sampling_prob``).
+    seeds: seeds ``0 .. seeds - 1`` of every point.
+    table_runs: the ``(model, alpha)`` pairs the table runs.
+    epsilons: the table's target epsilons.
+
+  Returns:
+    The planned runs.
   """
   reused = (figures["model"], figures["alpha"]) in table_runs and figures["epsilon"] in epsilons
   jobs = []
@@ -292,6 +319,15 @@ def method_config(base: dict, method: str, eps, ae_options=None) -> dict:
   its own noise multiplier to ``eps`` through the library's ledger (``target_epsilon``).
   AE-DPFL's server trains on its noisy labels at the clients' learning rate (``server_lr =
   client_lr``; eta_g = 1 is FedAvg's server step).
+
+  Args:
+    base: the scale's configuration fields (``num_clients`` and ``sampling_prob`` among them).
+    method: "fedavg", a column of :data:`COLUMNS` or :data:`FIXED_CONTROL`.
+    eps: the target epsilon; None: non-private (noise multiplier 0).
+    ae_options: AE-DPFL's options (None: :data:`AE_DPFL_OPTIONS`).
+
+  Returns:
+    The configuration fields, a new dict (for :func:`fedjax_dp.config.make_config`).
   """
   n, p = base["num_clients"], base["sampling_prob"]
   cfg = dict(base, algorithm="dp_fedavg" if method == FIXED_CONTROL else method,
@@ -393,6 +429,18 @@ def _finder(keys, settings: dict):
   cfg = settings["config"]
 
   def find(table, model, alpha, method, eps, c=None, local_steps=None, sampling_prob=None):
+    """The key of one run, or None.
+
+    Args:
+      table: "table1", "table2", "table3", "fig3" or "fig4".
+      model: the model's name.
+      alpha: the Dirichlet alpha (None: the scale's partition).
+      method: the method.
+      eps: the target epsilon (None: FedAvg).
+      c: LUS's sparsity (None: the default; ignored without LUS).
+      local_steps: Q (None: the scale's).
+      sampling_prob: p (None: the scale's).
+    """
     if "lus" not in method:
       c = None
     elif c is None:
@@ -524,7 +572,17 @@ def _figure_tables(settings: dict, get: Callable) -> list:
 
 def markdown(rows: list, runs: list, settings: dict) -> str:
   """results.md: Table 1 or Table 2 (ours, then the paper's), Table 3, Figs. 3 and 4 as tables
-  and the verdicts (:func:`claims`)."""
+  and the verdicts (:func:`claims`).
+
+  Args:
+    rows: the rows of ``results.json`` (one per setting, mean and std over seeds).
+    runs: the run records (:func:`fedjax_dp.reproduce.runner.read_records`), each with its seed.
+    settings: ``results.json``'s ``settings`` (:func:`_small_settings`), its ``runs`` as
+      ``(model, alpha)`` tuples.
+
+  Returns:
+    The Markdown text.
+  """
   get = _row_getter(rows, settings)
   lines = (_main_table(rows, settings, get) + _table3(runs, settings, get)
            + _figure_tables(settings, get))
@@ -607,7 +665,18 @@ class _Claims:
     ``keys`` paired by seed. A reason is given for a claim not reproduced (``why``: the BLUR run
     whose norms may explain it) and for one whose difference exceeds the paper's by more than
     half of it and more than the spread (``above``: the measured reason for that, else "not
-    analysed")."""
+    analysed").
+
+    Args:
+      text: the claim, in words.
+      paper: the paper's difference, in points.
+      keys: the row keys of the runs ``fn`` compares (a None: a run that is missing).
+      fn: the measured quantity from the keys' accuracies of one seed (default: the first
+        minus the second).
+      why: the key of the BLUR run whose norms may explain a claim not reproduced.
+      sign_only: the paper gives a direction only.
+      above: the measured reason a difference exceeds the paper's.
+    """
     measured, spread = _paired(self.acc, keys, fn)
     if measured is not None and math.isnan(measured):
       self.out.append(Claim(text, paper, None, reason="a run's accuracy is not finite (diverged)",
@@ -623,7 +692,16 @@ class _Claims:
     self.out.append(Claim(text, paper, measured, spread, reason, sign_only))
 
   def versus(self, where, paper, table, model, alpha, eps):
-    """Ours (BLUR+LUS) minus each baseline at one setting, against the paper's cells ``paper``."""
+    """Ours (BLUR+LUS) minus each baseline at one setting, against the paper's cells ``paper``.
+
+    Args:
+      where: the claims' prefix naming the setting.
+      paper: the paper's ``{method: (mean, std)}`` at the setting.
+      table: the table of the runs.
+      model: the model's name.
+      alpha: the Dirichlet alpha (None: the scale's partition).
+      eps: the target epsilon.
+    """
     find, by = self.find, self.by
     ours, dp = (find(table, model, alpha, k, eps) for k in ("blur+lus", "dp_fedavg"))
     for other in ("dp_fedavg", "ae-dpfl", "ddgauss"):
@@ -642,7 +720,17 @@ class _Claims:
                  [ours, key], why=ours, above=above)
 
   def gain(self, table, model, alpha, eps):
-    """The runs of Ours and DP-FedAvg at one setting (their difference is Ours' gain)."""
+    """The runs of Ours and DP-FedAvg at one setting (their difference is Ours' gain).
+
+    Args:
+      table: the table of the runs.
+      model: the model's name.
+      alpha: the Dirichlet alpha (None: the scale's partition).
+      eps: the target epsilon.
+
+    Returns:
+      ``[key of Ours, key of DP-FedAvg]`` (None where missing).
+    """
     return [self.find(table, model, alpha, "blur+lus", eps),
             self.find(table, model, alpha, "dp_fedavg", eps)]
 
@@ -736,7 +824,17 @@ def claims(rows: list, runs: list, settings: dict) -> list:
   CNN-2-layers) or at each model, alpha and epsilon (Table 2; its epsilon is not stated), the
   gain larger at the smaller epsilon or alpha, BLUR alone and LUS at each c (Table 3), and the
   figures' directions (Ours above DP-FedAvg at every Q and p, DP-FedAvg losing from Q = 30 to
-  Q = 40 where Ours holds, Ours varying less over p)."""
+  Q = 40 where Ours holds, Ours varying less over p).
+
+  Args:
+    rows: the rows of ``results.json`` (one per setting, mean and std over seeds).
+    runs: the run records (:func:`fedjax_dp.reproduce.runner.read_records`), each with its seed.
+    settings: ``results.json``'s ``settings`` (:func:`_small_settings`), its ``runs`` as
+      ``(model, alpha)`` tuples.
+
+  Returns:
+    The :class:`fedjax_dp.reproduce.tables.Claim` s, in order.
+  """
   c = _Claims(rows, runs, settings)
   if settings["table"] == "table1":
     c.table1()
@@ -750,10 +848,29 @@ def claims(rows: list, runs: list, settings: dict) -> list:
 def plot(rows: list, runs: list, settings: dict, out_dir: pathlib.Path) -> list:
   """Fig. 2 (pre-clip update norms per round, the first model and alpha), accuracy-versus-round
   curves (one panel per model, alpha and curve epsilon) and, with figures, Figs. 3 and 4
-  (accuracy against Q and p, error bars: std over seeds)."""
+  (:func:`_figure_plots`).
+
+  Args:
+    rows: the rows of ``results.json`` (one per setting, mean and std over seeds).
+    runs: the run records (:func:`fedjax_dp.reproduce.runner.read_records`), each with its seed.
+    settings: ``results.json``'s ``settings`` (:func:`_small_settings`), its ``runs`` as
+      ``(model, alpha)`` tuples.
+    out_dir: the folder the PNGs are written to.
+
+  Returns:
+    The paths of the PNGs written.
+  """
   eps_fig, table = settings["figure_epsilon"], settings["table"]
 
   def select(model, alpha, m, eps):
+    """The table's run records of one method at one setting.
+
+    Args:
+      model: the model's name.
+      alpha: the Dirichlet alpha (None: the scale's partition).
+      m: the method (FedAvg's records at any epsilon).
+      eps: the target epsilon.
+    """
     return [r for r in runs if r["table"] == table and r["model"] == model and
             r["alpha"] == alpha and r["method"] == m and (r["target_epsilon"] == eps or m == "fedavg")]
 
@@ -781,7 +898,13 @@ def plot(rows: list, runs: list, settings: dict, out_dir: pathlib.Path) -> list:
       panels.append((f"{where}epsilon = {eps:g} (mean of {settings['seeds']} seeds)", curves))
   paths.append(plot_curves(panels, out_dir / "cheng2022_accuracy.png", xlabel="round",
                            layout=Layout(legend_outside=True)))
-  figures = settings.get("figures")
+  return paths + _figure_plots(rows, settings, out_dir)
+
+
+def _figure_plots(rows: list, settings: dict, out_dir: pathlib.Path) -> list:
+  """Figs. 3 and 4 (accuracy against Q and p, error bars: std over seeds), written to
+  ``out_dir``; their paths (none for a scale without figures)."""
+  figures, paths = settings.get("figures"), []
   by = {_key(r): r for r in rows}
   find = _finder(by, settings)
   for fig, field in FIGURE_AXES.items() if figures else ():
@@ -910,7 +1033,21 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
   """Runs a CPU-or-accelerator scale of :data:`SCALES` (every one but "paper") and writes its
   files; ``data`` (a loaded data set) serves the scales with one data set (every alpha too);
   ``threads``: the compiled programs run at once (:func:`run_jobs`); ``spec``: settings in
-  place of the scale's (a variant of it: ``benchmarks/gpu.py`` times Table 2 at a few rounds)."""
+  place of the scale's (a variant of it: ``benchmarks/gpu.py`` times Table 2 at a few rounds).
+
+  Args:
+    scale: a key of :data:`SCALES` other than "paper".
+    output_dir: the folder written (``results.json``, ``results.md``, ``runs.jsonl``, figures).
+    data_dir: the folder holding the data files (None: ``$FEDJAX_DP_DATA``).
+    seeds: the seeds of each setting (None: the scale's).
+    data: a loaded data set to run on (None: loaded per alpha).
+    log: where the progress lines and the results go.
+    threads: compiled programs run at once (None: automatic).
+    spec: the scale's settings to use instead of ``SCALES[scale]``.
+
+  Returns:
+    ``{"rows", "settings", "runs"}``: what ``results.json`` holds and the run records.
+  """
   spec = SCALES[scale] if spec is None else spec
   base = dict(spec["config"], data_dir=data_dir)
   n_seeds = num_seeds(seeds, spec["seeds"])
@@ -950,6 +1087,20 @@ def run_paper(output_dir: str, data_dir=None, seeds: Optional[int] = None, prese
   Writes ``results.json`` (``runs``: preset, method, target and ledger epsilon, seed, accuracy;
   ``release``: the accuracies are raw, on the writers' own held-out examples), ``runs.jsonl``
   and each run's metrics under ``DIR/PRESET/``.
+
+  Args:
+    output_dir: the folder written (``DIR``).
+    data_dir: the folder holding TFF's federated EMNIST files (None: ``$FEDJAX_DP_DATA``).
+    seeds: the seeds of each setting (None: the scale's).
+    presets: names of :data:`PAPER_PRESETS` to run (None: all).
+    log: where the progress lines go.
+    threads: compiled programs run at once (None: automatic).
+
+  Returns:
+    0.
+
+  Raises:
+    ConfigError: an unknown preset, a bad ``seeds``, missing data files, or as the runs.
   """
   out = pathlib.Path(output_dir)
   out.mkdir(parents=True, exist_ok=True)
@@ -983,7 +1134,22 @@ def run_paper(output_dir: str, data_dir=None, seeds: Optional[int] = None, prese
 
 
 def run(scale: str, output_dir: str, data_dir=None, seeds=None, threads=None) -> int:
-  """Entry point of ``fedjax-dp reproduce cheng2022``."""
+  """Entry point of ``fedjax-dp reproduce cheng2022``: :func:`run_paper` at the "paper" scale,
+  else :func:`run_small`.
+
+  Args:
+    scale: a key of :data:`SCALES`.
+    output_dir: the folder written.
+    data_dir: the folder holding the data files (None: ``$FEDJAX_DP_DATA``).
+    seeds: the seeds of each setting (None: the scale's).
+    threads: compiled programs run at once (None: automatic).
+
+  Returns:
+    0.
+
+  Raises:
+    ConfigError: an unknown scale, or as the runs.
+  """
   check_choice("scale", scale, sorted(SCALES))
   if scale == "paper":
     return run_paper(output_dir, data_dir, seeds, threads=threads)

@@ -67,7 +67,15 @@ def num_seeds(seeds, default: int) -> int:
 def simulate_jobs(jobs: Sequence[Job], data, done: Callable, threads: Optional[int] = None) -> None:
   """Runs ``jobs`` on ``data`` as sweeps do (:func:`fedjax_dp.sweep.run_configs`: those that
   share a compiled round run as one vmapped program, ``threads`` of them at once) and calls
-  ``done(indices, results, setups)`` as each group of them ends."""
+  ``done(indices, results, setups)`` as each group of them ends.
+
+  Args:
+    jobs: the runs, all on ``data``.
+    data: the loaded data set (:class:`fedjax_dp.data.FederatedData`).
+    done: ``(indices, results, setups)`` callback: indices into ``jobs`` of a group that ended,
+      their :class:`fedjax_dp.engine.RunResult` s and :class:`fedjax_dp.algorithms.Setup` s.
+    threads: compiled programs run at once (None: automatic, :func:`fedjax_dp.sweep.threads_for`).
+  """
   run_configs([Task(j.config, data, j.output_dir) for j in jobs], on_group=done, threads=threads)
 
 
@@ -118,6 +126,13 @@ class _Records:
     t = [time.perf_counter()]
 
     def done(indices, results, setups=None):
+      """Keeps the records of a group that ended.
+
+      Args:
+        indices: indices into ``segment`` of the group's jobs.
+        results: their :class:`fedjax_dp.engine.RunResult` s, in the same order.
+        setups: unused.
+      """
       del setups
       seconds, t[0] = time.perf_counter() - t[0], time.perf_counter()
       for k, result in zip(indices, results):
@@ -262,7 +277,20 @@ def read_records(output_dir, rows: Sequence[dict], keys: Sequence[str],
   ``--output-dir``) before anything is written. The records come in the rows' order, each row's
   by seed (``runs.jsonl`` holds them as the runs ended, which programs running at once reorder),
   so that tables keep the rows' order and seeds pair by position; records of a setting without
-  a row (one an interrupted run had not finished) come last, kept for the module to skip."""
+  a row (one an interrupted run had not finished) come last, kept for the module to skip.
+
+  Args:
+    output_dir: the reproduction's folder, holding ``runs.jsonl``.
+    rows: the rows of its ``results.json``, each with the ``keys`` and ``"seeds"``.
+    keys: the fields that tell a row's records apart.
+    prepare: applied to each record as read (e.g. to fill in a field older files lack).
+
+  Returns:
+    The records, in the rows' order, each row's by ``"seed"``.
+
+  Raises:
+    ConfigError: naming ``--output-dir``, when a row's records are not exactly its seeds.
+  """
   path = pathlib.Path(output_dir) / "runs.jsonl"
   records = [prepare(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
   order = {tuple(row[k] for k in keys): i for i, row in enumerate(rows)}

@@ -34,7 +34,7 @@ Deviations from the paper (the paper gives neither rounds, learning rates,
 batch sizes, betas nor clip bounds): far fewer rounds and clients per
 round; at ``small`` scale fixed-size per-step batches (replace-one
 accounting) instead of Poisson sampling, to fit 2 CPU cores (Poisson batches
-are padded to a tail capacity, about 3x the work at L = 16); one seed by default
+are padded to a tail capacity, several times the work at L = 16); one seed by default
 (the paper averages 15 runs); MNIST and Fashion-MNIST only: the paper's third
 data set, CIFAR-10, is not run at any scale.
 """
@@ -78,7 +78,7 @@ SCALES = {
                  local_steps=2, batch_size=4, lr=0.1, clip=2.0, example_sampling="fixed",
                  epsilon=4.0, epsilons=(1.0, 4.0), cohorts=(4,), steps=(2,), seeds=1,
                  sweep_datasets=("mnist",), train_eval=500),
-    # 2 CPU cores, measured: 358 s idle (1 seed); 668 s idle with --seeds 3.
+    # 2 CPU cores: both data sets' base runs, the sweeps on MNIST only.
     "small": dict(datasets=DATASETS, max_train=None, max_test=2000, rounds=20, cohort=5,
                   local_steps=2, batch_size=16, lr=0.1, clip=2.0, example_sampling="fixed",
                   epsilon=4.0, epsilons=(1.0, 4.0, 16.0), cohorts=(2, 5, 10), steps=(1, 2, 4),
@@ -99,6 +99,23 @@ SPFL_OPTIONS = {"high_fraction": 0.5, "beta_high": 0.2, "beta_low": 0.2}
 
 def make_config(method: str, dataset: str, p: dict, *, epsilon: float, cohort: int, steps: int,
                 seed: int, data_dir=None):
+  """The run configuration of ``method`` on ``dataset`` at scale ``p``: :data:`_BASE` with the
+  scale's sizes, the clients' optimizer settings and (for the DP methods) a target epsilon; PLD
+  accounting with Poisson per-step batches, RDP with fixed-size ones.
+
+  Args:
+    method: one of :data:`METHODS` ("nodp-fl": non-private, no target epsilon).
+    dataset: one of :data:`DATASETS`.
+    p: the scale's settings (a value of :data:`SCALES`).
+    epsilon: the target epsilon (example-level).
+    cohort: clients per round (fixed-size sampling).
+    steps: local steps per round.
+    seed: the run's seed.
+    data_dir: the folder holding the data files (None: ``$FEDJAX_DP_DATA``).
+
+  Returns:
+    The :class:`fedjax_dp.config.RunConfig`.
+  """
   opts = {"example_sampling": p["example_sampling"]}
   if method.startswith("spfl"):
     opts.update(SPFL_OPTIONS)
@@ -127,6 +144,13 @@ def _execute(jobs, data, done, train_eval: int, threads=None):
   and loss and its noise multiplier to its summary (also to its ``summary.json``)."""
 
   def finish(indices, results, setups):
+    """Adds the group's train errors and noise multipliers, then calls ``done``.
+
+    Args:
+      indices: indices into ``jobs`` of the group that ended.
+      results: their :class:`fedjax_dp.engine.RunResult` s.
+      setups: their :class:`fedjax_dp.algorithms.Setup` s.
+    """
     for job, res, setup in zip([jobs[i] for i in indices], results, setups):
       err, loss = _train_error(setup.program.model, setup.program.eval_params(res.state), data,
                                train_eval)
@@ -260,7 +284,18 @@ def reason(rows, ours, base, setting) -> str:
   figure's: each point of its sweep), both methods' noise std and update norm (medians over
   rounds before a runaway, then over runs), their last-round train loss (median over the runs
   that did not run away) and the runs that ran away (see :data:`RAW`); why these move as they do
-  is analysed in docs/spfl2024.md."""
+  is analysed in docs/spfl2024.md.
+
+  Args:
+    rows: the rows of ``results.json`` (with their runs' ``trace``).
+    ours: our method's name.
+    base: the baseline's name.
+    setting: the settings compared: None (all), "base" (Table 2's base runs) or a figure's
+      swept field.
+
+  Returns:
+    The reason in words; "" when no setting has both methods.
+  """
   by = {(r["method"], r["dataset"], r["setting"], r["value"]): r for r in rows}
   keys = sorted((k for k in _settings_of(rows, setting)
                  if (ours,) + k in by and (base,) + k in by), key=str)
@@ -311,11 +346,23 @@ def _settings_of(rows, setting):
 
 
 def difference(rows, records, ours, base, setting, field="accuracy"):
-  """Our method's mean difference over the baseline in points (100 x ``field``), over the
+  """Our method's mean difference over the baseline in points (``field`` times 100), over the
   settings where both have a complete row: ``(mean, spread, settings)``. With per-seed
   ``records`` (``runs.jsonl``) each seed's mean difference over the settings is taken first
   (seeds paired), ``mean`` is their mean and ``spread`` their sample std (None with one seed).
-  ``mean`` is None when no setting has both."""
+  ``mean`` is None when no setting has both.
+
+  Args:
+    rows: the rows of ``results.json``.
+    records: the per-seed run records (``runs.jsonl``, or one per row with seed 0).
+    ours: our method's name.
+    base: the baseline's name.
+    setting: the settings compared, as :func:`reason`'s.
+    field: the record's field compared (a fraction: "accuracy" or "train_error").
+
+  Returns:
+    ``(mean, spread, settings)``: ``settings`` the number of settings compared.
+  """
   have = {(r["method"], r["dataset"], r["setting"], r["value"]) for r in rows}
   keys = sorted((k for k in _settings_of(rows, setting)
                  if (ours,) + k in have and (base,) + k in have), key=str)
@@ -473,7 +520,24 @@ def _load(ds: str, p: dict, data_dir):
 
 def run(scale: str = "small", output_dir: str = "runs/spfl2024", data_dir=None, seeds=None,
         methods=METHODS, threads=None) -> int:
-  """Runs the reproduction at ``scale`` ("tiny", "small" or "medium"); returns 0."""
+  """Runs the reproduction at ``scale`` and writes ``results.json``, ``results.md``,
+  ``runs.jsonl``, the figures and each run's folder under ``output_dir/runs/``.
+
+  Args:
+    scale: "tiny", "small" or "medium" (:data:`SCALES`).
+    output_dir: the folder written.
+    data_dir: the folder holding the data files (None: ``$FEDJAX_DP_DATA``, else the
+      repository's sibling ``shared/data`` where it exists).
+    seeds: the seeds of each setting (None: the scale's).
+    methods: the methods run, a subset of :data:`METHODS`.
+    threads: compiled programs run at once (None: automatic).
+
+  Returns:
+    0.
+
+  Raises:
+    ConfigError: an unknown scale or method, a bad ``seeds``, or as the runs.
+  """
   check_choice("scale", scale, sorted(SCALES))
   for m in methods:
     check_choice("method", m, METHODS)

@@ -11,7 +11,17 @@ import numpy as np
 def mean_std(mean: Optional[float], std: Optional[float] = None, scale: float = 100.0,
              digits: int = 2) -> str:
   """``"mean ± std"`` of ``scale`` times the values (percent by default) at ``digits`` decimals;
-  the mean alone when ``std`` is None; ``"n/a"`` when ``mean`` is None."""
+  the mean alone when ``std`` is None; ``"n/a"`` when ``mean`` is None.
+
+  Args:
+    mean: the mean (a fraction by default), or None.
+    std: the standard deviation, in the mean's units, or None.
+    scale: the factor both are written at (100: percent; 1: as they are).
+    digits: the decimals written.
+
+  Returns:
+    The cell's text.
+  """
   if mean is None:
     return "n/a"
   text = f"{scale * mean:.{digits}f}"
@@ -73,6 +83,18 @@ def verdict(paper_gain: float, measured: Optional[float], spread: Optional[float
   asked when ``sign_only``), and (with seeds) is larger than its spread. ``"partly"``: the
   claimed sign, but smaller than half the claim or within the spread. ``"not reproduced"``: zero
   or the opposite sign. ``"not measured"``: no measurement at this scale.
+
+  Args:
+    paper_gain: the paper's difference in points, non-zero; its sign is the claimed direction.
+    measured: our difference in points, or None when not measured.
+    spread: its standard deviation over seeds, or None with one seed.
+    sign_only: judge the direction only, not the size.
+
+  Returns:
+    "reproduced", "partly", "not reproduced" or "not measured".
+
+  Raises:
+    ValueError: ``paper_gain`` is 0 (with a measurement).
   """
   if measured is None:
     return "not measured"

@@ -78,7 +78,17 @@ def half_spread_groups(labels: np.ndarray, num_clients: int, group_size: int,
                        rng: np.random.Generator) -> list:
   """The paper's non-iid split: for each class c, half of its examples are spread
   evenly over all workers, the other half evenly over the group of ``group_size``
-  workers ``c * group_size, ...`` (mod ``num_clients``)."""
+  workers ``c * group_size, ...`` (mod ``num_clients``).
+
+  Args:
+    labels: ``[N]`` integer labels of the training set.
+    num_clients: the workers ``K``.
+    group_size: the workers of each class's group, ``>= 1``.
+    rng: the generator of the examples' order within each class.
+
+  Returns:
+    ``num_clients`` sorted index arrays into ``labels``, one per worker.
+  """
   labels = np.asarray(labels)
   parts = [[] for _ in range(num_clients)]
   for c in np.unique(labels):
@@ -93,6 +103,22 @@ def half_spread_groups(labels: np.ndarray, num_clients: int, group_size: int,
 
 
 def load_data(scale: dict, partition: str, data_dir, seed: int = 0):
+  """The scale's data set split over its workers.
+
+  Args:
+    scale: a value of :data:`SCALES` (``dataset``, ``num_clients``, ``max_train``,
+      ``max_test`` are read).
+    partition: "iid", or "noniid" (:func:`half_spread_groups` with groups of
+      ``num_clients // classes`` workers).
+    data_dir: the folder holding the data files (None: ``$FEDJAX_DP_DATA``).
+    seed: the seed of the subsets and of the split.
+
+  Returns:
+    The :class:`fedjax_dp.data.FederatedData`.
+
+  Raises:
+    ConfigError: the non-iid split with fewer workers than classes, or as the loader.
+  """
   central = load_central(scale["dataset"], data_dir=data_dir, max_train=scale["max_train"],
                          max_test=scale["max_test"], seed=seed)
   rng = np.random.default_rng([seed, 2022])
@@ -296,8 +322,24 @@ def _markdown(rows, scale_name) -> str:
 def reproduce(scale: str = "small", output_dir: str = "runs/zhu2022", data_dir=None, seeds=None,
               settings=SETTINGS, methods=METHODS, progress: bool = True, threads=None) -> int:
   """Runs the experiments of ``scale``, writes results.json (as runs end) and runs.jsonl, then
-  results.md and the plots as :func:`render` does, and ends with the line naming them
-  (``progress``; returns 0)."""
+  results.md and the plots as :func:`render` does, and ends with the line naming them.
+
+  Args:
+    scale: a key of :data:`SCALES`.
+    output_dir: the folder written.
+    data_dir: the folder holding the data files (None: ``$FEDJAX_DP_DATA``).
+    seeds: the seeds of each run (None: the scale's).
+    settings: the ``(partition, attack)`` pairs run (:data:`SETTINGS`).
+    methods: the methods run, a subset of :data:`METHODS`.
+    progress: print the progress lines and the closing line.
+    threads: compiled programs run at once (None: automatic).
+
+  Returns:
+    0.
+
+  Raises:
+    ConfigError: an unknown scale or method, a bad ``seeds``, or as the runs.
+  """
   check_choice("scale", scale, sorted(SCALES))
   n_seeds = num_seeds(seeds, SCALES[scale]["seeds"])
   sc = dict(SCALES[scale], seeds=n_seeds)  # results.json's settings: the seeds this run used
@@ -374,6 +416,18 @@ def _write(out, scale_name, sc, rows, curves, t_start):
 
 
 def run(scale: str, output_dir: str, data_dir=None, seeds=None, threads=None) -> int:
-  """Entry point of ``fedjax-dp reproduce zhu2022``."""
+  """Entry point of ``fedjax-dp reproduce zhu2022``: :func:`reproduce` with every setting and
+  method.
+
+  Args:
+    scale: a key of :data:`SCALES`.
+    output_dir: the folder written.
+    data_dir: the folder holding the data files (None: ``$FEDJAX_DP_DATA``).
+    seeds: the seeds of each run (None: the scale's).
+    threads: compiled programs run at once (None: automatic).
+
+  Returns:
+    0.
+  """
   return reproduce(scale=scale, output_dir=output_dir, data_dir=data_dir, seeds=seeds,
                    threads=threads)

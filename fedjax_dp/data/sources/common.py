@@ -139,6 +139,15 @@ def balanced_subset(labels: np.ndarray, n: Optional[int],
 
 
 def subset(labels: np.ndarray, n: Optional[int], seed: int) -> np.ndarray:
-  """:func:`balanced_subset` on the subset stream of ``seed``."""
+  """:func:`balanced_subset` on the subset stream of ``seed``.
+
+  Args:
+    labels: Integer labels ``[N]`` or ``[N, *label_shape]``.
+    n: Subset size; ``None`` or ``>= len(labels)`` keeps everything.
+    seed: Seed of the subsets (the stream is ``[seed, SUBSAMPLE_TAG]``).
+
+  Returns:
+    Sorted ``int64`` indices (the source order is kept).
+  """
   return balanced_subset(labels, n,
                          np.random.default_rng([seed, SUBSAMPLE_TAG]))

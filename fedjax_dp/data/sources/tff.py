@@ -69,6 +69,14 @@ def load_natural(spec: DatasetSpec, request: Request, num_clients: int) -> Feder
   balanced for EMNIST, uniform for Shakespeare's windows); ``max_train`` is
   refused, since the clients' data is what they hold.
 
+  Args:
+    spec: The data set's spec (federated EMNIST or Shakespeare).
+    request: What the load asks (data directory, test subset size, seed).
+    num_clients: How many clients to keep, ``>= 1``.
+
+  Returns:
+    The :class:`FederatedData` of those clients, with their test examples.
+
   Raises:
     ConfigError: For missing files, ``max_train``, or ``num_clients`` above
       the number of (non-empty) clients in the file.
