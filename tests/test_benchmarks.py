@@ -136,3 +136,13 @@ def test_audit_seeds_writes_one_line_per_audit_and_its_table(tmp_path, capsys):
   assert mod.main(["--table", str(out)]) == 0
   row = capsys.readouterr().out.strip().splitlines()[-1]
   assert row.startswith("| `dp-rsa-f` | 2 | 400 |") and row.endswith("| 0 |")
+
+
+@pytest.mark.slow  # three CLI processes, two of them compiling: `make test-slow`
+def test_first_round_times_the_quickstart_without_with_and_with_a_warm_cache(tmp_path, capsys):
+  out = tmp_path / "first.jsonl"
+  assert _load("first_round").main(["--repeats", "1", "--rounds", "2", "--out", str(out)]) == 0
+  lines = [json.loads(line) for line in out.read_text().splitlines()]
+  assert [r["case"] for r in lines] == ["no cache", "empty cache", "warm cache"]
+  assert len({r["params_sha256"] for r in lines}) == 1  # the cache changes no result
+  assert "| warm cache |" in capsys.readouterr().out
