@@ -146,7 +146,17 @@ def add_gaussian_noise(stddev: float, salt: int = SALT_GAUSSIAN) -> optax.Gradie
 def canary_direction(like, seed, client) -> jax.Array:
   """Canary ``client``'s fixed direction: a pytree shaped like ``like`` of L2 norm 1, uniform on
   the unit sphere (standard normal coordinates, normalised), a function of ``seed`` and ``client``
-  only (traced or not), so an auditor recomputes it from the two numbers."""
+  only (traced or not), so an auditor recomputes it from the two numbers.
+
+  Args:
+    like: a pytree (only its leaves' shapes and dtypes are read).
+    seed: the audit's canary seed (an int; may be traced).
+    client: the canary's client id (an int; may be traced).
+
+  Returns:
+    A pytree like ``like``, in its leaves' dtypes, drawn from
+    ``fold_in(fold_in(PRNGKey(seed), SALT_CANARY), client)``.
+  """
   key = jax.random.fold_in(salted(jax.random.PRNGKey(seed), SALT_CANARY), client)
   u = sample_like(like, lambda k, shape: jax.random.normal(k, shape, jnp.float32), key)
   norm = global_norm(u)
@@ -166,6 +176,15 @@ def replace_by_canary(seed) -> optax.GradientTransformationExtraArgs:
   clip, the noise, the sampling and the accounting act on it as on every other client.
   """
   def update(updates, state, params=None, *, client, **extra):
+    """``(c * u, state)`` for a canary (``c >= 0``), else ``(updates, state)``.
+
+    Args:
+      updates: the client's update (a pytree).
+      state: ``optax.EmptyState()``, returned as it is.
+      params: unused.
+      client: ``(id, scale)``: the client's id and its canary scale ``c`` (below 0: no canary).
+      **extra: unused extra arguments of the chain.
+    """
     del params, extra
     ident, scale = client
     u = canary_direction(updates, seed, ident)
