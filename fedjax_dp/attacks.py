@@ -95,7 +95,17 @@ class Attack:
 
 
 def byzantine_mask(ids: jax.Array, num_clients: int, num_byzantine: int) -> jax.Array:
-  """1.0 for the fixed Byzantine set, the last ``num_byzantine`` client ids."""
+  """1.0 for the fixed Byzantine set, the last ``num_byzantine`` client ids.
+
+  Args:
+    ids: client ids (any shape; a cohort's ``[C]``).
+    num_clients: the population size N (ids ``0 .. N-1``).
+    num_byzantine: f, the number of Byzantine clients (0 .. N; may be traced, the round's
+      ``hp["byzantine"]``).
+
+  Returns:
+    float32 array shaped like ``ids``: 1.0 where ``id >= N - f``, else 0.0.
+  """
   return (ids >= num_clients - num_byzantine).astype(jnp.float32)
 
 
@@ -123,6 +133,18 @@ def _regular_mean(updates, w):
 def none():
   """No attack: every row is returned unchanged."""
   def attack(updates, byz, key, mask, ids):
+    """Every row as it is.
+
+    Args:
+      updates: the cohort's rows, a pytree with leaves ``[N, ...]``.
+      byz: ``[N]`` Byzantine mask (unused).
+      key: unused (no randomness).
+      mask: ``[N]``, 1 for real clients, or None (unused).
+      ids: ``[N]`` int32 client ids (unused).
+
+    Returns:
+      ``updates`` unchanged.
+    """
     del byz, key, mask, ids
     return updates
   return attack
@@ -141,6 +163,20 @@ def gaussian(attack_sigma, attack_shared):
   signs, where independent rows partly cancel)."""
 
   def attack(updates, byz, key, mask, ids):
+    """Byzantine rows of N(0, attack_sigma^2) entries: a draw per attacker from
+    ``fold_in(fold_in(leaf key, 0), id)``, or (``attack_shared`` 1) one draw from
+    ``fold_in(leaf key, 1)`` that every attacker sends.
+
+    Args:
+      updates: the cohort's rows, a pytree with leaves ``[N, ...]``.
+      byz: ``[N]``, 1.0 for a Byzantine client's row.
+      key: PRNG key, split into one key per leaf.
+      mask: ``[N]``, 1 for real clients, or None (unused).
+      ids: ``[N]`` int32 client ids: each attacker's draw depends on its id only.
+
+    Returns:
+      ``updates`` with the Byzantine rows replaced, each leaf in its own dtype.
+    """
     del mask
     # A draw per leaf (transforms.sample_like), and each attacker's row from its own client
     # id's key, so that no row depends on the cohort's padding, order or devices.
@@ -167,6 +203,18 @@ def sign_flip(attack_scale):
   (ii))."""
 
   def attack(updates, byz, key, mask, ids):
+    """Byzantine rows ``attack_scale * u_i``.
+
+    Args:
+      updates: the cohort's rows, a pytree with leaves ``[N, ...]``.
+      byz: ``[N]``, 1.0 for a Byzantine client's row.
+      key: unused (no randomness).
+      mask: ``[N]``, 1 for real clients, or None (unused).
+      ids: ``[N]`` int32 client ids (unused).
+
+    Returns:
+      ``updates`` with the Byzantine rows replaced, each leaf in its own dtype.
+    """
     del key, mask, ids
     return _replace(updates, byz, jax.tree_util.tree_map(lambda u: attack_scale * u, updates))
   return attack
@@ -179,6 +227,19 @@ def sample_duplication():
   (Zhu and Ling 2022, attack (iii))."""
 
   def attack(updates, byz, key, mask, ids):
+    """Byzantine rows copying the real regular row of lowest client id.
+
+    Args:
+      updates: the cohort's rows, a pytree with leaves ``[N, ...]``.
+      byz: ``[N]``, 1.0 for a Byzantine client's row.
+      key: unused (no randomness).
+      mask: ``[N]``, 1 for real clients, or None (every row real): padded rows stay out of the
+      regular rows' statistics.
+      ids: ``[N]`` int32 client ids (the copied row is the regular one of lowest id).
+
+    Returns:
+      ``updates`` with the Byzantine rows replaced, each leaf in its own dtype.
+    """
     del key
     regular = _regular_weights(byz, mask) > 0
     src = jnp.argmin(jnp.where(regular, ids, jnp.iinfo(ids.dtype).max))
@@ -202,6 +263,20 @@ def alie(alie_z):
   """
 
   def attack(updates, byz, key, mask, ids):
+    """Byzantine rows ``mu - z sigma``, from the regular rows' coordinate-wise mean ``mu`` and
+    standard deviation ``sigma`` (``z = alie_z``, or ``z_max`` of the cohort's real rows).
+
+    Args:
+      updates: the cohort's rows, a pytree with leaves ``[N, ...]``.
+      byz: ``[N]``, 1.0 for a Byzantine client's row.
+      key: unused (no randomness).
+      mask: ``[N]``, 1 for real clients, or None (every row real): padded rows stay out of the
+      regular rows' statistics.
+      ids: ``[N]`` int32 client ids (unused).
+
+    Returns:
+      ``updates`` with the Byzantine rows replaced, each leaf in its own dtype.
+    """
     del key, ids
     w = _regular_weights(byz, mask)
     mu = _regular_mean(updates, w)
@@ -228,6 +303,19 @@ def ipm(ipm_epsilon):
   regular rows, ``epsilon = ipm_epsilon``."""
 
   def attack(updates, byz, key, mask, ids):
+    """Byzantine rows ``-ipm_epsilon * mu``, ``mu`` the regular rows' mean.
+
+    Args:
+      updates: the cohort's rows, a pytree with leaves ``[N, ...]``.
+      byz: ``[N]``, 1.0 for a Byzantine client's row.
+      key: unused (no randomness).
+      mask: ``[N]``, 1 for real clients, or None (every row real): padded rows stay out of the
+      regular rows' statistics.
+      ids: ``[N]`` int32 client ids (unused).
+
+    Returns:
+      ``updates`` with the Byzantine rows replaced, each leaf in its own dtype.
+    """
     del key, ids
     mu = _regular_mean(updates, _regular_weights(byz, mask))
     return _replace(updates, byz, jax.tree_util.tree_map(
@@ -243,6 +331,18 @@ def nonfinite(nonfinite_value):
   """Attackers send rows of NaN ("nan"), +Inf ("inf") or alternating +-Inf ("mixed")."""
 
   def attack(updates, byz, key, mask, ids):
+    """Byzantine rows of NaN, +Inf or alternating +-Inf (``nonfinite_value``).
+
+    Args:
+      updates: the cohort's rows, a pytree with leaves ``[N, ...]``.
+      byz: ``[N]``, 1.0 for a Byzantine client's row.
+      key: unused (no randomness).
+      mask: ``[N]``, 1 for real clients, or None (unused).
+      ids: ``[N]`` int32 client ids (unused).
+
+    Returns:
+      ``updates`` with the Byzantine rows replaced, each leaf in its own dtype.
+    """
     del key, mask, ids
     def fill(u):
       if nonfinite_value == "nan":

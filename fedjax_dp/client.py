@@ -46,6 +46,17 @@ def sample_batch(x: jax.Array, y: jax.Array, count: jax.Array, key: jax.Array, b
 
   Padded rows (index >= count) are never drawn, so every example of the batch is
   real and the batch mask is all ones.
+
+  Args:
+    x: one client's padded examples ``[M, ...]``.
+    y: its padded labels ``[M]``.
+    count: its number of real examples (a scalar int array, ``1 <= count <= M``; a client of 0
+      examples draws row 0, a padded row).
+    key: PRNG key of the draw.
+    batch_size: ``L``, examples drawn (a Python int).
+
+  Returns:
+    ``(x_b [L, ...], y_b [L], mask [L])``, the mask all ones (float32).
   """
   idx = jax.random.randint(key, (batch_size,), 0, jnp.maximum(count, 1))
   return x[idx], y[idx], jnp.ones((batch_size,), jnp.float32)
@@ -72,6 +83,19 @@ def local_sgd(objective: Callable, optimizer: optax.GradientTransformation, loca
   grad_fn = jax.value_and_grad(objective)
 
   def train(params0, x, y, count, key):
+    """``local_steps`` optimizer steps from ``params0``, a fresh optimizer state.
+
+    Args:
+      params0: the round's global model (a pytree; also the objective's anchor).
+      x: the client's padded examples ``[M, ...]``.
+      y: its padded labels ``[M]``.
+      count: its number of real examples (scalar int array, >= 1).
+      key: PRNG key, split into one key per step (its batch, :func:`sample_batch`).
+
+    Returns:
+      ``(params_Q, mean_loss)``: the local model after the steps and the mean over the steps of
+      the batch loss (float32 scalar).
+    """
     def step(carry, k):
       params, opt_state = carry
       loss, g = grad_fn(params, sample_batch(x, y, count, k, batch_size), params0)
@@ -113,9 +137,19 @@ def poisson_indices(count: jax.Array, rate: jax.Array, capacity: int, max_exampl
   uniform draw ``u_i`` is also its priority, and given ``u_i < rate`` the
   priorities of the selected rows are i.i.d. uniform, so the ``capacity``
   smallest form a uniform random subset. That is the truncation
-  ``TruncatedSubsampledGaussianDpEvent`` accounts for. Returns
-  ``(idx [capacity], mask [capacity], overflow)``; ``overflow`` is 1.0 when
-  rows were dropped (a raw diagnostic).
+  ``TruncatedSubsampledGaussianDpEvent`` accounts for.
+
+  Args:
+    count: the client's number of real examples (scalar int array, ``<= max_examples``).
+    rate: ``q_n = L / |D_n|``, each real row's inclusion probability, in [0, 1].
+    capacity: rows a step's batch is packed into (a Python int, ``<= max_examples``).
+    max_examples: ``M``, rows of the client's padded arrays (a Python int).
+    key: PRNG key of the draw.
+
+  Returns:
+    ``(idx [capacity], mask [capacity], overflow)``: row indices (the selected ones first),
+    float32 1.0 for the slots holding a selected row, and ``overflow`` 1.0 when rows were
+    dropped (a raw diagnostic), else 0.0.
   """
   u = jax.random.uniform(key, (max_examples,))
   sel = (u < rate) & (jnp.arange(max_examples) < count)
@@ -126,7 +160,19 @@ def poisson_indices(count: jax.Array, rate: jax.Array, capacity: int, max_exampl
 
 
 def fixed_indices(count: jax.Array, size: int, max_examples: int, key: jax.Array):
-  """``size`` distinct rows uniformly from the first ``count`` (needs ``count >= size``)."""
+  """``size`` distinct rows uniformly from the first ``count`` (needs ``count >= size``).
+
+  Args:
+    count: the client's number of real examples (scalar int array, ``>= size``; with fewer,
+      padded rows fill the batch).
+    size: ``L``, the batch size (a Python int, ``<= max_examples``).
+    max_examples: ``M``, rows of the client's padded arrays (a Python int).
+    key: PRNG key of the draw.
+
+  Returns:
+    ``(idx [size], mask [size], overflow)``: distinct row indices, a float32 mask of ones and
+    ``overflow`` 0.0 (the same outputs as :func:`poisson_indices`).
+  """
   u = jax.random.uniform(key, (max_examples,))
   u = jnp.where(jnp.arange(max_examples) < count, u, 2.0)
   idx = jnp.argsort(u)[:size]
@@ -209,6 +255,22 @@ def dp_sgd(objective: Callable, steps: DPSGDSteps) -> Callable:
   rule, cap, L = steps.rule, steps.batch_capacity, float(steps.batch_size)
 
   def train(params0, x, y, count, key, args: DPArgs, optimizer: optax.GradientTransformation):
+    """``steps.local_steps`` DP-SGD steps from ``params0``, a fresh optimizer state.
+
+    Args:
+      params0: the round's global model (a pytree; also the objective's anchor).
+      x: the client's padded examples ``[M, ...]`` (``M = steps.max_examples``).
+      y: its padded labels ``[M]``.
+      count: its number of real examples ``|D_n|`` (scalar int array); its Poisson rate is
+        ``L / max(count, 1)``.
+      key: PRNG key, split into one key per step, each split into the batch's, the gradient
+        noise's and the statistic's.
+      args: the client's :class:`DPArgs` (clip bound ``C``, scale, ``sigma``, statistic noise).
+      optimizer: the client optimizer, applied to each step's noisy gradient.
+
+    Returns:
+      ``(params_Q, StepStats)``: the local model after the steps and the steps' statistics.
+    """
     rate = L / jnp.maximum(count, 1).astype(jnp.float32)
 
     def step(carry, k):
@@ -251,10 +313,31 @@ def mean_initial_norm(objective: Callable, params, x, y, counts, per_client: int
 
   SP-FL's initial clip threshold ("the mean of all clients' initial gradient
   L2 norms", Sec. 2.1). It reads the raw data: not private.
+
+  Args:
+    objective: ``(params, (x, y, mask), anchor) -> loss`` (evaluated with ``params`` as anchor).
+    params: the model the norms are taken at (a pytree).
+    x: every client's padded examples ``[N, M, ...]``.
+    y: their padded labels ``[N, M]``.
+    counts: ``[N]`` their numbers of real examples (only real rows count).
+    per_client: rows read per client (a Python int; capped at ``M``).
+
+  Returns:
+    float32 scalar: the mean norm over the real rows read (0 when there is none).
   """
   per_client = int(min(per_client, x.shape[1]))
 
   def client(xc, yc, c):
+    """One client's gradient norms over its real rows among the first ``per_client``.
+
+    Args:
+      xc: the client's padded examples ``[M, ...]``.
+      yc: its padded labels ``[M]``.
+      c: its number of real examples.
+
+    Returns:
+      ``(norm_sum, rows)``: float32 sums of those rows' norms and of the rows.
+    """
     _, g = per_example_grads(objective, params, params, xc[:per_client], yc[:per_client])
     m = (jnp.arange(per_client) < c).astype(jnp.float32)
     return jnp.sum(jax.vmap(global_norm)(g) * m), jnp.sum(m)

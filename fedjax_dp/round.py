@@ -177,7 +177,18 @@ def gather_rows(tree, ids):
 
 
 def scatter_rows(tree, ids, rows, mask, num_clients: int):
-  """``tree[ids] = rows`` for the real rows; padded slots (mask 0) write nothing."""
+  """``tree[ids] = rows`` for the real rows; padded slots (mask 0) write nothing.
+
+  Args:
+    tree: the per-client state, a pytree with leaves ``[num_clients, ...]``.
+    ids: ``[C]`` int client ids of the cohort's slots.
+    rows: their new rows, a pytree like ``tree`` with leaves ``[C, ...]`` (cast to its dtypes).
+    mask: ``[C]``, 1 for real clients and 0 for padding.
+    num_clients: the population size (a padded slot writes to this out-of-range row: dropped).
+
+  Returns:
+    ``tree`` with the real clients' rows replaced.
+  """
   safe = jnp.where(mask > 0, ids, num_clients)
   return jax.tree_util.tree_map(lambda w, r: w.at[safe].set(r.astype(w.dtype), mode="drop"),
                                 tree, rows)
@@ -231,7 +242,19 @@ class Piece:
 
 def attack_uploads(rnd: "Round", state: RoundState, out: ClientOut, uploads: Uploads, hp: dict,
                    key: jax.Array):
-  """The default attack step: the attack replaces the Byzantine rows of the uploads."""
+  """The default attack step: the attack replaces the Byzantine rows of the uploads.
+
+  Args:
+    rnd: the round (its attack, :meth:`Round.build_attack`).
+    state: the round's state before the step (unused here).
+    out: the clients' :class:`ClientOut` (unused here).
+    uploads: the cohort's uploads, who sent them and which are real.
+    hp: the round's hyper-parameters (the attack's strengths, ``byzantine``).
+    key: the attack's PRNG key (:func:`round_keys`).
+
+  Returns:
+    The uploads as the server receives them: ``uploads.rows`` with the Byzantine rows replaced.
+  """
   del state, out
   attack = rnd.build_attack(hp)
   return attack(uploads.rows, uploads.byzantine, key, mask=uploads.mask, ids=uploads.ids)
@@ -336,6 +359,17 @@ def server_update(rnd: Round, state: RoundState, aggregate, hp):
   The optimizer is built with learning rate 1 and its step scaled by
   ``hp["server_lr"]``, so the rate is data (SGD, momentum, Adam, ... all end
   in a learning-rate scale in optax).
+
+  Args:
+    rnd: the round (``descent`` and ``server_optimizer``).
+    state: the round's state (its ``params`` and ``opt_state``).
+    aggregate: the round's aggregate, a pytree like ``params``: a gradient when
+      ``rnd.descent`` (``grads = aggregate + hp["l2"] * params``), else a model delta
+      (``grads = -aggregate``).
+    hp: the round's hyper-parameters (``server_lr``, ``l2``).
+
+  Returns:
+    ``(params, opt_state)``: the new global model and server optimizer state.
   """
   if rnd.descent:
     grads = jax.tree_util.tree_map(lambda a, p: a + hp["l2"] * p, aggregate, state.params)
@@ -499,23 +533,47 @@ def _messages(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: 
 
 def messages(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.Array):
   """What the server receives in one round, exactly as :func:`step` computes it before
-  aggregating: ``(out, sent)``, the clients' :class:`ClientOut` and the cohort's uploads after
-  the attack (padded rows zero). For audits of what a round releases."""
+  aggregating. For audits of what a round releases.
+
+  Args:
+    rnd: the round.
+    state: the round's state before the step.
+    hp: the round's hyper-parameters.
+    batch: the cohort (its data, ids and mask).
+    key: the round's key (the same as :func:`step`'s).
+
+  Returns:
+    ``(out, sent)``: the clients' :class:`ClientOut` (leaves ``[C, ...]``) and the cohort's
+    uploads after the attack (padded rows zero).
+  """
   msgs = _messages(rnd, state, hp, batch, key)
   return msgs.out, msgs.sent
 
 
 def step(rnd: Round, state: RoundState, hp: dict, batch: CohortBatch, key: jax.Array,
          layout: ClientLayout = ClientLayout()):
-  """One federated round (pure; see the module docstring). Returns ``(state, metrics)``.
+  """One federated round (pure; see the module docstring).
 
-  ``layout``: where the cohort's data come from and how its clients' work is laid out
-  (:func:`run_clients`; ``batch.x``, ``batch.y`` and ``batch.counts`` are unused with
-  ``layout.data``). Split into blocks (``layout.chunk``), a round whose aggregator is linear
+  Split into blocks (``layout.chunk``), a round whose aggregator is linear
   (:attr:`fedjax_dp.aggregators.Aggregator.linear`: the noised mean) and that has no attack and
   no per-client state sums the uploads block by block, so its memory does not grow with the
   cohort; any other keeps every client's upload (the aggregators that need all rows at once
   say what they hold).
+
+  Args:
+    rnd: the round's static structure.
+    state: the :class:`RoundState` before the round.
+    hp: the round's hyper-parameters (a dict of float32 / int32 arrays).
+    batch: the cohort: ``[C]`` ids and mask, and its data unless ``layout.data`` holds them
+      (``batch.x``, ``batch.y`` and ``batch.counts`` are then unused).
+    key: the round's PRNG key (split by :func:`round_keys`).
+    layout: where the cohort's data come from and how its clients' work is laid out
+      (:func:`run_clients`).
+
+  Returns:
+    ``(state, metrics)``: the next :class:`RoundState` and a dict of arrays (per-client ``[C]``
+    ones such as ``client_loss`` and ``mask``, scalars such as ``aggregate_norm``, and the
+    algorithm's ``Hooks.metrics``).
   """
   aggregator, hooks = rnd.aggregator(hp), rnd.hooks
   summed = (layout.chunk is not None and aggregator.linear and rnd.attack == "none"
@@ -617,7 +675,16 @@ def client_mesh(devices: Optional[int] = None) -> jax.sharding.Mesh:
 
 
 def shard_clients(tree, mesh: jax.sharding.Mesh, axis: int):
-  """Constrains axis ``axis`` (the cohort's clients) of every leaf to be split over ``mesh``."""
+  """Constrains axis ``axis`` (the cohort's clients) of every leaf to be split over ``mesh``.
+
+  Args:
+    tree: a pytree whose leaves have the cohort's clients on axis ``axis``.
+    mesh: a mesh with axis ``"clients"`` (:func:`client_mesh`).
+    axis: the clients' axis (0, or 1 behind a sweep's experiment axis).
+
+  Returns:
+    ``tree`` with a sharding constraint on every leaf (the values unchanged).
+  """
   def constrain(a):
     spec = jax.sharding.PartitionSpec(*([None] * axis + ["clients"]))
     return jax.lax.with_sharding_constraint(a, jax.sharding.NamedSharding(mesh, spec))
@@ -664,60 +731,73 @@ def compiled_step(rnd: Round, placement: str = "device", experiments: Optional[s
                   in_sequence: bool = False) -> Callable:
   """The jitted step of ``rnd``, compiled once per :class:`Round` and argument shapes.
 
-  ``placement="device"``: ``fn(state, hp, (x, y, counts), ids, mask, key)``
-  gathers the cohort's rows from every client's arrays inside the compiled
-  round; ``"host"``: ``fn(state, hp, CohortBatch, key)``.
+  Args:
+    rnd: the round (with the other arguments, the cache key).
+    placement: "device": the step is ``fn(state, hp, (x, y, counts), ids, mask, key)`` and
+      gathers the cohort's rows from every client's arrays inside the compiled round; "host":
+      ``fn(state, hp, CohortBatch, key)``.
+    experiments: None for one experiment; otherwise the step is ``vmap``-ed over a leading
+      experiment axis of every argument (a sweep), except, with device placement, the clients'
+      arrays: with "shared" all experiments read one copy, with "stacked" the arrays are
+      :class:`DataSets` (each distinct data set once) and only their ``index`` has the
+      experiment axis (:func:`fedjax_dp.engine.group_mode`).
+    chunk: clients per block on each device (:func:`run_clients`); None: one ``vmap``.
+    devices: the cohort's clients are split over this many devices (:func:`client_mesh`;
+      None: all), one code path for one device and many: the cohort's ids and mask (host
+      placement: its whole batch) are constrained to be sharded along the clients, and XLA's
+      SPMD partitioner runs each device's clients there and sums across devices where the
+      round aggregates. Everything else (the model, the state, the population's data) is
+      replicated. The cohort's capacity must be a multiple of the device count
+      (:func:`fedjax_dp.engine.run_group` pads it).
+    in_sequence: the experiments run one after another inside the step (``lax.map``) instead
+      of side by side (``vmap``): on one CPU device a vmap of experiments only takes their
+      models out of cache and makes every client block run while any experiment has a real
+      client in it (:func:`fedjax_dp.engine.experiments_vmapped`).
 
-  ``experiments``: None for one experiment; otherwise the step is ``vmap``-ed
-  over a leading experiment axis of every argument (a sweep), except, with
-  device placement, the clients' arrays: with ``"shared"`` all experiments
-  read one copy, with ``"stacked"`` the arrays are :class:`DataSets` (each
-  distinct data set once) and only their ``index`` has the experiment axis
-  (:func:`fedjax_dp.engine.group_mode`). ``in_sequence``: the experiments run one after another
-  inside the step (``lax.map``) instead of side by side (``vmap``): on one CPU device a vmap
-  of experiments only takes their models out of cache and makes every client block run
-  while any experiment has a real client in it (:func:`fedjax_dp.engine.experiments_vmapped`).
-  ``chunk``: clients per block on each device (:func:`run_clients`).
-
-  ``devices``: the cohort's clients are split over this many devices
-  (:func:`client_mesh`; default all), one code path for one device and many:
-  the cohort's ids and mask (host placement: its whole batch) are constrained
-  to be sharded along the clients, and XLA's SPMD partitioner runs each
-  device's clients there and sums across devices where the round aggregates.
-  Everything else (the model, the state, the population's data) is
-  replicated. The cohort's capacity must be a multiple of the device count
-  (:func:`fedjax_dp.engine.run_group` pads it).
+  Returns:
+    The jitted step, returning ``(state, metrics)`` whole on every device (and every process).
   """
   mesh = client_mesh(devices)
   axis = 0 if experiments is None else 1
   name = None if experiments is None or in_sequence else EXPERIMENTS_AXIS
   layout = ClientLayout(chunk=chunk, axis_name=name, mesh=mesh)
-  if placement == "device":
-    def fn(state, hp, arrays, ids, mask, key):
-      with _recording_conv_layers(rnd):
-        return step(rnd, state, hp, CohortBatch(None, None, None, ids, mask), key,
-                    layout._replace(data=arrays))
-  else:
-    def fn(state, hp, batch, key):
-      with _recording_conv_layers(rnd):
-        return step(rnd, state, hp, batch, key, layout)
+  device = placement == "device"
+  fn = functools.partial(_gathering_step if device else _recorded_step, rnd, layout)
   if experiments is not None:
-    if placement == "device":
+    if device:
       data = None if experiments == "shared" else DataSets(None, 0)
       in_axes = (0, 0, data, 0, 0, 0)
     else:
       in_axes = (0, 0, 0, 0)
     fn = (_in_sequence(fn, in_axes) if in_sequence else
           jax.vmap(fn, in_axes=in_axes, axis_name=name))
-  inner = fn
-  if placement == "device":
-    def fn(state, hp, arrays, ids, mask, key):
-      return inner(state, hp, arrays, *shard_clients((ids, mask), mesh, axis), key)
-  else:
-    def fn(state, hp, batch, key):
-      return inner(state, hp, shard_clients(batch, mesh, axis), key)
-  # The new state and the metrics come back whole on every device (and every process).
+  shard = functools.partial(shard_clients, mesh=mesh, axis=axis)
+  fn = functools.partial(_sharded_gathering if device else _sharded, fn, shard)
   return jax.jit(fn, out_shardings=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+
+
+def _recorded_step(rnd: Round, layout: ClientLayout, state, hp, batch, key):
+  """:func:`step`, recording the convolutions it traces (:func:`traced_conv_layers`)."""
+  with _recording_conv_layers(rnd):
+    return step(rnd, state, hp, batch, key, layout)
+
+
+def _gathering_step(rnd: Round, layout: ClientLayout, state, hp, arrays, ids, mask, key):
+  """:func:`_recorded_step` of the cohort ``ids``, ``mask`` whose rows it gathers from the
+  population's ``arrays``."""
+  return _recorded_step(rnd, layout._replace(data=arrays), state, hp,
+                        CohortBatch(None, None, None, ids, mask), key)
+
+
+def _sharded(step_fn: Callable, shard: Callable, state, hp, batch, key):
+  """``step_fn`` of the cohort ``batch`` split over the devices by ``shard``."""
+  return step_fn(state, hp, shard(batch), key)
+
+
+def _sharded_gathering(step_fn: Callable, shard: Callable, state, hp, arrays, ids, mask, key):
+  """``step_fn`` of the cohort ``ids``, ``mask`` split over the devices by ``shard`` (the
+  population's ``arrays`` replicated)."""
+  return step_fn(state, hp, arrays, *shard((ids, mask)), key)
 
 
 def run_keys(seed: int, secret: Optional[int] = None):

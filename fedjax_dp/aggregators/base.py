@@ -38,7 +38,17 @@ class Aggregator(NamedTuple):
 
 
 def weighted_sum(updates, weights: jax.Array, mask: jax.Array):
-  """sum_i mask_i * weights_i * updates_i over the leading client axis."""
+  """sum_i mask_i * weights_i * updates_i over the leading client axis.
+
+  Args:
+    updates: a pytree whose leaves have a leading client axis ``[N, ...]``.
+    weights: ``[N]`` aggregation weights.
+    mask: ``[N]``, 1 for real clients and 0 for padding (a padded row adds nothing).
+
+  Returns:
+    A pytree like one row of ``updates`` (leaves ``[...]``, in each leaf's dtype); the weights
+    are applied in float32.
+  """
   w = (weights * mask).astype(jnp.float32)
   return jax.tree_util.tree_map(lambda u: jnp.tensordot(w, u, axes=(0, 0)).astype(u.dtype), updates)
 
@@ -72,6 +82,15 @@ def mean(denominator: str = "realized", expected_size: Optional[float] = None,
   check_unless_traced(lambda s: s is None or s >= 0, "noise_stddev", noise_stddev, "must be >= 0")
 
   def finish(total, weight, state, key):
+    """``((total + N(0, noise_stddev^2 I)) / d, state)`` (``Aggregator.finish``), with ``d`` the
+    realized ``max(weight, 1)`` or the expected ``expected_size``.
+
+    Args:
+      total: ``sum_i m_i w_i u_i``, a pytree like one update (:func:`weighted_sum`).
+      weight: ``sum_i m_i w_i``, the cohort's realized total weight (a scalar).
+      state: the aggregator's state (``optax.EmptyState()``), returned as it is.
+      key: PRNG key of the noise (salted with ``SALT_GAUSSIAN``); unused without noise.
+    """
     if noise_stddev is not None:
       noise = gaussian_like(total, noise_stddev, salted(key, SALT_GAUSSIAN))
       total = jax.tree_util.tree_map(jnp.add, total, noise)
@@ -79,6 +98,15 @@ def mean(denominator: str = "realized", expected_size: Optional[float] = None,
     return jax.tree_util.tree_map(lambda t: t / denom, total), state
 
   def aggregate(updates, weights, mask, state, key):
+    """``(noised mean, state)``: ``finish`` of the rows' weighted sum and total weight.
+
+    Args:
+      updates: a pytree of the cohort's rows, leaves ``[N, ...]``.
+      weights: ``[N]`` aggregation weights.
+      mask: ``[N]``, 1 for real clients and 0 for padding.
+      state: the aggregator's state (``optax.EmptyState()``).
+      key: PRNG key of the noise.
+    """
     return finish(weighted_sum(updates, weights, mask), jnp.sum(weights * mask), state, key)
 
   return Aggregator(lambda params: optax.EmptyState(), aggregate, lambda u, m: (u, m), finish)

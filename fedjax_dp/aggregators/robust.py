@@ -114,6 +114,19 @@ def guard_nonfinite(aggregator: Aggregator) -> Aggregator:
     return _zero_nonreal(updates, m), m
 
   def aggregate(updates, weights, mask, state, key):
+    """``aggregator.aggregate`` of the rows with the non-finite ones rejected (as padding, zeroed).
+
+    Args:
+      updates: the cohort's rows, a pytree with leaves ``[N, ...]``.
+      weights: ``[N]`` aggregation weights, passed on.
+      mask: ``[N]``, 1 for real clients and 0 for padding; a row with an Inf or NaN entry is
+        set to 0 here (:func:`finite_rows`).
+      state: ``aggregator``'s state.
+      key: PRNG key, passed on.
+
+    Returns:
+      ``aggregator``'s ``(aggregate, state)``.
+    """
     u, m = guard(updates, mask)
     return aggregator.aggregate(u, weights, m, state, key)
 
@@ -163,6 +176,18 @@ def sign_vote() -> Aggregator:
   """
 
   def aggregate(updates, weights, mask, state, key):
+    """``sign(sum_i w_i m_i sign(u_i))`` per coordinate, in each leaf's dtype.
+
+    Args:
+      updates: the cohort's rows, a pytree with leaves ``[N, ...]``.
+      weights: ``[N]`` vote weights ``w_i``.
+      mask: ``[N]``, 1 for real clients and 0 for padding.
+      state: ``optax.EmptyState()``, returned as it is.
+      key: unused (no randomness).
+
+    Returns:
+      ``(aggregate, state)``: the aggregate, a pytree like one row.
+    """
     del key
     total = _sign_total(updates, weights, mask)
     return jax.tree_util.tree_map(lambda t, u: jnp.sign(t).astype(u.dtype), total, updates), state
@@ -182,6 +207,18 @@ def sign_sum() -> Aggregator:
   """
 
   def aggregate(updates, weights, mask, state, key):
+    """``sum_i w_i m_i sign(u_i)`` per coordinate, in each leaf's dtype.
+
+    Args:
+      updates: the cohort's rows, a pytree with leaves ``[N, ...]``.
+      weights: ``[N]`` weights ``w_i`` (RSA: 1 each).
+      mask: ``[N]``, 1 for real clients and 0 for padding.
+      state: ``optax.EmptyState()``, returned as it is.
+      key: unused (no randomness).
+
+    Returns:
+      ``(aggregate, state)``: the aggregate, a pytree like one row.
+    """
     del key
     total = _sign_total(updates, weights, mask)
     return jax.tree_util.tree_map(lambda t, u: t.astype(u.dtype), total, updates), state
@@ -200,8 +237,16 @@ def weiszfeld(values: jax.Array, w: jax.Array, tol: float, max_iter: int, eps: f
   ``eta`` the weight of the rows at ``z``, ``z <- (1 - g) T + g z``, ``g = min(1, eta / r)``
   (plain Weiszfeld stays on any row it reaches).
 
+  Args:
+    values: ``[N, D]`` float32 rows (one flattened client update each).
+    w: ``[N]`` non-negative weights; a row of weight 0 (padding, a rejected row) is excluded.
+    tol: relative step size at which the iterations stop (> 0; may be traced).
+    max_iter: the most iterations (the ``lax.while_loop``'s bound; may be traced).
+    eps: distance within which an iterate counts as on a row (Vardi and Zhang's step).
+
   Returns:
-    ``(z, iterations)``.
+    ``(z, iterations)``: the median ``[D]`` (the coordinate median of no row, zeros, when every
+    weight is 0) and the int32 number of iterations run.
   """
   real = w > 0
   values = jnp.where(real[:, None], values, 0.0)
@@ -244,6 +289,18 @@ def geometric_median(gm_tol, gm_max_iter) -> Aggregator:
   """
 
   def aggregate(updates, weights, mask, state, key):
+    """The weighted geometric median of the real, finite rows.
+
+    Args:
+      updates: the cohort's rows, a pytree with leaves ``[N, ...]``.
+      weights: ``[N]`` weights of the rows in the median's objective ``sum_i w_i ||x_i - z||``.
+      mask: ``[N]``, 1 for real clients and 0 for padding.
+      state: ``optax.EmptyState()``, returned as it is.
+      key: unused (no randomness).
+
+    Returns:
+      ``(aggregate, state)``: the aggregate, a pytree like one row.
+    """
     del key
     m = finite_rows(updates, mask)
     z, _ = weiszfeld(_rows(updates), weights * m, gm_tol, int(gm_max_iter))
@@ -258,6 +315,18 @@ def coordinate_median() -> Aggregator:
   """Coordinate-wise median of the real rows (Yin et al., ICML 2018). Weights are ignored."""
 
   def aggregate(updates, weights, mask, state, key):
+    """The coordinate-wise median of the real, finite rows (0 when there is none).
+
+    Args:
+      updates: the cohort's rows, a pytree with leaves ``[N, ...]``.
+      weights: ignored.
+      mask: ``[N]``, 1 for real clients and 0 for padding.
+      state: ``optax.EmptyState()``, returned as it is.
+      key: unused (no randomness).
+
+    Returns:
+      ``(aggregate, state)``: the aggregate, a pytree like one row.
+    """
     del weights, key
     m = finite_rows(updates, mask)
     return _unrows(_coord_median(_rows(updates), m), updates), state
@@ -280,6 +349,19 @@ def trimmed_mean(trim_beta) -> Aggregator:
   """
 
   def aggregate(updates, weights, mask, state, key):
+    """The coordinate-wise mean of the real, finite rows without the ``floor(beta n)`` largest and
+    smallest values.
+
+    Args:
+      updates: the cohort's rows, a pytree with leaves ``[N, ...]``.
+      weights: ignored.
+      mask: ``[N]``, 1 for real clients and 0 for padding.
+      state: ``optax.EmptyState()``, returned as it is.
+      key: unused (no randomness).
+
+    Returns:
+      ``(aggregate, state)``: the aggregate, a pytree like one row.
+    """
     del weights, key
     m = finite_rows(updates, mask)
     n = jnp.sum(m > 0).astype(jnp.int32)
@@ -332,6 +414,18 @@ def krum(num_byzantine, krum_m) -> Aggregator:
   check_unless_traced(lambda f: f >= 0, "krum_f", num_byzantine, "must be >= 0")
 
   def aggregate(updates, weights, mask, state, key):
+    """The mean of the ``krum_m`` real, finite rows of lowest Krum score.
+
+    Args:
+      updates: the cohort's rows, a pytree with leaves ``[N, ...]``.
+      weights: ignored.
+      mask: ``[N]``, 1 for real clients and 0 for padding.
+      state: ``optax.EmptyState()``, returned as it is.
+      key: unused (no randomness).
+
+    Returns:
+      ``(aggregate, state)``: the aggregate, a pytree like one row.
+    """
     del weights, key
     m = finite_rows(updates, mask)
     x = jnp.where(m[:, None] > 0, _rows(updates), 0.0)
@@ -372,6 +466,19 @@ def centered_clipping(cc_tau, cc_iters) -> Aggregator:
     return jax.tree_util.tree_map(jnp.zeros_like, params)
 
   def aggregate(updates, weights, mask, state, key):
+    """``cc_iters`` clipping iterations around the previous aggregate.
+
+    Args:
+      updates: the cohort's rows, a pytree with leaves ``[N, ...]``.
+      weights: ignored.
+      mask: ``[N]``, 1 for real clients and 0 for padding.
+      state: the previous round's aggregate, a pytree like one row (zeros at first).
+      key: unused (no randomness).
+
+    Returns:
+      ``(aggregate, state)``: the new aggregate ``v`` (zero when no row is real and finite) and
+      ``v`` as the next state (the old state when no row counts, since ``v`` is then unchanged).
+    """
     del weights, key
     m = finite_rows(updates, mask)
     x = jnp.where(m[:, None] > 0, _rows(updates), 0.0)

@@ -43,10 +43,18 @@ def unread_fields(config) -> dict:
 def refuse_unused(config, given, others=()) -> None:
   """Refuses a setting given (a flag, a config file's key, a keyword of
   :func:`fedjax_dp.simulate`) that ``config.algorithm`` does not read: it would otherwise run as
-  if it applied (``clip`` for DP-RSA, ``target_epsilon`` for FedAvg). ``given``: the names of
-  the fields given; unsetting one (None) is always allowed. ``others``: the configurations the
-  same settings also run with (a sweep's grid points): a setting counts as read when one of
-  them reads it.
+  if it applied (``clip`` for DP-RSA, ``target_epsilon`` for FedAvg).
+
+  Args:
+    config: the run's :class:`fedjax_dp.config.RunConfig`.
+    given: the names of the fields given (a container of str); unsetting one (None) is always
+      allowed.
+    others: the configurations the same settings also run with (a sweep's grid points): a
+      setting counts as read when one of them reads it.
+
+  Raises:
+    ConfigError: naming the first field given that none of them reads, and why
+      (:func:`unread_fields`).
   """
   unread_elsewhere = [unread_fields(c) for c in others]
   for name, why in unread_fields(config).items():

@@ -57,11 +57,22 @@ def quantile_update(clip, stat_sum, expected, target_quantile, clip_lr, min_clip
                     max_clip=jnp.inf):
   """Andrew et al. 2021, Alg. 1: ``C * exp(-eta_C (b~ - gamma))`` with ``b~ = 1/2 + stat_sum / expected``.
 
-  ``stat_sum`` is the noisy sum of ``1[||g_i|| <= C] - 1/2``; ``expected`` is
-  the public expected number of examples it covers. The result is clamped to
-  the data-independent ``[min_clip, max_clip]`` (post-processing), so a run of
-  extreme noise draws cannot drive the bound to 0 or to an infinite value
-  (whose noise ``sigma * C`` would turn the model into NaN).
+  The result is clamped to the data-independent ``[min_clip, max_clip]`` (post-processing), so
+  a run of extreme noise draws cannot drive the bound to 0 or to an infinite value (whose noise
+  ``sigma * C`` would turn the model into NaN).
+
+  Args:
+    clip: ``C``, the bound in force (> 0).
+    stat_sum: the noisy sum of ``1[||g_i|| <= C] - 1/2`` over the round's sampled examples.
+    expected: the public expected number of examples it covers (``n_cohort Q L``; at least 1
+      is used).
+    target_quantile: ``gamma`` in (0, 1), the quantile of the per-example norms tracked.
+    clip_lr: ``eta_C`` > 0, the geometric learning rate.
+    min_clip: lower clamp of the result.
+    max_clip: upper clamp of the result.
+
+  Returns:
+    The new bound, in ``[min_clip, max_clip]``.
   """
   b = 0.5 + stat_sum / jnp.maximum(expected, 1.0)
   return jnp.clip(clip * jnp.exp(-clip_lr * (b - target_quantile)), min_clip, max_clip)

@@ -124,6 +124,21 @@ def vote_client(model, training: Training) -> Piece:
                       training.local_steps, training.batch_size)
 
     def fn(params0, x, y, count, row, chp, key):
+      """One client's local SGD, then its one-hot votes on the public set.
+
+      Args:
+        params0: the global model (a pytree).
+        x: the client's padded examples ``[M, ...]``.
+        y: its padded labels ``[M]``.
+        count: its number of real examples.
+        row: unused (no per-client state).
+        chp: unused (no per-client hyper-parameters).
+        key: PRNG key of its local SGD.
+
+      Returns:
+        A :class:`fedjax_dp.round.ClientOut` whose upload is the ``[m, num_classes]`` float32
+        one-hot votes, with the mean training loss and the votes' norm ``sqrt(m)``.
+      """
       del row, chp
       params, train_loss = train(params0, x, y, count, key)
       logits = model.apply(params, hp["public_x"])
@@ -145,10 +160,33 @@ def noisy_vote_sum() -> Piece:
 
 def label_and_train(model, *, server_optimizer: str, server_steps: int, server_batch: int):
   """The round's server step: the public examples labelled by the argmax of the noisy counts,
-  then ``server_steps`` steps of SGD from the global model on them."""
+  then ``server_steps`` steps of SGD from the global model on them.
+
+  Args:
+    model: the :class:`fedjax_dp.models.Model` trained.
+    server_optimizer: the server's optimizer name (:data:`fedjax_dp.client.OPTIMIZERS`), built
+      fresh each round with rate ``hp["server_lr"]``.
+    server_steps: optimizer steps per round (>= 1).
+    server_batch: public examples per step, drawn with replacement (>= 1).
+
+  Returns:
+    :attr:`fedjax_dp.round.Hooks.server_step`, ``(state, counts, hp, key) -> (params,
+    opt_state)``.
+  """
   loss = objectives.supervised(model.apply)
 
   def server_step(state, counts, hp, key):
+    """The new global model trained on the labels ``argmax(counts)`` of ``hp["public_x"]``.
+
+    Args:
+      state: the round's :class:`fedjax_dp.round.RoundState` (its ``params``, ``opt_state``).
+      counts: the aggregate, ``[m, num_classes]`` noisy vote counts.
+      hp: the round's hyper-parameters (``public_x``, ``server_lr``).
+      key: PRNG key of the steps' batches.
+
+    Returns:
+      ``(params, opt_state)``: the trained model and the round state's optimizer state as it is.
+    """
     labels = jnp.argmax(counts, axis=-1).astype(jnp.int32)
     train = local_sgd(loss, make_optimizer(server_optimizer, hp["server_lr"]), server_steps,
                       server_batch)
@@ -160,9 +198,18 @@ def label_and_train(model, *, server_optimizer: str, server_steps: int, server_b
 
 def ae_dpfl_round(model, num_clients: int, training: Training, *, server_steps: int,
                   server_batch: int) -> Round:
-  """AE-DPFL as a :class:`fedjax_dp.round.Round` over a population of ``num_clients``: the
-  clients train as ``training`` says, the server ``server_steps`` steps of ``server_batch``
-  public examples with ``training.server_optimizer``."""
+  """AE-DPFL as a :class:`fedjax_dp.round.Round` over a population of ``num_clients``.
+
+  Args:
+    model: the :class:`fedjax_dp.models.Model` trained.
+    num_clients: the population size without the public set's clients.
+    training: the clients' local training and the server's optimizer.
+    server_steps: the server's steps per round on the public labels (:func:`label_and_train`).
+    server_batch: public examples per server step.
+
+  Returns:
+    The round: :func:`vote_client`, :func:`noisy_vote_sum` and the server step.
+  """
   return Round(
       model=model, num_clients=num_clients, client=vote_client(model, training),
       aggregator=noisy_vote_sum(), server_optimizer=training.server_optimizer,

@@ -146,8 +146,21 @@ _ROUNDS: collections.OrderedDict = collections.OrderedDict()
 
 
 def byzantine_key(config, opts: Mapping, aggregator: str) -> tuple:
-  """What the run's attack and ``aggregator`` give a compiled round's cache key: their names and
-  static options' values in ``opts`` (:meth:`fedjax_dp.components.Component.static_key`)."""
+  """What the run's attack and ``aggregator`` give a compiled round's cache key.
+
+  Args:
+    config: the run's :class:`fedjax_dp.config.RunConfig` (its ``attack``).
+    opts: the run's options as read (:func:`read_options`), where the static options' values
+      are read (defaults for the missing).
+    aggregator: the name of the aggregator the round runs.
+
+  Returns:
+    ``(attack key, aggregator key)``: each a name with its static options' values
+    (:meth:`fedjax_dp.components.Component.static_key`), hashable.
+
+  Raises:
+    ConfigError: for an undeclared attack or aggregator.
+  """
   return (components.get("attack", config.attack).static_key(opts),
           components.get("aggregator", aggregator).static_key(opts))
 

@@ -71,7 +71,18 @@ OPTIONS = (
 
 
 def declared_mechanism(hp: dict, dim: int, *, num_clients: int, sampling: str):
-  """The :class:`fedjax_dp.privacy.ddgauss.DDGaussMechanism` of a round run with ``hp``."""
+  """The :class:`fedjax_dp.privacy.ddgauss.DDGaussMechanism` of a round run with ``hp``.
+
+  Args:
+    hp: the round's hyper-parameters (``clip``, ``noise_multiplier``, ``scale``, ``sigma``,
+      ``beta``, ``expected_size`` M, ``byzantine``), read as the float32 values the round uses.
+    dim: ``d``, the padded (power-of-two) dimension of the encoded updates.
+    num_clients: the population size N.
+    sampling: "fixed" (the guarantee) or "poisson" (simulated, no guarantee).
+
+  Returns:
+    The record, its fields read from ``hp``.
+  """
   m = float(hp["expected_size"])
   return DDGaussMechanism(float(hp["clip"]), float(hp["noise_multiplier"]), float(hp["scale"]),
                           float(hp["sigma"]), float(hp["beta"]), int(dim), m, int(num_clients),
@@ -90,7 +101,20 @@ def ddgauss_client(model, dim: int, mechanism, training: Training) -> Piece:
   """``hp -> client``: local SGD and clip (FedAvg's client, trained as ``training`` says), then
   the integer encoding of the update in ``dim`` coordinates; the piece declares ``mechanism``.
 
-  ``chp`` is the round's index (the public rotation key's input).
+  The encoding (Kairouz et al. 2021, Alg. 1): ``v`` the clipped update (``||v|| <= c``) zero-padded
+  to ``d``, rotated ``H D v / sqrt(d)``, scaled by ``s``, conditionally rounded to L2 norm
+  ``<= B``, plus ``N_Z(0, sigma^2)`` per coordinate, ``sigma = s z c / sqrt(M)``.
+
+  Args:
+    model: the :class:`fedjax_dp.models.Model` trained.
+    dim: ``d``, the padded dimension (:func:`model_vector`).
+    mechanism: ``(hp, dim) -> DDGaussMechanism`` (:func:`declared_mechanism`), the record the
+      piece declares.
+    training: the clients' local training.
+
+  Returns:
+    The client :class:`fedjax_dp.round.Piece`; its client's ``chp`` is the round's index (the
+    public rotation key's input).
   """
   inner = fedavg_client(model, Pieces(transforms=("clip",)), training)
 
@@ -98,6 +122,22 @@ def ddgauss_client(model, dim: int, mechanism, training: Training) -> Piece:
     train = inner(hp)
 
     def fn(params0, x, y, count, row, chp, key):
+      """One client's clipped update, encoded as ``d`` int32 coordinates.
+
+      Args:
+        params0: the global model (a pytree).
+        x: the client's padded examples ``[M, ...]``.
+        y: its padded labels ``[M]``.
+        count: its number of real examples.
+        row: its state row, passed to FedAvg's client (none here).
+        chp: the round's index (int32), the public rotation key's input.
+        key: the client's PRNG key (its training, rounding and noise, each salted).
+
+      Returns:
+        A :class:`fedjax_dp.round.ClientOut` whose upload is the ``[d]`` int32 encoding, with
+        ``aux`` the rounding's fallback flag and draw count and the sampler's unaccepted
+        coordinates.
+      """
       out = train(params0, x, y, count, row, (), key)
       flat, _ = ravel_pytree(out.upload)
       v = jnp.pad(flat.astype(jnp.float32), (0, dim - flat.size))
@@ -120,10 +160,34 @@ def ddgauss_client(model, dim: int, mechanism, training: Training) -> Piece:
 def secure_sum(unravel, size: int, mechanism) -> Piece:
   """``hp -> Aggregator``: the modular sum of the uploads (all the server sees), decoded: signed,
   ``/ s``, rotated back, the model's ``size`` coordinates, ``/ M`` (public). Its state is the
-  round's index (the rotation key's input)."""
+  round's index (the rotation key's input).
+
+  Args:
+    unravel: the inverse of flattening the model's parameters (:func:`model_vector`).
+    size: the model's parameter count (the decoded vector's first ``size`` coordinates).
+    mechanism: ``(hp, dim) -> DDGaussMechanism``, the record the piece declares (the same
+      object as the client piece's).
+
+  Returns:
+    The aggregator :class:`fedjax_dp.round.Piece` (public denominator ``M``).
+  """
 
   def make(hp):
     def aggregate(updates, weights, mask, state, key):
+      """The decoded mean of the real rows' modular sum.
+
+      Args:
+        updates: the cohort's ``[C, d]`` uploads (int32; an attacker's float rows are rounded,
+          :func:`as_integers`).
+        weights: ignored (uniform, checked by the builder).
+        mask: ``[C]``, 1 for real clients and 0 for padding.
+        state: the round's index (int32), the rotation key's input.
+        key: unused (no server randomness).
+
+      Returns:
+        ``(aggregate, state + 1)``: the decoded sum divided by ``M = hp["expected_size"]``, a
+        pytree like the model's parameters.
+      """
       del weights, key  # uniform weights (checked by the builder); no server randomness
       total = discrete.to_signed(discrete.modular_sum(as_integers(updates), mask, hp["bits"]),
                                  hp["bits"])
@@ -137,7 +201,20 @@ def secure_sum(unravel, size: int, mechanism) -> Piece:
 
 
 def ddgauss_metrics(state, params, out, sent, mask, hp):
-  """Raw diagnostics: the wrap-around of the true sum, the rounding's retries and fallbacks."""
+  """Raw diagnostics: the wrap-around of the true sum, the rounding's retries and fallbacks.
+
+  Args:
+    state: the round's state before the step (unused).
+    params: the new global model (unused).
+    out: the clients' :class:`fedjax_dp.round.ClientOut` (its ``aux``, ``[C]`` leaves).
+    sent: the uploads after the attack, ``[C, d]``.
+    mask: ``[C]``, 1 for real clients.
+    hp: the round's hyper-parameters (``bits``).
+
+  Returns:
+    Scalars ``wrap_fraction``, ``rounding_failures``, ``rounding_draws`` (mean per real client)
+    and ``sampler_unaccepted``.
+  """
   del state, params
   real = jnp.maximum(jnp.sum(mask), 1.0)
   return {"wrap_fraction": discrete.wrapped_fraction(as_integers(sent), mask, hp["bits"]),
@@ -180,7 +257,18 @@ def ddgauss_round(model, num_clients: int, sampling: str, training: Training, *,
 
 
 def round_mechanism(rnd: Round, hparams: dict, dim: int):
-  """The record both pieces declare (the same one), else :class:`fedjax_dp.privacy.NonPrivate`."""
+  """The record both pieces declare (the same one), else :class:`fedjax_dp.privacy.NonPrivate`.
+
+  Args:
+    rnd: the DDGauss round (its client and aggregator pieces).
+    hparams: the hyper-parameters the round runs with.
+    dim: ``d``, the padded dimension.
+
+  Returns:
+    The :class:`fedjax_dp.privacy.ddgauss.DDGaussMechanism` for ``hparams``, or a
+    :class:`fedjax_dp.privacy.NonPrivate` (no guarantee) when the pieces do not declare the same
+    mechanism.
+  """
   client = getattr(rnd.client, "mechanism", None)
   if client is None or client is not getattr(rnd.aggregator, "mechanism", None):
     return NonPrivate(relation="replace_one", guarantee_note=(

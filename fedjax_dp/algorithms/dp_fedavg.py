@@ -69,6 +69,19 @@ def fedavg_pieces(config, private: bool, regularizer: str, pre_clip: tuple) -> P
   """The static pieces of a FedAvg-family round: ``pre_clip`` transforms, then, in a private
   run, the clip and the noised mean (Gaussian noise when the aggregator is the mean).
 
+  Args:
+    config: the run's :class:`fedjax_dp.config.RunConfig` (its aggregator, weighting, sampling
+      and denominator).
+    private: clip each update to ``clip`` and, with the mean, add ``N(0, (z clip)^2 I)`` to the
+      sum (DP-FedAvg).
+    regularizer: "none" or "blur" (the local objective).
+    pre_clip: client transform names before the clip (``("sparsify",)`` for LUS).
+
+  Returns:
+    The round's :class:`fedjax_dp.algorithms.fedavg.Pieces` (non-private: the realized
+    denominator and the configured weighting; private: uniform weights and
+    ``config.denominator``).
+
   Raises:
     ConfigError: for RSA's ``sign_sum`` aggregator; in a private run, for example-count weights
       (they change the sensitivity) or the realized denominator under Poisson sampling (it

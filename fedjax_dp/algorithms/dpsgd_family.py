@@ -87,6 +87,16 @@ def example_record(pieces: DPSGDPieces) -> Callable:
   steps = pieces.steps
 
   def record(hp, grad_key: str, stat_key: Optional[str] = None):
+    """The per-step record of a class.
+
+    Args:
+      hp: the round's hyper-parameters (``sigma`` and the keys below).
+      grad_key: the key of the gradient's noise multiplier.
+      stat_key: the key of the norm statistic's noise std, or None (no statistic).
+
+    Returns:
+      An :class:`ExampleDPSGDMechanism` with ``pieces``' batch size, steps, sampling and capacity.
+    """
     return ExampleDPSGDMechanism(
         float(hp["sigma"]), steps.batch_size, steps.local_steps, steps.sampling,
         grad_noise_multiplier=float(hp[grad_key]),
@@ -98,17 +108,39 @@ def example_record(pieces: DPSGDPieces) -> Callable:
 def dpsgd_client(local_train: Callable, client_optimizer: str, pieces: DPSGDPieces) -> Piece:
   """``hp -> client``: :func:`fedjax_dp.client.dp_sgd`'s ``Q`` local steps, uploading ``w_{t,Q} - w_t``.
 
-  The client optimizer is built inside the trace with learning rate
-  ``hp["client_lr"]``; the client's
-  :class:`fedjax_dp.transforms.per_example.DPArgs` come in as its
-  ``client_hp``; its :class:`fedjax_dp.client.StepStats` are the ``aux``
-  output (for the threshold rule and the metrics).
+  Args:
+    local_train: :func:`fedjax_dp.client.dp_sgd`'s ``train``.
+    client_optimizer: the client optimizer's name, built inside the trace with learning rate
+      ``hp["client_lr"]``.
+    pieces: the round's static structure; with per-example clipping to a data-independent
+      bound, the piece declares the per-step record (:func:`example_record`).
+
+  Returns:
+    The client :class:`fedjax_dp.round.Piece`. Its client's
+    :class:`fedjax_dp.transforms.per_example.DPArgs` come in as its ``client_hp``; its
+    :class:`fedjax_dp.client.StepStats` are the ``aux`` output (for the threshold rule and the
+    metrics).
   """
 
   def client(hp):
     optimizer = make_optimizer(client_optimizer, hp["client_lr"])
 
     def fn(params0, x, y, count, row, args, key):
+      """One client's local DP-SGD.
+
+      Args:
+        params0: the global model ``w_t`` (a pytree).
+        x: the client's padded examples ``[M, ...]``.
+        y: its padded labels ``[M]``.
+        count: its number of real examples ``|D_n|``.
+        row: unused (no per-client state).
+        args: its :class:`fedjax_dp.transforms.per_example.DPArgs` (clip bound, scale, noise).
+        key: its PRNG key.
+
+      Returns:
+        A :class:`fedjax_dp.round.ClientOut`: the delta ``w_{t,Q} - w_t``, the mean example
+        loss, the delta's norm and the :class:`fedjax_dp.client.StepStats` as ``aux``.
+      """
       del row
       params_q, stats = local_train(params0, x, y, count, key, args, optimizer)
       delta = tree_sub(params_q, params0)
@@ -128,6 +160,21 @@ def dpsgd_metrics(class_names: tuple) -> Callable:
   before the rule)."""
 
   def metrics(state, new_params, out, sent, mask, hp):
+    """The round's diagnostics (:attr:`fedjax_dp.round.Hooks.metrics`).
+
+    Args:
+      state: the round's state before the step (its ``server``: the thresholds in force).
+      new_params: unused.
+      out: the clients' :class:`fedjax_dp.round.ClientOut` (``aux``: ``[C]`` StepStats).
+      sent: unused.
+      mask: ``[C]``, 1 for real clients.
+      hp: unused.
+
+    Returns:
+      Scalars: the fraction of sampled examples clipped, their mean gradient norm, the mean
+      noise std, the Poisson overflow steps, the non-finite example gradients and
+      ``clip_<class>`` per class.
+    """
     del new_params, sent, hp
     stats = out.aux
     examples = jnp.maximum(jnp.sum(stats.examples * mask), 1.0)
@@ -175,10 +222,12 @@ def dpsgd_round(model, num_clients: int, pieces: DPSGDPieces, training: Training
   def classes_of(hp, ids):
     return jnp.asarray(hp["client_class"], jnp.int32)[ids]
 
-  def client_hparams(thresholds, hp, ids):
+  def _client_hparams(thresholds, hp, ids):
+    """:attr:`fedjax_dp.round.Hooks.client_hparams`: ``client_args`` of the clients' classes."""
     return rules.client_args(thresholds, hp, classes_of(hp, ids))
 
-  def server_rule(thresholds, hp, stats, mask, ids):
+  def _server_rule(thresholds, hp, stats, mask, ids):
+    """:attr:`fedjax_dp.round.Hooks.server_rule`: ``threshold_rule`` of the clients' classes."""
     return rules.threshold_rule(thresholds, hp, stats, mask, classes_of(hp, ids))
 
   def init_server(params, hp):
@@ -189,8 +238,8 @@ def dpsgd_round(model, num_clients: int, pieces: DPSGDPieces, training: Training
       client=dpsgd_client(local_train, training.client_optimizer, pieces), aggregator=aggregator,
       attack=attack, attack_options=attack_options,
       weighting=pieces.weighting, server_optimizer=training.server_optimizer,
-      hooks=Hooks(init_server=init_server, client_hparams=client_hparams,
-                  server_rule=server_rule, metrics=dpsgd_metrics(tuple(rules.class_names))),
+      hooks=Hooks(init_server=init_server, client_hparams=_client_hparams,
+                  server_rule=_server_rule, metrics=dpsgd_metrics(tuple(rules.class_names))),
       # The aggregate of the clients' DP-SGD deltas, and the thresholds, which the sound
       # variants set from noisy statistics only (see fedjax_dp.engine); published SP-FL sets them
       # from raw norms, so there they are diagnostics.

@@ -125,15 +125,29 @@ def make_aggregator(pieces: Pieces, static: Optional[Mapping] = None) -> Piece:
 def lus_gradient(objective, batch_size: int, lus_batches: int):
   """LUS's gradient of the local loss at ``w_{t,Q}`` (Cheng et al. 2022, Eq. 10).
 
-  Returns ``(params_q, params0, x, y, count, key) -> grad``: the mean over
-  ``lus_batches`` minibatches of ``batch_size`` examples drawn from the
-  client's own data, or the exact gradient over all its examples when
-  ``lus_batches == 0``. ``objective`` is the local loss ``f_i`` without
-  BLUR's regulariser.
+  Args:
+    objective: the local loss ``f_i``, ``(params, (x, y, mask), anchor) -> loss``, without
+      BLUR's regulariser.
+    batch_size: examples per minibatch (drawn with replacement, :func:`sample_batch`).
+    lus_batches: minibatches averaged (>= 1), or 0 for the exact gradient over all the
+      client's examples.
+
+  Returns:
+    ``grad(params_q, params0, x, y, count, key) -> gradient``, a pytree like ``params_q``.
   """
   grad_fn = jax.grad(objective)
 
   def grad(params_q, params0, x, y, count, key):
+    """The gradient of ``objective`` at ``params_q`` on the client's data.
+
+    Args:
+      params_q: the final local model ``w_{t,Q}``.
+      params0: the round's global model (the objective's anchor).
+      x: the client's padded examples ``[M, ...]``.
+      y: its padded labels ``[M]``.
+      count: its number of real examples.
+      key: PRNG key of the minibatches (unused when ``lus_batches == 0``).
+    """
     if lus_batches == 0:
       mask = (jnp.arange(y.shape[0]) < count).astype(jnp.float32)
       return grad_fn(params_q, (x, y, mask), params0)
@@ -150,16 +164,21 @@ def lus_gradient(objective, batch_size: int, lus_batches: int):
 def fedavg_client(model, pieces: Pieces, training: Training, lus_batches: int = 1) -> Piece:
   """``hp -> client``: Q local SGD steps (BLUR optional), then the client transforms.
 
-  ``training`` gives Q, the batch size and the client optimizer; ``lus_batches`` the
-  minibatches of LUS's gradient (:func:`lus_gradient`).
-
-  The :class:`fedjax_dp.round.Piece` declares the L2 bound of what it releases
-  when its last transform is a clip.
-
   The released update is ``transforms(w_{t,Q} - w_t)``; ``norm`` is the raw
   update's norm (a diagnostic); LUS's ``sparsify`` gets the gradient of the
   local loss at ``w_{t,Q}`` (:func:`lus_gradient`), and every transform the client's own
   hyper-parameters (:attr:`fedjax_dp.round.Hooks.client_hparams`; ``()`` without) as ``client``.
+
+  Args:
+    model: the :class:`fedjax_dp.models.Model` trained.
+    pieces: the transforms (in order) and the regulariser ("blur": BLUR's objective with
+      ``hp["lambda"]`` and radius ``hp["clip"]``).
+    training: Q, the batch size and the client optimizer (rate ``hp["client_lr"]``).
+    lus_batches: the minibatches of LUS's gradient (:func:`lus_gradient`).
+
+  Returns:
+    The client :class:`fedjax_dp.round.Piece`; it declares the L2 bound ``hp["clip"]`` of what
+    it releases when its last transform is a clip.
   """
   loss = objectives.supervised(model.apply)
   lus = (lus_gradient(loss, training.batch_size, lus_batches) if "sparsify" in pieces.transforms
@@ -173,6 +192,22 @@ def fedavg_client(model, pieces: Pieces, training: Training, lus_batches: int = 
           else identity())
 
     def fn(params0, x, y, count, row, chp, key):
+      """One client's local SGD and transforms.
+
+      Args:
+        params0: the global model ``w_t`` (a pytree).
+        x: the client's padded examples ``[M, ...]``.
+        y: its padded labels ``[M]``.
+        count: its number of real examples.
+        row: unused (no per-client state).
+        chp: its own hyper-parameters (``Hooks.client_hparams``; ``()`` without), passed to
+          every transform as ``client`` (the canary transform's ``(id, scale)``).
+        key: its PRNG key (split into the training's, the transforms' and LUS's gradient's).
+
+      Returns:
+        A :class:`fedjax_dp.round.ClientOut`: the transformed delta, the mean training loss and
+        the raw delta's norm.
+      """
       del row
       k_train, k_tx, k_extra = jax.random.split(key, 3)
       params_q, train_loss = train(params0, x, y, count, k_train)

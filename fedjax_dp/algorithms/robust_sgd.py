@@ -64,6 +64,15 @@ def stochastic_gradient(objective: Callable, batch_size: int) -> Callable:
   grad_fn = jax.value_and_grad(objective)
 
   def fn(params, x, y, count, key):
+    """The loss and gradient at ``params`` of one minibatch (:func:`sample_batch`).
+
+    Args:
+      params: the model the gradient is taken at (also the objective's anchor).
+      x: the worker's padded examples ``[M, ...]``.
+      y: its padded labels ``[M]``.
+      count: its number of real examples.
+      key: PRNG key of the minibatch.
+    """
     return grad_fn(params, sample_batch(x, y, count, key, batch_size), params)
 
   return fn
@@ -77,6 +86,20 @@ def gradient_client(model, batch_size: int) -> Callable:
     del hp
 
     def fn(params, x, y, count, row, chp, key):
+      """One worker's stochastic gradient at the master's model.
+
+      Args:
+        params: the master's model ``x_0``.
+        x: the worker's padded examples ``[M, ...]``.
+        y: its padded labels ``[M]``.
+        count: its number of real examples.
+        row: unused (no per-client state).
+        chp: unused (no per-client hyper-parameters).
+        key: PRNG key of its minibatch.
+
+      Returns:
+        A :class:`fedjax_dp.round.ClientOut`: the gradient, its minibatch loss and its norm.
+      """
       del row, chp
       loss, g = gradient(params, x, y, count, key)
       return ClientOut(upload=g, loss=loss, norm=global_norm(g))

@@ -94,7 +94,18 @@ def _attacker_sign(v):
 
 
 def worker_step(xk, x0, grad, lr, lam):
-  """Eq. 5: ``x_k - alpha (grad f_k(x_k) + lambda sign(x_k - x_0))``."""
+  """Eq. 5: ``x_k - alpha (grad f_k(x_k) + lambda sign(x_k - x_0))`` (``sign(0) = +1``).
+
+  Args:
+    xk: the worker's model ``x_k`` (a pytree).
+    x0: the master's model ``x_0``, a pytree like ``xk``.
+    grad: the stochastic gradient ``grad f_k(x_k)``, a pytree like ``xk``.
+    lr: ``alpha`` > 0, the step size.
+    lam: ``lambda`` > 0, the weight of the L1 consensus penalty.
+
+  Returns:
+    The worker's new model, a pytree like ``xk``.
+  """
   return jax.tree_util.tree_map(lambda w, m, g: w - lr * (g + lam * paper_sign(w - m)), xk, x0, grad)
 
 
@@ -102,7 +113,22 @@ def perturbation(variant: str, sign_clip: bool = False, norm: str = "linf") -> P
   """The :class:`fedjax_dp.round.Piece` turning ``u = x_0 - x_k`` into the sent signs (Eq. 6, 8, 9).
 
   It declares the privacy record of what it releases, from the same
-  hyper-parameters its transform reads (RSA's exact signs declare none).
+  hyper-parameters its transform reads (RSA's exact signs declare none): Sign-Flipping keeps
+  each sign with probability ``gamma = hp["keep_prob"]``, ``ln(gamma / (1 - gamma))``-DP per
+  coordinate per round (Theorem 1); Sign-Gaussian sends ``sign(clip(u) + N(0, sigma^2 I))``,
+  ``sigma = hp["sign_sigma"]``, with a guarantee only with ``sign_clip``
+  (:mod:`fedjax_dp.privacy.sign`).
+
+  Args:
+    variant: "rsa" (exact signs, Eq. 6), "dp-rsa-f" (Sign-Flipping, Eq. 8) or anything else
+      (Sign-Gaussian, Eq. 9).
+    sign_clip: Sign-Gaussian bounds ``u`` by ``hp["sign_clip"]`` before the noise.
+    norm: the bound's norm, "linf" (per coordinate) or "l2".
+
+  Returns:
+    ``hp -> transform`` as a Piece, with ``(hp, dimension) -> record`` as its ``mechanism``
+    (:class:`fedjax_dp.privacy.sign.SignFlipMechanism`,
+    :class:`fedjax_dp.privacy.sign.SignGaussianMechanism`; None for "rsa").
   """
   if variant == "rsa":
     return Piece(lambda hp: to_sign(), "sign")
@@ -127,6 +153,22 @@ def rsa_client(gradient, perturb) -> Piece:
     tx = perturb(hp)
 
     def fn(x0, x, y, count, xk, chp, key):
+      """One worker's step (Eq. 5) and message ``F/G(x_0 - x_k)``, both from time t.
+
+      Args:
+        x0: the master's model ``x_0``.
+        x: the worker's padded examples ``[M, ...]``.
+        y: its padded labels ``[M]``.
+        count: its number of real examples.
+        xk: its own model ``x_k`` (its state row), a pytree like ``x0``.
+        chp: unused (no per-client hyper-parameters).
+        key: its PRNG key (split into the gradient's and the message's).
+
+      Returns:
+        A :class:`fedjax_dp.round.ClientOut`: the message, the new ``x_k`` as the row, the
+        minibatch loss, ``||x_0 - x_k||``, the number of signs the perturbation flipped
+        (``aux["flips"]``) and ``x_k`` as ``raw`` (what a model-level attack acts on).
+      """
       del chp
       k_grad, k_msg = jax.random.split(key)
       loss, g = gradient(xk, x, y, count, k_grad)
@@ -145,7 +187,21 @@ def rsa_client(gradient, perturb) -> Piece:
 def rsa_attack_step(knowledge: str, rnd, state, out, uploads: Uploads, hp, key):
   """Zhu and Ling's attacks: model-level (``sign(x_0 - z_j)`` with ``z_j`` from the attack on
   the workers' models) unless the attack reads the regular workers and may only read what
-  they release, their messages."""
+  they release, their messages.
+
+  Args:
+    knowledge: "released" or "omniscient" (what an attack that reads the regular workers sees).
+    rnd: the round (its attack).
+    state: the round's state (the master's model ``x_0``).
+    out: the workers' :class:`fedjax_dp.round.ClientOut` (``raw``: their models).
+    uploads: the workers' messages, who sent them and which are real.
+    hp: the round's hyper-parameters (the attack's strengths).
+    key: the attack's PRNG key.
+
+  Returns:
+    The messages the master receives: the Byzantine rows replaced (an Inf/NaN entry of
+    ``x_0 - z_j`` passes through, so the master rejects the row).
+  """
   attack = rnd.build_attack(hp)
   byz = uploads.byzantine
   if attack.reads_honest and knowledge == "released":
@@ -162,6 +218,18 @@ def sign_sum_scaled(hp) -> Aggregator:
   agg = robust.get("sign_sum")
 
   def aggregate(updates, weights, mask, state, key):
+    """``lambda`` times the sum of the real, finite messages' signs.
+
+    Args:
+      updates: the cohort's messages, a pytree with leaves ``[C, ...]``.
+      weights: ignored (every worker weighs 1).
+      mask: ``[C]``, 1 for real workers.
+      state: the sign sum's state (``optax.EmptyState()``).
+      key: PRNG key, passed on (unused).
+
+    Returns:
+      ``(aggregate, state)``, the aggregate a pytree like one message.
+    """
     total, state = agg.aggregate(updates, jnp.ones_like(weights), mask, state, key)
     return jax.tree_util.tree_map(lambda t: hp["lambda"] * t, total), state
 
@@ -170,7 +238,19 @@ def sign_sum_scaled(hp) -> Aggregator:
 
 def rsa_metrics(state, params, out, sent, mask, hp):
   """The perturbation's realized flip rate over the cohort's own messages (every worker
-  computes one; attackers' are replaced afterwards) and the new master model's norm."""
+  computes one; attackers' are replaced afterwards) and the new master model's norm.
+
+  Args:
+    state: unused.
+    params: the new master model.
+    out: the workers' :class:`fedjax_dp.round.ClientOut` (``aux["flips"]``, ``[C]``).
+    sent: unused.
+    mask: ``[C]``, 1 for real workers.
+    hp: unused.
+
+  Returns:
+    ``{"flip_rate": flips / (real workers * d), "master_norm": ||x_0||}``.
+  """
   del state, sent, hp
   dim = sum(x.size for x in jax.tree_util.tree_leaves(params))
   return {"flip_rate": jnp.sum(out.aux["flips"] * mask) / jnp.maximum(jnp.sum(mask) * dim, 1.0),

@@ -142,7 +142,13 @@ def options(config, unset_bounds=(("low_cap", 1.0), ("stat_bound", 4.0))) -> dic
 
 
 def privacy_classes(num_clients: int, high_fraction: float, seed: int) -> np.ndarray:
-  """``[num_clients]`` int32: HIGH (0) for a random ``round(high_fraction * N)`` clients, else LOW."""
+  """``[num_clients]`` int32: HIGH (0) for a random ``round(high_fraction * N)`` clients, else LOW.
+
+  Args:
+    num_clients: the population size N.
+    high_fraction: the fraction of clients in the high privacy-need class, in [0, 1].
+    seed: the run's seed (the draw has its own stream, ``default_rng([seed, tag])``).
+  """
   perm = np.random.default_rng([seed, _CLASS_TAG]).permutation(num_clients)
   cls = np.full(num_clients, LOW, np.int32)
   cls[perm[:int(round(high_fraction * num_clients))]] = HIGH
@@ -155,6 +161,15 @@ def example_capacity(config, data, sampling: str) -> Optional[int]:
   Large enough that a step of the largest client drops examples with
   probability below 1e-9; a draw above it keeps a random subset, which
   :class:`ExampleDPSGDMechanism` accounts for.
+
+  Args:
+    config: the run's :class:`fedjax_dp.config.RunConfig` (its ``batch_size`` L).
+    data: the population (its example counts and padded rows ``M``).
+    sampling: "fixed" or "poisson".
+
+  Returns:
+    ``min(M, c)``, ``c`` the smallest count with ``P[Binomial(n_max, L / n_max) > c] < 1e-9``
+    for the largest client's ``n_max`` examples; None for "fixed".
   """
   if sampling == "fixed":
     return None
@@ -168,6 +183,20 @@ def resolve_sigma(config, data, opts) -> float:
   Calibration takes the worst case: the smallest client (largest sampling
   rate) taking part in every one of the ``rounds`` rounds (``rounds * Q``
   steps).
+
+  Args:
+    config: the run's :class:`fedjax_dp.config.RunConfig` (``noise_multiplier`` or
+      ``target_epsilon``, ``delta``, ``rounds``, ``local_steps``, ``batch_size``,
+      ``accountant``).
+    data: the population (the smallest client's example count).
+    opts: the run's options (``example_sampling``).
+
+  Returns:
+    The per-step noise multiplier (float).
+
+  Raises:
+    ConfigError: when neither ``noise_multiplier`` nor ``target_epsilon`` is set, the
+      accountant cannot compose the steps' sampling, or no noise multiplier meets the target.
   """
   sampling = opts["example_sampling"]
   if config.target_epsilon is not None:
@@ -252,10 +281,19 @@ def build_dpsgd_family(config, data, rules: Rules, opts: dict, hparams: dict, cl
 
 
 def class_accounting(config, counts, pieces: DPSGDPieces, rnd, hp: dict, classes: list):
-  """The :class:`ExampleLevelAccounting` of ``classes`` (:func:`build_dpsgd_family`) over
-  clients of ``counts`` examples, each class's record the one ``rnd``'s client piece declares
-  for ``hp``, with the nominal per-step record of ``pieces`` (for the summary's noise
-  multiplier)."""
+  """The :class:`ExampleLevelAccounting` of ``classes`` over clients of ``counts`` examples.
+
+  Args:
+    config: the run's :class:`fedjax_dp.config.RunConfig` (``delta``, ``accountant``,
+      ``byzantine``).
+    counts: ``[N]`` the clients' example counts (their sampling rates).
+    pieces: the round's static structure: the nominal per-step record (``hp["sigma"]``) for the
+      summary's noise multiplier.
+    rnd: the round; each class's record is the one its client piece declares for ``hp``.
+    hp: the round's hyper-parameters.
+    classes: ``(name, client_ids, keys, reason)`` per privacy class (:func:`build_dpsgd_family`);
+      a class with keys gets no record when the client piece declares none.
+  """
   declared = rnd.client.mechanism
   privacy_classes = []
   for class_name, ids, keys, reason in classes:
@@ -349,6 +387,15 @@ def initial_spfl_threshold(model, data, seed: int, per_client: int) -> float:
 
   Computed on the host by the builder (into ``hp["init_clip_high"]``), so the
   round itself holds no data and is shared by every run of the same shapes.
+
+  Args:
+    model: the :class:`fedjax_dp.models.Model` trained.
+    data: the population (``x [N, M, ...]``, ``y``, ``counts``).
+    seed: the run's seed (its initial model is ``model.init(run_keys(seed)[0])``).
+    per_client: examples read per client (>= 1).
+
+  Returns:
+    The mean norm (float).
   """
   params = model.init(run_keys(seed)[0])
   fn = _initial_norm_fn(model, int(per_client))
@@ -421,7 +468,17 @@ def _sound_rule(thresholds, hp, stats, mask, c):
 
 def statistic_budget(sigma: float, opts: dict, algorithm: str):
   """``(stat_noise, z_grad)``: the norm statistic's noise (``stat_noise_ratio * sigma``) and the
-  gradient's multiplier when both share the step's ``sigma`` (Andrew et al. 2021, Sec. 3)."""
+  gradient's multiplier when both share the step's ``sigma`` (Andrew et al. 2021, Sec. 3):
+  ``z_grad = (sigma^-2 - (2 stat_noise)^-2)^(-1/2)``.
+
+  Args:
+    sigma: the step's noise multiplier (> 0).
+    opts: the run's options (``stat_noise_ratio``, > 1/2 for a split to exist).
+    algorithm: the algorithm's name, for the refusal.
+
+  Raises:
+    ConfigError: for ``sigma <= 0`` or ``stat_noise_ratio <= 1/2``.
+  """
   check(sigma > 0, "noise_multiplier", sigma, f"must be > 0 for {algorithm}")
   stat_noise = opts["stat_noise_ratio"] * sigma
   return stat_noise, split_noise_multiplier(sigma, stat_noise)

@@ -30,8 +30,17 @@ def salted(key: jax.Array, salt: int) -> jax.Array:
 
 def sample_like(tree, sample: Callable, key: jax.Array):
   """``sample(key, (n,))`` for all ``n`` coordinates of ``tree`` in one draw, cut into its
-  leaves' shapes. One draw compiles one random-number computation where a draw per leaf
-  compiles one per leaf (the quickstart's round: 4.0-4.4 s of compilation against 6.9-7.5 s)."""
+  leaves' shapes. One draw compiles one random-number computation where a draw per leaf would
+  compile one per leaf.
+
+  Args:
+    tree: a pytree of arrays (only its leaves' shapes are read).
+    sample: ``(key, shape) -> array`` of that shape (e.g. a normal or Bernoulli draw).
+    key: the draw's PRNG key.
+
+  Returns:
+    A pytree like ``tree`` of the sample's values (in the sample's dtype).
+  """
   leaves, treedef = jax.tree_util.tree_flatten(tree)
   sizes = [x.size for x in leaves]
   parts = jnp.split(sample(key, (sum(sizes),)), np.cumsum(sizes)[:-1])
@@ -40,7 +49,16 @@ def sample_like(tree, sample: Callable, key: jax.Array):
 
 def gaussian_like(tree, stddev, key: jax.Array):
   """Independent N(0, stddev^2) noise shaped like ``tree`` (:func:`sample_like`), in each
-  leaf's dtype."""
+  leaf's dtype.
+
+  Args:
+    tree: a pytree of arrays.
+    stddev: the noise's standard deviation (>= 0; may be traced).
+    key: the draw's PRNG key (drawn from as it is: salt it first, :func:`salted`).
+
+  Returns:
+    A pytree like ``tree``: float32 draws scaled by ``stddev``, cast to each leaf's dtype.
+  """
   noise = sample_like(tree, lambda k, shape: stddev * jax.random.normal(k, shape, jnp.float32), key)
   return jax.tree_util.tree_map(lambda n, x: n.astype(x.dtype), noise, tree)
 
@@ -72,6 +90,17 @@ def clip_l2(bound: float) -> optax.GradientTransformationExtraArgs:
   check_unless_traced(np.isfinite, "clip", bound, "must be a finite number")
 
   def update(updates, state, params=None, **extra):
+    """``updates / max(1, ||updates|| / bound)``, or zeros when the norm is not finite.
+
+    Args:
+      updates: a pytree (one client's update), clipped as one vector.
+      state: ``optax.EmptyState()``, returned as it is.
+      params: unused.
+      **extra: unused extra arguments of the chain.
+
+    Returns:
+      ``(clipped, state)``, ``clipped`` like ``updates`` with L2 norm at most ``bound``.
+    """
     del params, extra
     norm = global_norm(updates)
     finite = jnp.isfinite(norm)
@@ -95,6 +124,18 @@ def add_gaussian_noise(stddev: float, salt: int = SALT_GAUSSIAN) -> optax.Gradie
   check_unless_traced(lambda s: s is not None and s >= 0, "noise stddev", stddev, "must be >= 0")
 
   def update(updates, state, params=None, *, key, **extra):
+    """``updates + N(0, stddev^2 I)``.
+
+    Args:
+      updates: a pytree.
+      state: ``optax.EmptyState()``, returned as it is.
+      params: unused.
+      key: PRNG key; the noise is drawn from ``fold_in(key, salt)``.
+      **extra: unused extra arguments of the chain.
+
+    Returns:
+      ``(noised, state)``, ``noised`` like ``updates``.
+    """
     del params, extra
     noise = gaussian_like(updates, stddev, salted(key, salt))
     return jax.tree_util.tree_map(jnp.add, updates, noise), state
@@ -105,7 +146,17 @@ def add_gaussian_noise(stddev: float, salt: int = SALT_GAUSSIAN) -> optax.Gradie
 def canary_direction(like, seed, client) -> jax.Array:
   """Canary ``client``'s fixed direction: a pytree shaped like ``like`` of L2 norm 1, uniform on
   the unit sphere (standard normal coordinates, normalised), a function of ``seed`` and ``client``
-  only (traced or not), so an auditor recomputes it from the two numbers."""
+  only (traced or not), so an auditor recomputes it from the two numbers.
+
+  Args:
+    like: a pytree (only its leaves' shapes and dtypes are read).
+    seed: the audit's canary seed (an int; may be traced).
+    client: the canary's client id (an int; may be traced).
+
+  Returns:
+    A pytree like ``like``, in its leaves' dtypes, drawn from
+    ``fold_in(fold_in(PRNGKey(seed), SALT_CANARY), client)``.
+  """
   key = jax.random.fold_in(salted(jax.random.PRNGKey(seed), SALT_CANARY), client)
   u = sample_like(like, lambda k, shape: jax.random.normal(k, shape, jnp.float32), key)
   norm = global_norm(u)
@@ -125,6 +176,15 @@ def replace_by_canary(seed) -> optax.GradientTransformationExtraArgs:
   clip, the noise, the sampling and the accounting act on it as on every other client.
   """
   def update(updates, state, params=None, *, client, **extra):
+    """``(c * u, state)`` for a canary (``c >= 0``), else ``(updates, state)``.
+
+    Args:
+      updates: the client's update (a pytree).
+      state: ``optax.EmptyState()``, returned as it is.
+      params: unused.
+      client: ``(id, scale)``: the client's id and its canary scale ``c`` (below 0: no canary).
+      **extra: unused extra arguments of the chain.
+    """
     del params, extra
     ident, scale = client
     u = canary_direction(updates, seed, ident)

@@ -104,7 +104,17 @@ def conditional_round(x: jax.Array, bound, tries, key: jax.Array):
   at most ``||x||``), or zeros if even that fails the check, so the returned
   vector is always within the bound.
 
-  Returns ``(rounded, draws, ok)``: ``ok`` False when the fallback was used.
+  Args:
+    x: a float32 vector ``[d]`` (``d`` a power of two: the pairwise :func:`sum_of_squares`),
+      already scaled to integer units.
+    bound: ``B``, the L2 bound (> 0; may be traced).
+    tries: the most draws (>= 1; may be traced).
+    key: PRNG key; draw ``i`` uses ``fold_in(key, i)``.
+
+  Returns:
+    ``(rounded, draws, ok)``: the float32 integer-valued vector ``[d]`` with
+    ``||rounded||_2 <= B``, the int32 number of draws made, and ``ok`` False when the fallback
+    was used.
   """
   limit = jnp.square(bound * (1.0 - NORM_MARGIN))
 
@@ -162,12 +172,18 @@ def discrete_gaussian(key: jax.Array, shape, sigma, tries: int = SAMPLER_TRIES):
   Not bit-exact: the algorithm is exact with exact Bernoulli and geometric
   draws; here they come from float32 uniforms (as TensorFlow Privacy's
   sampler does), so each acceptance probability is off by about 2^-24 and
-  the discrete Laplace tail beyond about ``7 t`` is coarse. A coordinate
-  never accepted (probability below 0.49^64 < 1e-20 for ``sigma >= 1/2``) is
-  0. ``sigma`` must be >= 1/2 (it may be traced).
+  the discrete Laplace tail beyond about ``7 t`` is coarse. A coordinate never accepted
+  (probability below 0.49^64 < 1e-20 for ``sigma >= 1/2``) is 0.
 
-  Returns ``(samples, unaccepted)``: float32 integers of ``shape`` and the number of
-  coordinates set to 0.
+  Args:
+    key: the draws' PRNG key (round ``i`` of proposals uses ``fold_in(key, i)``).
+    shape: the samples' shape (static).
+    sigma: the standard deviation, >= 1/2 (may be traced).
+    tries: the most rounds of the last buffer, and again of the left-out coordinates (static).
+
+  Returns:
+    ``(samples, unaccepted)``: float32 integers of ``shape`` and the number of
+    coordinates set to 0.
   """
   draw = _Proposals(key, jnp.floor(sigma) + 1.0, jnp.square(sigma), math.prod(shape))
   n = draw.n
@@ -203,8 +219,18 @@ class _Proposals(NamedTuple):
     return y, accept
 
   def retry(self, i, y, done, pending):
-    """One proposal for each position in ``pending`` (``n``: an empty slot); returns the
-    samples, the accepted mask and the positions still rejected (``n`` where accepted)."""
+    """One proposal for each position in ``pending``.
+
+    Args:
+      i: the round (its proposals draw from ``fold_in(key, i)``).
+      y: ``[n]`` float32 samples so far.
+      done: ``[n]`` bool, which coordinates are accepted.
+      pending: int positions to propose for (``n``: an empty slot).
+
+    Returns:
+      ``(y, done, pending)``: the samples and the accepted mask with this round's acceptances
+      written, and the positions still rejected (``n`` where accepted).
+    """
     y_new, accept = self.propose(i, pending.shape[0])
     taken = jnp.where(accept, pending, self.n)  # n is out of range: dropped
     return (y.at[taken].set(y_new, mode="drop"), done.at[taken].set(True, mode="drop"),
@@ -240,10 +266,17 @@ def _drain(draw: _Proposals, y, done, pending, first: int, tries: int):
 def modular_sum(rows: jax.Array, mask: jax.Array, bits) -> jax.Array:
   """``sum_i mask_i rows_i mod 2^bits`` in ``[0, 2^bits)`` (uint32): what secure aggregation outputs.
 
-  ``rows``: ``[C, d]`` int32 (each client's integer vector; only its residue
-  modulo ``2^bits`` enters). The sum is taken in uint32, which wraps modulo
-  ``2^32``, a multiple of ``2^bits``, so it is exact for any cohort.
-  ``bits`` may be traced (``<= 31``).
+  The sum is taken in uint32, which wraps modulo ``2^32``, a multiple of ``2^bits``, so it is
+  exact for any cohort.
+
+  Args:
+    rows: ``[C, d]`` int32, each client's integer vector (only its residue modulo ``2^bits``
+      enters).
+    mask: ``[C]``, 1 for real clients and 0 for padding (a padded row adds nothing).
+    bits: the modulus' exponent (``<= 31``; may be traced).
+
+  Returns:
+    ``[d]`` uint32 residues.
   """
   modulus_mask = jnp.left_shift(jnp.uint32(1), jnp.asarray(bits, jnp.uint32)) - jnp.uint32(1)
   residues = jnp.bitwise_and(jax.lax.bitcast_convert_type(rows.astype(jnp.int32), jnp.uint32),
@@ -264,6 +297,14 @@ def wrapped_fraction(rows: jax.Array, mask: jax.Array, bits) -> jax.Array:
   ``[-2^(bits-1), 2^(bits-1))``, where :func:`to_signed` of the modular sum differs from it.
 
   The true sum is taken in int32 (exact while its magnitude stays below 2^31).
+
+  Args:
+    rows: ``[C, d]`` integer rows (a raw diagnostic: the uploads themselves).
+    mask: ``[C]``, 1 for real clients.
+    bits: the modulus' exponent (may be traced).
+
+  Returns:
+    A float32 scalar in [0, 1].
   """
   total = jnp.sum(jnp.where(mask.reshape((-1,) + (1,) * (rows.ndim - 1)) > 0,
                             rows.astype(jnp.int32), 0), axis=0)

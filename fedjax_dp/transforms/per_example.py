@@ -72,7 +72,15 @@ class DPArgs(NamedTuple):
 
 
 def dp_args(clip, scale=1.0, noise_multiplier=0.0, stat_noise=0.0, stat_bound=1.0) -> DPArgs:
-  """A :class:`DPArgs` of float32 arrays (broadcast to a common shape)."""
+  """A :class:`DPArgs` of float32 arrays (broadcast to a common shape: ``[C]`` for a cohort).
+
+  Args:
+    clip: ``C``, the per-example L2 bound (> 0; ``inf``: no bound and no guarantee).
+    scale: ``s``, the factor on every per-example gradient before clipping (SP-FL's beta).
+    noise_multiplier: ``sigma``: noise std ``sigma * C`` on a step's clipped sum.
+    stat_noise: the norm statistic's noise std.
+    stat_bound: ``B`` of the ``"norm"`` statistic (> 0).
+  """
   vals = jnp.broadcast_arrays(*(jnp.asarray(v, jnp.float32) for v in
                                 (clip, scale, noise_multiplier, stat_noise, stat_bound)))
   return DPArgs(*vals)
@@ -84,14 +92,40 @@ def per_example_grads(objective: Callable, params, anchor, x: jax.Array, y: jax.
   ``objective(params, (x, y, mask), anchor)`` is evaluated on one example at a
   time; under the engine's client ``vmap`` this is the nested clients x
   examples vmap.
+
+  Args:
+    objective: ``(params, (x, y, mask), anchor) -> loss``.
+    params: the model the gradients are taken at (a pytree).
+    anchor: passed through to the objective (the round's global model).
+    x: ``[B, ...]`` examples.
+    y: ``[B]`` labels.
+
+  Returns:
+    ``(losses [B], grads)``, ``grads`` like ``params`` with a leading ``[B]`` axis.
   """
   def one(p, xi, yi):
+    """The objective on one example.
+
+    Args:
+      p: the model.
+      xi: one example (``x``'s row).
+      yi: its label.
+    """
     return objective(p, (xi[None], yi[None], jnp.ones((1,), jnp.float32)), anchor)
   return jax.vmap(jax.value_and_grad(one), in_axes=(None, 0, 0))(params, x, y)
 
 
 def clip_factors(norms: jax.Array, clip: jax.Array, scale: jax.Array) -> jax.Array:
-  """Per-example factors ``min(1, s, C / ||g_i||)``: ``||factor_i g_i|| <= min(C, s ||g_i||)``."""
+  """Per-example factors ``min(1, s, C / ||g_i||)``: ``||factor_i g_i|| <= min(C, s ||g_i||)``.
+
+  Args:
+    norms: ``[K]`` per-example gradient L2 norms (>= 0).
+    clip: ``C``, the bound (a scalar; ``inf``: no bound).
+    scale: ``s``, the constant factor (a scalar, > 0).
+
+  Returns:
+    ``[K]`` factors in ``[0, min(1, s)]``.
+  """
   return jnp.minimum(jnp.minimum(1.0, scale), clip / jnp.maximum(norms, 1e-30))
 
 
@@ -200,7 +234,20 @@ def _norm_statistic(norms: jax.Array, mask: jax.Array, args: DPArgs, statistic: 
 
 def plain_gradient(objective: Callable, params, anchor, batch: tuple, expected_batch: float):
   """Non-private counterpart of :func:`dp_gradient`: ``sum_i mask_i g_i / L`` of the batch
-  ``(x, y, mask)``, no per-example work."""
+  ``(x, y, mask)``, no per-example work.
+
+  Args:
+    objective: ``(params, (x, y, mask), anchor) -> loss``, the batch's masked mean loss.
+    params: the current local model.
+    anchor: the round's global model (passed through to the objective).
+    batch: the sampled ``(x, y, mask)``: ``[K, ...]``, ``[K]`` and ``[K]`` (1.0 for sampled
+      examples).
+    expected_batch: ``L``, the denominator (as :func:`dp_gradient`'s).
+
+  Returns:
+    ``(gradient, info)``: ``info`` has :func:`dp_gradient`'s keys, with ``loss_sum`` and
+    ``examples`` computed and the other entries zero.
+  """
   x, y, mask = batch
 
   def total(p):

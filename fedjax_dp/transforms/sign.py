@@ -45,6 +45,14 @@ def to_sign() -> optax.GradientTransformationExtraArgs:
   """``sign(u)`` (no privacy)."""
 
   def update(updates, state, params=None, **extra):
+    """``(sign(updates), state)``, +-1 in each leaf's dtype.
+
+    Args:
+      updates: the worker's ``u``, a pytree.
+      state: ``optax.EmptyState()``, returned as it is.
+      params: unused.
+      **extra: unused extra arguments of the chain.
+    """
     del params, extra
     return jax.tree_util.tree_map(paper_sign, updates), state
 
@@ -69,6 +77,15 @@ def sign_flip(keep_prob: float) -> optax.GradientTransformationExtraArgs:
                       "must be in [0.5, 1]")
 
   def update(updates, state, params=None, *, key, **extra):
+    """``(sign(u) * (+1 w.p. gamma, -1 w.p. 1 - gamma), state)``, independently per coordinate.
+
+    Args:
+      updates: the worker's ``u``, a pytree.
+      state: ``optax.EmptyState()``, returned as it is.
+      params: unused.
+      key: PRNG key; the keep draws come from ``fold_in(key, SALT_SIGN_FLIP)``.
+      **extra: unused extra arguments of the chain.
+    """
     del params, extra
     keep = sample_like(updates, lambda k, shape: jax.random.bernoulli(k, keep_prob, shape),
                        salted(key, SALT_SIGN_FLIP))
@@ -91,6 +108,14 @@ def clip_linf(bound: float) -> optax.GradientTransformationExtraArgs:
   check_unless_traced(lambda b: b is not None and b > 0, "sign_clip", bound, "must be > 0")
 
   def update(updates, state, params=None, **extra):
+    """``(clip(u, -bound, bound), state)`` with NaN entries 0.
+
+    Args:
+      updates: a pytree.
+      state: ``optax.EmptyState()``, returned as it is.
+      params: unused.
+      **extra: unused extra arguments of the chain.
+    """
     del params, extra
     return jax.tree_util.tree_map(
         lambda u: jnp.where(jnp.isnan(u), jnp.zeros_like(u), jnp.clip(u, -bound, bound)),
@@ -131,6 +156,15 @@ def sign_gaussian(sigma: float, clip: Optional[float] = None,
     bound = None
 
   def update(updates, state, params=None, *, key, **extra):
+    """``(sign(clip(u) + e), state)``, ``e ~ N(0, sigma^2 I)`` (without ``clip``: ``sign(u + e)``).
+
+    Args:
+      updates: the worker's ``u``, a pytree.
+      state: ``optax.EmptyState()``, returned as it is.
+      params: unused.
+      key: PRNG key; the noise comes from ``fold_in(key, SALT_SIGN_GAUSSIAN)``.
+      **extra: unused extra arguments of the chain.
+    """
     del params, extra
     if bound is not None:
       updates, _ = bound.update(updates, optax.EmptyState())

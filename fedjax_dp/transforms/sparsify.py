@@ -99,6 +99,15 @@ def sparsify_by_utility(sparsity: float) -> optax.GradientTransformationExtraArg
                       "must be in [0, 1)")
 
   def update(updates, state, params=None, *, grad, **extra):
+    """``(sparsified, state)``: each leaf keeps its ``s_j`` elements of largest ``|g * Delta|``.
+
+    Args:
+      updates: ``Delta``, the client's update (a pytree).
+      state: ``optax.EmptyState()``, returned as it is.
+      params: unused.
+      grad: the local loss's gradient at ``w_{t,Q}``, a pytree like ``updates``.
+      **extra: unused extra arguments of the chain.
+    """
     del params, extra
 
     def one(u, g):
