@@ -48,7 +48,7 @@ import time
 from fedjax_dp.config import make_config
 from fedjax_dp.experiment import load_data, recorded_config, simulate
 from fedjax_dp.reproduce import cheng2022
-from fedjax_dp.sweep import _data_key, plan as sweep_points, sweep
+from fedjax_dp.sweep import Programs, _data_key, plan as sweep_points, sweep
 
 
 def base_config(data_dir, rounds: int, method: str):
@@ -101,7 +101,7 @@ def measure(data_dir=None, rounds: int = 40, seeds: int = 3, epsilons=(2.0, 4.0,
     for size, threads in sweeps:
       fresh_privacy_caches()
       t0 = time.perf_counter()
-      swept = sweep(config, grid, seeds, load=load, group_size=size, threads=threads)
+      swept = sweep(config, grid, seeds, load=load, programs=Programs(size, threads))
       name = ("sweep" + ("" if size is None else f"_group{size}")
               + ("_threads" if threads is None else "") + tag)
       out[f"{name}_s"] = time.perf_counter() - t0

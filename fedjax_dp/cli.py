@@ -47,7 +47,7 @@ from fedjax_dp.reproduce import (REPRODUCTIONS, finished_a_run, own_files, rende
 from fedjax_dp.reproduce.runner import RESULT_FILES
 from fedjax_dp.round import check_backend, use_cpu_devices
 from fedjax_dp.sampling import SAMPLINGS
-from fedjax_dp.sweep import check_axes, parse_grid, plan, sweep
+from fedjax_dp.sweep import Programs, check_axes, parse_grid, plan, sweep
 
 EXIT_INVALID, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_MEMORY = 2, 3, 130, 4
 EXIT_BROKEN_PIPE = 141  # as a process killed by SIGPIPE: its reader went away
@@ -640,8 +640,9 @@ def _cmd_sweep(args) -> int:
   try:
     options = RunOptions(output_dir=str(out), overwrite=args.overwrite, release=args.release,
                          wandb=args.wandb, **_run_options(args))
-    result = sweep(config, grid, args.seeds, run_options=options, group_size=args.group_size,
-                   threads=args.threads, log=lambda line: print(line, file=sys.stderr),
+    result = sweep(config, grid, args.seeds, run_options=options,
+                   programs=Programs(args.group_size, args.threads),
+                   log=lambda line: print(line, file=sys.stderr),
                    vary_split=args.vary_split)
   except KeyboardInterrupt:  # sweep() removed its partial files and put earlier ones back
     print(f"fedjax-dp: interrupted: {out} is as it was (a sweep is written whole or not at "

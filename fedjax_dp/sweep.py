@@ -454,6 +454,22 @@ def threads_for(requested: Optional[int], devices: Sequence[Optional[int]]) -> i
   return max(1, min(MAX_AUTO_THREADS, cores or 1, len(devices)))
 
 
+@dataclasses.dataclass(frozen=True)
+class Programs:
+  """How a sweep runs its experiments as compiled programs (checked by :func:`programs_at_once`
+  before any data set loads).
+
+  Attributes:
+    group_size: at most this many experiments per program (an integer >= 1; None: every
+      experiment that shares a round, :func:`run_configs`).
+    threads: programs run at once (an integer >= 1; None: :func:`threads_for`'s default, one
+      per core on one CPU device, else one).
+  """
+
+  group_size: Optional[int] = None
+  threads: Optional[int] = None
+
+
 def programs_at_once(group_size: Optional[int], threads: Optional[int],
                      devices: Sequence[Optional[int]]) -> int:
   """Checks ``group_size`` and returns :func:`threads_for` ``(threads, devices)``.
@@ -636,9 +652,8 @@ def _in_threads(groups: list, threads: int, run_one, finish, stop: threading.Eve
 
 
 def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int = 1, *,
-          run_options: Optional[RunOptions] = None, load=None, log=None,
-          group_size: Optional[int] = None, threads: Optional[int] = None,
-          vary_split: bool = False) -> SweepResult:
+          run_options: Optional[RunOptions] = None, programs: Optional[Programs] = None,
+          load=None, log=None, vary_split: bool = False) -> SweepResult:
   """Runs every grid point times seed; experiments that share a round run as one program.
 
   Args:
@@ -660,9 +675,8 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
     load: ``config -> FederatedData`` (default: :func:`fedjax_dp.experiment.load_data`);
       called once per distinct data set (data fields and seed).
     log: where one line per finished group goes (default: nowhere).
-    group_size: at most this many experiments per compiled program (:func:`run_configs`).
-    threads: programs run at once (:func:`threads_for`; default: one per core on one CPU
-      device, else one).
+    programs: how the experiments are grouped into compiled programs and how many run at once
+      (:class:`Programs`; default: ``Programs()``).
     vary_split: each seed splits the data into clients by its own seed (:func:`plan`); a row's
       mean over seeds is then covered for one example (:func:`seeds_composed`).
 
@@ -674,7 +688,9 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
   """
   options = run_options or RunOptions()
   points = _checked_plan(config, grid, seeds, options, vary_split)
-  threads = programs_at_once(group_size, threads, [p.config.devices for p in points])
+  programs = programs or Programs()
+  threads = programs_at_once(programs.group_size, programs.threads,
+                             [p.config.devices for p in points])
   folder = (contextlib.nullcontext() if options.output_dir is None else
             outputs.claimed(options.output_dir, overwrite=options.overwrite, results=SWEEP_FILES))
   with folder as out:  # None: nothing is written
@@ -707,7 +723,8 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
                for i, p in enumerate(points)]
       results, group_records = run_configs(
           tasks, dataclasses.replace(options, output_dir=None, overwrite=False), log=log,
-          on_group=keep_ledgers, group_size=group_size, threads=threads)
+          on_group=keep_ledgers, group_size=programs.group_size,
+                                 threads=threads)
       experiments = _experiments(points, results, group_records, out is not None)
       rows = _rows(points, experiments, datasets, ledgers, seeds)
       # The programs that ran at once: no more threads than programs.

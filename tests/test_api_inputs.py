@@ -7,7 +7,7 @@ import pytest
 from fedjax_dp.client import DPSGDSteps, dp_sgd
 from fedjax_dp.config import RunConfig, load_config_file, make_config
 from fedjax_dp.errors import ConfigError
-from fedjax_dp.sweep import plan, sweep
+from fedjax_dp.sweep import Programs, plan, sweep
 
 
 def _no_loading(cfg):
@@ -66,7 +66,7 @@ def test_grid_values_as_list_tuple_range_or_1d_array_are_taken():
 @pytest.mark.parametrize("group_size", [1.5, "2", True, 0, -1, 2.0])
 def test_sweep_refuses_a_group_size_that_is_not_an_integer_at_least_one(group_size):
   with pytest.raises(ConfigError) as e:
-    sweep(_base(), {"clip": [0.1]}, group_size=group_size, load=_no_loading)
+    sweep(_base(), {"clip": [0.1]}, programs=Programs(group_size=group_size), load=_no_loading)
   assert e.value.field == "group_size" and e.value.value is group_size
   assert "integer >= 1" in str(e.value)
 

@@ -14,7 +14,7 @@ from fedjax_dp.config import make_config
 from fedjax_dp.engine import RunOptions
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.experiment import simulate
-from fedjax_dp.sweep import parse_grid, plan, seeds_composed, sweep
+from fedjax_dp.sweep import Programs, parse_grid, plan, seeds_composed, sweep
 
 
 def _base(**kw):
@@ -53,7 +53,8 @@ def test_each_experiment_equals_its_single_run_and_the_grid_is_one_program(tmp_p
 
   # clip and noise are numbers (one group); two seeds partition the data differently (stacked).
   result = sweep(_base(), {"clip": ["0.2", "1.0"], "noise_multiplier": [0.5]}, seeds=2,
-                 run_options=RunOptions(output_dir=str(tmp_path)), load=load, threads=1,
+                 run_options=RunOptions(output_dir=str(tmp_path)), load=load,
+                   programs=Programs(threads=1),
                  vary_split=True)
   assert len(result.experiments) == 4 and len(result.groups) == 1
   assert [(e["values"]["clip"], e["seed"]) for e in result.experiments] == [
@@ -89,7 +90,7 @@ def test_seeds_on_the_same_clients_are_composed_by_their_accountant():
   # data_seed keeps the split into clients: the mean over both runs is covered, per client, by
   # all 2 x 3 rounds through the runs' RDP accountant, at the runs' delta.
   result = sweep(_base(data_seed=5), {"clip": ["0.5"], "noise_multiplier": [0.5]}, seeds=2,
-                 threads=1)
+                 programs=Programs(threads=1))
   row = result.rows[0]
   assert len(result.groups) == 1
   delta = result.experiments[0]["result"].summary["delta"]
@@ -102,7 +103,8 @@ def test_seeds_on_the_same_clients_are_composed_by_their_accountant():
   params = [e["result"].state.params for e in result.experiments]
   assert not all(np.array_equal(a, b) for a, b in zip(*map(jax.tree_util.tree_leaves, params)))
   # The same seeds on the shards partition (a split by labels), each on its own split: no bound.
-  shards = sweep(_base(partition="shards", rounds=1), {"clip": ["0.5"]}, seeds=2, threads=8,
+  shards = sweep(_base(partition="shards", rounds=1), {"clip": ["0.5"]}, seeds=2,
+                 programs=Programs(threads=8),
                  vary_split=True)
   assert shards.rows[0]["epsilon"] > 0 and shards.rows[0]["epsilon_seeds_composed"] is None
   assert shards.threads == 2  # two experiments: two programs at once, not eight
@@ -126,7 +128,8 @@ def test_a_sweeps_seeds_share_one_split_unless_asked_otherwise():
   # A split by labels, shared: its seeds compose by the runs' accountant, for their own unit.
   from fedjax_dp.experiment import load_data
   loads = []
-  shards = sweep(_base(partition="shards", rounds=1), {"clip": ["0.5"]}, seeds=2, threads=1,
+  shards = sweep(_base(partition="shards", rounds=1), {"clip": ["0.5"]}, seeds=2,
+                 programs=Programs(threads=1),
                  load=lambda cfg: loads.append(cfg.split_seed) or load_data(cfg))
   row = shards.rows[0]
   assert loads == [0]  # one data set for both seeds
@@ -138,7 +141,8 @@ def test_a_sweeps_seeds_share_one_split_unless_asked_otherwise():
 
 
 def test_target_epsilon_axis_calibrates_each_experiment():
-  result = sweep(_base(rounds=2), {"target_epsilon": ["2", "8"]}, seeds=1, threads=1)
+  result = sweep(_base(rounds=2), {"target_epsilon": ["2", "8"]}, seeds=1,
+                 programs=Programs(threads=1))
   eps = [r["epsilon"] for r in result.rows]
   assert eps[0] == pytest.approx(2.0, rel=0.02) and eps[1] == pytest.approx(8.0, rel=0.02)
   noise = [e["result"].summary["noise_multiplier"] for e in result.experiments]
@@ -281,7 +285,7 @@ def test_a_sweep_has_one_progress_display_for_all_its_programs(monkeypatch, caps
   monkeypatch.setattr(engine, "ProgressBar", refused)
   monkeypatch.setattr(engine, "ProgressLines", refused)
   lines = []
-  result = sweep(_base(rounds=2), {"clip": ["0.3", "0.6"]}, seeds=2, threads=2,
+  result = sweep(_base(rounds=2), {"clip": ["0.3", "0.6"]}, seeds=2, programs=Programs(threads=2),
                  run_options=RunOptions(progress_every=1e-9), log=lines.append)
   assert len(result.groups) == 2 and len(made) == 1
   err = capsys.readouterr().err.splitlines()
@@ -290,7 +294,8 @@ def test_a_sweep_has_one_progress_display_for_all_its_programs(monkeypatch, caps
   assert err[-1].startswith("sweep: 8/8 experiment rounds, ")
   assert sorted(line.split("]")[0] for line in lines) == ["[group 1/2", "[group 2/2"]
   assert made[0].ended == 2
-  sweep(_base(rounds=1), {"clip": ["0.3", "0.6"]}, threads=2, run_options=RunOptions(progress=True))
+  sweep(_base(rounds=1), {"clip": ["0.3", "0.6"]},
+        programs=Programs(threads=2), run_options=RunOptions(progress=True))
   assert len(made) == 2 and made[1].done == 2 and made[1].bar is None  # closed
 
 
@@ -353,7 +358,7 @@ def test_experiments_in_blocks_of_clients_equal_their_single_runs():
     return loaded[cfg.seed]
 
   result = sweep(_base(client_chunk=3, rounds=2), {"clip": ["0.5"]}, seeds=2, load=load,
-                 threads=1)
+                 programs=Programs(threads=1))
   masks = [np.asarray(e["result"].metrics["cohort_size"]) for e in result.experiments]
   assert len(result.groups) == 1 and not np.array_equal(*masks), masks
   _compare_to_single_runs(result, load)
@@ -382,10 +387,12 @@ def test_experiments_run_in_sequence_on_one_cpu_and_side_by_side_elsewhere(monke
   load = lambda cfg: cache.setdefault(cfg.seed, load_data(cfg))
   assert not engine.experiments_vmapped()
   grid = {"clip": ["0.3", "0.6"]}
-  in_sequence = sweep(_base(rounds=2), grid, seeds=2, load=load, threads=1, vary_split=True)
+  in_sequence = sweep(_base(rounds=2), grid, seeds=2, load=load,
+                      programs=Programs(threads=1), vary_split=True)
   assert [g["side_by_side"] for g in in_sequence.groups] == [False]
   monkeypatch.setattr(engine, "experiments_vmapped", lambda: True)
-  side_by_side = sweep(_base(rounds=2), grid, seeds=2, load=load, threads=1, vary_split=True)
+  side_by_side = sweep(_base(rounds=2), grid, seeds=2, load=load,
+                       programs=Programs(threads=1), vary_split=True)
   assert [g["side_by_side"] for g in side_by_side.groups] == [True]
   assert held == {(2, (0, 1, 0, 1))}  # two seeds' data sets for four experiments
   _compare_to_single_runs(in_sequence, load)
@@ -398,7 +405,8 @@ def test_programs_run_at_once_in_threads_equal_their_single_runs(tmp_path):
   from fedjax_dp.experiment import load_data
   cache = {}
   load = lambda cfg: cache.setdefault(cfg.seed, load_data(cfg))
-  result = sweep(_base(rounds=2), {"clip": ["0.3", "0.6"]}, seeds=2, load=load, threads=2,
+  result = sweep(_base(rounds=2), {"clip": ["0.3", "0.6"]}, seeds=2, load=load,
+                 programs=Programs(threads=2),
                  run_options=RunOptions(output_dir=str(tmp_path)))
   assert result.threads == 2
   assert sorted(g["experiments"] for g in result.groups) == [[0, 1], [2, 3]]
@@ -428,7 +436,7 @@ def test_a_failing_program_stops_the_others_and_its_error_is_raised(monkeypatch)
 
   monkeypatch.setattr(engine, "run_group", run_group)
   with pytest.raises(RuntimeError, match="this program failed"):
-    sweep(_base(rounds=500), {"clip": ["0.3"]}, seeds=2, threads=2)
+    sweep(_base(rounds=500), {"clip": ["0.3"]}, seeds=2, programs=Programs(threads=2))
   assert stopped == [True]  # the other program ended before its last round
 
 
@@ -444,7 +452,8 @@ def test_threads_are_one_per_core_on_one_cpu_device_and_checked(monkeypatch):
   assert threads_for(None, [None] * 20) == 1  # accelerators and several devices: one
   for bad in (0, -1, 1.5, True, "2"):
     with pytest.raises(ConfigError, match=r"threads.*integer >= 1"):
-      sweep(_base(), {"clip": ["0.3"]}, threads=bad, load=lambda cfg: pytest.fail("loaded data"))
+      sweep(_base(), {"clip": ["0.3"]},
+            programs=Programs(threads=bad), load=lambda cfg: pytest.fail("loaded data"))
 
 
 def test_one_thread_runs_the_programs_in_the_callers_thread(monkeypatch):
@@ -458,9 +467,9 @@ def test_one_thread_runs_the_programs_in_the_callers_thread(monkeypatch):
     return real(*a, **kw)
 
   monkeypatch.setattr(engine, "run_group", run_group)
-  sweep(_base(rounds=1), {"clip": ["0.3", "0.6"]}, threads=1)
+  sweep(_base(rounds=1), {"clip": ["0.3", "0.6"]}, programs=Programs(threads=1))
   assert seen == [threading.get_ident()]
-  sweep(_base(rounds=1), {"clip": ["0.3", "0.6"]}, threads=2)
+  sweep(_base(rounds=1), {"clip": ["0.3", "0.6"]}, programs=Programs(threads=2))
   assert len(seen) == 3 and threading.get_ident() not in seen[1:]
 
 
