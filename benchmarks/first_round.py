@@ -41,7 +41,7 @@ def one(case: str, cache: pathlib.Path, out: pathlib.Path, rounds: int) -> dict:
   summary = json.loads((out / "summary.json").read_text())
   return {"case": case, "rounds": rounds, "wall_s": wall, "first_round_s": seconds[0],
           "later_round_s": statistics.median(seconds[1:]),
-          "params_sha256": summary["provenance"]["params_sha256"]}
+          "params_sha256": summary["params_sha256"]}
 
 
 def table(lines: list) -> str:
