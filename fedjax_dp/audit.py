@@ -66,7 +66,7 @@ DELTA = 1e-5
 SCALES = (1.0, 10.0, 100.0)
 CANARY = 50.0      # the canary's feature value: its gradient is far above every clip bound
 DIM = 2            # inputs: feature 0 is the canary's alone (0 for every other example)
-PARAMS = DIM * 2 + 2  # the audited model's parameters (a 2 x 2 kernel and 2 biases)
+PARAMS = DIM * 2 + 2  # the audited model's parameters (a 2-by-2 kernel and 2 biases)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -531,12 +531,12 @@ AUDITS = {
                   "by one of value `scale` on its own feature (benign features are N(0, 1))", formal=False, trials=10000),
     "dp-rsa-g-unclipped": Audit(
         _sign("dp-rsa-g", {"sign_sigma": 1.0}, "sign_sigma", False),
-        "Sign-Gaussian without a clip, sigma 1: " + _SIGN.replace("1 in", "0.25 x scale in"),
+        "Sign-Gaussian without a clip, sigma 1: " + _SIGN.replace("1 in", "scale / 4 in"),
         formal=False, trials=10000),
     "dp-rsa-f-omniscient": Audit(
         _omniscient, "DP-RSA(F), keep probability 0.6, 4 regular workers and 1 Byzantine running "
         "IPM (epsilon 1) on the regular workers' raw models; release: every message the master "
-        "receives in one iteration; worker 0's model is -/+ 0.01 x scale in every coordinate", formal=False,
+        "receives in one iteration; worker 0's model is -/+ scale / 100 in every coordinate", formal=False,
         trials=10000, max_noise_factor=1.25),
 }
 # The canary's distance per scale step of the no-guarantee audits.

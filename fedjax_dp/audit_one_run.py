@@ -73,7 +73,7 @@ SETTINGS = dict(algorithm="dp_fedavg", dataset="digits", num_clients=50,
                 sampling="poisson", sampling_prob=0.05, noise_multiplier=1.5, clip=1.0,
                 rounds=200, local_steps=2, batch_size=8, client_lr=0.1, server_lr=1.0,
                 target_epsilon=None, delta=1e-5, eval_every=200)
-HIDDEN = (32,)  # the MLP's hidden layer (8 x 8 inputs, 10 classes: 2,410 parameters)
+HIDDEN = (32,)  # the MLP's hidden layer (8-by-8 inputs, 10 classes: 2,410 parameters)
 CANARIES = 1000
 
 

@@ -132,7 +132,7 @@ def _add_cpu_devices(p):
                  help="split the CPU into N JAX devices (JAX's jax_num_cpu_devices, set before JAX "
                  "starts), over which the rounds split their clients as over N accelerators "
                  "(--devices): each core runs its own clients, which on a CPU is faster than one "
-                 "device's matmuls shared by the cores (benchmarks/RESULTS.md); results equal the "
+                 "device's matmuls shared by the cores; results equal the "
                  "one-device run's up to floating-point reassociation, not bit for bit; sweeps of "
                  "small models run faster on one device, in threads (default: 1, JAX's; an "
                  "integer >= 1; no effect where JAX runs on an accelerator)")

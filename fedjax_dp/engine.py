@@ -557,9 +557,9 @@ def experiments_vmapped() -> bool:
   """Whether a group's experiments run side by side (``vmap``) in its compiled round: on
   accelerators, yes (that is what fills them); on a CPU (one device or several) they run one
   after another inside the round (``lax.map``), at par with separate runs: vmapped, the
-  experiments' models leave the cache and every client block runs while any experiment has a
-  real client in it (Cheng et al.'s 12-experiment MNIST grid ran at 0.55-0.65x the runs one
-  after another, benchmarks/RESULTS.md)."""
+  experiments' models leave the CPU's cache and every client block runs while any experiment
+  has a real client in it, so a vmapped grid runs slower than its runs one after another (the
+  sweep benchmarks measure it)."""
   return jax.default_backend() != "cpu"
 
 

@@ -439,11 +439,10 @@ def threads_for(requested: Optional[int], devices: Sequence[Optional[int]]) -> i
   ``devices`` are the configurations' ``devices`` fields.
 
   Automatic: on one CPU device (every configuration's), one per core this process may use, at
-  most :data:`MAX_AUTO_THREADS`: a round of small models leaves most of a core idle (Cheng et
-  al.'s MNIST MLP used 1.15 of 2 cores), and XLA runs programs called from different threads
-  at the same time, so on 2 cores its 12-experiment grid ran 1.7-2.0x faster as two programs in
-  two threads than as one (benchmarks/RESULTS.md). Elsewhere one: a vmapped group fills an
-  accelerator, and several devices share a program's clients.
+  most :data:`MAX_AUTO_THREADS`: a round of small models leaves most of a core idle, and XLA
+  runs programs called from different threads at the same time, so programs in threads use
+  the cores a single program leaves idle (the sweep benchmarks measure it). Elsewhere one: a
+  vmapped group fills an accelerator, and several devices share a program's clients.
   """
   check_threads(requested)
   if requested is not None:
