@@ -132,22 +132,11 @@ def _regular_mean(updates, w):
          reads_honest=False)
 def none():
   """No attack: every row is returned unchanged."""
-  def attack(updates, byz, key, mask, ids):
-    """Every row as it is.
-
-    Args:
-      updates: the cohort's rows, a pytree with leaves ``[N, ...]``.
-      byz: ``[N]`` Byzantine mask (unused).
-      key: unused (no randomness).
-      mask: ``[N]``, 1 for real clients, or None (unused).
-      ids: ``[N]`` int32 client ids (unused).
-
-    Returns:
-      ``updates`` unchanged.
-    """
+  def _attack(updates, byz, key, mask, ids):
+    """Every row as it is."""
     del byz, key, mask, ids
     return updates
-  return attack
+  return _attack
 
 
 @declare("attack", "gaussian", reference="Zhu and Ling, IJCAI 2022, attack (i)",
@@ -162,21 +151,10 @@ def gaussian(attack_sigma, attack_shared):
   sends, as the DP-RSA authors' released code does (aligned rows: a stronger attack on a sum of
   signs, where independent rows partly cancel)."""
 
-  def attack(updates, byz, key, mask, ids):
+  def _attack(updates, byz, key, mask, ids):
     """Byzantine rows of N(0, attack_sigma^2) entries: a draw per attacker from
     ``fold_in(fold_in(leaf key, 0), id)``, or (``attack_shared`` 1) one draw from
-    ``fold_in(leaf key, 1)`` that every attacker sends.
-
-    Args:
-      updates: the cohort's rows, a pytree with leaves ``[N, ...]``.
-      byz: ``[N]``, 1.0 for a Byzantine client's row.
-      key: PRNG key, split into one key per leaf.
-      mask: ``[N]``, 1 for real clients, or None (unused).
-      ids: ``[N]`` int32 client ids: each attacker's draw depends on its id only.
-
-    Returns:
-      ``updates`` with the Byzantine rows replaced, each leaf in its own dtype.
-    """
+    ``fold_in(leaf key, 1)`` that every attacker sends."""
     del mask
     # A draw per leaf (transforms.sample_like), and each attacker's row from its own client
     # id's key, so that no row depends on the cohort's padding, order or devices.
@@ -191,7 +169,7 @@ def gaussian(attack_sigma, attack_shared):
       return attack_sigma * jnp.where(jnp.asarray(attack_shared) > 0, one, own)
     noise = [draw(k, u.shape) for k, u in zip(keys, leaves)]
     return _replace(updates, byz, jax.tree_util.tree_unflatten(treedef, noise))
-  return attack
+  return _attack
 
 
 @declare("attack", "sign_flip", reference="Zhu and Ling, IJCAI 2022, attack (ii)",
@@ -202,22 +180,11 @@ def sign_flip(attack_scale):
   """Attackers send their true row times ``attack_scale`` (-5 in Zhu and Ling 2022, attack
   (ii))."""
 
-  def attack(updates, byz, key, mask, ids):
-    """Byzantine rows ``attack_scale * u_i``.
-
-    Args:
-      updates: the cohort's rows, a pytree with leaves ``[N, ...]``.
-      byz: ``[N]``, 1.0 for a Byzantine client's row.
-      key: unused (no randomness).
-      mask: ``[N]``, 1 for real clients, or None (unused).
-      ids: ``[N]`` int32 client ids (unused).
-
-    Returns:
-      ``updates`` with the Byzantine rows replaced, each leaf in its own dtype.
-    """
+  def _attack(updates, byz, key, mask, ids):
+    """Byzantine rows ``attack_scale * u_i``."""
     del key, mask, ids
     return _replace(updates, byz, jax.tree_util.tree_map(lambda u: attack_scale * u, updates))
-  return attack
+  return _attack
 
 
 @declare("attack", "sample_duplication", reference="Zhu and Ling, IJCAI 2022, attack (iii)",
@@ -226,26 +193,14 @@ def sample_duplication():
   """Every attacker copies the row of one regular worker, the real regular worker of lowest id
   (Zhu and Ling 2022, attack (iii))."""
 
-  def attack(updates, byz, key, mask, ids):
-    """Byzantine rows copying the real regular row of lowest client id.
-
-    Args:
-      updates: the cohort's rows, a pytree with leaves ``[N, ...]``.
-      byz: ``[N]``, 1.0 for a Byzantine client's row.
-      key: unused (no randomness).
-      mask: ``[N]``, 1 for real clients, or None (every row real): padded rows stay out of the
-      regular rows' statistics.
-      ids: ``[N]`` int32 client ids (the copied row is the regular one of lowest id).
-
-    Returns:
-      ``updates`` with the Byzantine rows replaced, each leaf in its own dtype.
-    """
+  def _attack(updates, byz, key, mask, ids):
+    """Byzantine rows copying the real regular row of lowest client id."""
     del key
     regular = _regular_weights(byz, mask) > 0
     src = jnp.argmin(jnp.where(regular, ids, jnp.iinfo(ids.dtype).max))
     return _replace(updates, byz, jax.tree_util.tree_map(
         lambda u: jnp.broadcast_to(u[src], u.shape), updates))
-  return attack
+  return _attack
 
 
 @declare("attack", "alie", reference="Baruah et al., NeurIPS 2019",
@@ -262,21 +217,9 @@ def alie(alie_z):
       the cohort's ``n`` real rows and ``b`` attackers.
   """
 
-  def attack(updates, byz, key, mask, ids):
+  def _attack(updates, byz, key, mask, ids):
     """Byzantine rows ``mu - z sigma``, from the regular rows' coordinate-wise mean ``mu`` and
-    standard deviation ``sigma`` (``z = alie_z``, or ``z_max`` of the cohort's real rows).
-
-    Args:
-      updates: the cohort's rows, a pytree with leaves ``[N, ...]``.
-      byz: ``[N]``, 1.0 for a Byzantine client's row.
-      key: unused (no randomness).
-      mask: ``[N]``, 1 for real clients, or None (every row real): padded rows stay out of the
-      regular rows' statistics.
-      ids: ``[N]`` int32 client ids (unused).
-
-    Returns:
-      ``updates`` with the Byzantine rows replaced, each leaf in its own dtype.
-    """
+    standard deviation ``sigma`` (``z = alie_z``, or ``z_max`` of the cohort's real rows)."""
     del key, ids
     w = _regular_weights(byz, mask)
     mu = _regular_mean(updates, w)
@@ -290,7 +233,7 @@ def alie(alie_z):
     new = jax.tree_util.tree_map(lambda m, v: jnp.broadcast_to(m - zz * jnp.sqrt(v), m.shape), mu, var)
     return _replace(updates, byz, jax.tree_util.tree_map(
         lambda u, n_: jnp.broadcast_to(n_[None], u.shape), updates, new))
-  return attack
+  return _attack
 
 
 @declare("attack", "ipm", reference="Xie, Koyejo and Gupta, UAI 2020",
@@ -302,25 +245,13 @@ def ipm(ipm_epsilon):
   """Inner-product manipulation (Xie, Koyejo and Gupta, UAI 2020): ``-epsilon * mean`` of the
   regular rows, ``epsilon = ipm_epsilon``."""
 
-  def attack(updates, byz, key, mask, ids):
-    """Byzantine rows ``-ipm_epsilon * mu``, ``mu`` the regular rows' mean.
-
-    Args:
-      updates: the cohort's rows, a pytree with leaves ``[N, ...]``.
-      byz: ``[N]``, 1.0 for a Byzantine client's row.
-      key: unused (no randomness).
-      mask: ``[N]``, 1 for real clients, or None (every row real): padded rows stay out of the
-      regular rows' statistics.
-      ids: ``[N]`` int32 client ids (unused).
-
-    Returns:
-      ``updates`` with the Byzantine rows replaced, each leaf in its own dtype.
-    """
+  def _attack(updates, byz, key, mask, ids):
+    """Byzantine rows ``-ipm_epsilon * mu``, ``mu`` the regular rows' mean."""
     del key, ids
     mu = _regular_mean(updates, _regular_weights(byz, mask))
     return _replace(updates, byz, jax.tree_util.tree_map(
         lambda u, m: jnp.broadcast_to(-ipm_epsilon * m[None], u.shape), updates, mu))
-  return attack
+  return _attack
 
 
 @declare("attack", "nonfinite", about="rows of NaN or Inf (to test the aggregators' rejection)",
@@ -330,19 +261,8 @@ def ipm(ipm_epsilon):
 def nonfinite(nonfinite_value):
   """Attackers send rows of NaN ("nan"), +Inf ("inf") or alternating +-Inf ("mixed")."""
 
-  def attack(updates, byz, key, mask, ids):
-    """Byzantine rows of NaN, +Inf or alternating +-Inf (``nonfinite_value``).
-
-    Args:
-      updates: the cohort's rows, a pytree with leaves ``[N, ...]``.
-      byz: ``[N]``, 1.0 for a Byzantine client's row.
-      key: unused (no randomness).
-      mask: ``[N]``, 1 for real clients, or None (unused).
-      ids: ``[N]`` int32 client ids (unused).
-
-    Returns:
-      ``updates`` with the Byzantine rows replaced, each leaf in its own dtype.
-    """
+  def _attack(updates, byz, key, mask, ids):
+    """Byzantine rows of NaN, +Inf or alternating +-Inf (``nonfinite_value``)."""
     del key, mask, ids
     def fill(u):
       if nonfinite_value == "nan":
@@ -351,7 +271,7 @@ def nonfinite(nonfinite_value):
         return jnp.full(u.shape, jnp.inf)
       return jnp.where(jnp.arange(u.size).reshape(u.shape) % 2 == 0, jnp.inf, -jnp.inf)
     return _replace(updates, byz, jax.tree_util.tree_map(fill, updates))
-  return attack
+  return _attack
 
 
 def canonical(name: str) -> str:

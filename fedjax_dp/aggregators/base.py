@@ -23,6 +23,21 @@ class Aggregator(NamedTuple):
   prepare(u, m)`` acts on each row alone. The round then sums the rows block
   by block without holding all of them (``--client-chunk``); aggregators that
   need every row at once (medians, Krum, the geometric median) leave them None.
+
+  Attributes:
+    init: ``init(params_like) -> state``, the aggregator's state for a model like
+      ``params_like`` (``optax.EmptyState()`` for a stateless one).
+    aggregate: ``aggregate(updates, weights, mask, state, key) -> (aggregate, state)``, pure
+      and traced inside the round. ``updates``: the cohort's rows, a pytree with leaves
+      ``[N, ...]``; ``weights``: ``[N]`` aggregation weights (ignored by the robust
+      aggregators, which weigh every real row alike); ``mask``: ``[N]``, 1 for real clients and
+      0 for padding (a padded row never moves the aggregate); ``state``: as ``init`` made it or
+      the last call returned it; ``key``: a PRNG key (used by noised and randomized
+      aggregators). Returns a pytree like one row and the next state.
+    prepare: ``prepare(updates, mask) -> (updates, mask)``, acting on each row alone; None
+      unless the aggregate is linear.
+    finish: ``finish(total, weight, state, key) -> (aggregate, state)`` of the rows' weighted
+      sum ``total`` and total weight ``weight``; None unless the aggregate is linear.
   """
 
   init: Callable[[Any], Any]
@@ -97,16 +112,8 @@ def mean(denominator: str = "realized", expected_size: Optional[float] = None,
     denom = jnp.maximum(weight, 1.0) if denominator == "realized" else expected_size
     return jax.tree_util.tree_map(lambda t: t / denom, total), state
 
-  def aggregate(updates, weights, mask, state, key):
-    """``(noised mean, state)``: ``finish`` of the rows' weighted sum and total weight.
-
-    Args:
-      updates: a pytree of the cohort's rows, leaves ``[N, ...]``.
-      weights: ``[N]`` aggregation weights.
-      mask: ``[N]``, 1 for real clients and 0 for padding.
-      state: the aggregator's state (``optax.EmptyState()``).
-      key: PRNG key of the noise.
-    """
+  def _aggregate(updates, weights, mask, state, key):
+    """``(noised mean, state)``: ``finish`` of the rows' weighted sum and total weight."""
     return finish(weighted_sum(updates, weights, mask), jnp.sum(weights * mask), state, key)
 
-  return Aggregator(lambda params: optax.EmptyState(), aggregate, lambda u, m: (u, m), finish)
+  return Aggregator(lambda params: optax.EmptyState(), _aggregate, lambda u, m: (u, m), finish)

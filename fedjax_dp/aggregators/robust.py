@@ -1,8 +1,8 @@
 """Byzantine-robust aggregators under the shared contract, each declared as a component.
 
 Every aggregator here is ``Aggregator(init, aggregate)`` with
-``aggregate(updates, weights, mask, state, key) -> (aggregate, state)`` (see
-:mod:`fedjax_dp.aggregators`), where the leaves of ``updates`` have a leading
+``aggregate(updates, weights, mask, state, key) -> (aggregate, state)`` (its arguments:
+:class:`fedjax_dp.aggregators.base.Aggregator`), where the leaves of ``updates`` have a leading
 client axis ``[N, ...]``.
 
 Each declares itself once, beside its function, with
@@ -113,26 +113,14 @@ def guard_nonfinite(aggregator: Aggregator) -> Aggregator:
     m = finite_rows(updates, mask)
     return _zero_nonreal(updates, m), m
 
-  def aggregate(updates, weights, mask, state, key):
-    """``aggregator.aggregate`` of the rows with the non-finite ones rejected (as padding, zeroed).
-
-    Args:
-      updates: the cohort's rows, a pytree with leaves ``[N, ...]``.
-      weights: ``[N]`` aggregation weights, passed on.
-      mask: ``[N]``, 1 for real clients and 0 for padding; a row with an Inf or NaN entry is
-        set to 0 here (:func:`finite_rows`).
-      state: ``aggregator``'s state.
-      key: PRNG key, passed on.
-
-    Returns:
-      ``aggregator``'s ``(aggregate, state)``.
-    """
+  def _aggregate(updates, weights, mask, state, key):
+    """``aggregator.aggregate`` of the rows with the non-finite ones rejected (as padding, zeroed)."""
     u, m = guard(updates, mask)
     return aggregator.aggregate(u, weights, m, state, key)
 
   prepare = None if aggregator.prepare is None else (
       lambda updates, mask: aggregator.prepare(*guard(updates, mask)))
-  return Aggregator(aggregator.init, aggregate, prepare, aggregator.finish)
+  return Aggregator(aggregator.init, _aggregate, prepare, aggregator.finish)
 
 
 def _sorted_real(values: jax.Array, mask: jax.Array) -> jax.Array:
@@ -175,24 +163,13 @@ def sign_vote() -> Aggregator:
   magnitude, so b attackers move each coordinate's vote by at most b weights.
   """
 
-  def aggregate(updates, weights, mask, state, key):
-    """``sign(sum_i w_i m_i sign(u_i))`` per coordinate, in each leaf's dtype.
-
-    Args:
-      updates: the cohort's rows, a pytree with leaves ``[N, ...]``.
-      weights: ``[N]`` vote weights ``w_i``.
-      mask: ``[N]``, 1 for real clients and 0 for padding.
-      state: ``optax.EmptyState()``, returned as it is.
-      key: unused (no randomness).
-
-    Returns:
-      ``(aggregate, state)``: the aggregate, a pytree like one row.
-    """
+  def _aggregate(updates, weights, mask, state, key):
+    """``sign(sum_i w_i m_i sign(u_i))`` per coordinate, in each leaf's dtype."""
     del key
     total = _sign_total(updates, weights, mask)
     return jax.tree_util.tree_map(lambda t, u: jnp.sign(t).astype(u.dtype), total, updates), state
 
-  return Aggregator(_empty_init, aggregate)
+  return Aggregator(_empty_init, _aggregate)
 
 
 @declare("aggregator", "sign_sum", reference="Li et al., AAAI 2019",
@@ -206,24 +183,13 @@ def sign_sum() -> Aggregator:
   rejection (a row with any non-finite entry is rejected).
   """
 
-  def aggregate(updates, weights, mask, state, key):
-    """``sum_i w_i m_i sign(u_i)`` per coordinate, in each leaf's dtype.
-
-    Args:
-      updates: the cohort's rows, a pytree with leaves ``[N, ...]``.
-      weights: ``[N]`` weights ``w_i`` (RSA: 1 each).
-      mask: ``[N]``, 1 for real clients and 0 for padding.
-      state: ``optax.EmptyState()``, returned as it is.
-      key: unused (no randomness).
-
-    Returns:
-      ``(aggregate, state)``: the aggregate, a pytree like one row.
-    """
+  def _aggregate(updates, weights, mask, state, key):
+    """``sum_i w_i m_i sign(u_i)`` per coordinate, in each leaf's dtype."""
     del key
     total = _sign_total(updates, weights, mask)
     return jax.tree_util.tree_map(lambda t, u: t.astype(u.dtype), total, updates), state
 
-  return Aggregator(_empty_init, aggregate)
+  return Aggregator(_empty_init, _aggregate)
 
 
 def weiszfeld(values: jax.Array, w: jax.Array, tol: float, max_iter: int, eps: float = 1e-8):
@@ -288,25 +254,14 @@ def geometric_median(gm_tol, gm_max_iter) -> Aggregator:
     gm_max_iter: iteration cap (a Python int: the loop's bound).
   """
 
-  def aggregate(updates, weights, mask, state, key):
-    """The weighted geometric median of the real, finite rows.
-
-    Args:
-      updates: the cohort's rows, a pytree with leaves ``[N, ...]``.
-      weights: ``[N]`` weights of the rows in the median's objective ``sum_i w_i ||x_i - z||``.
-      mask: ``[N]``, 1 for real clients and 0 for padding.
-      state: ``optax.EmptyState()``, returned as it is.
-      key: unused (no randomness).
-
-    Returns:
-      ``(aggregate, state)``: the aggregate, a pytree like one row.
-    """
+  def _aggregate(updates, weights, mask, state, key):
+    """The weighted geometric median of the real, finite rows."""
     del key
     m = finite_rows(updates, mask)
     z, _ = weiszfeld(_rows(updates), weights * m, gm_tol, int(gm_max_iter))
     return _unrows(z, updates), state
 
-  return Aggregator(_empty_init, aggregate)
+  return Aggregator(_empty_init, _aggregate)
 
 
 @declare("aggregator", "coordinate_median", reference="Yin et al., ICML 2018",
@@ -314,24 +269,13 @@ def geometric_median(gm_tol, gm_max_iter) -> Aggregator:
 def coordinate_median() -> Aggregator:
   """Coordinate-wise median of the real rows (Yin et al., ICML 2018). Weights are ignored."""
 
-  def aggregate(updates, weights, mask, state, key):
-    """The coordinate-wise median of the real, finite rows (0 when there is none).
-
-    Args:
-      updates: the cohort's rows, a pytree with leaves ``[N, ...]``.
-      weights: ignored.
-      mask: ``[N]``, 1 for real clients and 0 for padding.
-      state: ``optax.EmptyState()``, returned as it is.
-      key: unused (no randomness).
-
-    Returns:
-      ``(aggregate, state)``: the aggregate, a pytree like one row.
-    """
+  def _aggregate(updates, weights, mask, state, key):
+    """The coordinate-wise median of the real, finite rows (0 when there is none)."""
     del weights, key
     m = finite_rows(updates, mask)
     return _unrows(_coord_median(_rows(updates), m), updates), state
 
-  return Aggregator(_empty_init, aggregate)
+  return Aggregator(_empty_init, _aggregate)
 
 
 @declare("aggregator", "trimmed_mean", reference="Yin et al., ICML 2018",
@@ -348,20 +292,9 @@ def trimmed_mean(trim_beta) -> Aggregator:
     trim_beta: ``beta``, the fraction trimmed at each end, in [0, 0.5).
   """
 
-  def aggregate(updates, weights, mask, state, key):
+  def _aggregate(updates, weights, mask, state, key):
     """The coordinate-wise mean of the real, finite rows without the ``floor(beta n)`` largest and
-    smallest values.
-
-    Args:
-      updates: the cohort's rows, a pytree with leaves ``[N, ...]``.
-      weights: ignored.
-      mask: ``[N]``, 1 for real clients and 0 for padding.
-      state: ``optax.EmptyState()``, returned as it is.
-      key: unused (no randomness).
-
-    Returns:
-      ``(aggregate, state)``: the aggregate, a pytree like one row.
-    """
+    smallest values."""
     del weights, key
     m = finite_rows(updates, mask)
     n = jnp.sum(m > 0).astype(jnp.int32)
@@ -373,7 +306,7 @@ def trimmed_mean(trim_beta) -> Aggregator:
     out = total / jnp.maximum(n - 2 * f, 1)
     return _unrows(out, updates), state
 
-  return Aggregator(_empty_init, aggregate)
+  return Aggregator(_empty_init, _aggregate)
 
 
 def _krum_fits(values: Mapping, *, cohort: int, byzantine: int, fixed: bool) -> None:
@@ -413,19 +346,8 @@ def krum(num_byzantine, krum_m) -> Aggregator:
   """
   check_unless_traced(lambda f: f >= 0, "krum_f", num_byzantine, "must be >= 0")
 
-  def aggregate(updates, weights, mask, state, key):
-    """The mean of the ``krum_m`` real, finite rows of lowest Krum score.
-
-    Args:
-      updates: the cohort's rows, a pytree with leaves ``[N, ...]``.
-      weights: ignored.
-      mask: ``[N]``, 1 for real clients and 0 for padding.
-      state: ``optax.EmptyState()``, returned as it is.
-      key: unused (no randomness).
-
-    Returns:
-      ``(aggregate, state)``: the aggregate, a pytree like one row.
-    """
+  def _aggregate(updates, weights, mask, state, key):
+    """The mean of the ``krum_m`` real, finite rows of lowest Krum score."""
     del weights, key
     m = finite_rows(updates, mask)
     x = jnp.where(m[:, None] > 0, _rows(updates), 0.0)
@@ -445,7 +367,7 @@ def krum(num_byzantine, krum_m) -> Aggregator:
     out = chosen @ x / jnp.maximum(jnp.sum(chosen), 1.0)
     return _unrows(out, updates), state
 
-  return Aggregator(_empty_init, aggregate)
+  return Aggregator(_empty_init, _aggregate)
 
 
 @declare("aggregator", "centered_clipping", reference="Karimireddy, He and Jaggi, ICML 2021",
@@ -465,20 +387,8 @@ def centered_clipping(cc_tau, cc_iters) -> Aggregator:
   def init(params):
     return jax.tree_util.tree_map(jnp.zeros_like, params)
 
-  def aggregate(updates, weights, mask, state, key):
-    """``cc_iters`` clipping iterations around the previous aggregate.
-
-    Args:
-      updates: the cohort's rows, a pytree with leaves ``[N, ...]``.
-      weights: ignored.
-      mask: ``[N]``, 1 for real clients and 0 for padding.
-      state: the previous round's aggregate, a pytree like one row (zeros at first).
-      key: unused (no randomness).
-
-    Returns:
-      ``(aggregate, state)``: the new aggregate ``v`` (zero when no row is real and finite) and
-      ``v`` as the next state (the old state when no row counts, since ``v`` is then unchanged).
-    """
+  def _aggregate(updates, weights, mask, state, key):
+    """``cc_iters`` clipping iterations around the previous aggregate."""
     del weights, key
     m = finite_rows(updates, mask)
     x = jnp.where(m[:, None] > 0, _rows(updates), 0.0)
@@ -493,7 +403,7 @@ def centered_clipping(cc_tau, cc_iters) -> Aggregator:
     out = jax.tree_util.tree_map(lambda o: jnp.where(jnp.sum(m) > 0, o, 0.0), kept)
     return out, jax.tree_util.tree_map(lambda o, s: o.astype(s.dtype), kept, state)
 
-  return Aggregator(init, aggregate)
+  return Aggregator(init, _aggregate)
 
 
 def get(name: str, hp: Optional[Mapping] = None, static: Optional[Mapping] = None) -> Aggregator:
