@@ -1,13 +1,18 @@
 """The documentation site builds in strict mode (a warning or a broken link fails), and what the
 README and the site point at exists: the README's relative links and their anchors, every public
-name of ``fedjax_dp`` in the API reference, every notebook among the tutorials."""
+name of ``fedjax_dp`` in the API reference, every notebook among the tutorials. A slow test opens
+the built site in headless Chromium, as a reader would."""
 
+import functools
+import http.server
 import importlib.util
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -23,7 +28,9 @@ def _missing(name: str) -> bool:
     return True
 
 
-def test_mkdocs_build_strict(tmp_path):
+def _build_site(site: pathlib.Path) -> pathlib.Path:
+  """Builds the site into ``site`` with ``mkdocs build --strict`` (skips when the documentation
+  tools are not installed; fails on any warning) and returns ``site``."""
   missing = [name for name in SITE_PACKAGES if _missing(name)]
   if missing:
     pytest.skip(f"the documentation tools are not installed ({', '.join(missing)}): "
@@ -31,10 +38,14 @@ def test_mkdocs_build_strict(tmp_path):
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(
       [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]), NO_MKDOCS_2_WARNING="1")
   proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
-                         str(tmp_path / "site")], cwd=ROOT, env=env, capture_output=True,
+                         str(site)], cwd=ROOT, env=env, capture_output=True,
                         text=True, timeout=600, check=False)
   assert proc.returncode == 0, proc.stderr[-4000:]
-  site = tmp_path / "site"
+  return site
+
+
+def test_mkdocs_build_strict(tmp_path):
+  site = _build_site(tmp_path / "site")
   for page in ("index.html", "reference/api/index.html", "reference/cli/index.html",
                "tutorials/byzantine/index.html", "papers/zhu2022/index.html"):
     assert (site / page).stat().st_size > 0, page
@@ -96,3 +107,69 @@ def test_every_notebook_is_a_tutorial():
     page = ROOT / "docs" / "tutorials" / notebook.name
     assert page.resolve() == notebook.resolve(), f"{page} should link to {notebook}"
     assert f"tutorials/{notebook.name}" in nav, f"{notebook.name} is not in the site's navigation"
+
+
+# The pages a reader opens first: the home page, a tutorial (a notebook rendered with its
+# committed outputs) and the Python API reference (mkdocstrings).
+READER_PAGES = {"home": "", "tutorial": "tutorials/privacy_utility/", "api": "reference/api/"}
+CHROMIUM_NAMES = ("chromium", "chromium-headless-shell", "chromium-browser", "google-chrome")
+
+
+def _chromium() -> str:
+  """The Chromium to drive: ``$FEDJAX_DP_CHROMIUM``, else the first of :data:`CHROMIUM_NAMES`
+  on the ``PATH``; skips when there is none or when Playwright is not installed."""
+  if _missing("playwright"):
+    pytest.skip("Playwright is not installed: pip install -e '.[docs]'")
+  named = os.environ.get("FEDJAX_DP_CHROMIUM")
+  found = shutil.which(named) if named else next(
+      filter(None, map(shutil.which, CHROMIUM_NAMES)), None)
+  if not found:
+    pytest.skip(f"no Chromium found ({named or ', '.join(CHROMIUM_NAMES)} on the PATH): "
+                "apt-get install chromium, or set FEDJAX_DP_CHROMIUM to its executable")
+  return found
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+
+  def log_message(self, format, *args):  # pylint: disable=redefined-builtin
+    del format, args
+
+
+@pytest.mark.slow
+def test_site_opens_in_a_browser_without_errors(tmp_path):
+  """The home page, a tutorial and the API reference load in headless Chromium, served over
+  http as a reader's browser gets them, with no console error, no uncaught exception and no
+  failed request (a status of 400 or more, or a network failure). Screenshots of each page go to
+  ``$FEDJAX_DP_SCREENSHOTS`` (default: the test's temporary folder), to look at."""
+  chromium = _chromium()
+  site = _build_site(tmp_path / "site")
+  shots = pathlib.Path(os.environ.get("FEDJAX_DP_SCREENSHOTS") or tmp_path / "screenshots")
+  shots.mkdir(parents=True, exist_ok=True)
+  from playwright.sync_api import sync_playwright  # pylint: disable=import-outside-toplevel
+  server = http.server.ThreadingHTTPServer(
+      ("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(site)))
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  base = f"http://127.0.0.1:{server.server_address[1]}/"
+  problems = []
+  try:
+    with sync_playwright() as playwright:
+      browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+      page = browser.new_page(viewport={"width": 1280, "height": 900})
+      page.on("console", lambda msg: msg.type == "error" and problems.append(
+          f"console error: {msg.text} ({msg.location.get('url')})"))
+      page.on("pageerror", lambda error: problems.append(f"uncaught exception: {error}"))
+      page.on("requestfailed", lambda request: problems.append(
+          f"request failed: {request.url} ({request.failure})"))
+      page.on("response", lambda response: response.status >= 400 and problems.append(
+          f"HTTP {response.status}: {response.url}"))
+      for name, path in READER_PAGES.items():
+        response = page.goto(base + path, wait_until="networkidle")
+        assert response is not None and response.ok, f"{path}: {response and response.status}"
+        assert page.locator("article").count() > 0, f"{path}: no article on the page"
+        page.screenshot(path=str(shots / f"{name}.png"))
+      browser.close()
+  finally:
+    server.shutdown()
+    server.server_close()
+  print(f"screenshots in {shots}")
+  assert not problems, "\n".join(problems)
