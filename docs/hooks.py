@@ -9,6 +9,7 @@
   ``--help`` (``-``: the main parser's), read from the command line's own parser, and ``<!-- fedjax-dp-output: ARGS -->`` by
   the output of ``fedjax-dp ARGS`` (e.g. ``algorithms``), so the reference cannot drift from
   the code.
+* A Sphinx role in a docstring (``:class:`X```, ``:func:`X```, ...) shows as its code span alone.
 """
 
 import contextlib
@@ -82,3 +83,13 @@ def on_page_markdown(markdown, page, config, files):
   del page, config, files
   markdown = HELP.sub(lambda m: _block(_help(m.group(1))), markdown)
   return OUTPUT.sub(lambda m: _block(_output(m.group(1))), markdown)
+
+
+# A Sphinx role in a docstring (":class:`X`", ":func:`X`", ...) reaches the page as the role's
+# name before the code span; the reader sees the name alone, as code.
+_ROLE = re.compile(r":(?:class|func|meth|attr|mod|data|exc|obj|const):(<code>)")
+
+
+def on_page_content(html, page, config, files):
+  """Drops the Sphinx role names that the docstrings' code spans carry."""
+  return _ROLE.sub(r"\1", html)
