@@ -15,9 +15,11 @@ directory itself::
   <data_dir>/cifar10/{train,test}.tar.gz  (members <split>/<class>/<NNNN>.jpg)
   <data_dir>/tff-h5/shakespeare_{train,test}.h5  (TensorFlow Federated's HDF5)
   <data_dir>/tff-h5/fed_emnist_{train,test}.h5, fed_emnist_digitsonly_{train,test}.h5
+  <data_dir>/tff-h5/fed_cifar100_{train,test}.h5
 
 The TFF sets come with their natural partition (``partition="natural"``): one
-client per speaking role of a play (Shakespeare), per writer (EMNIST).
+client per speaking role of a play (Shakespeare), per writer (EMNIST), TFF's
+500 Pachinko-allocated clients (CIFAR-100).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class DatasetSpec:
     name: Name used by the API and the CLI (``--dataset``).
     source: Key of :data:`fedjax_dp.data.sources.LOCAL`, the module that
       reads the local files: ``"digits"``, ``"idx"``, ``"cifar10"``,
-      ``"tff_emnist"`` or ``"tff_shakespeare"``.
+      ``"tff_emnist"``, ``"tff_cifar100"`` or ``"tff_shakespeare"``.
     num_classes: Number of classes (for Shakespeare, tokens: every position
       of a window has a next-character label).
     example_shape: Shape of one example, NHWC without N (Shakespeare: a
@@ -120,6 +122,10 @@ SPECS = (
                 files=("fed_emnist_digitsonly_train.h5",
                        "fed_emnist_digitsonly_test.h5"),
                 partitions=("natural", "iid", "dirichlet", "shards"), natural_clients=3383),
+    DatasetSpec("cifar100", "tff_cifar100", 100, (32, 32, 3), "resnet18_gn",
+                subdirs=("tff-h5", "fed_cifar100"),
+                files=("fed_cifar100_train.h5", "fed_cifar100_test.h5"),
+                partitions=("natural", "iid", "dirichlet", "shards"), natural_clients=500),
 )
 
 BY_NAME = {s.name: s for s in SPECS}

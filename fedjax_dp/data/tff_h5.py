@@ -1,9 +1,10 @@
 """Reader for TensorFlow Federated's HDF5 client-data layout.
 
-TFF distributes federated data sets (EMNIST, Shakespeare, ...) as HDF5 files
-with one group per client::
+TFF distributes federated data sets (EMNIST, CIFAR-100, Shakespeare, ...) as HDF5
+files with one group per client::
 
   examples/<client_id>/<feature>   e.g. pixels [n, 28, 28], label [n]
+                                   or  image [n, 32, 32, 3] (uint8), label [n]
                                    or  snippets [n] (byte strings)
 
 ``h5py`` is imported inside the functions, so importing this module is cheap.
@@ -173,6 +174,51 @@ def load_federated_emnist(train_path, test_path,
   return load_tff_h5_federated(
       train_path, test_path, ("pixels", "label"), client_fn,
       num_classes=10 if only_digits else 62, name="federated_emnist",
+      max_clients=max_clients)
+
+
+CIFAR100_LABELS = ("label", "coarse_label")
+
+
+def load_federated_cifar100(train_path, test_path,
+                            max_clients: Optional[int] = None,
+                            label: str = "label") -> FederatedData:
+  """Loads TFF's federated CIFAR-100 (500 training and 100 test clients).
+
+  TFF's ``tff.simulation.datasets.cifar100`` splits CIFAR-100 by the Pachinko Allocation Method
+  (a two-level Dirichlet: per client over the 20 coarse labels with concentration 0.1, then
+  within a coarse label over its fine labels with 10), 100 examples per client; each client
+  holds ``image`` (``uint8`` ``[n, 32, 32, 3]``), ``label`` (fine, 0..99) and ``coarse_label``
+  (0..19), both ``int64``. Images become ``float32`` in ``[0, 1]`` (``x / 255``) at their full
+  32x32: no crop, flip or per-channel normalization (TFF's baselines train on random 24x24
+  crops and test on the central crop).
+
+  Args:
+    train_path: ``fed_cifar100_train.h5``.
+    test_path: ``fed_cifar100_test.h5``; all its clients form the test set.
+    max_clients: Keep only the first this many clients (file order: client ids sorted as
+      strings, ``"0", "1", "10", "100", ...``).
+    label: ``"label"`` (100 classes) or ``"coarse_label"`` (20).
+
+  Returns:
+    The padded :class:`FederatedData` named ``"cifar100"``.
+
+  Raises:
+    ConfigError: For a ``label`` not in :data:`CIFAR100_LABELS`, or a client whose
+      labels do not match its images.
+  """
+  check(label in CIFAR100_LABELS, "label", label, f"must be one of {list(CIFAR100_LABELS)}")
+
+  def client_fn(d):
+    x = np.asarray(d["image"], dtype=np.float32) / 255.0
+    y = np.asarray(d[label]).reshape(-1)
+    check(len(y) == len(x), label, y.shape,
+          f"must hold one label per image ({len(x)} images)")
+    return x, y
+
+  return load_tff_h5_federated(
+      train_path, test_path, ("image", label), client_fn,
+      num_classes=100 if label == "label" else 20, name="cifar100",
       max_clients=max_clients)
 
 

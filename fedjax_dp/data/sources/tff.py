@@ -1,7 +1,7 @@
-"""TensorFlow Federated's HDF5 files: federated Shakespeare and EMNIST.
+"""TensorFlow Federated's HDF5 files: federated Shakespeare, EMNIST and CIFAR-100.
 
 These sets carry their natural partition (one client per speaking role, per
-writer): :func:`load_natural` returns it as a :class:`FederatedData`;
+writer, TFF's Pachinko-allocated CIFAR-100 clients): :func:`load_natural` returns it as a :class:`FederatedData`;
 :func:`load` pools every client's examples, for the partitions that ignore
 the clients. tensorflow-datasets does not have them, so there is no download
 fallback: the files are those ``tff.simulation.datasets`` downloads.
@@ -47,6 +47,8 @@ def _read(spec: DatasetSpec, request: Request, max_clients) -> FederatedData:
   if spec.source == "tff_shakespeare":
     return tff_h5.load_federated_shakespeare(train, test, max_clients,
                                              spec.example_shape[0])
+  if spec.source == "tff_cifar100":
+    return tff_h5.load_federated_cifar100(train, test, max_clients)
   return tff_h5.load_federated_emnist(train, test, max_clients,
                                       only_digits=spec.num_classes == 10)
 
@@ -66,11 +68,11 @@ def load_natural(spec: DatasetSpec, request: Request, num_clients: int) -> Feder
   """The first ``num_clients`` clients of the training file, in file order.
 
   ``request.max_test`` keeps a random subset of the test examples (class-
-  balanced for EMNIST, uniform for Shakespeare's windows); ``max_train`` is
+  balanced for EMNIST and CIFAR-100, uniform for Shakespeare's windows); ``max_train`` is
   refused, since the clients' data is what they hold.
 
   Args:
-    spec: The data set's spec (federated EMNIST or Shakespeare).
+    spec: The data set's spec (federated EMNIST, CIFAR-100 or Shakespeare).
     request: What the load asks (data directory, test subset size, seed).
     num_clients: How many clients to keep, ``>= 1``.
 
