@@ -180,7 +180,8 @@ def cifar_dir(tmp_path_factory):
 def test_federated_cifar100_natural_from_generated_files(cifar_dir):
   train = cifar_dir / "tff-h5" / "fed_cifar100_train.h5"
   fd = data.load_federated("cifar100", data.Split(3, "natural"), data_dir=str(cifar_dir))
-  assert fd.name == "cifar100" and fd.num_classes == 100 and fd.test_from_clients
+  # TFF's test clients partition CIFAR-100's test split: no training client's data.
+  assert fd.name == "cifar100" and fd.num_classes == 100 and not fd.test_from_clients
   assert fd.counts.tolist() == [4, 2, 3]  # file order: "0", "1", "10"
   assert fd.x.shape == (3, 4, 32, 32, 3) and fd.x.dtype == np.float32
   assert fd.test_x.shape == (5, 32, 32, 3) and fd.test_y.dtype == np.int32
@@ -235,6 +236,7 @@ def test_cli_runs_natural_cifar100(cifar_dir, tmp_path):
   summary = json.loads((out / "summary.json").read_text())
   assert summary["data"]["num_clients"] == 3 and summary["data"]["example_shape"] == [32, 32, 3]
   assert 0 <= summary["final_accuracy"] <= 1
+  assert summary["data"]["test_examples"] == 5  # the test split: public, not a diagnostic
 
 
 # ------------------------------------------------------------------- the LSTM

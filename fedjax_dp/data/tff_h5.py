@@ -92,7 +92,8 @@ def _read_all(path, features: Sequence[str], client_fn: Callable,
 def load_tff_h5_federated(train_path, test_path, features: Sequence[str],
                           client_fn: Callable, num_classes: int,
                           name: str = "tff_h5",
-                          max_clients: Optional[int] = None) -> FederatedData:
+                          max_clients: Optional[int] = None,
+                          test_from_clients: bool = True) -> FederatedData:
   """Loads a TFF HDF5 data set with its natural (per-client) partition.
 
   Args:
@@ -108,11 +109,14 @@ def load_tff_h5_federated(train_path, test_path, features: Sequence[str],
     name: Data set name for the result.
     max_clients: Keep only the first this many (non-empty) training clients,
       in file order; ``None`` keeps all. The test set is not reduced.
+    test_from_clients: The test file holds the training clients' own held-out examples (EMNIST's
+      writers, Shakespeare's roles: statistics on it are raw, no guarantee covers them); False
+      when its clients' examples are apart from every training client's (CIFAR-100's test
+      split).
 
   Returns:
-    The padded :class:`FederatedData`, clients in file order; its test set is the same
-    writers' held-out examples, their own data (``test_from_clients``: statistics on it are
-    raw, no guarantee covers them).
+    The padded :class:`FederatedData`, clients in file order, its
+    :attr:`~FederatedData.test_from_clients` as given.
   """
   check(max_clients is None or (isinstance(max_clients, (int, np.integer))
                                 and max_clients >= 1),
@@ -144,7 +148,7 @@ def load_tff_h5_federated(train_path, test_path, features: Sequence[str],
   return FederatedData.from_partition(
       name, np.concatenate(xs).astype(np.float32), np.concatenate(ys), parts,
       np.concatenate(tx).astype(np.float32), np.concatenate(ty), num_classes,
-      test_from_clients=True)
+      test_from_clients=test_from_clients)
 
 
 def load_federated_emnist(train_path, test_path,
@@ -201,7 +205,9 @@ def load_federated_cifar100(train_path, test_path,
     label: ``"label"`` (100 classes) or ``"coarse_label"`` (20).
 
   Returns:
-    The padded :class:`FederatedData` named ``"cifar100"``.
+    The padded :class:`FederatedData` named ``"cifar100"``. Its test set is CIFAR-100's test
+    split, which no training client holds (TFF's 100 test clients partition it), so it is not
+    ``test_from_clients``.
 
   Raises:
     ConfigError: For a ``label`` not in :data:`CIFAR100_LABELS`, or a client whose
@@ -219,7 +225,7 @@ def load_federated_cifar100(train_path, test_path,
   return load_tff_h5_federated(
       train_path, test_path, ("image", label), client_fn,
       num_classes=100 if label == "label" else 20, name="cifar100",
-      max_clients=max_clients)
+      max_clients=max_clients, test_from_clients=False)
 
 
 # TFF's Shakespeare vocabulary: the 86 characters of the "Federated Learning for

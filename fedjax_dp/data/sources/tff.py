@@ -91,5 +91,6 @@ def load_natural(spec: DatasetSpec, request: Request, num_clients: int) -> Feder
         f"must be <= {fd.num_clients}, the clients of {spec.name} "
         f"({spec.files[0]})")
   keep = subset(fd.test_y, request.max_test, request.seed)
-  # The test file holds the same writers' held-out examples (test_from_clients, as loaded).
+  # EMNIST's and Shakespeare's test files hold the same writers' held-out examples
+  # (test_from_clients, as loaded); CIFAR-100's hold its test split.
   return dataclasses.replace(fd, test_x=fd.test_x[keep], test_y=fd.test_y[keep])
