@@ -143,7 +143,7 @@ class RunConfig:
                           "the TFF sets, which have client ids)",
                           _values("fedjax_dp.data.partition", "PARTITIONERS"))
   num_clients: int = _field(700, "number of clients (an int >= 1; a natural partition: at most "
-                            "the data set's, which are its default)")
+                            "the data set's, which are its default but for stackoverflow's)")
   dirichlet_alpha: float = _field(0.5, "concentration of the dirichlet partition's label mix "
                                   "(> 0; small: skewed)")
   shards_per_client: int = _field(2, "label-sorted shards per client of the shards partition "

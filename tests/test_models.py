@@ -194,6 +194,7 @@ MODEL_SHAPES = {
     "resnet18_gn": ((32, 32, 3), 10),
     "char_lstm": ((80,), 90),
     "char_lstm_small": ((80,), 90),
+    "word_lstm": ((20,), 10_004),
 }
 
 
@@ -258,6 +259,9 @@ def test_parameter_counts():
   # FedJAX's Shakespeare LSTM.
   assert _count("char_lstm", (80,), 90) == 820_522
   assert _count("char_lstm_small", (80,), 90) == 720 + 4 * (8 + 64 + 1) * 64 + 64 * 90 + 90
+  # 10,004 * 96 + 4 * (96 + 670 + 1) * 670 + (670 * 96 + 96) + (96 * 10,004 + 10,004):
+  # TFF's StackOverflow next-word LSTM.
+  assert _count("word_lstm", (20,), 10_004) == 4_050_748
 
 
 def test_num_params_of_arrays():

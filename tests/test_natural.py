@@ -1,5 +1,5 @@
-"""Natural partitions: federated Shakespeare and EMNIST in TFF's HDF5 layout, the character LSTM,
-and `fedjax-dp run --partition natural`."""
+"""Natural partitions: federated Shakespeare, EMNIST, CIFAR-100 and StackOverflow in TFF's HDF5
+layout, the LSTMs, and `fedjax-dp run --partition natural`."""
 
 import json
 
@@ -12,7 +12,7 @@ from fedjax_dp import data
 from fedjax_dp.cli import main
 from fedjax_dp.data import tff_h5
 from fedjax_dp.errors import ConfigError
-from fedjax_dp.models import IGNORE, cross_entropy, get_model
+from fedjax_dp.models import IGNORE, cross_entropy, get_model, num_params
 
 BOS, EOS, PAD, OOV = tff_h5.BOS, tff_h5.EOS, tff_h5.PAD, tff_h5.OOV
 
@@ -154,6 +154,203 @@ def test_federated_emnist_natural_from_generated_files(tmp_path):
     data.load_federated("shakespeare", data.Split(3, "dirichlet"), data_dir=str(tmp_path))
 
 
+# ------------------------------------------------------------------- federated CIFAR-100
+
+
+CIFAR_TRAIN_SIZES = {"0": 4, "1": 2, "10": 3}  # TFF's ids are "0".."499"; h5py sorts them as strings
+
+
+@pytest.fixture(scope="module")
+def cifar_dir(tmp_path_factory):
+  """A data directory with tiny CIFAR-100 files in TFF's layout, under tff-h5/: per client
+  image uint8 [n, 32, 32, 3], label and coarse_label int64 [n]."""
+  root = tmp_path_factory.mktemp("cifar")
+  (root / "tff-h5").mkdir()
+  rng = np.random.default_rng(0)
+  for split, sizes in (("train", CIFAR_TRAIN_SIZES), ("test", {"0": 2, "1": 3})):
+    clients = {}
+    for cid, n in sizes.items():
+      label = rng.integers(0, 100, size=n).astype(np.int64)
+      clients[cid] = {"image": rng.integers(0, 256, size=(n, 32, 32, 3)).astype(np.uint8),
+                      "label": label, "coarse_label": label // 5}
+    _write_h5(root / "tff-h5" / f"fed_cifar100_{split}.h5", clients)
+  return root
+
+
+def test_federated_cifar100_natural_from_generated_files(cifar_dir):
+  train = cifar_dir / "tff-h5" / "fed_cifar100_train.h5"
+  fd = data.load_federated("cifar100", data.Split(3, "natural"), data_dir=str(cifar_dir))
+  # TFF's test clients partition CIFAR-100's test split: no training client's data.
+  assert fd.name == "cifar100" and fd.num_classes == 100 and not fd.test_from_clients
+  assert fd.counts.tolist() == [4, 2, 3]  # file order: "0", "1", "10"
+  assert fd.x.shape == (3, 4, 32, 32, 3) and fd.x.dtype == np.float32
+  assert fd.test_x.shape == (5, 32, 32, 3) and fd.test_y.dtype == np.int32
+  stored = tff_h5.read_client(train, "10")
+  x, y = fd.client_examples(2)
+  np.testing.assert_array_equal(x, stored["image"] / np.float32(255))
+  np.testing.assert_array_equal(y, stored["label"])
+  coarse = tff_h5.load_federated_cifar100(train, cifar_dir / "tff-h5" / "fed_cifar100_test.h5",
+                                          max_clients=2, label="coarse_label")
+  assert coarse.num_classes == 20 and coarse.num_clients == 2
+  np.testing.assert_array_equal(coarse.client_examples(1)[1], tff_h5.read_client(
+      train, "1")["coarse_label"])
+  pooled = data.load_federated("cifar100", data.Split(3, "dirichlet", alpha=0.5),
+                               data_dir=str(cifar_dir))
+  assert pooled.total_examples == 9 and not pooled.test_from_clients
+  with pytest.raises(ConfigError, match="label='fine': must be one of"):
+    tff_h5.load_federated_cifar100(train, train, label="fine")
+  with pytest.raises(ConfigError, match="num_clients=4: must be <= 3"):
+    data.load_federated("cifar100", data.Split(4, "natural"), data_dir=str(cifar_dir))
+
+
+def test_cifar100_defaults_to_tffs_resnet18_gn_with_every_client():
+  from fedjax_dp.config import make_config  # pylint: disable=g-import-not-at-top
+  config = make_config(dataset="cifar100", partition="natural")
+  assert config.model_name == "resnet18_gn" and config.num_clients == 500
+  model = get_model("resnet18_gn", (32, 32, 3), 100)  # shapes only: no training here
+  params = jax.eval_shape(model.init, jax.random.key(0))
+  assert num_params(params) == 11_220_132  # 11,173,962 with 10 classes, + 90 x 513
+  logits = jax.eval_shape(model.apply, params, jax.ShapeDtypeStruct((2, 32, 32, 3), np.float32))
+  assert logits.shape == (2, 100)
+
+
+def test_real_cifar100_natural(shared_data_dir):
+  d = shared_data_dir / "tff-h5"
+  if not (d / "fed_cifar100_train.h5").is_file():
+    pytest.skip(f"{d / 'fed_cifar100_train.h5'} absent (set FEDJAX_DP_DATA to a folder with "
+                "tff-h5/fed_cifar100_{train,test}.h5, as tff.simulation.datasets.cifar100 "
+                "downloads them)")
+  fd = data.load_federated("cifar100", data.Split(500, "natural"), data_dir=str(shared_data_dir))
+  assert fd.num_clients == 500 and fd.counts.tolist() == [100] * 500
+  assert fd.total_examples == 50_000 and fd.test_x.shape == (10_000, 32, 32, 3)
+  assert fd.y.max() == 99 and 0 <= fd.x.min() and fd.x.max() <= 1
+
+
+def test_cli_runs_natural_cifar100(cifar_dir, tmp_path):
+  out = tmp_path / "run"
+  assert main(["run", "--dataset", "cifar100", "--algorithm", "fedavg", "--data-dir", str(cifar_dir),
+               "--partition", "natural", "--num-clients", "3", "--model", "mlp",
+               "--rounds", "1", "--sampling", "fixed", "--cohort-size", "2", "--local-steps", "1",
+               "--batch-size", "2",
+               "--no-progress", "--output-dir", str(out)]) == 0
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["data"]["num_clients"] == 3 and summary["data"]["example_shape"] == [32, 32, 3]
+  assert 0 <= summary["final_accuracy"] <= 1
+  assert summary["data"]["test_examples"] == 5  # the test split: public, not a diagnostic
+
+
+# ------------------------------------------------------------------- StackOverflow
+
+
+def _so_client(sentences):
+  """One user's features in TFF's layout: tokens, title, tags ('|'-separated), creation_date,
+  score, type, one row per sentence."""
+  n = len(sentences)
+  return {"tokens": np.array(sentences, dtype=object),
+          "title": np.array([b"how do i loop"] * n, dtype=object),
+          "tags": np.array([b"python|loops"] * n, dtype=object),
+          "creation_date": np.array([b"2017-01-01 00:00:00.000000 UTC"] * n, dtype=object),
+          "score": np.zeros(n, np.int64),
+          "type": np.array([b"question"] * n, dtype=object)}
+
+
+@pytest.fixture(scope="module")
+def so_dir(tmp_path_factory):
+  """Tiny StackOverflow files in TFF's layout under tff-h5/: train, test and held-out."""
+  root = tmp_path_factory.mktemp("so")
+  (root / "tff-h5").mkdir()
+  _write_h5(root / "tff-h5" / "stackoverflow_train.h5", {
+      "00000001": _so_client([b"how do i sort a list", b"use sorted ( ) ."]),
+      "00000002": _so_client([b"a list is a list"]),
+      "00000003": _so_client([b"sort it", b"it works", b"thanks !"])})
+  _write_h5(root / "tff-h5" / "stackoverflow_test.h5", {
+      "00000001": _so_client([b"sorted a list"]), "00000002": _so_client([b"a b c"])})
+  # The vocabulary's source, users apart from both: "a" and "sort" used by 2, "it", "list" by 1.
+  _write_h5(root / "tff-h5" / "stackoverflow_held_out.h5", {
+      "00000010": _so_client([b"a list", b"sort a list"]),
+      "00000020": _so_client([b"sort it a"])})
+  return root
+
+
+def test_stackoverflow_vocabulary_and_sequences():
+  from collections import Counter  # pylint: disable=g-import-not-at-top
+  vocab = tff_h5.stackoverflow_vocabulary(Counter({"b": 2, "a": 2, "c": 5, "d": 1}), 3)
+  assert vocab == {"c": 1, "a": 2, "b": 3}  # by count, ties by word
+  pad, oov, bos, eos = tff_h5.so_special_tokens(3)
+  assert (pad, oov, bos, eos) == (0, 4, 5, 6) and tff_h5.so_special_tokens() == (
+      0, 10_001, 10_002, 10_003)
+  x, y = tff_h5.stackoverflow_sequences([b"a b", b"c d a b", b"z"], vocab, 3, 3)
+  np.testing.assert_array_equal(x, [[bos, 2, 3], [bos, 1, oov], [bos, oov, eos]])
+  # Under 3 words: EOS ends the targets, PAD targets are IGNORE; 3 or more: truncated, no EOS.
+  np.testing.assert_array_equal(y, [[2, 3, eos], [1, oov, 2], [oov, eos, IGNORE]])
+  assert tff_h5.stackoverflow_sequences([], vocab, 3, 3)[0].shape == (0, 3)
+
+
+def test_stackoverflow_natural_from_generated_files(so_dir):
+  d = so_dir / "tff-h5"
+  assert tff_h5.word_counts(d / "stackoverflow_held_out.h5") == {"a": 2, "sort": 2, "it": 1,
+                                                                 "list": 1}
+  fd = data.load_federated("stackoverflow", data.Split(3, "natural"), data_dir=str(so_dir))
+  assert fd.name == "stackoverflow" and fd.num_classes == 10_004 and fd.test_from_clients
+  assert fd.counts.tolist() == [2, 1, 3] and fd.example_shape == (20,)
+  assert fd.test_y.shape == (2, 20)
+  pad, oov, bos, eos = tff_h5.so_special_tokens()
+  vocab = {"a": 1, "sort": 2, "it": 3, "list": 4}  # the held-out file's words, by users
+  x, y = fd.client_examples(2)
+  np.testing.assert_array_equal(x[0, :4], [bos, vocab["sort"], vocab["it"], eos])
+  np.testing.assert_array_equal(y[0, :3], [vocab["sort"], vocab["it"], eos])
+  assert (y[0, 3:] == IGNORE).all() and (x[0, 4:] == pad).all()
+  x, _ = fd.client_examples(1)  # "a list is a list": "is" is out of the vocabulary
+  np.testing.assert_array_equal(x[0, :6], [bos, vocab["a"], vocab["list"], oov, vocab["a"],
+                                           vocab["list"]])
+  capped = tff_h5.load_federated_stackoverflow(
+      d / "stackoverflow_train.h5", d / "stackoverflow_test.h5", d / "stackoverflow_held_out.h5",
+      max_test_clients=1, max_per_client=1, vocab_size=4, length=5)
+  assert capped.counts.tolist() == [1, 1, 1] and capped.test_y.shape == (1, 5)
+  assert capped.num_classes == 8
+  pooled = data.load_federated("stackoverflow", data.Split(2, "iid"), data_dir=str(so_dir))
+  assert pooled.total_examples == 6
+  (d / "stackoverflow_held_out.h5").rename(d / "held_out.h5")
+  try:
+    with pytest.raises(ConfigError, match="stackoverflow_held_out.h5"):
+      data.load_federated("stackoverflow", data.Split(3, "natural"), data_dir=str(so_dir))
+  finally:
+    (d / "held_out.h5").rename(d / "stackoverflow_held_out.h5")
+
+
+def test_stackoverflow_defaults_to_tffs_word_lstm():
+  from fedjax_dp.config import make_config  # pylint: disable=g-import-not-at-top
+  config = make_config(dataset="stackoverflow", partition="natural")
+  # 342,477 users do not fit in memory: the natural partition keeps the first num_clients.
+  assert config.model_name == "word_lstm" and config.num_clients == 700
+  model = get_model("word_lstm", (20,), 10_004)  # its parameters: tests/test_models.py
+  params = jax.eval_shape(model.init, jax.random.key(0))
+  logits = jax.eval_shape(model.apply, params, jax.ShapeDtypeStruct((2, 20), np.float32))
+  assert logits.shape == (2, 20, 10_004)
+
+
+def test_real_stackoverflow_natural(shared_data_dir):
+  d = shared_data_dir / "tff-h5"
+  if not all((d / f"stackoverflow_{s}.h5").is_file() for s in ("train", "test", "held_out")):
+    pytest.skip(f"{d}/stackoverflow_{{train,test,held_out}}.h5 absent (set FEDJAX_DP_DATA to a "
+                "folder with them, as tff.simulation.datasets.stackoverflow downloads them)")
+  fd = data.load_federated("stackoverflow", data.Split(100, "natural"),
+                           data_dir=str(shared_data_dir))
+  assert fd.num_clients == 100 and fd.counts.max() <= 1000 and fd.example_shape == (20,)
+  assert fd.y.max() < 10_004 and fd.x.max() < 10_004
+
+
+def test_cli_runs_natural_stackoverflow(so_dir, tmp_path):
+  out = tmp_path / "run"
+  assert main(["run", "--dataset", "stackoverflow", "--algorithm", "fedavg", "--data-dir", str(so_dir),
+               "--partition", "natural", "--num-clients", "3", "--model", "char_lstm_small",
+               "--rounds", "1", "--sampling", "fixed", "--cohort-size", "2", "--local-steps", "1",
+               "--batch-size", "2", "--no-progress", "--output-dir", str(out)]) == 0
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["data"]["num_clients"] == 3 and summary["data"]["example_shape"] == [20]
+  assert 0 <= summary["final_accuracy"] <= 1
+
+
 # ------------------------------------------------------------------- the LSTM
 
 
@@ -189,7 +386,8 @@ def test_cli_refuses_natural_without_clients(dataset, capsys, tmp_path):
   err = capsys.readouterr().err.strip()
   assert err == (f"fedjax-dp: error: invalid partition='natural': must be one of ['iid', "
                  f"'dirichlet', 'shards'] for dataset={dataset} (natural partitions: "
-                 "shakespeare, federated_emnist, federated_emnist_digits)")
+                 "shakespeare, federated_emnist, federated_emnist_digits, cifar100, "
+                 "stackoverflow)")
   assert not (tmp_path / "o").exists()
 
 

@@ -31,8 +31,10 @@ from fedjax_dp.data.sources.idx import load_idx, read_idx
 from fedjax_dp.data.specs import DATASETS, SPECS, DatasetSpec, check_partition
 from fedjax_dp.data.tff_h5 import (
     client_ids,
+    load_federated_cifar100,
     load_federated_emnist,
     load_federated_shakespeare,
+    load_federated_stackoverflow,
     load_tff_h5_federated,
     read_client,
     shakespeare_windows,
@@ -43,7 +45,8 @@ __all__ = [
     "PARTITIONERS", "balanced_subset", "load_central", "load_federated",
     "load_idx", "partition_indices", "read_idx", "resolve_cache_dir",
     "resolve_data_dir", "dirichlet", "iid", "natural", "shards", "client_ids",
-    "load_federated_emnist", "load_federated_shakespeare",
+    "load_federated_cifar100", "load_federated_emnist", "load_federated_shakespeare",
+    "load_federated_stackoverflow",
     "load_tff_h5_federated", "read_client", "shakespeare_windows",
     "check_partition",
 ]

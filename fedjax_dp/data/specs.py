@@ -15,9 +15,12 @@ directory itself::
   <data_dir>/cifar10/{train,test}.tar.gz  (members <split>/<class>/<NNNN>.jpg)
   <data_dir>/tff-h5/shakespeare_{train,test}.h5  (TensorFlow Federated's HDF5)
   <data_dir>/tff-h5/fed_emnist_{train,test}.h5, fed_emnist_digitsonly_{train,test}.h5
+  <data_dir>/tff-h5/fed_cifar100_{train,test}.h5
+  <data_dir>/tff-h5/stackoverflow_{train,test,held_out}.h5
 
 The TFF sets come with their natural partition (``partition="natural"``): one
-client per speaking role of a play (Shakespeare), per writer (EMNIST).
+client per speaking role of a play (Shakespeare), per writer (EMNIST), TFF's
+500 Pachinko-allocated clients (CIFAR-100), per user (StackOverflow).
 """
 
 from __future__ import annotations
@@ -37,17 +40,18 @@ class DatasetSpec:
     name: Name used by the API and the CLI (``--dataset``).
     source: Key of :data:`fedjax_dp.data.sources.LOCAL`, the module that
       reads the local files: ``"digits"``, ``"idx"``, ``"cifar10"``,
-      ``"tff_emnist"`` or ``"tff_shakespeare"``.
-    num_classes: Number of classes (for Shakespeare, tokens: every position
-      of a window has a next-character label).
+      ``"tff_emnist"``, ``"tff_cifar100"``, ``"tff_shakespeare"`` or ``"tff_stackoverflow"``.
+    num_classes: Number of classes (for Shakespeare and StackOverflow, tokens: every position
+      of a window has a next-token label).
     example_shape: Shape of one example, NHWC without N (Shakespeare: a
-      window of 80 token ids).
+      window of 80 token ids; StackOverflow: a sentence of 20).
     default_model: Model used when the configuration names none.
     subdirs: Sub-folders of the data directory searched, in order, before the
       data directory itself.
     files: File names in that folder: for IDX, the train images, train labels,
       test images and test labels (each also accepted with ``.gz``); for
-      CIFAR-10 the train and test tarballs.
+      CIFAR-10 the train and test tarballs; for the TFF sets the train and test files, then
+      any other file the set reads (StackOverflow's held-out file, its vocabulary's source).
     tfds_name: tensorflow-datasets name used with ``download=True``; ``None``
       when the set needs no download.
     transposed: Images are stored transposed (EMNIST, both in NIST's IDX
@@ -57,7 +61,8 @@ class DatasetSpec:
     partitions: The partitions it takes: ``"natural"`` for sets with client
       ids; ``"dirichlet"`` and ``"shards"`` need one label per example.
     natural_clients: The clients of its natural partition (TFF's training files), the
-      default ``num_clients`` of a natural partition; None without one.
+      default ``num_clients`` of a natural partition; None without one, and for StackOverflow,
+      whose 342,477 users do not fit in memory (``num_clients`` keeps its default).
   """
   name: str
   source: str
@@ -120,6 +125,15 @@ SPECS = (
                 files=("fed_emnist_digitsonly_train.h5",
                        "fed_emnist_digitsonly_test.h5"),
                 partitions=("natural", "iid", "dirichlet", "shards"), natural_clients=3383),
+    DatasetSpec("cifar100", "tff_cifar100", 100, (32, 32, 3), "resnet18_gn",
+                subdirs=("tff-h5", "fed_cifar100"),
+                files=("fed_cifar100_train.h5", "fed_cifar100_test.h5"),
+                partitions=("natural", "iid", "dirichlet", "shards"), natural_clients=500),
+    DatasetSpec("stackoverflow", "tff_stackoverflow", 10_004, (20,), "word_lstm",
+                subdirs=("tff-h5", "stackoverflow"),
+                files=("stackoverflow_train.h5", "stackoverflow_test.h5",
+                       "stackoverflow_held_out.h5"),
+                partitions=("natural", "iid")),
 )
 
 BY_NAME = {s.name: s for s in SPECS}

@@ -1,21 +1,26 @@
 """Reader for TensorFlow Federated's HDF5 client-data layout.
 
-TFF distributes federated data sets (EMNIST, Shakespeare, ...) as HDF5 files
-with one group per client::
+TFF distributes federated data sets (EMNIST, CIFAR-100, Shakespeare, ...) as HDF5
+files with one group per client::
 
   examples/<client_id>/<feature>   e.g. pixels [n, 28, 28], label [n]
+                                   or  image [n, 32, 32, 3] (uint8), label [n]
                                    or  snippets [n] (byte strings)
+                                   or  tokens [n] (byte strings of words)
 
 ``h5py`` is imported inside the functions, so importing this module is cheap.
 Client ids are listed in the file's order, which for h5py is sorted by name.
 
 Federated Shakespeare becomes next-character prediction at every position
-(:func:`shakespeare_windows`): the task of the TFF and FedJAX benchmarks.
+(:func:`shakespeare_windows`), StackOverflow next-word prediction on sentences of 20 words
+(:func:`stackoverflow_sequences`): the tasks of the TFF and FedJAX benchmarks.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
+
+import collections
 
 import numpy as np
 
@@ -75,8 +80,9 @@ def read_client(path, client_id: str,
 
 
 def _read_all(path, features: Sequence[str], client_fn: Callable,
-              max_clients: Optional[int]):
-  """Yields ``client_fn`` of each client's features, for clients left non-empty, in file order."""
+              max_clients: Optional[int], max_per_client: Optional[int] = None):
+  """Yields ``client_fn`` of each client's features, at most ``max_per_client`` of its first
+  examples, for clients left non-empty, in file order."""
   with _open(path) as f:
     n = 0
     for cid in f[_ROOT].keys():
@@ -85,13 +91,16 @@ def _read_all(path, features: Sequence[str], client_fn: Callable,
       x, y = client_fn(_read_group(f, path, cid, features))
       if len(y):
         n += 1
-        yield x, y
+        yield x[:max_per_client], y[:max_per_client]
 
 
 def load_tff_h5_federated(train_path, test_path, features: Sequence[str],
                           client_fn: Callable, num_classes: int,
                           name: str = "tff_h5",
-                          max_clients: Optional[int] = None) -> FederatedData:
+                          max_clients: Optional[int] = None,
+                          test_from_clients: bool = True,
+                          max_test_clients: Optional[int] = None,
+                          max_per_client: Optional[int] = None) -> FederatedData:
   """Loads a TFF HDF5 data set with its natural (per-client) partition.
 
   Args:
@@ -107,15 +116,23 @@ def load_tff_h5_federated(train_path, test_path, features: Sequence[str],
     name: Data set name for the result.
     max_clients: Keep only the first this many (non-empty) training clients,
       in file order; ``None`` keeps all. The test set is not reduced.
+    test_from_clients: The test file holds the training clients' own held-out examples (EMNIST's
+      writers, Shakespeare's roles: statistics on it are raw, no guarantee covers them); False
+      when its clients' examples are apart from every training client's (CIFAR-100's test
+      split).
+    max_test_clients: Read only the first this many (non-empty) clients of the test file;
+      ``None`` reads all.
+    max_per_client: Keep only each client's first this many examples (train and test);
+      ``None`` keeps all.
 
   Returns:
-    The padded :class:`FederatedData`, clients in file order; its test set is the same
-    writers' held-out examples, their own data (``test_from_clients``: statistics on it are
-    raw, no guarantee covers them).
+    The padded :class:`FederatedData`, clients in file order, its
+    :attr:`~FederatedData.test_from_clients` as given.
   """
-  check(max_clients is None or (isinstance(max_clients, (int, np.integer))
-                                and max_clients >= 1),
-        "max_clients", max_clients, "must be None or an integer >= 1")
+  for field, value in (("max_clients", max_clients), ("max_test_clients", max_test_clients),
+                       ("max_per_client", max_per_client)):
+    check(value is None or (isinstance(value, (int, np.integer)) and value >= 1),
+          field, value, "must be None or an integer >= 1")
 
   def per_client(field, path, limit):
     """Every non-empty client's ``(x, y)`` of one file, as two lists in file order.
@@ -129,21 +146,21 @@ def load_tff_h5_federated(train_path, test_path, features: Sequence[str],
       ConfigError: The file holds no non-empty client.
     """
     xs, ys = [], []
-    for x, y in _read_all(path, features, client_fn, limit):
+    for x, y in _read_all(path, features, client_fn, limit, max_per_client):
       xs.append(x)
       ys.append(np.asarray(y, dtype=np.int32))
     check(len(xs) >= 1, field, str(path), "must hold at least one non-empty client")
     return xs, ys
 
   xs, ys = per_client("train_path", train_path, max_clients)
-  tx, ty = per_client("test_path", test_path, None)
+  tx, ty = per_client("test_path", test_path, max_test_clients)
   counts = [len(y) for y in ys]
   bounds = np.cumsum([0] + counts)
   parts = [np.arange(bounds[k], bounds[k + 1]) for k in range(len(counts))]
   return FederatedData.from_partition(
       name, np.concatenate(xs).astype(np.float32), np.concatenate(ys), parts,
       np.concatenate(tx).astype(np.float32), np.concatenate(ty), num_classes,
-      test_from_clients=True)
+      test_from_clients=test_from_clients)
 
 
 def load_federated_emnist(train_path, test_path,
@@ -174,6 +191,53 @@ def load_federated_emnist(train_path, test_path,
       train_path, test_path, ("pixels", "label"), client_fn,
       num_classes=10 if only_digits else 62, name="federated_emnist",
       max_clients=max_clients)
+
+
+CIFAR100_LABELS = ("label", "coarse_label")
+
+
+def load_federated_cifar100(train_path, test_path,
+                            max_clients: Optional[int] = None,
+                            label: str = "label") -> FederatedData:
+  """Loads TFF's federated CIFAR-100 (500 training and 100 test clients).
+
+  TFF's ``tff.simulation.datasets.cifar100`` splits CIFAR-100 by the Pachinko Allocation Method
+  (a two-level Dirichlet: per client over the 20 coarse labels with concentration 0.1, then
+  within a coarse label over its fine labels with 10), 100 examples per client; each client
+  holds ``image`` (``uint8`` ``[n, 32, 32, 3]``), ``label`` (fine, 0..99) and ``coarse_label``
+  (0..19), both ``int64``. Images become ``float32`` in ``[0, 1]`` (``x / 255``) at their full
+  32x32: no crop, flip or per-channel normalization (TFF's baselines train on random 24x24
+  crops and test on the central crop).
+
+  Args:
+    train_path: ``fed_cifar100_train.h5``.
+    test_path: ``fed_cifar100_test.h5``; all its clients form the test set.
+    max_clients: Keep only the first this many clients (file order: client ids sorted as
+      strings, ``"0", "1", "10", "100", ...``).
+    label: ``"label"`` (100 classes) or ``"coarse_label"`` (20).
+
+  Returns:
+    The padded :class:`FederatedData` named ``"cifar100"``. Its test set is CIFAR-100's test
+    split, which no training client holds (TFF's 100 test clients partition it), so it is not
+    ``test_from_clients``.
+
+  Raises:
+    ConfigError: For a ``label`` not in :data:`CIFAR100_LABELS`, or a client whose
+      labels do not match its images.
+  """
+  check(label in CIFAR100_LABELS, "label", label, f"must be one of {list(CIFAR100_LABELS)}")
+
+  def client_fn(d):
+    x = np.asarray(d["image"], dtype=np.float32) / 255.0
+    y = np.asarray(d[label]).reshape(-1)
+    check(len(y) == len(x), label, y.shape,
+          f"must hold one label per image ({len(x)} images)")
+    return x, y
+
+  return load_tff_h5_federated(
+      train_path, test_path, ("image", label), client_fn,
+      num_classes=100 if label == "label" else 20, name="cifar100",
+      max_clients=max_clients, test_from_clients=False)
 
 
 # TFF's Shakespeare vocabulary: the 86 characters of the "Federated Learning for
@@ -256,3 +320,139 @@ def load_federated_shakespeare(train_path, test_path,
       lambda d: shakespeare_windows(d["snippets"], length),
       num_classes=SHAKESPEARE_VOCAB_SIZE, name="shakespeare",
       max_clients=max_clients)
+
+
+# StackOverflow next-word prediction as TFF's baseline and FedJAX set it up
+# (tff.simulation.baselines.stackoverflow, fedjax.datasets.stackoverflow): the 10,000 most
+# frequent words, pad 0, the words 1..10,000 in order of frequency, one out-of-vocabulary
+# token, beginning and end of sentence; sentences of at most 20 words; at most 1,000
+# sentences per client.
+SO_VOCAB_SIZE = 10_000
+SO_SEQUENCE_LENGTH = 20
+SO_MAX_PER_CLIENT = 1000
+
+
+def so_special_tokens(vocab_size: int = SO_VOCAB_SIZE) -> tuple[int, int, int, int]:
+  """``(PAD, OOV, BOS, EOS)`` ids for a vocabulary of ``vocab_size`` words: ``0``,
+  ``vocab_size + 1``, ``+ 2``, ``+ 3``; ``vocab_size + 4`` tokens in all."""
+  return 0, vocab_size + 1, vocab_size + 2, vocab_size + 3
+
+
+def word_counts(path, max_clients: Optional[int] = None) -> collections.Counter:
+  """For each word, how many clients (users) of a StackOverflow HDF5 file use it, as TFF's
+  word counts count them.
+
+  Args:
+    path: A TFF StackOverflow file (``examples/<client_id>/tokens``, sentences of
+      space-separated words).
+    max_clients: Count only the first this many clients (file order); ``None`` counts all.
+
+  Returns:
+    ``Counter`` of words (``str``): the number of clients with at least one sentence holding it.
+  """
+  counts = collections.Counter()
+  with _open(path) as f:
+    for k, cid in enumerate(f[_ROOT].keys()):
+      if max_clients is not None and k >= max_clients:
+        break
+      counts.update({w for sentence in _read_group(f, path, cid, ("tokens",))["tokens"]
+                     for w in sentence.decode("utf-8", "replace").split()})
+  return counts
+
+
+def stackoverflow_vocabulary(counts: collections.Counter,
+                             size: int = SO_VOCAB_SIZE) -> dict[str, int]:
+  """The ``size`` words of largest count, numbered ``1..`` by decreasing count (ties by word).
+
+  Args:
+    counts: Word counts (:func:`word_counts`).
+    size: Vocabulary size, ``>= 1``; fewer words when ``counts`` has fewer.
+
+  Returns:
+    ``{word: id}``.
+  """
+  check(isinstance(size, (int, np.integer)) and size >= 1, "size", size,
+        "must be an integer >= 1")
+  ranked = sorted(counts.items(), key=lambda wc: (-wc[1], wc[0]))[:size]
+  return {w: i + 1 for i, (w, _) in enumerate(ranked)}
+
+
+def stackoverflow_sequences(sentences: Sequence[bytes], vocab: dict[str, int],
+                            vocab_size: int = SO_VOCAB_SIZE,
+                            length: int = SO_SEQUENCE_LENGTH) -> tuple[np.ndarray, np.ndarray]:
+  """One client's sentences as next-word examples ``(x, y)``, each ``[n, length]``, one per
+  sentence (TFF's preprocessing).
+
+  A sentence's first ``length`` words become ids (:func:`stackoverflow_vocabulary`'s, a word
+  outside it OOV), preceded by BOS and, when the sentence had fewer than ``length`` words,
+  followed by EOS; padded with PAD to ``length + 1`` tokens, the inputs are the first
+  ``length`` and the targets the last ``length`` (``y[i, t]`` is the token after
+  ``x[i, t]``); a PAD target is :data:`IGNORE`. With ``length=3``, ``b"a b"`` gives
+  ``x = [BOS, a, b]``, ``y = [a, b, EOS]`` and ``b"a b c d"`` gives ``x = [BOS, a, b]``,
+  ``y = [a, b, c]``.
+
+  Args:
+    sentences: The client's ``tokens`` (byte strings of space-separated words).
+    vocab: ``{word: id}`` with ids in ``1..vocab_size``.
+    vocab_size: The vocabulary's nominal size, which sets the special ids
+      (:func:`so_special_tokens`).
+    length: Sequence length, ``>= 1``.
+
+  Returns:
+    ``int32`` inputs and targets.
+  """
+  check(isinstance(length, (int, np.integer)) and length >= 1, "length", length,
+        "must be an integer >= 1")
+  pad, oov, bos, eos = so_special_tokens(vocab_size)
+  rows = np.full((len(sentences), length + 1), pad, np.int32)
+  for i, sentence in enumerate(sentences):
+    words = sentence.decode("utf-8", "replace").split()
+    ids = [bos] + [vocab.get(w, oov) for w in words[:length]]
+    if len(words) < length:
+      ids.append(eos)
+    rows[i, :len(ids)] = ids
+  y = rows[:, 1:].copy()
+  y[y == pad] = IGNORE
+  return rows[:, :-1], y
+
+
+def load_federated_stackoverflow(train_path, test_path, held_out_path,
+                                 max_clients: Optional[int] = None,
+                                 max_test_clients: Optional[int] = None,
+                                 vocab_size: int = SO_VOCAB_SIZE,
+                                 length: int = SO_SEQUENCE_LENGTH,
+                                 max_per_client: Optional[int] = SO_MAX_PER_CLIENT
+                                 ) -> FederatedData:
+  """Loads TFF's federated StackOverflow for next-word prediction (one client per user).
+
+  TFF splits the posts by user and date: training holds posts before 2018 of 342,477 users,
+  test the later posts of the users not held out, held-out every post of the users whose id is
+  0 modulo 10. The vocabulary (:func:`stackoverflow_vocabulary`) is the ``vocab_size`` words
+  used by the most users **of the held-out file** (:func:`word_counts`): its users are neither
+  training nor test users, so the vocabulary depends on no training client's data. (TFF's and
+  FedJAX's baselines take it from TFF's word counts of the training split's users,
+  data-dependent; the two vocabularies differ.)
+  Each sentence is one example (:func:`stackoverflow_sequences`); inputs are token ids stored as
+  ``float32`` ``[n, length]``, labels ``int32`` ``[n, length]`` over ``vocab_size + 4`` tokens.
+
+  Args:
+    train_path: ``stackoverflow_train.h5``.
+    test_path: ``stackoverflow_test.h5``; its clients' sentences form the test set, the
+      training users' own later posts (``test_from_clients``).
+    held_out_path: ``stackoverflow_held_out.h5``, read for the vocabulary only.
+    max_clients: Keep only the first this many training clients (file order).
+    max_test_clients: Read only the first this many test clients; ``None`` reads all.
+    vocab_size: Words in the vocabulary.
+    length: Sequence length.
+    max_per_client: Keep each client's first this many sentences (TFF's baseline: 1,000);
+      ``None`` keeps all.
+
+  Returns:
+    The padded :class:`FederatedData` named ``"stackoverflow"``.
+  """
+  vocab = stackoverflow_vocabulary(word_counts(held_out_path), vocab_size)
+  return load_tff_h5_federated(
+      train_path, test_path, ("tokens",),
+      lambda d: stackoverflow_sequences(d["tokens"], vocab, vocab_size, length),
+      num_classes=vocab_size + 4, name="stackoverflow", max_clients=max_clients,
+      max_test_clients=max_test_clients, max_per_client=max_per_client)

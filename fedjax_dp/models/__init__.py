@@ -237,6 +237,17 @@ def _char_lstm_small(num_classes, conv_impl):
   return recurrent.CharLSTM(num_classes, hidden=(64,))
 
 
+@model("word_lstm", sequence=True, reference="federated StackOverflow (TFF)",
+       kwargs=("embed", "hidden", "project"),
+       about="next-word LSTM: embedding 96, one LSTM layer of 670, dense 96 (4,050,748 "
+             "parameters with 10,004 tokens)")
+def _word_lstm(num_classes, conv_impl, embed=96, hidden=(670,), project=96):
+  del conv_impl
+  return recurrent.CharLSTM(num_classes, embed=_tuple_of_ints("embed", (embed,))[0],
+                            hidden=_tuple_of_ints("hidden", hidden),
+                            project=_tuple_of_ints("project", (project,))[0])
+
+
 def is_convolutional(name: str) -> bool:
   """Whether declared model ``name`` runs convolutions (reads ``conv_impl``); False for a name
   that is not declared (a :class:`Model` built by hand)."""

@@ -1,7 +1,7 @@
-"""TensorFlow Federated's HDF5 files: federated Shakespeare and EMNIST.
+"""TensorFlow Federated's HDF5 files: federated Shakespeare, EMNIST, CIFAR-100 and StackOverflow.
 
 These sets carry their natural partition (one client per speaking role, per
-writer): :func:`load_natural` returns it as a :class:`FederatedData`;
+writer, TFF's Pachinko-allocated CIFAR-100 clients, per user): :func:`load_natural` returns it as a :class:`FederatedData`;
 :func:`load` pools every client's examples, for the partitions that ignore
 the clients. tensorflow-datasets does not have them, so there is no download
 fallback: the files are those ``tff.simulation.datasets`` downloads.
@@ -21,19 +21,24 @@ from fedjax_dp.data.specs import DatasetSpec
 from fedjax_dp.errors import ConfigError, check
 
 
+# StackOverflow's test users read: the first this many of its test file (204,088 in all).
+SO_TEST_CLIENTS = 1000
+
+
 def expected_files(spec: DatasetSpec) -> list[str]:
-  """The train and test HDF5 file names, for error messages."""
+  """The HDF5 file names (train, test, then any other), for error messages."""
   return list(spec.files)
 
 
 def paths(spec: DatasetSpec, data_dir):
-  """``(train, test)``: the data set's HDF5 files in the first of ``spec.search_dirs(data_dir)``
-  that holds both; :class:`ConfigError` naming the folders searched when none does."""
+  """The data set's HDF5 files, in :attr:`~DatasetSpec.files`' order (train, test, ...), in the
+  first of ``spec.search_dirs(data_dir)`` that holds them all; :class:`ConfigError` naming the
+  folders searched when none does."""
   searched = spec.search_dirs(data_dir)
   for d in searched:
-    train, test = (d / f for f in spec.files)
-    if train.is_file() and test.is_file():
-      return train, test
+    files = tuple(d / f for f in spec.files)
+    if all(f.is_file() for f in files):
+      return files
   head = absent_files_message(spec, data_dir, expected_files(spec),
                               lambda d: missing_files(spec, d))
   raise ConfigError(
@@ -43,10 +48,16 @@ def paths(spec: DatasetSpec, data_dir):
 
 
 def _read(spec: DatasetSpec, request: Request, max_clients) -> FederatedData:
-  train, test = paths(spec, request.data_dir)
+  train, test, *others = paths(spec, request.data_dir)
+  if spec.source == "tff_stackoverflow":
+    return tff_h5.load_federated_stackoverflow(
+        train, test, others[0], max_clients, max_test_clients=SO_TEST_CLIENTS,
+        vocab_size=spec.num_classes - 4, length=spec.example_shape[0])
   if spec.source == "tff_shakespeare":
     return tff_h5.load_federated_shakespeare(train, test, max_clients,
                                              spec.example_shape[0])
+  if spec.source == "tff_cifar100":
+    return tff_h5.load_federated_cifar100(train, test, max_clients)
   return tff_h5.load_federated_emnist(train, test, max_clients,
                                       only_digits=spec.num_classes == 10)
 
@@ -66,11 +77,12 @@ def load_natural(spec: DatasetSpec, request: Request, num_clients: int) -> Feder
   """The first ``num_clients`` clients of the training file, in file order.
 
   ``request.max_test`` keeps a random subset of the test examples (class-
-  balanced for EMNIST, uniform for Shakespeare's windows); ``max_train`` is
+  balanced for EMNIST and CIFAR-100, uniform for Shakespeare's windows and StackOverflow's
+  sentences, which are read from the first :data:`SO_TEST_CLIENTS` test users); ``max_train`` is
   refused, since the clients' data is what they hold.
 
   Args:
-    spec: The data set's spec (federated EMNIST or Shakespeare).
+    spec: The data set's spec (a TFF set).
     request: What the load asks (data directory, test subset size, seed).
     num_clients: How many clients to keep, ``>= 1``.
 
@@ -89,5 +101,6 @@ def load_natural(spec: DatasetSpec, request: Request, num_clients: int) -> Feder
         f"must be <= {fd.num_clients}, the clients of {spec.name} "
         f"({spec.files[0]})")
   keep = subset(fd.test_y, request.max_test, request.seed)
-  # The test file holds the same writers' held-out examples (test_from_clients, as loaded).
+  # EMNIST's and Shakespeare's test files hold the same writers' held-out examples
+  # (test_from_clients, as loaded); CIFAR-100's hold its test split.
   return dataclasses.replace(fd, test_x=fd.test_x[keep], test_y=fd.test_y[keep])
