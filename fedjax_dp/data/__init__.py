@@ -30,6 +30,7 @@ from fedjax_dp.data.sources.common import (
 from fedjax_dp.data.sources.idx import load_idx, read_idx
 from fedjax_dp.data.specs import DATASETS, SPECS, DatasetSpec, check_partition
 from fedjax_dp.data.tff_h5 import (
+    H5Set,
     client_ids,
     load_federated_cifar100,
     load_federated_emnist,
@@ -44,7 +45,7 @@ __all__ = [
     "CentralDataset", "FederatedData", "DATASETS", "SPECS", "DatasetSpec", "Split",
     "PARTITIONERS", "balanced_subset", "load_central", "load_federated",
     "load_idx", "partition_indices", "read_idx", "resolve_cache_dir",
-    "resolve_data_dir", "dirichlet", "iid", "natural", "shards", "client_ids",
+    "resolve_data_dir", "dirichlet", "iid", "natural", "shards", "H5Set", "client_ids",
     "load_federated_cifar100", "load_federated_emnist", "load_federated_shakespeare",
     "load_federated_stackoverflow",
     "load_tff_h5_federated", "read_client", "shakespeare_windows",

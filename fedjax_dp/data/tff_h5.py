@@ -18,7 +18,7 @@ Federated Shakespeare becomes next-character prediction at every position
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import collections
 
@@ -94,32 +94,63 @@ def _read_all(path, features: Sequence[str], client_fn: Callable,
         yield x[:max_per_client], y[:max_per_client]
 
 
-def load_tff_h5_federated(train_path, test_path, features: Sequence[str],
-                          client_fn: Callable, num_classes: int,
-                          name: str = "tff_h5",
+class H5Set(NamedTuple):
+  """What a TFF HDF5 data set's clients hold and how they become examples.
+
+  Attributes:
+    name: the data set's name (:attr:`FederatedData.name`).
+    features: the feature names read from each client, e.g. ``("pixels", "label")``.
+    client_fn: maps one client's ``{feature: array}`` to its examples ``(x, y)`` (model inputs
+      and ``int`` labels, one row per example); a client with no rows is dropped (train and
+      test).
+    num_classes: the number of classes.
+    test_from_clients: the test file holds the training clients' own held-out examples
+      (EMNIST's writers, Shakespeare's roles: statistics on it are raw, no guarantee covers
+      them); False when its clients' examples are apart from every training client's
+      (CIFAR-100's test split).
+  """
+
+  name: str
+  features: Sequence[str]
+  client_fn: Callable
+  num_classes: int
+  test_from_clients: bool = True
+
+
+def _per_client(field: str, path, h5set: H5Set, limit: Optional[int],
+                max_per_client: Optional[int]) -> tuple:
+  """Every non-empty client's ``(x, y)`` of one file, as two lists in file order.
+
+  Args:
+    field: the argument an error names ("train_path" or "test_path").
+    path: the HDF5 file.
+    h5set: what its clients hold.
+    limit: keep only the first this many non-empty clients; ``None`` keeps all.
+    max_per_client: keep only each client's first this many examples; ``None`` keeps all.
+
+  Raises:
+    ConfigError: the file holds no non-empty client.
+  """
+  xs, ys = [], []
+  for x, y in _read_all(path, h5set.features, h5set.client_fn, limit, max_per_client):
+    xs.append(x)
+    ys.append(np.asarray(y, dtype=np.int32))
+  check(len(xs) >= 1, field, str(path), "must hold at least one non-empty client")
+  return xs, ys
+
+
+def load_tff_h5_federated(train_path, test_path, h5set: H5Set,
                           max_clients: Optional[int] = None,
-                          test_from_clients: bool = True,
                           max_test_clients: Optional[int] = None,
                           max_per_client: Optional[int] = None) -> FederatedData:
   """Loads a TFF HDF5 data set with its natural (per-client) partition.
 
   Args:
     train_path: Training HDF5 file; one client per group.
-    test_path: Test HDF5 file; all its clients are concatenated into the
-      centralized test set.
-    features: Feature names read from each client, e.g. ``("pixels",
-      "label")``.
-    client_fn: Maps one client's ``{feature: array}`` to its examples ``(x,
-      y)`` (model inputs and ``int`` labels, one row per example); a client
-      with no rows is dropped (train and test).
-    num_classes: Number of classes.
-    name: Data set name for the result.
-    max_clients: Keep only the first this many (non-empty) training clients,
-      in file order; ``None`` keeps all. The test set is not reduced.
-    test_from_clients: The test file holds the training clients' own held-out examples (EMNIST's
-      writers, Shakespeare's roles: statistics on it are raw, no guarantee covers them); False
-      when its clients' examples are apart from every training client's (CIFAR-100's test
-      split).
+    test_path: Test HDF5 file; its clients are concatenated into the centralized test set.
+    h5set: what the files' clients hold and how they become examples (:class:`H5Set`).
+    max_clients: Keep only the first this many (non-empty) training clients, in file order;
+      ``None`` keeps all. The test set is not reduced.
     max_test_clients: Read only the first this many (non-empty) clients of the test file;
       ``None`` reads all.
     max_per_client: Keep only each client's first this many examples (train and test);
@@ -127,40 +158,25 @@ def load_tff_h5_federated(train_path, test_path, features: Sequence[str],
 
   Returns:
     The padded :class:`FederatedData`, clients in file order, its
-    :attr:`~FederatedData.test_from_clients` as given.
+    :attr:`~FederatedData.test_from_clients` as ``h5set`` says.
+
+  Raises:
+    ConfigError: a limit that is not None or an integer >= 1, or a file without a non-empty
+      client.
   """
   for field, value in (("max_clients", max_clients), ("max_test_clients", max_test_clients),
                        ("max_per_client", max_per_client)):
     check(value is None or (isinstance(value, (int, np.integer)) and value >= 1),
           field, value, "must be None or an integer >= 1")
-
-  def per_client(field, path, limit):
-    """Every non-empty client's ``(x, y)`` of one file, as two lists in file order.
-
-    Args:
-      field: The argument the error names ("train_path" or "test_path").
-      path: The HDF5 file.
-      limit: Keep only the first this many non-empty clients; ``None`` keeps all.
-
-    Raises:
-      ConfigError: The file holds no non-empty client.
-    """
-    xs, ys = [], []
-    for x, y in _read_all(path, features, client_fn, limit, max_per_client):
-      xs.append(x)
-      ys.append(np.asarray(y, dtype=np.int32))
-    check(len(xs) >= 1, field, str(path), "must hold at least one non-empty client")
-    return xs, ys
-
-  xs, ys = per_client("train_path", train_path, max_clients)
-  tx, ty = per_client("test_path", test_path, max_test_clients)
+  xs, ys = _per_client("train_path", train_path, h5set, max_clients, max_per_client)
+  tx, ty = _per_client("test_path", test_path, h5set, max_test_clients, max_per_client)
   counts = [len(y) for y in ys]
   bounds = np.cumsum([0] + counts)
   parts = [np.arange(bounds[k], bounds[k + 1]) for k in range(len(counts))]
   return FederatedData.from_partition(
-      name, np.concatenate(xs).astype(np.float32), np.concatenate(ys), parts,
-      np.concatenate(tx).astype(np.float32), np.concatenate(ty), num_classes,
-      test_from_clients=test_from_clients)
+      h5set.name, np.concatenate(xs).astype(np.float32), np.concatenate(ys), parts,
+      np.concatenate(tx).astype(np.float32), np.concatenate(ty), h5set.num_classes,
+      test_from_clients=h5set.test_from_clients)
 
 
 def load_federated_emnist(train_path, test_path,
@@ -188,8 +204,8 @@ def load_federated_emnist(train_path, test_path,
     return x[keep], y[keep]
 
   return load_tff_h5_federated(
-      train_path, test_path, ("pixels", "label"), client_fn,
-      num_classes=10 if only_digits else 62, name="federated_emnist",
+      train_path, test_path,
+      H5Set("federated_emnist", ("pixels", "label"), client_fn, 10 if only_digits else 62),
       max_clients=max_clients)
 
 
@@ -235,9 +251,10 @@ def load_federated_cifar100(train_path, test_path,
     return x, y
 
   return load_tff_h5_federated(
-      train_path, test_path, ("image", label), client_fn,
-      num_classes=100 if label == "label" else 20, name="cifar100",
-      max_clients=max_clients, test_from_clients=False)
+      train_path, test_path,
+      H5Set("cifar100", ("image", label), client_fn, 100 if label == "label" else 20,
+            test_from_clients=False),
+      max_clients=max_clients)
 
 
 # TFF's Shakespeare vocabulary: the 86 characters of the "Federated Learning for
@@ -316,9 +333,9 @@ def load_federated_shakespeare(train_path, test_path,
     The padded :class:`FederatedData` named ``"shakespeare"``.
   """
   return load_tff_h5_federated(
-      train_path, test_path, ("snippets",),
-      lambda d: shakespeare_windows(d["snippets"], length),
-      num_classes=SHAKESPEARE_VOCAB_SIZE, name="shakespeare",
+      train_path, test_path,
+      H5Set("shakespeare", ("snippets",), lambda d: shakespeare_windows(d["snippets"], length),
+            SHAKESPEARE_VOCAB_SIZE),
       max_clients=max_clients)
 
 
@@ -452,7 +469,9 @@ def load_federated_stackoverflow(train_path, test_path, held_out_path,
   """
   vocab = stackoverflow_vocabulary(word_counts(held_out_path), vocab_size)
   return load_tff_h5_federated(
-      train_path, test_path, ("tokens",),
-      lambda d: stackoverflow_sequences(d["tokens"], vocab, vocab_size, length),
-      num_classes=vocab_size + 4, name="stackoverflow", max_clients=max_clients,
-      max_test_clients=max_test_clients, max_per_client=max_per_client)
+      train_path, test_path,
+      H5Set("stackoverflow", ("tokens",),
+            lambda d: stackoverflow_sequences(d["tokens"], vocab, vocab_size, length),
+            vocab_size + 4),
+      max_clients=max_clients, max_test_clients=max_test_clients,
+      max_per_client=max_per_client)
