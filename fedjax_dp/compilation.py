@@ -5,12 +5,18 @@ later processes that compile the same program, instead of compiling it again. Th
 bounded (:data:`MAX_BYTES`, least recently used entries go first); bounding it also makes JAX
 take a file lock around each read and write, so processes running at once never read an entry
 another is still writing.
+
+Programs that one process runs in several threads at once (a sweep's, :func:`paused`) neither
+read nor write the cache: XLA:CPU aborted the process while one thread serialized a program into
+the cache and another ran or compiled one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
+import threading
 from typing import Optional
 
 import jax
@@ -19,6 +25,9 @@ from jax.experimental.compilation_cache import compilation_cache
 ENV = "FEDJAX_DP_JAX_CACHE"
 OFF = "off"
 MAX_BYTES = 4 * 2**30
+_pauses = 0  # how many paused() blocks are open (enable() does nothing while any is)
+_lock = threading.Lock()
+_enabled_before = [True]  # jax_enable_compilation_cache when the first open paused() began
 
 
 def folder() -> Optional[pathlib.Path]:
@@ -45,8 +54,12 @@ def enable() -> Optional[pathlib.Path]:
   so programs compiled after this call use the cache wherever it is turned on.
 
   Returns:
-    The folder in use, or None when :func:`folder` says the cache is off and JAX has none.
+    The folder in use, or None when :func:`folder` says the cache is off and JAX has none, or
+    while :func:`paused`.
   """
+  with _lock:
+    if _pauses:
+      return None
   settings = {"jax_persistent_cache_min_compile_time_secs": 0.0,
               "jax_persistent_cache_min_entry_size_bytes": -1}
   if jax.config.jax_compilation_cache_dir is None:
@@ -62,3 +75,26 @@ def enable() -> Optional[pathlib.Path]:
   if changed:
     compilation_cache.reset_cache()
   return pathlib.Path(jax.config.jax_compilation_cache_dir)
+
+
+@contextlib.contextmanager
+def paused():
+  """Inside the block, no program reads or writes JAX's persistent compilation cache, and
+  :func:`enable` does nothing; after it, the cache is as it was. For programs run in several
+  threads of one process at once (:func:`fedjax_dp.sweep.run_configs`).
+  """
+  global _pauses
+  with _lock:
+    _pauses += 1
+    if _pauses == 1:
+      _enabled_before[0] = jax.config.jax_enable_compilation_cache
+      jax.config.update("jax_enable_compilation_cache", False)
+      compilation_cache.reset_cache()
+  try:
+    yield
+  finally:
+    with _lock:
+      _pauses -= 1
+      if _pauses == 0:
+        jax.config.update("jax_enable_compilation_cache", _enabled_before[0])
+        compilation_cache.reset_cache()

@@ -45,7 +45,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from fedjax_dp import algorithms, engine, outputs
+from fedjax_dp import algorithms, compilation, engine, outputs
 from fedjax_dp.algorithms import options as algorithm_options
 from fedjax_dp.config import RunConfig, field_types, make_config, parse_option, parse_value
 from fedjax_dp.engine import Experiment, RunOptions
@@ -633,12 +633,14 @@ def _in_threads(groups: list, threads: int, run_one, finish, stop: threading.Eve
   thread (under its thread-local JAX settings), else ``threads`` programs at once (the first
   ``threads`` groups, then each as one ends), ``finish`` called in the caller's thread as each
   ends; the first failure (or Ctrl-C here) sets ``stop``, which ends the others before their
-  next round, and is raised."""
+  next round, and is raised. Programs in threads neither read nor write JAX's persistent
+  compilation cache (:func:`fedjax_dp.compilation.paused`)."""
   if threads == 1:
     for g, members in enumerate(groups):
       finish(g, *run_one(members))
     return
-  with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+  # Programs running in threads at once stay out of the compilation cache (compilation.paused).
+  with compilation.paused(), concurrent.futures.ThreadPoolExecutor(threads) as pool:
     futures = {pool.submit(run_one, members): g for g, members in enumerate(groups)}
     try:
       for future in concurrent.futures.as_completed(futures):

@@ -62,3 +62,27 @@ def test_a_run_keeps_its_programs_in_the_cache_unless_told_not_to(tmp_path):
                     "--no-progress", "--output-dir", str(tmp_path / f"run{len(flags)}"), *flags],
                    env=env, check=True, capture_output=True)
     assert (cache.is_dir() and any(n.name.startswith("jit_") for n in cache.iterdir())) == kept
+
+
+_PAUSED = """
+import os, jax, jax.numpy as jnp
+from fedjax_dp import compilation
+folder = compilation.enable()
+entries = lambda: len([n for n in (os.listdir(folder) if folder.is_dir() else [])
+                       if n.startswith("jit_")])
+with compilation.paused():
+  assert compilation.enable() is None
+  jax.jit(lambda x: jnp.cos(x) * 2)(jnp.ones(4)).block_until_ready()
+print("inside", entries())
+jax.jit(lambda x: jnp.tan(x) * 5)(jnp.ones(6)).block_until_ready()
+print("after", entries())
+"""
+
+
+def test_programs_compiled_while_paused_stay_out_of_the_cache(tmp_path):
+  env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+  env[compilation.ENV] = str(tmp_path / "cache")
+  out = subprocess.run([sys.executable, "-c", _PAUSED], env=env, capture_output=True, text=True,
+                       check=True).stdout
+  counts = {k: int(v) for k, v in (line.split(" ", 1) for line in out.splitlines())}
+  assert counts["inside"] == 0 and counts["after"] > 0  # nothing written inside, then again
