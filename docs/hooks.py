@@ -9,10 +9,14 @@
   ``--help`` (``-``: the main parser's), read from the command line's own parser, and ``<!-- fedjax-dp-output: ARGS -->`` by
   the output of ``fedjax-dp ARGS`` (e.g. ``algorithms``), so the reference cannot drift from
   the code.
+* A line ``<!-- fedjax-dp-attributes: MODULE.NAME -->`` is replaced by the ``Attributes:`` of that
+  object's docstring as it reads at run time (``RunConfig``'s, completed from its fields).
 * A Sphinx role in a docstring (``:class:`X```, ``:func:`X```, ...) shows as its code span alone.
 """
 
 import contextlib
+import importlib
+import inspect
 import io
 import os
 import pathlib
@@ -78,10 +82,24 @@ def _block(text: str) -> str:
   return "```text\n" + text.rstrip() + "\n```"
 
 
+ATTRIBUTES = re.compile(r"^<!-- fedjax-dp-attributes: ([\w.]+) -->$", re.M)
+
+
+def _attributes(path: str) -> str:
+  """The ``Attributes:`` section of the docstring that object ``path`` has at run time (a
+  docstring completed from declarations, which the static reader does not see), as a list."""
+  module, name = path.rsplit(".", 1)
+  doc = inspect.getdoc(getattr(importlib.import_module(module), name)) or ""
+  section = doc.split("\nAttributes:\n", 1)[1]
+  items = re.findall(r"^  (\w+): (.*)$", section, re.M)
+  return "**Attributes:**\n\n" + "\n".join(f"- `{k}`: {v}" for k, v in items) + "\n"
+
+
 def on_page_markdown(markdown, page, config, files):
-  """Fills in the generated command-line references."""
+  """Fills in the generated command-line references and run-time attribute lists."""
   del page, config, files
   markdown = HELP.sub(lambda m: _block(_help(m.group(1))), markdown)
+  markdown = ATTRIBUTES.sub(lambda m: _attributes(m.group(1)), markdown)
   return OUTPUT.sub(lambda m: _block(_output(m.group(1))), markdown)
 
 

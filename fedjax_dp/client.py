@@ -350,6 +350,15 @@ def make_optimizer(name: str, learning_rate: float, **kwargs) -> optax.GradientT
   """Named optax optimizer: "sgd", "momentum" (0.9), "adam" (FedAdam on the server), "adagrad",
   "yogi".
 
+  Args:
+    name: one of :data:`OPTIMIZERS`.
+    learning_rate: the step size (> 0; a traced hyper-parameter inside the round).
+    **kwargs: ``momentum`` (default 0.9) for "momentum"; ``eps`` (default 1e-3) for "adam",
+      "adagrad" and "yogi".
+
+  Returns:
+    The ``optax.GradientTransformation``.
+
   Raises:
     ConfigError: an unknown ``name``, or a concrete ``learning_rate`` that is not > 0 (a traced
       one, the compiled round's hyper-parameter, is checked where the settings are read).

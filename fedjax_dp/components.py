@@ -261,6 +261,13 @@ def _load(kind: str) -> None:
 def get(kind: str, name: str) -> Component:
   """The component ``name`` of ``kind``.
 
+  Args:
+    kind: one of :data:`KINDS` ("algorithm", "aggregator", "attack", ...).
+    name: a declared name of that kind (a plugin's too, once loaded).
+
+  Returns:
+    Its :class:`Component` (name, reference, options, traits and build).
+
   Raises:
     ConfigError: naming ``kind``, ``name``, the declared names and the closest of them, if
       none is declared.
@@ -272,7 +279,14 @@ def get(kind: str, name: str) -> Component:
 
 
 def names(kind: str) -> tuple:
-  """The names of ``kind``'s components, in the order they were declared."""
+  """The names of ``kind``'s components, in the order they were declared.
+
+  Args:
+    kind: one of :data:`KINDS`.
+
+  Returns:
+    A tuple of names.
+  """
   _load(kind)
   return tuple(_REGISTRY[kind])
 
@@ -285,6 +299,9 @@ def declared(kind: str) -> tuple:
 
 def load_plugins(modules: Iterable[str]) -> None:
   """Imports each of ``modules`` (dotted names), whose imports declare their components.
+
+  Args:
+    modules: dotted module names (``--plugin MODULE``), importable from ``sys.path``.
 
   Raises:
     ConfigError: naming the module, if it cannot be imported.

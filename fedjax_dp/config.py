@@ -408,6 +408,13 @@ def field_help(name: str) -> str:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+# The fields' contract, read from their declarations (help and default; the allowed values of a
+# choice, read from the components' registry, are in field_help and the command line's help), so
+# that help(RunConfig) and the API reference cannot drift from the flags.
+RunConfig.__doc__ += "\n\n  Attributes:\n" + "".join(
+    f"    {f.name}: {f.metadata['help']} (default: "
+    f"{'computed' if f.default is dataclasses.MISSING else f.default!r})\n"
+    for f in _FIELDS.values())
 
 
 @functools.cache

@@ -90,14 +90,23 @@ class RoundState(NamedTuple):
 
 
 class ClientOut(NamedTuple):
-  """What one client's update returns (batched over the cohort by ``vmap``)."""
+  """What one client's update returns (batched over the cohort by ``vmap``).
 
-  upload: Any                 # what the client releases (after its transforms)
-  row: Any = ()               # its new state row (stateful algorithms)
-  loss: Any = 0.0             # mean local training loss (raw diagnostic)
-  norm: Any = 0.0             # norm of the update before any transform (raw diagnostic)
-  aux: Any = ()               # pytree of per-client values for the server rule and metrics
-  raw: Any = None             # what a model-level attack acts on (RSA: the worker's model)
+  Attributes:
+    upload: what the client releases, after its transforms (a pytree; an aggregator's row).
+    row: its new per-client state row (stateful algorithms; ``()`` without).
+    loss: its mean local training loss (a raw diagnostic).
+    norm: the L2 norm of its update before any transform (a raw diagnostic).
+    aux: a pytree of per-client values for the server rule and the metrics (``()`` without).
+    raw: what a model-level attack acts on (RSA: the worker's model; None without).
+  """
+
+  upload: Any
+  row: Any = ()
+  loss: Any = 0.0
+  norm: Any = 0.0
+  aux: Any = ()
+  raw: Any = None
 
 
 class ClientInputs(NamedTuple):
@@ -154,6 +163,15 @@ class Messages(NamedTuple):
 
 
 def tree_sub(a, b):
+  """``a - b`` leaf by leaf.
+
+  Args:
+    a: a pytree of arrays.
+    b: a pytree of the same structure, broadcastable leaf by leaf.
+
+  Returns:
+    The pytree of differences.
+  """
   return jax.tree_util.tree_map(jnp.subtract, a, b)
 
 

@@ -19,7 +19,14 @@ SALT_CANARY = 0xCA7A
 
 
 def global_norm(tree) -> jax.Array:
-  """L2 norm of a pytree viewed as one flat vector."""
+  """L2 norm of a pytree viewed as one flat vector, computed in float32.
+
+  Args:
+    tree: a pytree of arrays.
+
+  Returns:
+    A float32 scalar ``sqrt(sum over leaves of sum(x^2))``.
+  """
   leaves = jax.tree_util.tree_leaves(tree)
   return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves))
 
@@ -116,6 +123,13 @@ def add_gaussian_noise(stddev: float, salt: int = SALT_GAUSSIAN) -> optax.Gradie
 
   ``salt`` is folded into the key; give a second noise transform in the same
   chain its own salt, or both draw the same noise.
+
+  Args:
+    stddev: the noise standard deviation (>= 0; a traced hyper-parameter inside the round).
+    salt: folded into the ``key`` the update gets (default :data:`SALT_GAUSSIAN`).
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` whose update takes ``key=``.
 
   Raises:
     ConfigError: a concrete ``stddev`` below 0 (a traced one is checked where the settings it
