@@ -6,6 +6,7 @@ the built site in headless Chromium, as a reader would."""
 import functools
 import http.server
 import importlib.util
+import inspect
 import os
 import pathlib
 import re
@@ -173,3 +174,18 @@ def test_site_opens_in_a_browser_without_errors(tmp_path):
     server.server_close()
   print(f"screenshots in {shots}")
   assert not problems, "\n".join(problems)
+
+
+def test_every_exported_callable_states_its_arguments():
+  """A function or class that ``fedjax_dp`` exports and that takes arguments has an ``Args:``
+  (or, for a record type, ``Attributes:``) section in its docstring as it reads at run time."""
+  import fedjax_dp  # pylint: disable=import-outside-toplevel
+  missing = []
+  for name in fedjax_dp.__all__:
+    obj = getattr(fedjax_dp, name)
+    if inspect.ismodule(obj) or not callable(obj):
+      continue
+    params = [p for p in inspect.signature(obj).parameters if p not in ("self", "cls")]
+    if params and not re.search(r"^(Args|Attributes):", inspect.getdoc(obj) or "", re.M):
+      missing.append(name)
+  assert not missing, f"exported without an Args or Attributes section: {missing}"
