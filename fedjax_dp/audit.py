@@ -46,6 +46,7 @@ from typing import Callable, Optional, Union
 
 import jax
 import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
 import numpy as np
 from scipy.stats import norm
 
@@ -189,10 +190,6 @@ def _zero_state(rnd, hp):
   return state._replace(params=jax.tree_util.tree_map(jnp.zeros_like, state.params))
 
 
-def _flat(tree):
-  return jnp.concatenate([jnp.ravel(t) for t in jax.tree_util.tree_leaves(tree)])
-
-
 @functools.lru_cache(maxsize=64)
 def _step_fn(rnd):
   """``(keys, ids, mask, state, hp, x, y, counts) -> [trials, d]``: the new global model after one
@@ -200,7 +197,7 @@ def _step_fn(rnd):
 
   def one(k, i, m, state, hp, x, y, c):
     new, _ = step(rnd, state, hp, CohortBatch(x[i], y[i], c[i], i, m), k)
-    return _flat(new.params)
+    return ravel_pytree(new.params)[0]
 
   return jax.jit(jax.vmap(one, in_axes=(0, 0, 0) + (None,) * 5))
 
@@ -233,7 +230,7 @@ def _canary_coords(setup, hp) -> np.ndarray:
   params = _zero_state(setup.program, hp).params
   marked = jax.tree_util.tree_map_with_path(
       lambda path, p: p.at[0].set(1.0) if getattr(path[-1], "key", None) == "kernel" else p, params)
-  return np.asarray(_flat(marked)) > 0
+  return np.asarray(ravel_pytree(marked)[0]) > 0
 
 
 def _claim(setup, cohort) -> dict:
@@ -371,7 +368,7 @@ def _message_fn(rnd):
   worker piece the master hears), compiled once per Round."""
 
   def one(k, x0, row, hp, x, y, c):
-    return _flat(rnd.client(hp)(x0, x, y, c, row, (), k).upload)
+    return ravel_pytree(rnd.client(hp)(x0, x, y, c, row, (), k).upload)[0]
 
   return jax.jit(jax.vmap(one, in_axes=(0,) + (None,) * 6))
 
@@ -435,7 +432,8 @@ def _omniscient(trials, key, factor, scale):
   x, y, c = (jnp.asarray(a) for a in (data.x, data.y, data.counts))
 
   def one(k, rows):
-    return _flat(messages(rnd, state._replace(rows=rows), hp, CohortBatch(x, y, c, ids, mask), k)[1])
+    sent = messages(rnd, state._replace(rows=rows), hp, CohortBatch(x, y, c, ids, mask), k)[1]
+    return ravel_pytree(sent)[0]
 
   fn = jax.jit(jax.vmap(one, in_axes=(0, None)))
   out = []

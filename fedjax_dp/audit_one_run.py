@@ -48,6 +48,7 @@ from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
 import numpy as np
 
 from fedjax_dp import algorithms, engine
@@ -97,15 +98,11 @@ class CanaryScores(Observer):
     self.scores = np.zeros(directions.shape[0])
 
   def round(self, record) -> None:
-    theta = np.asarray(_flat(record.state.params), np.float64)
+    theta = np.asarray(ravel_pytree(record.state.params)[0], np.float64)
     x = self.directions @ ((theta - self.previous) / self.server_lr) * self.scale
     mu, q = self.signal, self.rate
     self.scores += np.logaddexp(math.log1p(-q), math.log(q) + mu * x - mu * mu / 2)
     self.previous = theta
-
-
-def _flat(tree):
-  return jnp.concatenate([jnp.ravel(t) for t in jax.tree_util.tree_leaves(tree)])
 
 
 def with_canaries(data: FederatedData, canaries: int) -> FederatedData:
@@ -216,7 +213,7 @@ def canary_directions(params, seed: int, ids) -> np.ndarray:
   Returns:
     ``[len(ids), d]`` float64, each row :func:`fedjax_dp.transforms.canary_direction`'s.
   """
-  fn = jax.jit(jax.vmap(lambda i: _flat(canary_direction(params, seed, i))))
+  fn = jax.jit(jax.vmap(lambda i: ravel_pytree(canary_direction(params, seed, i))[0]))
   return np.asarray(fn(jnp.asarray(ids, jnp.int32)), np.float64)
 
 
@@ -289,7 +286,7 @@ def one_run_audit(canaries: int = CANARIES, seed: int = 0, confidence: float = 0
   initial = program.init(run_keys(config.seed)[0], hp).params
   z, clip = float(setup.hparams["noise_multiplier"]), float(hp["clip"])
   scores = CanaryScores(canary_directions(initial, seed, np.arange(real, data.num_clients)),
-                        np.asarray(_flat(initial), np.float64),
+                        np.asarray(ravel_pytree(initial)[0], np.float64),
                         float(hp["expected_size"]) / (z * clip), 1.0 / z,
                         config.sampling_prob, float(hp["server_lr"]))
   experiment = engine.Experiment(hp, data, setup.sampler, config.seed, setup.accounting,

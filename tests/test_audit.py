@@ -5,6 +5,7 @@ import json
 import math
 
 import jax
+from jax.flatten_util import ravel_pytree
 import numpy as np
 import pytest
 
@@ -150,7 +151,7 @@ def test_one_run_canaries_go_through_the_clip_and_an_excluded_one_sends_nothing(
   batch = CohortBatch(run.data.x[ids], run.data.y[ids], run.data.counts[ids], ids,
                       np.ones(2, np.float32))
   new, _ = jax.jit(step, static_argnums=0)(run.program, state, hp, batch, jax.random.PRNGKey(1))
-  moved = np.asarray(audit_one_run._flat(new.params) - audit_one_run._flat(state.params))
+  moved = np.asarray(ravel_pytree(new.params)[0] - ravel_pytree(state.params)[0])
   u = audit_one_run.canary_directions(state.params, 0, [4])[0]
   # The update 10 clip bounds long was clipped to the bound: the mean moves by clip / qN along u.
   assert np.linalg.norm(moved) == pytest.approx(float(hp["clip"] / hp["expected_size"]), rel=1e-4)
