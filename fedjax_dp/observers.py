@@ -506,6 +506,10 @@ class Checkpoint(Observer):
     self.checkpointer.close()
 
 
+# A private run's tqdm bar: the rounds without elapsed time or rate.
+_PRIVATE_BAR = "{l_bar}{bar}| {n_fmt}/{total_fmt}{postfix}"
+
+
 class _Progress(Observer):
   """What a progress display shows beside the round: the last evaluation's test accuracy (a
   resumed run's from its checkpoint until it evaluates again), in :attr:`accuracy`."""
@@ -529,7 +533,7 @@ class ProgressBar(_Progress):
 
   def __init__(self, experiments: int = 1, private: bool = False):
     self.experiments = experiments
-    self.format = "{l_bar}{bar}| {n_fmt}/{total_fmt}{postfix}" if private else None
+    self.format = _PRIVATE_BAR if private else None
     self.bar = None
 
   def start(self, start: Start) -> None:
@@ -629,7 +633,7 @@ class SweepProgress:
     self.bar = None
     if every is None:
       self.bar = tqdm(total=rounds, unit="round", dynamic_ncols=True, desc="compiling the rounds",
-                      bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt}{postfix}" if private else None)
+                      bar_format=_PRIVATE_BAR if private else None)
       self.bar.set_postfix_str(self._programs(), refresh=False)
 
   def _programs(self) -> str:
