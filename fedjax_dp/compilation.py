@@ -27,7 +27,7 @@ OFF = "off"
 MAX_BYTES = 4 * 2**30
 _pauses = 0  # how many paused() blocks are open (enable() does nothing while any is)
 _lock = threading.Lock()
-_enabled_before = [True]  # jax_enable_compilation_cache when the first open paused() began
+_enabled_before = True  # jax_enable_compilation_cache when the first open paused() began
 
 
 def folder() -> Optional[pathlib.Path]:
@@ -83,11 +83,11 @@ def paused():
   :func:`enable` does nothing; after it, the cache is as it was. For programs run in several
   threads of one process at once (:func:`fedjax_dp.sweep.run_configs`).
   """
-  global _pauses
+  global _pauses, _enabled_before
   with _lock:
     _pauses += 1
     if _pauses == 1:
-      _enabled_before[0] = jax.config.jax_enable_compilation_cache
+      _enabled_before = jax.config.jax_enable_compilation_cache
       jax.config.update("jax_enable_compilation_cache", False)
       compilation_cache.reset_cache()
   try:
@@ -96,5 +96,5 @@ def paused():
     with _lock:
       _pauses -= 1
       if _pauses == 0:
-        jax.config.update("jax_enable_compilation_cache", _enabled_before[0])
+        jax.config.update("jax_enable_compilation_cache", _enabled_before)
         compilation_cache.reset_cache()
