@@ -9,6 +9,7 @@ import pytest
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 _CACHE_MADE = pytest.StashKey[str]()
+_TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
 
 # Property-based tests (tests/test_hostile.py) try the same examples every run, so a suite's
 # result does not depend on the draw; FEDJAX_DP_HYPOTHESIS=explore draws new ones (a failure
@@ -27,13 +28,22 @@ def pytest_configure(config):
   cache (on by default in every run) lives in a folder of this test session's own, unless the
   environment names one (``FEDJAX_DP_JAX_CACHE``, ``off`` included): the session starts with it
   empty, as CI does, its processes (the xdist workers and the commands they start) share it,
-  and the user's cache is left alone. The process that made it removes it at the end."""
+  and the user's cache is left alone. The process that made it removes it at the end.
+
+  The tests' programs are compiled with XLA's backend (LLVM) optimizations off,
+  ``--xla_backend_optimization_level=0``, unless ``$XLA_FLAGS`` sets that level: the suite is
+  bound by compilation, and a test's programs run for milliseconds. The results are the same
+  computations, rounded as the unoptimized code rounds them; no test compares a float with one
+  computed under other flags (bit-identity tests compare runs of one session)."""
   if os.environ.get("FEDJAX_DP_DATA"):
     os.environ["FEDJAX_DP_DATA"] = str(pathlib.Path(os.environ["FEDJAX_DP_DATA"]).resolve())
   if "FEDJAX_DP_JAX_CACHE" not in os.environ:  # xdist's workers inherit the controller's
     folder = tempfile.mkdtemp(prefix="fedjax_dp_test_jax_cache_")
     os.environ["FEDJAX_DP_JAX_CACHE"] = folder
     config.stash[_CACHE_MADE] = folder
+  flags = os.environ.get("XLA_FLAGS", "")
+  if "xla_backend_optimization_level" not in flags:
+    os.environ["XLA_FLAGS"] = f"{flags} {_TEST_XLA_FLAGS}".strip()
 
 
 def pytest_unconfigure(config):
