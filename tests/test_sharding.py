@@ -94,9 +94,14 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+def _host_devices(n: int) -> dict:
+  """The environment of a subprocess on ``n`` CPU devices, with the session's other XLA flags."""
+  flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={n}"
+  return dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu")
+
+
 def test_four_devices_give_the_one_device_result():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-             JAX_PLATFORMS="cpu")
+  env = _host_devices(4)
   proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True,
                         timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -153,7 +158,7 @@ def test_two_processes_agree_with_one():
   with socket.socket() as s:
     s.bind(("localhost", 0))
     port = str(s.getsockname()[1])
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+  env = _host_devices(2)
   procs = [subprocess.Popen([sys.executable, "-c", PROCESS, str(i), port], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in (0, 1)]
   outs = [p.communicate(timeout=600) for p in procs]
