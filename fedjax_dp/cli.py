@@ -20,6 +20,7 @@ import pathlib
 import sys
 import threading
 import time
+import types
 import warnings
 from typing import Optional, Sequence
 
@@ -306,15 +307,25 @@ def _add_reproduce(sub):
                      epilog="papers and their scales:\n" + listing,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("paper", help=f"the paper (one of: {', '.join(sorted(REPRODUCTIONS))})")
-  p.add_argument("--scale", help="how large a run (default: none, i.e. small; each paper's "
-                 "scales are listed below)")
-  p.add_argument("--output-dir", required=True, help="where results.json, results.md and "
-                 "runs.jsonl go (required)")
+  p.add_argument("--scale", help="how large a run (default: none, i.e. small, or with --resume "
+                 "the resumed reproduction's; each paper's scales are listed below)")
+  p.add_argument("--output-dir", help="where results.json, results.md and runs.jsonl go "
+                 "(required, default: none; with --resume, leave it out: DIR is the folder)")
   p.add_argument("--overwrite", action="store_true",
                  help="replace an earlier reproduction's results in --output-dir")
+  p.add_argument("--resume", metavar="DIR",
+                 help="continue the interrupted reproduction in DIR (Ctrl-C, SIGTERM, a killed "
+                 "process) with the scale, seeds and data folder it began with, recorded in "
+                 "DIR/reproduction.json (one given that differs is refused; --threads may "
+                 "differ): the runs whose records DIR/runs.jsonl holds are not run again, the "
+                 "others run, and the results are written from every record as the "
+                 "reproduction uninterrupted would have written them; a finished one is left "
+                 "as it was (default: none, a new reproduction)")
   p.add_argument("--data-dir", help="folder holding the data files (default: none, the "
-                 "FEDJAX_DP_DATA environment variable)")
-  p.add_argument("--seeds", type=int, help="seeds per setting (default: none, the scale's own)")
+                 "FEDJAX_DP_DATA environment variable, or with --resume the resumed "
+                 "reproduction's)")
+  p.add_argument("--seeds", type=int, help="seeds per setting (default: none, the scale's own, or "
+                 "with --resume the resumed reproduction's)")
   p.add_argument("--threads", type=int, default=None, help="compiled programs run at once, as "
                  "for sweep (default: one per core, at most 8, on one CPU device; one elsewhere; "
                  "an integer >= 1; each thread's program holds its own working memory)")
@@ -394,16 +405,22 @@ def _show_warning(python_show, message, category, *args, **kwargs):
     python_show(message, category, *args, **kwargs)
 
 
+def _check_resume_folder(args, what: str) -> None:
+  """``--resume DIR`` continues the ``what`` (run, reproduction) in DIR: ``--overwrite`` and an
+  ``--output-dir`` other than DIR are refused."""
+  check(not args.overwrite, "overwrite", True, "cannot be combined with --resume, which continues "
+        f"the {what} in its folder")
+  check(args.output_dir is None or absolute(args.output_dir).resolve()
+        == absolute(args.resume, "resume").resolve(), "output_dir", args.output_dir,
+        f"must be left out with --resume (the {what}'s folder is {args.resume})")
+
+
 def _resumed(args) -> tuple:
   """``(config, release, tensorboard, rounds done)`` of the run ``--resume`` names, from its
   latest checkpoint; a setting given (flag, ``--config``, ``--set``) that differs from the stored
   one is refused, but for more ``rounds`` where the run can be extended
   (:func:`fedjax_dp.checkpoint.check_extension`)."""
-  check(not args.overwrite, "overwrite", True, "cannot be combined with --resume, which continues "
-        "the run in its folder")
-  check(args.output_dir is None or absolute(args.output_dir).resolve()
-        == absolute(args.resume, "resume").resolve(), "output_dir", args.output_dir,
-        f"must be left out with --resume (the run's folder is {args.resume})")
+  _check_resume_folder(args, "run")
   meta = read_meta(args.resume)
   normal = lambda x: json.loads(json.dumps(x))
   stored, where = meta["config"], f"stored in {pathlib.Path(args.resume) / 'checkpoints'}"
@@ -673,36 +690,46 @@ def _cmd_sweep(args) -> int:
 def _cmd_reproduce(args) -> int:
   check_choice("paper", args.paper, sorted(REPRODUCTIONS))
   if args.render:  # it runs nothing: a setting of a run would be ignored
-    for flag in ("scale", "seeds", "threads", "data_dir", "overwrite"):
+    for flag in ("scale", "seeds", "threads", "data_dir", "overwrite", "resume"):
       check(getattr(args, flag) in (None, False), flag, getattr(args, flag),
             "is not read by --render, which runs nothing (it rewrites results.md and the "
             "figures from the saved results): leave it out")
+  if args.resume is not None:
+    _check_resume_folder(args, "reproduction")
+    with claimed(args.resume, overwrite=False, resume=True) as out:
+      return _reproduce_into(args, check_writable(out, "resume"), resume=True)
+  check(args.output_dir is not None, "output_dir", None, "is required: the folder the "
+        "reproduction writes (or --resume DIR, to continue the one in DIR)")
+  if args.render:
     return render_reproduction(args.paper, args.output_dir)
   with claimed(args.output_dir, overwrite=args.overwrite, results=RESULT_FILES) as out:
-    return _reproduce_into(args, out)
+    return _reproduce_into(args, out, resume=False)
 
 
-def _reproduce_into(args, out: pathlib.Path) -> int:
+def _reproduce_into(args, out: pathlib.Path, resume: bool) -> int:
   """``fedjax-dp reproduce`` into its checked folder ``out``, this process's: the earlier
-  reproduction's files replaced by the new one's."""
+  reproduction's files replaced by the new one's, or (``resume``) the reproduction there
+  continued."""
   # Earlier results come back if the run fails before writing any (a bad scale or seeds, which
   # the reproduction checks first, or missing data); its figures and runs go with them.
   outcome = None
   try:
     # The earlier reproduction is replaced once the new one has finished a run (its runs/
-    # folder and runs.jsonl exist from the start).
-    with replacing(out, own_files(args.paper, out), started=finished_a_run) as outcome:
-      return run_reproduction(args.paper, scale=args.scale or "small",
-                              output_dir=args.output_dir, data_dir=args.data_dir,
-                              seeds=args.seeds, threads=args.threads)
+    # folder and runs.jsonl exist from the start); a resumed one is continued where it is.
+    with (contextlib.nullcontext(types.SimpleNamespace(restored=False)) if resume else
+          replacing(out, own_files(args.paper, out), started=finished_a_run)) as outcome:
+      return run_reproduction(args.paper, scale=args.scale,
+                              output_dir=args.resume if resume else args.output_dir,
+                              data_dir=args.data_dir, seeds=args.seeds, threads=args.threads,
+                              resume=resume)
   except KeyboardInterrupt:
     if outcome is None or outcome.restored:
       what = f"no run finished: {out} is as it was"
-    else:  # a run has finished: runs.jsonl holds it
+    else:  # it began: runs.jsonl holds its finished runs
       runs = out / "runs.jsonl"
-      kept = runs.read_bytes().count(b"\n")
-      what = (f"{kept} finished run{'' if kept == 1 else 's'} kept in {runs}, no results.json "
-              "(a reproduction cannot be resumed: rerun it with --overwrite)")
+      kept = runs.read_bytes().count(b"\n") if runs.is_file() else 0
+      what = (f"{kept} finished run{'' if kept == 1 else 's'} kept in {runs}; continue the "
+              f"reproduction with: fedjax-dp reproduce {args.paper} --resume {out}")
     print(f"fedjax-dp: interrupted: {what}", file=sys.stderr)
     return EXIT_INTERRUPTED
 

@@ -290,10 +290,10 @@ def test_an_interrupted_overwrite_leaves_no_figure_of_the_earlier_reproduction(t
   monkeypatch.setattr(zhu2022, "run_jobs", interrupted)
   assert main(["reproduce", "zhu2022", "--scale", "tiny", "--output-dir", str(out),
                "--overwrite"]) == EXIT_INTERRUPTED
-  assert sorted(p.name for p in out.iterdir()) == ["runs", "runs.jsonl"]  # the new ones
+  assert sorted(p.name for p in out.iterdir()) == ["reproduction.json", "runs", "runs.jsonl"]
   assert capsys.readouterr().err.strip() == (
-      f"fedjax-dp: interrupted: 1 finished run kept in {out / 'runs.jsonl'}, no results.json (a "
-      "reproduction cannot be resumed: rerun it with --overwrite)")
+      f"fedjax-dp: interrupted: 1 finished run kept in {out / 'runs.jsonl'}; continue the "
+      f"reproduction with: fedjax-dp reproduce zhu2022 --resume {out}")
 
 
 @pytest.mark.parametrize("flags", [["--scale", "paper"], ["--seeds", "7"], ["--threads", "3"],

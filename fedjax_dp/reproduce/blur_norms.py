@@ -439,7 +439,7 @@ def _settings(scale: str, spec: dict, base: dict, n_seeds: int, first: int, wall
 
 
 def run(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] = None, log=print,
-        threads: Optional[int] = None) -> int:
+        threads: Optional[int] = None, resume: bool = False) -> int:
   """Entry point of ``fedjax-dp reproduce cheng2022-norms``: runs the scale's jobs and writes
   the files of the module's docstring.
 
@@ -450,6 +450,8 @@ def run(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] = None,
     seeds: the seeds of each lambda (None: the scale's).
     log: where the progress lines and the results go.
     threads: compiled programs run at once (None: automatic).
+    resume: continue the reproduction in ``output_dir``: only the runs that its ``runs.jsonl``
+      has no record of run (:func:`fedjax_dp.reproduce.runner.run_jobs`).
 
   Returns:
     0.
@@ -481,6 +483,7 @@ def run(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] = None,
             "grad_full": [round(float(v), 6) for v in g["full"]]}
 
   runs = run_jobs(jobs, record, load_data=lambda _: data, runs_path=out / "runs.jsonl",
+                  resume=resume,
                   diagnostics=("update_norm", "fraction_clipped", "train_loss"),
                   execution=Execution(threads=threads, log=log))
   settings = _settings(scale, spec, base, n_seeds, first, time.perf_counter() - t0)

@@ -1029,7 +1029,7 @@ def _small_settings(scale: str, spec: dict, base: dict, n_seeds: int, wall: floa
 
 def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] = None,
               data=None, log=print, threads: Optional[int] = None,
-              spec: Optional[dict] = None) -> dict:
+              spec: Optional[dict] = None, resume: bool = False) -> dict:
   """Runs a CPU-or-accelerator scale of :data:`SCALES` (every one but "paper") and writes its
   files; ``data`` (a loaded data set) serves the scales with one data set (every alpha too);
   ``threads``: the compiled programs run at once (:func:`run_jobs`); ``spec``: settings in
@@ -1044,6 +1044,8 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
     log: where the progress lines and the results go.
     threads: compiled programs run at once (None: automatic).
     spec: the scale's settings to use instead of ``SCALES[scale]``.
+    resume: continue the reproduction in ``output_dir``: only the runs that its ``runs.jsonl``
+      has no record of run (:func:`fedjax_dp.reproduce.runner.run_jobs`).
 
   Returns:
     ``{"rows", "settings", "runs"}``: what ``results.json`` holds and the run records.
@@ -1060,7 +1062,7 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
     return data if data is not None else load_data(make_config(
         dict(base, **({} if alpha is None else {"dirichlet_alpha": alpha}))))
 
-  runs = run_jobs(jobs, _record, load_data=load, runs_path=out / "runs.jsonl",
+  runs = run_jobs(jobs, _record, load_data=load, runs_path=out / "runs.jsonl", resume=resume,
                   diagnostics=("update_norm", "train_loss", "fraction_clipped"),
                   execution=Execution(threads=threads, log=log))
   rows = _summarize(runs)
@@ -1080,7 +1082,7 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
 
 
 def run_paper(output_dir: str, data_dir=None, seeds: Optional[int] = None, presets=None,
-              log=print, threads: Optional[int] = None) -> int:
+              log=print, threads: Optional[int] = None, resume: bool = False) -> int:
   """The paper's Table 1 presets (federated EMNIST; accelerator only), every column of
   :data:`COLUMNS` ``["table1"]`` at each epsilon, configured by :func:`method_config`.
 
@@ -1095,6 +1097,8 @@ def run_paper(output_dir: str, data_dir=None, seeds: Optional[int] = None, prese
     presets: names of :data:`PAPER_PRESETS` to run (None: all).
     log: where the progress lines go.
     threads: compiled programs run at once (None: automatic).
+    resume: continue the reproduction in ``output_dir``: only the runs that its ``runs.jsonl``
+      has no record of run (:func:`fedjax_dp.reproduce.runner.run_jobs`).
 
   Returns:
     0.
@@ -1121,6 +1125,7 @@ def run_paper(output_dir: str, data_dir=None, seeds: Optional[int] = None, prese
                                              "sampling": job.config.sampling,
                                              "accuracy": res.summary["final_accuracy"]},
                      load_data=lambda _: data, runs_path=out / "runs.jsonl", append=i > 0,
+                     resume=resume,
                      execution=Execution(threads=threads, log=log))
   # The sampling tells the Poisson (add/remove) runs from the fixed-cohort (replace-one) ones.
   keys = ("preset", "method", "target_epsilon", "seed", "epsilon", "sampling", "accuracy")
@@ -1133,7 +1138,8 @@ def run_paper(output_dir: str, data_dir=None, seeds: Optional[int] = None, prese
   return 0
 
 
-def run(scale: str, output_dir: str, data_dir=None, seeds=None, threads=None) -> int:
+def run(scale: str, output_dir: str, data_dir=None, seeds=None, threads=None,
+        resume: bool = False) -> int:
   """Entry point of ``fedjax-dp reproduce cheng2022``: :func:`run_paper` at the "paper" scale,
   else :func:`run_small`.
 
@@ -1143,6 +1149,8 @@ def run(scale: str, output_dir: str, data_dir=None, seeds=None, threads=None) ->
     data_dir: the folder holding the data files (None: ``$FEDJAX_DP_DATA``).
     seeds: the seeds of each setting (None: the scale's).
     threads: compiled programs run at once (None: automatic).
+    resume: continue the reproduction in ``output_dir``: only the runs that its ``runs.jsonl``
+      has no record of run (:func:`fedjax_dp.reproduce.runner.run_jobs`).
 
   Returns:
     0.
@@ -1152,6 +1160,6 @@ def run(scale: str, output_dir: str, data_dir=None, seeds=None, threads=None) ->
   """
   check_choice("scale", scale, sorted(SCALES))
   if scale == "paper":
-    return run_paper(output_dir, data_dir, seeds, threads=threads)
-  run_small(scale, output_dir, data_dir, seeds, threads=threads)
+    return run_paper(output_dir, data_dir, seeds, threads=threads, resume=resume)
+  run_small(scale, output_dir, data_dir, seeds, threads=threads, resume=resume)
   return 0

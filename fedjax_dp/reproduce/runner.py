@@ -8,26 +8,32 @@ labels, the fields the reproduction reads from the run, the run's seconds and
 its per-round ``history`` (round, test accuracy, and the raw diagnostics under
 ``"diagnostics"``: pre-clip norms, losses, ...; they are not covered by any
 epsilon). :func:`group_by` and :func:`fedjax_dp.stats.seed_stats` then turn
-records into the rows of the results (mean and sample std over seeds).
+records into the rows of the results (mean and sample std over seeds). With ``resume``,
+:func:`run_jobs` continues an interrupted reproduction: the jobs whose records ``runs.jsonl``
+already holds are not run again.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from fedjax_dp.errors import check
+from fedjax_dp.errors import ConfigError, check
 from fedjax_dp.provenance import environment
 from fedjax_dp.sweep import MAX_EXPERIMENTS, Task, run_configs
 
+# The arguments a reproduction began with (fedjax_dp.reproduce.run_reproduction), which --resume
+# continues it with.
+ARGUMENTS = "reproduction.json"
 # What a reproduction writes in its --output-dir besides plots and each run's own folder: a folder
 # holding one of these holds an earlier reproduction (kept unless --overwrite).
-RESULT_FILES = ("results.json", "results_partial.json", "results.md", "runs.jsonl")
+RESULT_FILES = ("results.json", "results_partial.json", "results.md", "runs.jsonl", ARGUMENTS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,10 +121,11 @@ class _Records:
   the records finished so far after each group."""
 
   def __init__(self, jobs: Sequence[Job], record: Callable, runs_path, diagnostics,
-               on_record: Optional[Callable], log: Callable):
+               on_record: Optional[Callable], log: Callable, earlier: Mapping[int, dict]):
     self.jobs, self.record, self.runs_path, self.log = jobs, record, runs_path, log
     self.diagnostics, self.on_record = diagnostics, on_record
-    self.by_job, self.finished, self.t0 = [None] * len(jobs), [], time.perf_counter()
+    self.by_job = [earlier.get(i) for i in range(len(jobs))]
+    self.finished, self.t0 = list(earlier.values()), time.perf_counter()
 
   def done_for(self, segment: Sequence[int]) -> Callable:
     """The ``done(indices, results, setups)`` of the jobs ``segment`` (indices into the jobs),
@@ -157,16 +164,82 @@ class _Records:
              f"{group}: {seconds:.1f}s, total {time.perf_counter() - self.t0:.0f}s)")
 
 
+def _normal(value):
+  """``value`` as its record in ``runs.jsonl`` reads back (tuples as lists, ...)."""
+  return json.loads(json.dumps(value, default=str))
+
+
+def earlier_records(jobs: Sequence[Job], runs_path, log: Callable[[str], Any]) -> dict:
+  """The records ``runs_path`` holds of ``jobs``, by job index: a record is a job's when its
+  values at the job's labels are the labels, and it is checked to be a finished run's (its
+  ``"seconds"`` and ``"history"``). A last line cut short (the process was killed while writing
+  it) is removed from the file, with one line to ``log``: its run runs again. Records of no job
+  are left as they are (the runs of another call on the same file).
+
+  Args:
+    jobs: the reproduction's runs.
+    runs_path: its ``runs.jsonl`` (missing: no records).
+    log: where the line on a dropped last line goes.
+
+  Returns:
+    ``{job index: record}``, in the order the records appear in the file.
+
+  Raises:
+    ConfigError: naming ``resume`` and the file, when a whole line is not a finished run's
+      record, or a job has two records.
+    ValueError: two jobs have the same labels.
+  """
+  path = pathlib.Path(runs_path)
+  data = path.read_bytes() if path.is_file() else b""
+  whole = data.rfind(b"\n") + 1
+  if whole < len(data):
+    log(f"{path}: its last line was cut short ({len(data) - whole} bytes: the reproduction was "
+        "stopped while writing it): dropped, its run runs again")
+    os.truncate(path, whole)
+  keys = {tuple(job.labels) for job in jobs}
+  index = {json.dumps(_normal(job.labels), sort_keys=True): i for i, job in enumerate(jobs)}
+  if len(index) < len(jobs):
+    raise ValueError("jobs share labels, which must tell each run apart to find its record")
+  found = {}
+  for n, line in enumerate(data[:whole].splitlines(), 1):
+    if not line.strip():
+      continue
+    try:
+      rec = json.loads(line)
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+      rec, why = None, f"not JSON ({type(e).__name__}: {str(e)[:80]})"
+    else:
+      why = None if isinstance(rec, dict) and {"seconds", "history"} <= set(rec) else (
+          "not a finished run's record (no seconds and history)")
+    if why is not None:
+      raise ConfigError("resume", str(path), f"has a line {n} that is {why}: the file was changed "
+                        "or damaged; remove that line (its run then runs again) or start the "
+                        "reproduction again with --overwrite")
+    for k in keys:
+      i = index.get(json.dumps({key: rec.get(key) for key in k}, sort_keys=True))
+      if i is not None and all(key in rec for key in k):
+        check(i not in found, "resume", str(path), f"holds two records of the run "
+              f"{jobs[i].describe()} (lines {found.get(i, {}).get('line')} and {n}): it mixes "
+              "runs; keep one of them, or start the reproduction again with --overwrite")
+        found[i] = {"line": n, "record": rec}
+        break
+  return {i: f["record"] for i, f in found.items()}
+
+
 def run_jobs(jobs: Sequence[Job], record: Callable[[Job, Any], dict], *,
              load_data: Callable[[Any], Any], runs_path=None, append: bool = False,
-             diagnostics: Optional[Sequence[str]] = None,
+             resume: bool = False, diagnostics: Optional[Sequence[str]] = None,
              on_record: Optional[Callable[[list], None]] = None,
              execution: Execution = Execution()) -> list:
   """Runs ``jobs`` and returns their records, in the jobs' order.
 
   Jobs that follow one another on one data set are run together by ``execution.execute``
   (by default as sweeps: those that share a compiled round run as one vmapped
-  program), and each record is written as its group ends.
+  program), and each record is written as its group ends. A job's results depend on its own
+  configuration and data set only (its seed fixes every draw), so a job left out (``resume``)
+  changes none of the others': bit for bit on a CPU, where a program's runs run one after
+  another; on an accelerator, where they are vmapped, a job grouped differently may differ by
+  floating-point rounding.
 
   Args:
     jobs: the runs.
@@ -177,6 +250,8 @@ def run_jobs(jobs: Sequence[Job], record: Callable[[Job, Any], dict], *,
       differs from the previous job's (one data set is held at a time).
     runs_path: the ``runs.jsonl`` each record is appended to as its run ends (none: not written).
     append: keep the records already in ``runs_path`` (else it starts empty).
+    resume: keep them, and run only the jobs that have none (:func:`earlier_records`): the
+      records returned, and those ``on_record`` gets, include the earlier ones.
     diagnostics: the diagnostics kept in each round of the history (default: all).
     on_record: called with the records so far after each group (to write partial results).
     execution: how the jobs run and report their progress.
@@ -184,17 +259,23 @@ def run_jobs(jobs: Sequence[Job], record: Callable[[Job, Any], dict], *,
   Returns:
     One record per job, in the jobs' order.
   """
+  earlier = {}
   if runs_path is not None:
     pathlib.Path(runs_path).parent.mkdir(parents=True, exist_ok=True)
-    if not append:
+    if resume:
+      earlier = earlier_records(jobs, runs_path, execution.log)
+      execution.log(f"resumed: {len(earlier)} of {len(jobs)} runs were done, "
+                    f"{len(jobs) - len(earlier)} to run")
+    elif not append:
       pathlib.Path(runs_path).write_text("")
-  records = _Records(jobs, record, runs_path, diagnostics, on_record, execution.log)
-  segments = []  # consecutive jobs with one data key
+  records = _Records(jobs, record, runs_path, diagnostics, on_record, execution.log, earlier)
+  segments = []  # consecutive jobs with one data key, less those done
   for i, job in enumerate(jobs):
-    if not segments or job.data != jobs[segments[-1][0]].data:
+    if not segments or job.data != jobs[i - 1].data:
       segments.append([])
-    segments[-1].append(i)
-  for segment in segments:
+    if i not in earlier:
+      segments[-1].append(i)
+  for segment in filter(None, segments):
     data = None  # the previous data set can go before the next one loads
     data = load_data(jobs[segment[0]].data)
     execution.execute([jobs[i] for i in segment], data, records.done_for(segment),

@@ -519,7 +519,7 @@ def _load(ds: str, p: dict, data_dir):
 
 
 def run(scale: str = "small", output_dir: str = "runs/spfl2024", data_dir=None, seeds=None,
-        methods=METHODS, threads=None) -> int:
+        methods=METHODS, threads=None, resume: bool = False) -> int:
   """Runs the reproduction at ``scale`` and writes ``results.json``, ``results.md``,
   ``runs.jsonl``, the figures and each run's folder under ``output_dir/runs/``.
 
@@ -531,6 +531,8 @@ def run(scale: str = "small", output_dir: str = "runs/spfl2024", data_dir=None, 
     seeds: the seeds of each setting (None: the scale's).
     methods: the methods run, a subset of :data:`METHODS`.
     threads: compiled programs run at once (None: automatic).
+    resume: continue the reproduction in ``output_dir``: only the runs that its ``runs.jsonl``
+      has no record of run (:func:`fedjax_dp.reproduce.runner.run_jobs`).
 
   Returns:
     0.
@@ -562,7 +564,8 @@ def run(scale: str = "small", output_dir: str = "runs/spfl2024", data_dir=None, 
     write_text_atomic(out / "results_partial.json",
         json.dumps({"rows": _rows(runs, settings, n_seeds)}, default=str) + "\n")
 
-  runs = run_jobs(jobs, _record, load_data=lambda ds: _load(ds, p, data_dir), runs_path=out / "runs.jsonl", on_record=partial,
+  runs = run_jobs(jobs, _record, load_data=lambda ds: _load(ds, p, data_dir), runs_path=out / "runs.jsonl", resume=resume,
+                  on_record=partial,
                   execution=Execution(functools.partial(_execute, train_eval=p["train_eval"]),
                                       threads=threads,
                                       log=lambda line: print(f"[spfl2024] {line}", flush=True)))

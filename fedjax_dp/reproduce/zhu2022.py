@@ -320,7 +320,8 @@ def _markdown(rows, scale_name) -> str:
 
 
 def reproduce(scale: str = "small", output_dir: str = "runs/zhu2022", data_dir=None, seeds=None,
-              settings=SETTINGS, methods=METHODS, progress: bool = True, threads=None) -> int:
+              settings=SETTINGS, methods=METHODS, progress: bool = True, threads=None,
+              resume: bool = False) -> int:
   """Runs the experiments of ``scale``, writes results.json (as runs end) and runs.jsonl, then
   results.md and the plots as :func:`render` does, and ends with the line naming them.
 
@@ -333,6 +334,8 @@ def reproduce(scale: str = "small", output_dir: str = "runs/zhu2022", data_dir=N
     methods: the methods run, a subset of :data:`METHODS`.
     progress: print the progress lines and the closing line.
     threads: compiled programs run at once (None: automatic).
+    resume: continue the reproduction in ``output_dir``: only the runs that its ``runs.jsonl``
+      has no record of run (:func:`fedjax_dp.reproduce.runner.run_jobs`).
 
   Returns:
     0.
@@ -356,7 +359,7 @@ def reproduce(scale: str = "small", output_dir: str = "runs/zhu2022", data_dir=N
           for seed in range(n_seeds)]
   log = (lambda line: print(f"[zhu2022] {line}", flush=True)) if progress else (lambda line: None)
   records = run_jobs(jobs, _record, load_data=lambda partition: load_data(sc, partition, data_dir),
-                     runs_path=out / "runs.jsonl",
+                     runs_path=out / "runs.jsonl", resume=resume,
                      on_record=lambda rs: _write(out, scale, sc, *_results(rs, n_seeds), t_start),
                      execution=Execution(threads=threads, log=log))
   _write(out, scale, sc, *_results(records, n_seeds), t_start)
@@ -415,7 +418,8 @@ def _write(out, scale_name, sc, rows, curves, t_start):
   write_text_atomic(out / "results.json", json.dumps(doc, indent=1, default=str) + "\n")
 
 
-def run(scale: str, output_dir: str, data_dir=None, seeds=None, threads=None) -> int:
+def run(scale: str, output_dir: str, data_dir=None, seeds=None, threads=None,
+        resume: bool = False) -> int:
   """Entry point of ``fedjax-dp reproduce zhu2022``: :func:`reproduce` with every setting and
   method.
 
@@ -425,9 +429,11 @@ def run(scale: str, output_dir: str, data_dir=None, seeds=None, threads=None) ->
     data_dir: the folder holding the data files (None: ``$FEDJAX_DP_DATA``).
     seeds: the seeds of each run (None: the scale's).
     threads: compiled programs run at once (None: automatic).
+    resume: continue the reproduction in ``output_dir``: only the runs that its ``runs.jsonl``
+      has no record of run (:func:`fedjax_dp.reproduce.runner.run_jobs`).
 
   Returns:
     0.
   """
   return reproduce(scale=scale, output_dir=output_dir, data_dir=data_dir, seeds=seeds,
-                   threads=threads)
+                   threads=threads, resume=resume)
