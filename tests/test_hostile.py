@@ -213,11 +213,14 @@ def test_device_and_program_counts_are_refused_before_any_data_loads(command, fl
 @pytest.mark.parametrize("value", ["0", "-2"])
 def test_reproduce_threads_are_refused_before_any_data_loads(value, capsys, tmp_path, monkeypatch):
   import fedjax_dp.experiment
+  import fedjax_dp.reproduce.cheng2022
 
   def no_loading(*a, **k):
     raise AssertionError("loaded data for a refused configuration")
 
-  monkeypatch.setattr(fedjax_dp.experiment, "load_data", no_loading)
+  # The reproduction holds its own name for the loader; both are restored after the test.
+  for module in (fedjax_dp.experiment, fedjax_dp.reproduce.cheng2022):
+    monkeypatch.setattr(module, "load_data", no_loading)
   out = tmp_path / "r"
   out.mkdir()
   (out / "results.json").write_text('{"rows": []}')  # an earlier reproduction's, kept
