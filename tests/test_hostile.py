@@ -199,11 +199,13 @@ def test_device_and_program_counts_are_refused_before_any_data_loads(command, fl
                                                                      capsys, tmp_path,
                                                                      monkeypatch):
   import fedjax_dp.experiment
+  import fedjax_dp.sweep
 
   def no_loading(*a, **k):
     raise AssertionError("loaded data for a refused configuration")
 
-  monkeypatch.setattr(fedjax_dp.experiment, "load_data", no_loading)
+  for module in (fedjax_dp.experiment, fedjax_dp.sweep):  # each holds its own name for it
+    monkeypatch.setattr(module, "load_data", no_loading)
   grid = ["--grid", "client_lr=0.1,0.2"] if command == "sweep" else []
   assert main([command, *TINY, *grid, flag, value, "--output-dir", str(tmp_path / "o")]) == 2
   _one_error_line(capsys, field)
