@@ -58,6 +58,7 @@ from round_speed import measure, synthetic_data
 
 from fedjax_dp.config import make_config
 from fedjax_dp.models import get_model
+from fedjax_dp.reproduce.runner import Execution
 from fedjax_dp.sweep import sweep
 
 DTYPES = ("float32", "bfloat16")
@@ -122,7 +123,8 @@ def measure_table2(tiny: bool) -> dict:
                 config=dict(scale["config"], rounds=rounds, eval_every=eval_every or rounds))
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as out:
-      done = cheng2022.run_small(base, out, data=data, spec=spec, log=lambda *a: None)
+      done = cheng2022.run_small(base, out, data=data, spec=spec,
+                                 execution=Execution(log=lambda *a: None))
     return time.perf_counter() - t0, len(done["runs"])
 
   # Warm runs only: a first run at R2 rounds also calibrates the noise to R2 rounds' epsilons.

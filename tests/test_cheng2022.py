@@ -9,6 +9,7 @@ import pytest
 from fedjax_dp.cli import main
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.reproduce import cheng2022
+from fedjax_dp.reproduce.runner import Execution
 
 
 def test_plan_has_every_column_at_every_epsilon():
@@ -43,7 +44,7 @@ def test_tiny_cifar_all_columns(shared_data_dir, tmp_path):
   if not (shared_data_dir / "cifar10" / "train.tar.gz").is_file():
     pytest.skip(f"CIFAR-10 tarballs not found under {shared_data_dir / 'cifar10'}")
   out = cheng2022.run_small("tiny-cifar", str(tmp_path), data_dir=str(shared_data_dir),
-                            log=lambda *a: None)
+                            execution=Execution(log=lambda *a: None))
   rows = out["rows"]
   assert {r["method"] for r in rows} == set(cheng2022.COLUMNS["table2"]) | {"fedavg"}
   # Figs. 3 and 4 at two values each; Q = 2 and p = 0.5 are Table 2's runs
@@ -247,7 +248,7 @@ def test_render_figures_from_files(tmp_path):
 
 @pytest.mark.slow
 def test_render_rewrites_a_run(tmp_path):
-  cheng2022.run_small("tiny", str(tmp_path), log=lambda *a: None)
+  cheng2022.run_small("tiny", str(tmp_path), execution=Execution(log=lambda *a: None))
   names = ("results.md", "cheng2022_update_norms.png", "cheng2022_accuracy.png")
   before = {n: (tmp_path / n).read_bytes() for n in names}
   assert b"### Verdicts" in before["results.md"] and b"### Table 3" in before["results.md"]

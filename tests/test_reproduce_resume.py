@@ -2,6 +2,7 @@
 whose records ``runs.jsonl`` holds are not run again, the others run as the uninterrupted
 reproduction ran them, and the results are written from every record."""
 
+import dataclasses
 import hashlib
 import json
 import types
@@ -56,8 +57,9 @@ def _run(path, execute, resume=False, log=None, loaded=None, on_record=None):
       loaded.append(key)
     return key
   return run_jobs(JOBS, lambda job, res: {"accuracy": res.summary["final_accuracy"]},
-                  load_data=load, runs_path=path, resume=resume, on_record=on_record,
-                  execution=Execution(execute, log=(log if log is not None else []).append))
+                  load_data=load, runs_path=path, on_record=on_record,
+                  execution=Execution(execute, log=(log if log is not None else []).append,
+                                      resume=resume))
 
 
 def _timeless(records) -> list:
@@ -147,8 +149,8 @@ def test_a_resumed_run_computes_bit_for_bit_what_the_uninterrupted_one_did(tmp_p
             "params": hashlib.sha256(flat.tobytes()).hexdigest()}
 
   def go(path, threads, resume=False):
-    return run_jobs(jobs, record, load_data=lambda _: data, runs_path=path, resume=resume,
-                    execution=Execution(threads=threads, log=lambda line: None))
+    return run_jobs(jobs, record, load_data=lambda _: data, runs_path=path,
+                    execution=Execution(threads=threads, log=lambda line: None, resume=resume))
 
   whole = go(tmp_path / "whole.jsonl", threads=1)  # one group of three
   lines = (tmp_path / "whole.jsonl").read_text().splitlines(keepends=True)
@@ -166,7 +168,7 @@ def _faked(monkeypatch, stop_after=None):
 
   def run_jobs_faked(jobs, record, *, execution, **kwargs):
     return runner.run_jobs(jobs, record, **dict(kwargs, load_data=lambda key: key),
-                           execution=Execution(execute, log=execution.log))
+                           execution=dataclasses.replace(execution, execute=execute))
   monkeypatch.setattr(zhu2022, "run_jobs", run_jobs_faked)
   return execute
 

@@ -450,8 +450,7 @@ def run(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] = None,
     seeds: the seeds of each lambda (None: the scale's).
     log: where the progress lines and the results go.
     threads: compiled programs run at once (None: automatic).
-    resume: continue the reproduction in ``output_dir``: only the runs that its ``runs.jsonl``
-      has no record of run (:func:`fedjax_dp.reproduce.runner.run_jobs`).
+    resume: continue the reproduction in ``output_dir`` (:class:`~.runner.Execution`).
 
   Returns:
     0.
@@ -483,9 +482,8 @@ def run(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] = None,
             "grad_full": [round(float(v), 6) for v in g["full"]]}
 
   runs = run_jobs(jobs, record, load_data=lambda _: data, runs_path=out / "runs.jsonl",
-                  resume=resume,
                   diagnostics=("update_norm", "fraction_clipped", "train_loss"),
-                  execution=Execution(threads=threads, log=log))
+                  execution=Execution(threads=threads, log=log, resume=resume))
   settings = _settings(scale, spec, base, n_seeds, first, time.perf_counter() - t0)
   results = {"paper": "Cheng et al., Differentially Private Federated Learning with Local "
                       "Regularization and Sparsification, CVPR 2022 (Eq. 5, Lemma 2, Fig. 2)",

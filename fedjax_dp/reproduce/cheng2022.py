@@ -1028,12 +1028,12 @@ def _small_settings(scale: str, spec: dict, base: dict, n_seeds: int, wall: floa
 
 
 def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] = None,
-              data=None, log=print, threads: Optional[int] = None,
-              spec: Optional[dict] = None, resume: bool = False) -> dict:
+              data=None, spec: Optional[dict] = None,
+              execution: Execution = Execution()) -> dict:
   """Runs a CPU-or-accelerator scale of :data:`SCALES` (every one but "paper") and writes its
   files; ``data`` (a loaded data set) serves the scales with one data set (every alpha too);
-  ``threads``: the compiled programs run at once (:func:`run_jobs`); ``spec``: settings in
-  place of the scale's (a variant of it: ``benchmarks/gpu.py`` times Table 2 at a few rounds).
+  ``spec``: settings in place of the scale's (a variant of it: ``benchmarks/gpu.py`` times
+  Table 2 at a few rounds).
 
   Args:
     scale: a key of :data:`SCALES` other than "paper".
@@ -1041,11 +1041,10 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
     data_dir: the folder holding the data files (None: ``$FEDJAX_DP_DATA``).
     seeds: the seeds of each setting (None: the scale's).
     data: a loaded data set to run on (None: loaded per alpha).
-    log: where the progress lines and the results go.
-    threads: compiled programs run at once (None: automatic).
     spec: the scale's settings to use instead of ``SCALES[scale]``.
-    resume: continue the reproduction in ``output_dir``: only the runs that its ``runs.jsonl``
-      has no record of run (:func:`fedjax_dp.reproduce.runner.run_jobs`).
+    execution: the threads, where the progress lines and the results go (``log``), and whether
+      to continue the reproduction in ``output_dir`` (only the runs its ``runs.jsonl`` has no
+      record of run), as :class:`~fedjax_dp.reproduce.runner.Execution` says.
 
   Returns:
     ``{"rows", "settings", "runs"}``: what ``results.json`` holds and the run records.
@@ -1062,9 +1061,9 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
     return data if data is not None else load_data(make_config(
         dict(base, **({} if alpha is None else {"dirichlet_alpha": alpha}))))
 
-  runs = run_jobs(jobs, _record, load_data=load, runs_path=out / "runs.jsonl", resume=resume,
+  runs = run_jobs(jobs, _record, load_data=load, runs_path=out / "runs.jsonl",
                   diagnostics=("update_norm", "train_loss", "fraction_clipped"),
-                  execution=Execution(threads=threads, log=log))
+                  execution=execution)
   rows = _summarize(runs)
   settings = _small_settings(scale, spec, base, n_seeds, time.perf_counter() - t0)
   write_text_atomic(out / "results.json", json.dumps(
@@ -1076,8 +1075,9 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
        "release": release(RAW), **identity("cheng2022")},
       indent=2) + "\n")
   written = _render(out)
-  log((out / "results.md").read_text())
-  log(wrote([out / "results.json", out / "runs.jsonl"] + written, settings["wall_seconds"]))
+  execution.log((out / "results.md").read_text())
+  execution.log(wrote([out / "results.json", out / "runs.jsonl"] + written,
+                      settings["wall_seconds"]))
   return {"rows": rows, "settings": settings, "runs": runs}
 
 
@@ -1125,8 +1125,7 @@ def run_paper(output_dir: str, data_dir=None, seeds: Optional[int] = None, prese
                                              "sampling": job.config.sampling,
                                              "accuracy": res.summary["final_accuracy"]},
                      load_data=lambda _: data, runs_path=out / "runs.jsonl", append=i > 0,
-                     resume=resume,
-                     execution=Execution(threads=threads, log=log))
+                     execution=Execution(threads=threads, log=log, resume=resume))
   # The sampling tells the Poisson (add/remove) runs from the fixed-cohort (replace-one) ones.
   keys = ("preset", "method", "target_epsilon", "seed", "epsilon", "sampling", "accuracy")
   # Federated EMNIST's natural partition: the test file holds the same writers' examples.
@@ -1161,5 +1160,6 @@ def run(scale: str, output_dir: str, data_dir=None, seeds=None, threads=None,
   check_choice("scale", scale, sorted(SCALES))
   if scale == "paper":
     return run_paper(output_dir, data_dir, seeds, threads=threads, resume=resume)
-  run_small(scale, output_dir, data_dir, seeds, threads=threads, resume=resume)
+  run_small(scale, output_dir, data_dir, seeds,
+            execution=Execution(threads=threads, resume=resume))
   return 0

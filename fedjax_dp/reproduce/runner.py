@@ -108,11 +108,15 @@ class Execution:
     threads: compiled programs run at once (``fedjax-dp reproduce --threads``;
       :func:`fedjax_dp.sweep.threads_for`; default: one per core on one CPU device, else one).
     log: where the progress lines go.
+    resume: keep the records already in ``runs.jsonl`` and run only the jobs that have none
+      (:func:`earlier_records`; ``fedjax-dp reproduce --resume``): the records
+      :func:`run_jobs` returns, and those its ``on_record`` gets, include the earlier ones.
   """
 
   execute: Callable = simulate_jobs
   threads: Optional[int] = None
   log: Callable[[str], Any] = print
+  resume: bool = False
 
 
 class _Records:
@@ -228,7 +232,7 @@ def earlier_records(jobs: Sequence[Job], runs_path, log: Callable[[str], Any]) -
 
 def run_jobs(jobs: Sequence[Job], record: Callable[[Job, Any], dict], *,
              load_data: Callable[[Any], Any], runs_path=None, append: bool = False,
-             resume: bool = False, diagnostics: Optional[Sequence[str]] = None,
+             diagnostics: Optional[Sequence[str]] = None,
              on_record: Optional[Callable[[list], None]] = None,
              execution: Execution = Execution()) -> list:
   """Runs ``jobs`` and returns their records, in the jobs' order.
@@ -236,7 +240,8 @@ def run_jobs(jobs: Sequence[Job], record: Callable[[Job, Any], dict], *,
   Jobs that follow one another on one data set are run together by ``execution.execute``
   (by default as sweeps: those that share a compiled round run as one vmapped
   program), and each record is written as its group ends. A job's results depend on its own
-  configuration and data set only (its seed fixes every draw), so a job left out (``resume``)
+  configuration and data set only (its seed fixes every draw), so a job left out
+  (``execution.resume``)
   changes none of the others': bit for bit on a CPU, where a program's runs run one after
   another; on an accelerator, where they are vmapped, a job grouped differently may differ by
   floating-point rounding.
@@ -249,9 +254,8 @@ def run_jobs(jobs: Sequence[Job], record: Callable[[Job, Any], dict], *,
     load_data: ``key -> data set``, called for the first job and whenever a job's ``data`` key
       differs from the previous job's (one data set is held at a time).
     runs_path: the ``runs.jsonl`` each record is appended to as its run ends (none: not written).
-    append: keep the records already in ``runs_path`` (else it starts empty).
-    resume: keep them, and run only the jobs that have none (:func:`earlier_records`): the
-      records returned, and those ``on_record`` gets, include the earlier ones.
+    append: keep the records already in ``runs_path`` (else it starts empty, unless
+      ``execution.resume``).
     diagnostics: the diagnostics kept in each round of the history (default: all).
     on_record: called with the records so far after each group (to write partial results).
     execution: how the jobs run and report their progress.
@@ -262,7 +266,7 @@ def run_jobs(jobs: Sequence[Job], record: Callable[[Job, Any], dict], *,
   earlier = {}
   if runs_path is not None:
     pathlib.Path(runs_path).parent.mkdir(parents=True, exist_ok=True)
-    if resume:
+    if execution.resume:
       earlier = earlier_records(jobs, runs_path, execution.log)
       execution.log(f"resumed: {len(earlier)} of {len(jobs)} runs were done, "
                     f"{len(jobs) - len(earlier)} to run")

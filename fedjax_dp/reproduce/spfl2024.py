@@ -518,6 +518,18 @@ def _load(ds: str, p: dict, data_dir):
   return data
 
 
+def _jobs(p: dict, settings: dict, methods, data_dir, out: pathlib.Path) -> list:
+  """The runs of scale ``p`` (its ``seeds`` of each method at each of ``settings``: the
+  non-private method has no epsilon sweep), each writing its folder under ``out/runs/``."""
+  return [Job(make_config(m, ds, p, epsilon=s["epsilon"], cohort=s["clients_per_round"],
+                          steps=s["local_steps"], seed=seed, data_dir=data_dir),
+              {"dataset": ds, "setting": setting, "value": value, "method": m, "seed": seed},
+              name=f"{ds} {setting}={value} {m} seed={seed}", data=ds,
+              output_dir=str(out / "runs" / f"{ds}_{setting}_{value}_{m}_s{seed}"))
+          for (ds, setting, value), s in settings.items() for m in methods
+          if not (m == "nodp-fl" and setting == "epsilon") for seed in range(p["seeds"])]
+
+
 def run(scale: str = "small", output_dir: str = "runs/spfl2024", data_dir=None, seeds=None,
         methods=METHODS, threads=None, resume: bool = False) -> int:
   """Runs the reproduction at ``scale`` and writes ``results.json``, ``results.md``,
@@ -552,23 +564,18 @@ def run(scale: str = "small", output_dir: str = "runs/spfl2024", data_dir=None, 
   out.mkdir(parents=True, exist_ok=True)
   t0 = time.perf_counter()
   settings = _settings(p)
-  jobs = [Job(make_config(m, ds, p, epsilon=s["epsilon"], cohort=s["clients_per_round"],
-                          steps=s["local_steps"], seed=seed, data_dir=data_dir),
-              {"dataset": ds, "setting": setting, "value": value, "method": m, "seed": seed},
-              name=f"{ds} {setting}={value} {m} seed={seed}", data=ds,
-              output_dir=str(out / "runs" / f"{ds}_{setting}_{value}_{m}_s{seed}"))
-          for (ds, setting, value), s in settings.items() for m in methods
-          if not (m == "nodp-fl" and setting == "epsilon") for seed in range(n_seeds)]
+  jobs = _jobs(p, settings, methods, data_dir, out)
 
   def partial(runs):
     write_text_atomic(out / "results_partial.json",
         json.dumps({"rows": _rows(runs, settings, n_seeds)}, default=str) + "\n")
 
-  runs = run_jobs(jobs, _record, load_data=lambda ds: _load(ds, p, data_dir), runs_path=out / "runs.jsonl", resume=resume,
-                  on_record=partial,
+  runs = run_jobs(jobs, _record, load_data=lambda ds: _load(ds, p, data_dir),
+                  runs_path=out / "runs.jsonl", on_record=partial,
                   execution=Execution(functools.partial(_execute, train_eval=p["train_eval"]),
                                       threads=threads,
-                                      log=lambda line: print(f"[spfl2024] {line}", flush=True)))
+                                      log=lambda line: print(f"[spfl2024] {line}", flush=True),
+                                      resume=resume))
   rows = _rows(runs, settings, n_seeds)
   result = {"paper": "Wu and Li 2024, SP-FL", "scale": scale, "settings": p,
             "spfl_options": SPFL_OPTIONS, "privacy_unit":

@@ -32,6 +32,7 @@ two epsilons; the paper trains on all 50,000 images for 80 epochs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import pathlib
@@ -320,8 +321,8 @@ def _markdown(rows, scale_name) -> str:
 
 
 def reproduce(scale: str = "small", output_dir: str = "runs/zhu2022", data_dir=None, seeds=None,
-              settings=SETTINGS, methods=METHODS, progress: bool = True, threads=None,
-              resume: bool = False) -> int:
+              settings=SETTINGS, methods=METHODS, progress: bool = True,
+              execution: Execution = Execution()) -> int:
   """Runs the experiments of ``scale``, writes results.json (as runs end) and runs.jsonl, then
   results.md and the plots as :func:`render` does, and ends with the line naming them.
 
@@ -332,10 +333,11 @@ def reproduce(scale: str = "small", output_dir: str = "runs/zhu2022", data_dir=N
     seeds: the seeds of each run (None: the scale's).
     settings: the ``(partition, attack)`` pairs run (:data:`SETTINGS`).
     methods: the methods run, a subset of :data:`METHODS`.
-    progress: print the progress lines and the closing line.
-    threads: compiled programs run at once (None: automatic).
-    resume: continue the reproduction in ``output_dir``: only the runs that its ``runs.jsonl``
-      has no record of run (:func:`fedjax_dp.reproduce.runner.run_jobs`).
+    progress: print the progress lines (prefixed ``[zhu2022]``, in place of ``execution.log``)
+      and the closing line.
+    execution: the threads, and whether to continue the reproduction in ``output_dir`` (only
+      the runs its ``runs.jsonl`` has no record of run), as
+      :class:`~fedjax_dp.reproduce.runner.Execution` says.
 
   Returns:
     0.
@@ -359,9 +361,9 @@ def reproduce(scale: str = "small", output_dir: str = "runs/zhu2022", data_dir=N
           for seed in range(n_seeds)]
   log = (lambda line: print(f"[zhu2022] {line}", flush=True)) if progress else (lambda line: None)
   records = run_jobs(jobs, _record, load_data=lambda partition: load_data(sc, partition, data_dir),
-                     runs_path=out / "runs.jsonl", resume=resume,
+                     runs_path=out / "runs.jsonl",
                      on_record=lambda rs: _write(out, scale, sc, *_results(rs, n_seeds), t_start),
-                     execution=Execution(threads=threads, log=log))
+                     execution=dataclasses.replace(execution, log=log))
   _write(out, scale, sc, *_results(records, n_seeds), t_start)
   written = _render(out)
   if progress:  # the command's result, as --render's: no [zhu2022] prefix
@@ -436,4 +438,4 @@ def run(scale: str, output_dir: str, data_dir=None, seeds=None, threads=None,
     0.
   """
   return reproduce(scale=scale, output_dir=output_dir, data_dir=data_dir, seeds=seeds,
-                   threads=threads, resume=resume)
+                   execution=Execution(threads=threads, resume=resume))
