@@ -3,7 +3,9 @@ may exceed its claim, and the largest ratio of bound to claim says how close the
 
   python benchmarks/audit_seeds.py --seeds 20 --out benchmarks/results/audit_seeds.jsonl
 
-Each line of ``--out`` is one audit (mechanism, seed, both bounds, the claim); the last printed
+Each line of ``--out`` is one audit (mechanism, seed, both bounds, the claim); an audit whose
+mechanism and seed ``--out`` already holds is not run again (so an interrupted run, or more
+seeds, continues the file), and the table covers every line of ``--out``. The last printed
 lines are the Markdown table of ``benchmarks/RESULTS.md`` (per mechanism: seeds, the largest and
 the mean ratio of each bound to the claim, violations). ``--table FILE`` prints the table of a
 finished file.
@@ -50,9 +52,12 @@ def main(argv=None) -> int:
     return 0
   names = (args.mechanisms.split(",") if args.mechanisms else
            [k for k, a in audit.AUDITS.items() if a.formal])
-  results = []
+  results = rows(args.out) if args.out and args.out.is_file() else []
+  done = {(r["mechanism"], r["seed"]) for r in results}
   for name in names:
     for seed in range(args.seeds):
+      if (name, seed) in done:
+        continue
       rep = audit.audit(name, args.trials, seed)
       line = {k: rep[k] for k in ("mechanism", "seed", "trials", "epsilon_lower_bound",
                                   "epsilon_lower_bound_threshold", "epsilon_claimed", "seconds")}
