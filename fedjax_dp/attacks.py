@@ -293,6 +293,10 @@ def get(name: str, hp: Optional[Mapping] = None, static: Optional[Mapping] = Non
   text are checked against the option's declaration (:meth:`fedjax_dp.components.Option.parse`);
   arrays pass as they are.
 
+  Returns:
+    The :class:`Attack`, ``attack(updates, byzantine_mask, key, mask=None, ids=None) ->
+    updates``: the rows of ``byzantine_mask == 1`` replaced by what the attackers send.
+
   Raises:
     ConfigError: for an undeclared name or a value its option does not allow.
   """

@@ -714,6 +714,14 @@ def make_config(base: Optional[Mapping] = None, **overrides) -> RunConfig:
   cohorts), else the data set's (:func:`data_defaults`: a natural partition's clients), else the
   field's default. The configuration remembers what was given (:attr:`RunConfig.given`).
 
+  Args:
+    base: field name -> value (or nested as :func:`nest` gives it), or None.
+    **overrides: field name -> value, applied over ``base`` (``options``: the algorithm's,
+      aggregator's and attack's ``--set`` options, name -> value).
+
+  Returns:
+    The :class:`RunConfig`.
+
   Raises:
     ConfigError: for a base that is not a mapping (a :class:`RunConfig` included), an unknown
       field name, or a value :class:`RunConfig` refuses.

@@ -32,7 +32,24 @@ RUN_KEYWORDS = tuple(f.name for f in dataclasses.fields(RunOptions) if f.name no
 
 
 def load_data(config: RunConfig):
-  """The configuration's :class:`FederatedData` (local files first; tfds only with ``download``)."""
+  """The data a configuration names, split into its clients.
+
+  Args:
+    config: a :class:`RunConfig`; its ``dataset``, ``data_dir`` (None: ``$FEDJAX_DP_DATA``),
+      ``download``, ``max_train``/``max_test``, its partition settings (``num_clients``,
+      ``partition``, ``dirichlet_alpha``, ``shards_per_client``, ``min_labels_per_client``)
+      and the split's seed (``data_seed``, else ``seed``) are read. Local files come first; tensorflow-datasets is
+      asked only with ``download``. The same settings give the same clients.
+
+  Returns:
+    The :class:`fedjax_dp.data.FederatedData`, ready for :func:`simulate` (load it once and
+    pass it to every run of the same data).
+
+  Raises:
+    ConfigError: the data set's files are missing from the data folder (without
+      ``download``), a bad subset size, or a partition the data set cannot have or cannot
+      split as asked (:func:`fedjax_dp.data.loaders.load_federated`).
+  """
   split = Split(config.num_clients, config.partition, alpha=config.dirichlet_alpha,
                 shards_per_client=config.shards_per_client,
                 min_labels=config.min_labels_per_client)

@@ -306,7 +306,20 @@ def _shown(a):
 
 def plot_runs(dirs: Sequence, out):
   """Test accuracy (evaluated rounds) and, when any run has one, epsilon against rounds: one line
-  per run folder of ``dirs``; writes ``out`` and returns the figure."""
+  per run folder of ``dirs``; writes ``out`` and returns the figure.
+
+  Args:
+    dirs: run folders (``simulate(output_dir=...)``, ``fedjax-dp run --out``), at least one.
+    out: the image file to write; its folder must exist and its suffix name an image format
+      (``.png``, ``.pdf``, ``.svg``, ...).
+
+  Returns:
+    The matplotlib ``Figure`` (shown inline as a notebook cell's value).
+
+  Raises:
+    ConfigError: no folder, a folder without a readable ``metrics.jsonl``
+      (:func:`read_metrics`), or a bad ``out``.
+  """
   check(len(dirs) >= 1, "dir", list(dirs), "give at least one run folder")
   out = _check_out(out)
   paths = [pathlib.Path(d) for d in dirs]
@@ -357,7 +370,20 @@ def read_norms(folder) -> dict:
 
 def plot_norms(folder, out):
   """The clients' pre-clip update norms per round (median and the 10-90% band) against the clip
-  bound, from ``folder/norms.npz``; writes ``out`` and returns the figure."""
+  bound, from ``folder/norms.npz``; writes ``out`` and returns the figure.
+
+  Args:
+    folder: a run folder holding ``norms.npz`` (written by a run with an output folder under
+      release "all").
+    out: the image file to write; its folder must exist and its suffix name an image format
+      (``.png``, ``.pdf``, ``.svg``, ...).
+
+  Returns:
+    The matplotlib ``Figure``.
+
+  Raises:
+    ConfigError: a missing or malformed ``norms.npz`` (:func:`read_norms`), or a bad ``out``.
+  """
   # Lazy: engine imports JAX, which reading and plotting files does not need.
   from fedjax_dp.engine import quantiles
   out = _check_out(out)
@@ -439,7 +465,22 @@ def plot_frontier(paths: Sequence, out):
   ``results.json`` files (a path or the folder holding it) of ``fedjax-dp sweep`` or a
   reproduction. Rows whose epsilon is null (no guarantee) are dotted horizontal lines; a row
   with per-class epsilons (SP-FL's ``{class: {"max", "median"}}``) is drawn at the largest, its
-  worst-case client's. Writes ``out`` and returns the figure."""
+  worst-case client's. Writes ``out`` and returns the figure.
+
+  Args:
+    paths: ``results.json`` files or the folders holding them (``sweep(...,
+      run_options=RunOptions(output_dir=DIR))`` writes ``DIR/results.json``), at least one;
+      with several, each line's label starts with its folder's.
+    out: the image file to write; its folder must exist and its suffix name an image format
+      (``.png``, ``.pdf``, ``.svg``, ...).
+
+  Returns:
+    The matplotlib ``Figure``.
+
+  Raises:
+    ConfigError: no path, a missing or malformed ``results.json``, files holding no row with a
+      numeric epsilon, or a bad ``out``.
+  """
   check(len(paths) >= 1, "dir", list(paths), "give at least one results.json or its folder")
   out = _check_out(out)
   files = [pathlib.Path(p) if is_file(p, "dir") else _file_in(p, "results.json")

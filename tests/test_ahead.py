@@ -1,5 +1,8 @@
 """A PLD run's epsilons computed ahead by worker processes (fedjax_dp.privacy.ahead)."""
 
+import subprocess
+import sys
+
 import dp_accounting
 import pytest
 
@@ -14,6 +17,14 @@ RUN = dict(rounds=4, eval_every=4, accountant="pld", noise_multiplier=1.2, targe
 
 def _refuse_to_compute(*args):
   raise AssertionError(f"the run's own process computed an epsilon: {args[1:]}")
+
+
+def test_the_workers_module_imports_no_jax():
+  """A worker imports the ledger and dp_accounting only: the privacy package reads its sign
+  mechanisms (which import JAX) on first use."""
+  code = "import sys, fedjax_dp.privacy.ahead; print('jax' in sys.modules)"
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == "False"
 
 
 def test_a_run_reports_the_workers_epsilons_which_are_its_own(monkeypatch):

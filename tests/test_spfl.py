@@ -12,7 +12,7 @@ from dp_accounting import pld, rdp
 from fedjax_dp import objectives
 from fedjax_dp.algorithms import build
 from fedjax_dp.algorithms.adp_fl import quantile_update
-from fedjax_dp.algorithms.spfl import HIGH, LOW, privacy_classes
+from fedjax_dp.algorithms.spfl import HIGH, LOW, privacy_classes, spfl_classes
 from fedjax_dp.client import StepStats, mean_initial_norm, poisson_indices
 from fedjax_dp.config import make_config
 from fedjax_dp.data import FederatedData
@@ -490,6 +490,18 @@ def test_privacy_classes_split_and_bad_options():
     build(_config("dp-fl", batch_size=1000), data)
   with pytest.raises(ConfigError, match="stat_noise"):
     build(_config("adp-fl", options={"stat_noise_ratio": 0.2}), data)
+
+
+def test_spfl_classes_are_the_ids_of_the_draw():
+  ids = spfl_classes(10, 0.3, 4)
+  cls = privacy_classes(10, 0.3, 4)
+  np.testing.assert_array_equal(ids["high"], np.flatnonzero(cls == HIGH))
+  np.testing.assert_array_equal(ids["low"], np.flatnonzero(cls == LOW))
+  assert sorted([*ids["high"], *ids["low"]]) == list(range(10)) and len(ids["high"]) == 3
+  with pytest.raises(ConfigError, match="high_fraction"):
+    spfl_classes(10, 1.5, 0)
+  with pytest.raises(ConfigError, match="num_clients"):
+    spfl_classes(0, 0.5, 0)
 
 
 def test_byzantine_clients_and_robust_aggregators_keep_the_example_level_guarantee():

@@ -420,6 +420,10 @@ def get(name: str, hp: Optional[Mapping] = None, static: Optional[Mapping] = Non
   text are checked against the option's declaration (:meth:`fedjax_dp.components.Option.parse`);
   arrays (a round's hyper-parameters, checked when the settings were read) pass as they are.
 
+  Returns:
+    The :class:`fedjax_dp.aggregators.base.Aggregator`: ``init(params) -> state`` and
+    ``aggregate(updates, weights, mask, state, key) -> (aggregate, state)``.
+
   Raises:
     ConfigError: for an undeclared name or a value its option does not allow.
   """

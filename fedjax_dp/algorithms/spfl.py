@@ -66,6 +66,7 @@ the default size fits each client's examples.
 from __future__ import annotations
 
 import functools
+import numbers
 from typing import Optional
 
 import jax
@@ -153,6 +154,31 @@ def privacy_classes(num_clients: int, high_fraction: float, seed: int) -> np.nda
   cls = np.full(num_clients, LOW, np.int32)
   cls[perm[:int(round(high_fraction * num_clients))]] = HIGH
   return cls
+
+
+def spfl_classes(num_clients: int, high_fraction: float, seed: int) -> dict:
+  """The clients of SP-FL's two privacy classes, as a run of ``spfl`` or ``spfl-sound`` draws
+  them: a random ``round(high_fraction * N)`` of the clients need high privacy. The draw reads
+  these three numbers and no data.
+
+  Args:
+    num_clients: the population size N (``data.num_clients``).
+    high_fraction: the run's ``high_fraction`` option, in [0, 1].
+    seed: the run's ``seed`` (:attr:`fedjax_dp.RunConfig.seed`).
+
+  Returns:
+    ``{"high": ids, "low": ids}``: sorted int64 arrays of client ids, together
+    ``0..N-1``.
+
+  Raises:
+    ConfigError: ``num_clients < 1`` or ``high_fraction`` outside [0, 1].
+  """
+  check(isinstance(num_clients, (int, np.integer)) and num_clients >= 1, "num_clients",
+        num_clients, "must be an integer >= 1")
+  check(isinstance(high_fraction, numbers.Real) and 0 <= high_fraction <= 1, "high_fraction",
+        high_fraction, "must be a number in [0, 1]")
+  cls = privacy_classes(num_clients, high_fraction, seed)
+  return {"high": np.flatnonzero(cls == HIGH), "low": np.flatnonzero(cls == LOW)}
 
 
 def example_capacity(config, data, sampling: str) -> Optional[int]:
@@ -368,9 +394,8 @@ def _spfl_common(config, data):
   opts = options(config)
   sigma = resolve_sigma(config, data, opts)
   cls = privacy_classes(data.num_clients, opts["high_fraction"], config.seed)
-  high_ids = tuple(int(i) for i in np.flatnonzero(cls == HIGH))
-  low_ids = tuple(int(i) for i in np.flatnonzero(cls == LOW))
-  return opts, sigma, cls, high_ids, low_ids
+  ids = spfl_classes(data.num_clients, opts["high_fraction"], config.seed)
+  return opts, sigma, cls, tuple(ids["high"].tolist()), tuple(ids["low"].tolist())
 
 
 @functools.lru_cache(maxsize=16)

@@ -438,9 +438,11 @@ def calibrate_noise_multiplier(target_epsilon: float, delta: float, rounds: int,
   ``rounds``.
 
   Args:
-    target_epsilon, delta: the target guarantee.
+    target_epsilon: the target epsilon, ``> 0``.
+    delta: the target delta, in ``(0, 1)``.
     rounds: the rounds composed.
-    cohorts: how each round's cohort is drawn (checked first, as the mechanism checks it).
+    cohorts: how each round's cohort is drawn (:class:`CohortSampling`; checked first, as the
+      mechanism checks it).
     accountant: "rdp" or "pld".
 
   Returns:

@@ -32,7 +32,19 @@ from fedjax_dp.errors import check
 
 
 def keep_prob_for_epsilon(epsilon: float) -> float:
-  """gamma with ``ln(gamma / (1 - gamma)) = epsilon``."""
+  """The keep probability of binary randomized response that is ``(epsilon, 0)``-DP: gamma with
+  ``ln(gamma / (1 - gamma)) = epsilon``, i.e. ``1 / (1 + exp(-epsilon))`` (Sign-Flipping's
+  ``keep_prob`` for a per-coordinate, per-round epsilon; Zhu and Ling 2022, Theorem 1).
+
+  Args:
+    epsilon: the epsilon of one response, ``> 0``.
+
+  Returns:
+    gamma, in ``(0.5, 1]`` (1.0 once ``exp(-epsilon)`` rounds to 0).
+
+  Raises:
+    ConfigError: ``epsilon`` is None or not ``> 0``.
+  """
   check(epsilon is not None and epsilon > 0, "epsilon", epsilon, "must be > 0")
   return 1.0 / (1.0 + math.exp(-epsilon))
 
@@ -40,7 +52,17 @@ def keep_prob_for_epsilon(epsilon: float) -> float:
 def epsilon_of_keep_prob(keep_prob: float) -> float:
   """Epsilon of one binary randomized response, ``ln(gamma / (1 - gamma))``.
 
-  Sign-Flipping's per-coordinate per-round epsilon (Zhu and Ling 2022, Theorem 1).
+  Sign-Flipping's per-coordinate per-round epsilon (Zhu and Ling 2022, Theorem 1); the inverse
+  of :func:`keep_prob_for_epsilon`.
+
+  Args:
+    keep_prob: gamma, in ``[0.5, 1]``.
+
+  Returns:
+    The epsilon (0 at gamma 0.5, ``inf`` at gamma 1: no privacy).
+
+  Raises:
+    ConfigError: ``keep_prob`` is None or outside ``[0.5, 1]``.
   """
   check(keep_prob is not None and 0.5 <= keep_prob <= 1, "keep_prob", keep_prob, "must be in [0.5, 1]")
   return math.inf if keep_prob == 1 else math.log(keep_prob / (1.0 - keep_prob))

@@ -61,7 +61,21 @@ def _check_rdp(accountant: str) -> None:
 
 
 def sign_gaussian_sigma_for_epsilon(epsilon: float, clip: float) -> float:
-  """sigma with ``ln(Phi(c/sigma) / Phi(-c/sigma)) = epsilon`` for a per-coordinate clip ``c``."""
+  """Sign-Gaussian's noise for a per-coordinate epsilon: sigma with
+  ``ln(Phi(c/sigma) / Phi(-c/sigma)) = epsilon`` for the per-coordinate (``norm="linf"``) clip
+  ``c``, i.e. ``c / Phi^-1(gamma)`` with gamma :func:`keep_prob_for_epsilon` (Zhu and Ling 2022,
+  Eq. 10: the worst-case flip probability is ``Phi(-c/sigma)``).
+
+  Args:
+    epsilon: the per-coordinate, per-round epsilon, ``> 0``.
+    clip: ``c``, the bound on each coordinate of ``u``, ``> 0``.
+
+  Returns:
+    sigma (a float).
+
+  Raises:
+    ConfigError: ``epsilon`` or ``clip`` is not ``> 0``.
+  """
   from scipy.stats import norm
   check(clip is not None and clip > 0, "sign_clip", clip, "must be > 0")
   return float(clip / norm.ppf(keep_prob_for_epsilon(epsilon)))
@@ -75,6 +89,15 @@ class SignFlipMechanism:
   Ling 2022, Theorem 1), worker-level, replace-one. Per round the d
   coordinates compose (``SelfComposedDpEvent(RR, d)``); the run composes T
   rounds. Holds for any model difference: no clipping needed.
+
+  Attributes:
+    keep_prob: gamma, in ``[0.5, 1]`` (1: signs sent exactly, no guarantee).
+    dimension: ``d``, the coordinates one message holds (the model's parameters), ``>= 1``.
+    relation: the neighbouring relation, "replace_one".
+    privacy_unit: what is protected, a worker's whole local data set.
+
+  Raises:
+    ConfigError: ``keep_prob`` outside ``[0.5, 1]`` or ``dimension < 1``, when made.
   """
 
   keep_prob: float
@@ -124,6 +147,17 @@ class SignGaussianMechanism:
   mechanism of sensitivity ``2 clip`` per round (sign is post-processing).
   Without ``clip``: no formal guarantee (the paper's Theorem 2 condition on
   ``sigma`` versus ``max_i |u_i|`` is data dependent).
+
+  Attributes:
+    sigma: the noise standard deviation, ``> 0``.
+    dimension: ``d``, the coordinates one message holds, ``>= 1``.
+    clip: the bound on ``u`` (None: no clip, no formal guarantee), ``> 0``.
+    norm: "linf" (``clip`` bounds each coordinate) or "l2" (``clip`` bounds ``||u||_2``).
+    relation: the neighbouring relation, "replace_one".
+    privacy_unit: what is protected, a worker's whole local data set.
+
+  Raises:
+    ConfigError: a ``sigma``, ``dimension``, ``clip`` or ``norm`` out of range, when made.
   """
 
   sigma: float

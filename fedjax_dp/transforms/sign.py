@@ -69,6 +69,10 @@ def sign_flip(keep_prob: float) -> optax.GradientTransformationExtraArgs:
   Args:
     keep_prob: gamma in [0.5, 1]; 1 keeps every sign (no privacy).
 
+  Returns:
+    The transform (stateless), ``update(u, state, key=key) -> (signs, state)``: each coordinate
+    of ``sign(u)`` (+1 for ``u_i >= 0``) kept with probability gamma, flipped otherwise.
+
   Raises:
     ConfigError: a concrete ``keep_prob`` outside [0.5, 1] (a traced one, the compiled round's
       hyper-parameter, is checked where the settings are read).
@@ -143,6 +147,9 @@ def sign_gaussian(sigma: float, clip: Optional[float] = None,
     sigma: noise standard deviation (> 0).
     clip: the bound, or None (no formal guarantee).
     norm: "linf" or "l2".
+
+  Returns:
+    The transform (stateless), ``update(u, state, key=key) -> (signs, state)``.
 
   Raises:
     ConfigError: an unknown ``norm``, or a concrete ``sigma`` or ``clip`` that is not > 0 (traced

@@ -77,9 +77,9 @@ def sparsify_by_utility(sparsity: float) -> optax.GradientTransformationExtraArg
   """Per-layer top-s sparsification of the update by utility ``|g * Delta|`` (Eq. 12).
 
   Called as ``update(delta, state, params, grad=g)``: ``grad`` is a pytree like
-  ``delta`` holding the gradient of the local loss at ``w_{t,Q}`` (see
-  :func:`fedjax_dp.algorithms.fedavg.lus_gradient`). Without ``grad`` it
-  raises a TypeError.
+  ``delta`` holding the gradient of the local loss at ``w_{t,Q}`` (Eq. 10; LUS's
+  clients average minibatch gradients, :func:`fedjax_dp.algorithms.fedavg.lus_gradient`).
+  Without ``grad`` it raises a TypeError.
 
   Privacy: the mask depends on the client's data, so it is not private by
   itself; it is safe only when clipping and noise come after it (as in
@@ -90,6 +90,9 @@ def sparsify_by_utility(sparsity: float) -> optax.GradientTransformationExtraArg
     sparsity: c in [0, 1), the fraction of each layer's elements zeroed
       (the paper's grid: 0.1, 0.3, 0.5, 0.7, 0.9; default in the paper 0.7).
       ``c = 0`` keeps everything.
+
+  Returns:
+    The transform (stateless: ``init`` gives ``optax.EmptyState()``).
 
   Raises:
     ConfigError: a concrete ``sparsity`` outside [0, 1) (a traced one, the compiled round's
