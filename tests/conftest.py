@@ -46,6 +46,13 @@ def pytest_configure(config):
     os.environ["XLA_FLAGS"] = f"{flags} {_TEST_XLA_FLAGS}".strip()
 
 
+def pytest_collection_modifyitems(items):
+  """The tests marked ``heavy`` (a minute or so of one core, in one process that pytest cannot
+  split) run first: the xdist workers take tests in this order, so the longest ones start while
+  many short ones are left to even out the workers' ends. The rest keep their order."""
+  items.sort(key=lambda item: item.get_closest_marker("heavy") is None)
+
+
 def pytest_unconfigure(config):
   folder = config.stash.get(_CACHE_MADE, None)
   if folder is not None:

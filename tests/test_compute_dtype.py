@@ -83,16 +83,17 @@ def test_compute_dtype_is_checked():
     get_model("mlp", (4,), 2, compute_dtype="int8")
 
 
+@pytest.mark.heavy
 def test_bfloat16_quickstart_accuracy_is_within_one_point_of_float32():
   # Both runs draw the same cohorts, batches and noise (same seed): only rounding differs.
   # bfloat16 keeps 8 significant bits, so the trajectories drift apart a little; over the 359
-  # digits test examples the quickstart's final accuracies (50 rounds) differed by 0.000-0.003
-  # (at most one example) across seeds 0-2, and by 0.003 at 15 rounds. One point (3 examples)
-  # leaves room for another machine's rounding, while a forward pass broken by bfloat16
-  # (overflow, lost gradients) costs tens of points.
-  config = make_config()
+  # digits test examples the quickstart's accuracies after 20 rounds differed by 0.000-0.006
+  # (at most two examples) across seeds 0-2, at 0.78-0.81. One point (3 examples) leaves room
+  # for another machine's rounding, while a forward pass broken by bfloat16 (overflow, lost
+  # gradients) costs tens of points.
+  config = make_config(rounds=20)
   data = load_data(config)
   acc = {d: simulate(config.replace(compute_dtype=d), data).summary["final_accuracy"]
          for d in ("float32", "bfloat16")}
-  assert acc["float32"] > 0.8
+  assert acc["float32"] > 0.7
   assert abs(acc["bfloat16"] - acc["float32"]) <= 0.01, acc

@@ -174,6 +174,7 @@ def test_one_statement_of_the_sampling_ranges_refuses_for_each_layer(kind, kw, f
       refuse()
 
 
+@pytest.mark.heavy
 def test_quickstart_reaches_sensible_accuracy():
   """The default configuration (the CLI's quickstart) learns under its privacy budget."""
   r = simulate(make_config())

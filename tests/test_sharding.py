@@ -6,6 +6,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 SCRIPT = textwrap.dedent("""
     import json
     import jax
@@ -100,6 +102,7 @@ def _host_devices(n: int) -> dict:
   return dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu")
 
 
+@pytest.mark.heavy
 def test_four_devices_give_the_one_device_result():
   env = _host_devices(4)
   proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True,
@@ -153,6 +156,7 @@ def _result(stdout: str) -> dict:
   return json.loads(next(l for l in stdout.splitlines() if l.startswith("RESULT "))[len("RESULT "):])
 
 
+@pytest.mark.heavy
 def test_two_processes_agree_with_one():
   import socket
   with socket.socket() as s:
