@@ -224,6 +224,16 @@ def test_an_interrupted_reproduction_resumed_writes_what_an_uninterrupted_one_do
   assert execute.ran == [] and _tree(out) == before
 
 
+def _interrupted(tmp_path, monkeypatch):
+  """A zhu2022 tiny reproduction in ``tmp_path/out`` stopped by Ctrl-C after its first group of
+  faked runs; returns the folder."""
+  out = tmp_path / "out"
+  _faked(monkeypatch, stop_after=1)
+  assert main(["reproduce", "zhu2022", "--scale", "tiny", "--output-dir", str(out)]) == (
+      EXIT_INTERRUPTED)
+  return out
+
+
 @pytest.mark.parametrize("argv,words", [
     (["--seeds", "2"], "invalid seeds=2: differs from the resumed reproduction's seeds=1"),
     (["--scale", "small"], "invalid scale='small': differs from the resumed reproduction's "
@@ -236,10 +246,7 @@ def test_an_interrupted_reproduction_resumed_writes_what_an_uninterrupted_one_do
 ])
 def test_a_resume_that_differs_from_the_reproduction_is_refused(argv, words, tmp_path,
                                                                 monkeypatch, capsys):
-  out = tmp_path / "out"
-  _faked(monkeypatch, stop_after=1)
-  assert main(["reproduce", "zhu2022", "--scale", "tiny", "--output-dir", str(out)]) == (
-      EXIT_INTERRUPTED)
+  out = _interrupted(tmp_path, monkeypatch)
   before, execute = _tree(out), _faked(monkeypatch)
   capsys.readouterr()
   assert main(["reproduce", "zhu2022", "--resume", str(out), *argv]) == 2
@@ -249,10 +256,7 @@ def test_a_resume_that_differs_from_the_reproduction_is_refused(argv, words, tmp
 
 
 def test_only_a_reproduction_that_recorded_its_arguments_is_resumed(tmp_path, monkeypatch, capsys):
-  out = tmp_path / "out"
-  _faked(monkeypatch, stop_after=1)
-  assert main(["reproduce", "zhu2022", "--scale", "tiny", "--output-dir", str(out)]) == (
-      EXIT_INTERRUPTED)
+  out = _interrupted(tmp_path, monkeypatch)
   capsys.readouterr()
   assert main(["reproduce", "spfl2024", "--resume", str(out)]) == 2
   assert "invalid paper='spfl2024': differs from the reproduction in" in capsys.readouterr().err
@@ -272,10 +276,7 @@ def test_only_a_reproduction_that_recorded_its_arguments_is_resumed(tmp_path, mo
 
 def test_a_resume_holds_the_folder_as_a_run_does(tmp_path, monkeypatch, capsys):
   from fedjax_dp.outputs import sole_writer
-  out = tmp_path / "out"
-  _faked(monkeypatch, stop_after=1)
-  assert main(["reproduce", "zhu2022", "--scale", "tiny", "--output-dir", str(out)]) == (
-      EXIT_INTERRUPTED)
+  out = _interrupted(tmp_path, monkeypatch)
   before, execute = _tree(out), _faked(monkeypatch)
   capsys.readouterr()
   with sole_writer(out):  # another process writing it
