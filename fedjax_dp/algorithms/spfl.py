@@ -177,7 +177,11 @@ def spfl_classes(num_clients: int, high_fraction: float, seed: int) -> dict:
         num_clients, "must be an integer >= 1")
   check(isinstance(high_fraction, numbers.Real) and 0 <= high_fraction <= 1, "high_fraction",
         high_fraction, "must be a number in [0, 1]")
-  cls = privacy_classes(num_clients, high_fraction, seed)
+  return _class_ids(privacy_classes(num_clients, high_fraction, seed))
+
+
+def _class_ids(cls: np.ndarray) -> dict:
+  """``{"high": ids, "low": ids}`` of a :func:`privacy_classes` draw."""
   return {"high": np.flatnonzero(cls == HIGH), "low": np.flatnonzero(cls == LOW)}
 
 
@@ -394,7 +398,7 @@ def _spfl_common(config, data):
   opts = options(config)
   sigma = resolve_sigma(config, data, opts)
   cls = privacy_classes(data.num_clients, opts["high_fraction"], config.seed)
-  ids = spfl_classes(data.num_clients, opts["high_fraction"], config.seed)
+  ids = _class_ids(cls)
   return opts, sigma, cls, tuple(ids["high"].tolist()), tuple(ids["low"].tolist())
 
 
