@@ -38,8 +38,9 @@ def load_data(config: RunConfig):
     config: a :class:`RunConfig`; its ``dataset``, ``data_dir`` (None: ``$FEDJAX_DP_DATA``),
       ``download``, ``max_train``/``max_test``, its partition settings (``num_clients``,
       ``partition``, ``dirichlet_alpha``, ``shards_per_client``, ``min_labels_per_client``)
-      and the split's seed (``data_seed``, else ``seed``) are read. Local files come first; tensorflow-datasets is
-      asked only with ``download``. The same settings give the same clients.
+      and the split's seed (``data_seed``, else ``seed``) are read. Local files come first;
+      tensorflow-datasets is asked only with ``download``. The same settings give the same
+      clients.
 
   Returns:
     The :class:`fedjax_dp.data.FederatedData`, ready for :func:`simulate` (load it once and

@@ -325,7 +325,8 @@ def test_the_paper_scale_says_its_accuracies_are_raw(tmp_path, monkeypatch):
   monkeypatch.setattr(cheng2022, "EPSILONS", (8.0,))
   monkeypatch.setattr(cheng2022, "COLUMNS", dict(cheng2022.COLUMNS, table1=("dp_fedavg",)))
   out = tmp_path / "out"
-  assert cheng2022.run_paper(str(out), data_dir=str(tmp_path), seeds=1, log=lambda line: None) == 0
+  assert cheng2022.run_paper(str(out), data_dir=str(tmp_path), seeds=1,
+                             execution=Execution(log=lambda line: None)) == 0
   results = json.loads((out / "results.json").read_text())
   assert results["release"]["covered_by_guarantee"] == []
   assert "the clients' own held-out examples" in results["release"]["diagnostics"][

@@ -1082,7 +1082,7 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
 
 
 def run_paper(output_dir: str, data_dir=None, seeds: Optional[int] = None, presets=None,
-              log=print, threads: Optional[int] = None, resume: bool = False) -> int:
+              execution: Execution = Execution()) -> int:
   """The paper's Table 1 presets (federated EMNIST; accelerator only), every column of
   :data:`COLUMNS` ``["table1"]`` at each epsilon, configured by :func:`method_config`.
 
@@ -1095,10 +1095,9 @@ def run_paper(output_dir: str, data_dir=None, seeds: Optional[int] = None, prese
     data_dir: the folder holding TFF's federated EMNIST files (None: ``$FEDJAX_DP_DATA``).
     seeds: the seeds of each setting (None: the scale's).
     presets: names of :data:`PAPER_PRESETS` to run (None: all).
-    log: where the progress lines go.
-    threads: compiled programs run at once (None: automatic).
-    resume: continue the reproduction in ``output_dir``: only the runs that its ``runs.jsonl``
-      has no record of run (:func:`fedjax_dp.reproduce.runner.run_jobs`).
+    execution: the threads, where the progress lines go (``log``), and whether to continue the
+      reproduction in ``output_dir`` (only the runs its ``runs.jsonl`` has no record of run), as
+      :class:`~fedjax_dp.reproduce.runner.Execution` says.
 
   Returns:
     0.
@@ -1125,7 +1124,7 @@ def run_paper(output_dir: str, data_dir=None, seeds: Optional[int] = None, prese
                                              "sampling": job.config.sampling,
                                              "accuracy": res.summary["final_accuracy"]},
                      load_data=lambda _: data, runs_path=out / "runs.jsonl", append=i > 0,
-                     execution=Execution(threads=threads, log=log, resume=resume))
+                     execution=execution)
   # The sampling tells the Poisson (add/remove) runs from the fixed-cohort (replace-one) ones.
   keys = ("preset", "method", "target_epsilon", "seed", "epsilon", "sampling", "accuracy")
   # Federated EMNIST's natural partition: the test file holds the same writers' examples.
@@ -1133,7 +1132,7 @@ def run_paper(output_dir: str, data_dir=None, seeds: Optional[int] = None, prese
       {"runs": [{k: r[k] for k in keys} for r in runs],
        "release": release({}, test_from_clients=data.test_from_clients),
        **identity("cheng2022")}, indent=2) + "\n")
-  log(wrote([out / "results.json", out / "runs.jsonl"], time.perf_counter() - t0))
+  execution.log(wrote([out / "results.json", out / "runs.jsonl"], time.perf_counter() - t0))
   return 0
 
 
@@ -1158,8 +1157,8 @@ def run(scale: str, output_dir: str, data_dir=None, seeds=None, threads=None,
     ConfigError: an unknown scale, or as the runs.
   """
   check_choice("scale", scale, sorted(SCALES))
+  execution = Execution(threads=threads, resume=resume)
   if scale == "paper":
-    return run_paper(output_dir, data_dir, seeds, threads=threads, resume=resume)
-  run_small(scale, output_dir, data_dir, seeds,
-            execution=Execution(threads=threads, resume=resume))
+    return run_paper(output_dir, data_dir, seeds, execution=execution)
+  run_small(scale, output_dir, data_dir, seeds, execution=execution)
   return 0

@@ -241,10 +241,9 @@ def run_jobs(jobs: Sequence[Job], record: Callable[[Job, Any], dict], *,
   (by default as sweeps: those that share a compiled round run as one vmapped
   program), and each record is written as its group ends. A job's results depend on its own
   configuration and data set only (its seed fixes every draw), so a job left out
-  (``execution.resume``)
-  changes none of the others': bit for bit on a CPU, where a program's runs run one after
-  another; on an accelerator, where they are vmapped, a job grouped differently may differ by
-  floating-point rounding.
+  (``execution.resume``) changes none of the others': bit for bit on a CPU, where a program's
+  runs run one after another; on an accelerator, where they are vmapped, a job grouped
+  differently may differ by floating-point rounding.
 
   Args:
     jobs: the runs.
