@@ -148,11 +148,13 @@ def linear_model():
   return Model("audit_linear", MLP(2, hidden=()), (DIM,), 2)
 
 
-def federation(num_clients: int, examples: int, seed: int, special=None, alone: bool = False):
+def federation(num_clients: int, examples: int, seed: int, special=None, alone: bool = False,
+               crowd=None):
   """Benign clients (feature 0 is 0, feature 1 ~ N(0, 1), random labels), ``examples`` each.
 
-  ``special = (client, x0, label)``: example 0 of ``client`` becomes ``(x0, 0)`` with
-  ``label`` (the canary, an anti-canary, or a zero example); with ``alone`` that
+  ``crowd = (x0, label)``: instead, every example of every client is ``(x0, 0)`` with
+  ``label``. ``special = (client, x0, label)``: example 0 of ``client`` becomes ``(x0, 0)``
+  with ``label`` (the canary, an anti-canary, or a zero example); with ``alone`` that
   client holds just that example.
 
   Args:
@@ -161,6 +163,7 @@ def federation(num_clients: int, examples: int, seed: int, special=None, alone: 
     seed: the seed of the features and labels.
     special: ``(client, x0, label)``, or None for none.
     alone: the special client holds its special example only.
+    crowd: ``(x0, label)`` held by every example before ``special`` is set, or None.
 
   Returns:
     The :class:`fedjax_dp.data.FederatedData` (its test set: client 0's first example).
@@ -169,6 +172,8 @@ def federation(num_clients: int, examples: int, seed: int, special=None, alone: 
   x = np.zeros((num_clients, examples, DIM), np.float32)
   x[..., 1] = rng.normal(size=(num_clients, examples))
   y = rng.integers(0, 2, size=(num_clients, examples)).astype(np.int32)
+  if crowd is not None:
+    x[..., 0], x[..., 1], y[...] = crowd[0], 0.0, crowd[1]
   counts = np.full(num_clients, examples, np.int32)
   if special is not None:
     client, x0, label = special
@@ -256,7 +261,7 @@ NUM_USERS = 8  # the population of the user-level audits (the canary is the last
 
 
 def _user_level(algorithm: str, sampling: str, options=None, noise_key: str = "noise_multiplier",
-                users: int = NUM_USERS, cohort: int = 4):
+                users: int = NUM_USERS, cohort: int = 4, crowd: bool = False):
   """DP-FedAvg family: the round's noisy mean of clipped updates, one round.
 
   Poisson (add/remove): world 1 has the canary client, world 0 has not (its slot
@@ -264,6 +269,9 @@ def _user_level(algorithm: str, sampling: str, options=None, noise_key: str = "n
   Fixed cohorts (replace-one): the canary is replaced by the anti-canary (the same
   example with the other label, whose update is the canary's negated). ``noise_key``: the
   hyper-parameter the noise factor scales; ``users`` clients, fixed cohorts of ``cohort``.
+
+  ``crowd``: every other client holds the anti-canary too (:func:`_crowd_signal`), the
+  worst case of replace-one under cohorts drawn without replacement.
   """
   def run(trials, key, factor, scale):
     cfg = dict(algorithm=algorithm, num_clients=users, sampling=sampling, clip=1.0,
@@ -273,7 +281,8 @@ def _user_level(algorithm: str, sampling: str, options=None, noise_key: str = "n
     out = []
     for world in (0, 1):
       label = 0 if world else 1
-      data = federation(users, 4, 0, (canary, CANARY * scale, label), alone=True)
+      data = federation(users, 4, 0, (canary, CANARY * scale, label), alone=True,
+                        crowd=(CANARY * scale, 1) if crowd else None)
       setup = _build(_config(**cfg, seed=world), data)
       ids, mask = setup.sampler.sample_many(trials)
       if sampling == "poisson" and world == 0:
@@ -281,9 +290,25 @@ def _user_level(algorithm: str, sampling: str, options=None, noise_key: str = "n
       hp = _hp(setup, noise_key, factor)
       out.append(_round_releases(setup, data, hp, ids, mask, jax.random.fold_in(key, world), trials))
     claim = _claim(setup, Cohort(np.arange(users, dtype=np.int32), np.ones(users, np.float32)))
-    claim["signal"] = 1.0 / (cfg["noise_multiplier"] * factor)  # the clipped canary: norm 1
+    claim["signal"] = _crowd_signal(crowd) / (cfg["noise_multiplier"] * factor)
     return out[0], out[1], claim, _canary_coords(setup, hp)
   return run
+
+
+def _crowd_signal(crowd: bool) -> float:
+  """The canary's shift, in clip bounds, of a release that sums clipped contributions.
+
+  Alone (every other contribution 0 along the canary's direction) the canary moves the sum by
+  +1 and the anti-canary by -1: a mixture against a mixture under sampling
+  (``Family(p, replace=True)``). In a crowd of anti-canaries (every other client, or example,
+  holds the anti-canary), world 0 is the crowd alone, and in world 1 the canary takes its slot's
+  place when that slot is drawn, moving the sum by +2 with the slot's probability ``p``: the
+  add/remove family ``Family(p)`` with twice the signal, and a larger epsilon than the mixture
+  pair's for the same noise (for ``p = 1/2``, noise 3 clip bounds and delta 1e-5: 2.02 against
+  1.26), since under sampling without replacement the slot a sampled-out canary leaves is taken
+  by another member of the population.
+  """
+  return 2.0 if crowd else 1.0
 
 
 def _build(config, data):
@@ -296,7 +321,8 @@ def _example_level(algorithm: str, example_sampling: str, cls: Optional[str] = N
   Two clients (one per SP-FL privacy class); the audited client (of class
   ``cls``) is the cohort. Its example 0 is the canary in world 1 and the
   anti-canary in world 0 (published SP-FL: a zero example, since its low class
-  scales the noise by the batch's own norms); the other 63 are benign.
+  scales the noise by the batch's own norms). Under fixed-size batches its other 63
+  examples are anti-canaries (:func:`_crowd_signal`), otherwise benign.
   """
   def run(trials, key, factor, scale):
     options = {"example_sampling": example_sampling}
@@ -311,11 +337,12 @@ def _example_level(algorithm: str, example_sampling: str, cls: Optional[str] = N
     client = int(np.flatnonzero(np.asarray(setup.hparams["client_class"]) ==
                                 (1 if cls == "low" else 0))[0])
     zero = algorithm == "spfl"
+    crowd = example_sampling == "fixed" and not zero
     noise_key = "z_grad" if cls == "high" and not zero else "sigma"
     out = []
     for world in (0, 1):
       special = (client, CANARY * scale if (world or not zero) else 0.0, 0 if world else 1)
-      data = federation(2, 64, 0, special)
+      data = federation(2, 64, 0, special, crowd=(CANARY * scale, 1) if crowd else None)
       setup = _build(_config(**cfg), data)
       ids = np.full((trials, 1), client, np.int32)
       mask = np.ones((trials, 1), np.float32)
@@ -325,7 +352,7 @@ def _example_level(algorithm: str, example_sampling: str, cls: Optional[str] = N
     eps = setup.accounting.client_epsilon(client)
     claim.update(epsilon=eps, formal_guarantee=eps is not None)
     claim["class"] = "all" if cls is None else cls
-    claim["signal"] = 1.0 / float(hp[noise_key])  # noise sd per unit of the clipped canary
+    claim["signal"] = _crowd_signal(crowd) / float(hp[noise_key])
     return out[0], out[1], claim, _canary_coords(setup, hp)
   return run
 
@@ -472,21 +499,25 @@ class Audit:
 
 
 _FEDAVG = ("user-level, one round, population 8 (4 examples each), clip 1; canary: one client "
-           "whose single example (50 on a feature no other client has) moves its update far past "
-           "the clip")
+           "whose single example (50 on feature 0, which benign clients leave at 0) moves its "
+           "update far past the clip")
 _DPSGD = ("example-level, replace one example, one client, one local DP-SGD step (64 examples), "
-          "clip 1; canary: an example (50 on a feature no other "
-          "example has) replaced by the same example with the other label")
+          "clip 1; canary: an example (50 on feature 0, which benign "
+          "examples leave at 0) replaced by the same example with the other label")
+_CROWD = ("the other 63 examples are anti-canaries (the worst case under batches drawn without "
+          "replacement)")
 _SIGN = ("worker-level, replace one worker's data set, one iteration, 6 coordinates; the worker's "
          "model x_k is x_0 - 1 in world 1 and x_0 + 1 in world 0 (every sign differs)")
 AUDITS = {
     "dp_fedavg-poisson": Audit(_user_level("dp_fedavg", "poisson"),
                                _FEDAVG + "; add/remove the canary client under Poisson sampling "
                                "(q = 0.5), noise multiplier 1.5", family=Family(0.5)),
-    "dp_fedavg-fixed": Audit(_user_level("dp_fedavg", "fixed"),
+    "dp_fedavg-fixed": Audit(_user_level("dp_fedavg", "fixed", crowd=True),
                              _FEDAVG + "; replace the canary client by its anti-canary (the other "
-                             "label), cohorts of 4 without replacement, noise multiplier 3",
-                             family=Family(4 / NUM_USERS, replace=True)),
+                             "label), every other client holding the anti-canary (the worst case "
+                             "under cohorts drawn without replacement), cohorts of 4 without "
+                             "replacement, noise multiplier 3",
+                             family=Family(4 / NUM_USERS), trials=500_000),
     "ddgauss": Audit(_user_level("ddgauss", "fixed", noise_key="sigma", users=2, cohort=2),
                      "user-level, one round, 2 clients (4 examples each), both in every cohort, "
                      "clip 1; DDGauss (16-bit secure sum of discrete Gaussian shares after "
@@ -503,19 +534,19 @@ AUDITS = {
                       family=Family(0.5)),
     "dp-sgd-fixed": Audit(_example_level("dp-fl", "fixed"),
                           _DPSGD + "; fixed-size batches of 48 sampled without replacement, "
-                          "noise multiplier 3", family=Family(48 / 64, replace=True)),
+                          "noise multiplier 3; " + _CROWD, family=Family(48 / 64), trials=500_000),
     "dp-sgd-poisson": Audit(_example_level("dp-fl", "poisson"),
                             _DPSGD + "; Poisson batches (rate 1/2) truncated at the library's "
                             "capacity, noise multiplier 2, PLD accountant",
                             family=Family(0.5, replace=True)),
     "spfl-sound-high": Audit(_example_level("spfl-sound", "fixed", "high"),
                              _DPSGD + "; fixed batches of 48, spfl-sound's high class, sigma 3 (the gradient's share "
-                             "of it, beside the noisy norm statistic)",
-                             family=Family(48 / 64, replace=True)),
+                             "of it, beside the noisy norm statistic); " + _CROWD,
+                             family=Family(48 / 64), trials=500_000),
     "spfl-sound-low": Audit(_example_level("spfl-sound", "fixed", "low"),
                             _DPSGD + "; fixed batches of 48, spfl-sound's low class, sigma 3: gradients scaled by "
-                            "beta_low 0.9 under the cap low_cap = clip",
-                            family=Family(48 / 64, replace=True)),
+                            "beta_low 0.9 under the cap low_cap = clip; " + _CROWD,
+                            family=Family(48 / 64), trials=500_000),
     "dp-rsa-f": Audit(_sign("dp-rsa-f", {"keep_prob": 0.6}, "keep_prob", True),
                       _SIGN + "; Sign-Flipping, keep probability 0.6", max_noise_factor=1.25,
                       family=SignFamily(PARAMS)),
