@@ -512,12 +512,12 @@ AUDITS = {
     "dp_fedavg-poisson": Audit(_user_level("dp_fedavg", "poisson"),
                                _FEDAVG + "; add/remove the canary client under Poisson sampling "
                                "(q = 0.5), noise multiplier 1.5", family=Family(0.5)),
-    "dp_fedavg-fixed": Audit(_user_level("dp_fedavg", "fixed", crowd=True),
+    "dp_fedavg-fixed": Audit(_user_level("dp_fedavg", "fixed", cohort=6, crowd=True),
                              _FEDAVG + "; replace the canary client by its anti-canary (the other "
                              "label), every other client holding the anti-canary (the worst case "
-                             "under cohorts drawn without replacement), cohorts of 4 without "
+                             "under cohorts drawn without replacement), cohorts of 6 without "
                              "replacement, noise multiplier 3",
-                             family=Family(4 / NUM_USERS), trials=500_000),
+                             family=Family(6 / NUM_USERS), trials=500_000),
     "ddgauss": Audit(_user_level("ddgauss", "fixed", noise_key="sigma", users=2, cohort=2),
                      "user-level, one round, 2 clients (4 examples each), both in every cohort, "
                      "clip 1; DDGauss (16-bit secure sum of discrete Gaussian shares after "

@@ -146,3 +146,15 @@ def test_first_round_times_the_quickstart_without_with_and_with_a_warm_cache(tmp
   assert [r["case"] for r in lines] == ["no cache", "empty cache", "warm cache"]
   assert len({r["params_sha256"] for r in lines}) == 1  # the cache changes no result
   assert "| warm cache |" in capsys.readouterr().out
+
+
+def test_wor_claims_never_below_the_worst_case_and_its_table_is_the_documented_one(capsys):
+  mod = _load("wor_claims")
+  for m, n in mod.COHORTS:
+    for z in mod.NOISES:
+      assert mod.exact(n, m, z, 1e-5) <= mod.claim(n, m, z, 1e-5)
+  assert mod.main([]) == 0
+  rows = capsys.readouterr().out.strip().splitlines()
+  doc = [line.strip() for line in (BENCH.parent / "docs" / "how-to" / "audits.md").read_text()
+         .splitlines()]
+  assert len(rows) == len(mod.COHORTS) + 2 and all(row in doc for row in rows)
