@@ -941,15 +941,29 @@ def render(output_dir: str, log=print) -> int:
   return 0
 
 
-def _render(output_dir) -> list:
-  """:func:`render`'s files, written; their paths (results.md, then the figures)."""
+def saved_claims(output_dir) -> list:
+  """The claims (:func:`claims`) of the reproduction in ``output_dir``, as its ``results.md``
+  shows them: from its ``results.json`` and ``runs.jsonl`` (:func:`_saved`)."""
+  return claims(*_saved(output_dir))
+
+
+def _saved(output_dir) -> tuple:
+  """``(rows, runs, settings)`` of the reproduction in ``output_dir``, as :func:`markdown` and
+  :func:`claims` take them, from its ``results.json`` and ``runs.jsonl``; a results.json without
+  settings (the paper scale's) is refused, naming ``--output-dir``."""
   out = pathlib.Path(output_dir)
   results = json.loads((out / "results.json").read_text())
   check("settings" in results, "--output-dir", output_dir,
         "holds a results.json without settings (the paper scale's run list): nothing to render")
   settings = dict(results["settings"], runs=[tuple(r) for r in results["settings"]["runs"]])
   rows = [_with_defaults(r, settings) for r in results["rows"]]
-  runs = read_records(out, rows, ROW_KEYS, lambda r: _with_defaults(r, settings))
+  return rows, read_records(out, rows, ROW_KEYS, lambda r: _with_defaults(r, settings)), settings
+
+
+def _render(output_dir) -> list:
+  """:func:`render`'s files, written; their paths (results.md, then the figures)."""
+  out = pathlib.Path(output_dir)
+  rows, runs, settings = _saved(out)
   write_text_atomic(out / "results.md", markdown(rows, runs, settings))
   return [out / "results.md"] + plot(rows, runs, settings, out)
 

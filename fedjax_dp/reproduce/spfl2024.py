@@ -472,6 +472,15 @@ def render(output_dir, log=print) -> int:
   return 0
 
 
+def saved_claims(output_dir) -> list:
+  """The claims (:func:`claims`) of the reproduction in ``output_dir``, as its ``results.md``
+  shows them: from its ``results.json`` rows and ``runs.jsonl`` (the seeds' records; without it
+  the rows' means, no spread)."""
+  out = pathlib.Path(output_dir)
+  rows = json.loads((out / "results.json").read_text())["rows"]
+  return claims(rows, _records(rows, out / "runs.jsonl"))
+
+
 def _render(output_dir) -> tuple:
   """:func:`render`'s files, written: results.md's text and the paths (results.md, then the
   figures drawn)."""
@@ -480,7 +489,7 @@ def _render(output_dir) -> tuple:
   rows = result["rows"]
   plots = [_plot(rows, setting, xlabel, out / name, logx)
            for setting, xlabel, name, logx in FIGURES]
-  verdicts = claims(rows, _records(rows, out / "runs.jsonl"))
+  verdicts = saved_claims(out)
   seeds = max((r["seeds"] for r in rows), default=0)
   md = _markdown(rows, verdicts, f"SP-FL reproduction, scale {result['scale']}, {seeds} seed(s), "
                  f"wall {result['wall_seconds']:.0f} s")

@@ -380,6 +380,13 @@ def render(output_dir, log=print) -> int:
   return 0
 
 
+def saved_claims(output_dir) -> list:
+  """The claims (:func:`claims`) of the reproduction in ``output_dir``, as its ``results.md``
+  shows them: from its ``results.json`` rows, which hold each seed's accuracy (``runs.jsonl``,
+  which holds the curves, is not read)."""
+  return claims(json.loads((pathlib.Path(output_dir) / "results.json").read_text())["rows"])
+
+
 def _render(output_dir) -> list:
   """:func:`render`'s files, written; their paths (results.md, then the plots)."""
   out = pathlib.Path(output_dir)
