@@ -8,7 +8,10 @@ of: :func:`fedjax_dp.reproduce.runner.run_jobs`). Each module also has
 ``results.json`` and ``runs.jsonl`` without running anything (``fedjax-dp reproduce NAME
 --render --output-dir DIR``), so new tables and verdicts apply to saved results. Both end with
 one line, alike for every paper, naming the files written
-(:func:`fedjax_dp.reproduce.runner.wrote`: ``wrote A, B, C``, a run's with ``in N s``).
+(:func:`fedjax_dp.reproduce.runner.wrote`: ``wrote A, B, C``, a run's with ``in N s``). The
+papers of :data:`SAVED_CLAIMS` read a finished reproduction's claims back from its folder, so
+that reproductions at several scales are compared verdict by verdict
+(:func:`compare_reproductions`, ``fedjax-dp reproduce NAME --compare DIR DIR ...``).
 """
 
 from __future__ import annotations
@@ -16,11 +19,12 @@ from __future__ import annotations
 import importlib
 import json
 import pathlib
-from typing import Optional
+from typing import Optional, Sequence
 
 from fedjax_dp.errors import ConfigError, check, check_choice
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.reproduce.runner import ARGUMENTS, RESULT_FILES, num_seeds
+from fedjax_dp.reproduce.tables import comparison_table
 from fedjax_dp.sweep import check_threads
 
 REPRODUCTIONS: dict = {
@@ -28,6 +32,14 @@ REPRODUCTIONS: dict = {
     "cheng2022-norms": "fedjax_dp.reproduce.blur_norms:run",
     "spfl2024": "fedjax_dp.reproduce.spfl2024:run",
     "zhu2022": "fedjax_dp.reproduce.zhu2022:run",
+}
+# The papers whose verdicts can be compared across scales: "module:function", the function
+# taking a finished reproduction's folder and returning its claims
+# (:class:`fedjax_dp.reproduce.tables.Claim` s) as its results.md's verdict table shows them.
+SAVED_CLAIMS: dict = {
+    "cheng2022": "fedjax_dp.reproduce.cheng2022:saved_claims",
+    "spfl2024": "fedjax_dp.reproduce.spfl2024:saved_claims",
+    "zhu2022": "fedjax_dp.reproduce.zhu2022:saved_claims",
 }
 
 
@@ -174,10 +186,7 @@ def render_reproduction(paper: str, output_dir: str) -> int:
   for name in ("results.json", "runs.jsonl"):
     check((out / name).is_file(), "--output-dir", output_dir,
           f"must hold the {name} of an earlier `fedjax-dp reproduce {paper}` to --render")
-  try:  # the reproduction that wrote the folder, when its results.json names it
-    other = json.loads((out / "results.json").read_text()).get("reproduction", paper)
-  except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
-    other = paper  # refused below, by the module's own reader
+  other = _written_by(out, paper)  # another's is refused by the module's own reader
   check(other == paper, "--output-dir", output_dir,
         f"holds the results of `fedjax-dp reproduce {other}`, not {paper}: rewrite them with "
         f"`fedjax-dp reproduce {other} --render --output-dir {output_dir}`")
@@ -190,3 +199,108 @@ def render_reproduction(paper: str, output_dir: str) -> int:
     raise ConfigError("--output-dir", output_dir,
                       f"does not hold files of `fedjax-dp reproduce {paper}` that --render can "
                       f"read ({type(e).__name__}: {e})") from None
+
+
+def _written_by(folder: pathlib.Path, default: str) -> str:
+  """The paper whose reproduction wrote ``folder/results.json`` (its ``reproduction`` field);
+  ``default`` where the file names none or is not a JSON object."""
+  try:
+    return json.loads((folder / "results.json").read_text()).get("reproduction", default)
+  except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
+    return default
+
+
+def compare_reproductions(paper: str, folders: Sequence) -> str:
+  """The verdicts of ``paper``'s finished reproductions in ``folders`` (at different scales) side
+  by side (``fedjax-dp reproduce PAPER --compare DIR DIR ...``), each folder's claims read back
+  by the paper module's ``saved_claims`` (:data:`SAVED_CLAIMS`) as its ``results.md`` shows them.
+
+  A folder counts as finished when its ``reproduction.json`` says so; one without it (results
+  copied out of the folder that ran them, as ``docs/results/`` holds them) when it holds
+  ``results.md`` beside ``results.json``: a reproduction writes results.md once its runs are done.
+
+  Args:
+    paper: one of :data:`SAVED_CLAIMS`.
+    folders: two or more folders of finished reproductions of ``paper``, in the order of their
+      columns (the smallest scale first, so that the last column says what changed at the
+      largest).
+
+  Returns:
+    Markdown: a line naming each column's folder, the table
+    (:func:`fedjax_dp.reproduce.tables.comparison_table`, each scale headed by its
+    ``results.json``'s scale and seeds), and a line for each folder whose several seeds give no
+    spread because it holds no ``runs.jsonl`` (its verdicts are on the means alone).
+
+  Raises:
+    ConfigError: naming ``paper`` for one without claims to read back, else ``--compare`` for
+      fewer than two folders or a folder that does not hold a finished reproduction of
+      ``paper`` that its module can read.
+  """
+  check_choice("paper", paper, sorted(SAVED_CLAIMS))
+  check(len(folders) >= 2, "--compare", list(folders), "needs two or more folders of finished "
+        f"reproductions of {paper} (its scales, the smallest first)")
+  module, fn = SAVED_CLAIMS[paper].split(":")
+  saved_claims = getattr(importlib.import_module(module), fn)
+  columns, named, notes = [], [], []
+  for folder in folders:
+    header, seeds = _finished_scale(paper, pathlib.Path(folder))
+    try:
+      claims = saved_claims(folder)
+    except ConfigError as e:  # the module's reader names the folder as --render's --output-dir
+      raise ConfigError("--compare", folder, e.allowed) from None
+    except (KeyError, TypeError, ValueError, AttributeError, OSError) as e:
+      raise ConfigError("--compare", folder, f"does not hold files of `fedjax-dp reproduce "
+                        f"{paper}` that --compare can read ({type(e).__name__}: {e})") from None
+    columns.append((header, claims))
+    named.append(f"{header}: {folder}")
+    measured = [c for c in claims if c.measured is not None]
+    if (seeds > 1 and measured and all(c.spread is None for c in measured)
+        and not (pathlib.Path(folder) / "runs.jsonl").is_file()):
+      notes.append(f"* {header} ({folder}): no spread over its {seeds} seeds: the folder holds "
+                   "no runs.jsonl (each seed's record), so its verdicts are on the means alone")
+  lines = [f"Verdicts of {paper}'s reproductions side by side (differences in points); columns: "
+           + "; ".join(named), ""] + comparison_table(columns)
+  return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
+
+
+def _finished_scale(paper: str, folder: pathlib.Path) -> tuple:
+  """``(header, seeds)`` of the finished reproduction of ``paper`` in ``folder``: "SCALE, N
+  seed(s)" from its ``results.json`` (the scale at the top or in its settings), and N.
+
+  Raises:
+    ConfigError: naming ``--compare``, for a folder without results.json, of another paper, or
+      not finished (:func:`compare_reproductions`).
+  """
+  where = str(folder)
+  check((folder / "results.json").is_file(), "--compare", where,
+        f"holds no results.json: not the folder of a finished `fedjax-dp reproduce {paper}`")
+  other = _written_by(folder, paper)
+  check(other == paper, "--compare", where, f"holds the results of `fedjax-dp reproduce "
+        f"{other}`, not {paper}: compare it with folders of {other}")
+  arguments = folder / ARGUMENTS
+  if arguments.is_file():
+    try:
+      recorded = json.loads(arguments.read_bytes())
+      recorded_paper, finished = recorded["paper"], recorded["finished"]
+    except (ValueError, KeyError, TypeError):  # JSONDecodeError and UnicodeDecodeError included
+      raise ConfigError("--compare", where, f"holds a {ARGUMENTS} that is not the arguments of "
+                        "a reproduction (changed or damaged)") from None
+    check(recorded_paper == paper, "--compare", where, f"holds a reproduction of "
+          f"{recorded_paper} ({ARGUMENTS}), not {paper}: compare it with folders of "
+          f"{recorded_paper}")
+    check(finished is True, "--compare", where, f"holds a reproduction that has not finished "
+          f"({ARGUMENTS}: \"finished\": {json.dumps(finished)}): its results.json holds only the "
+          f"runs done; continue it with fedjax-dp reproduce {paper} --resume {where}")
+  else:
+    check((folder / "results.md").is_file(), "--compare", where, f"holds results.json but "
+          f"neither {ARGUMENTS} nor results.md: not known to be a finished reproduction (one "
+          "writes results.md once its runs are done)")
+  try:
+    doc = json.loads((folder / "results.json").read_text())
+    settings = doc.get("settings") or {}
+    scale, seeds = doc.get("scale", settings.get("scale")), int(settings["seeds"])
+  except (ValueError, KeyError, TypeError, AttributeError):
+    raise ConfigError("--compare", where, "holds a results.json without its scale's settings "
+                      f"(seeds): not the results of a finished `fedjax-dp reproduce {paper}`"
+                      ) from None
+  return f"{scale}, {seeds} seed{'' if seeds == 1 else 's'}", seeds

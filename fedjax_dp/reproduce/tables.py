@@ -108,24 +108,64 @@ def verdict(paper_gain: float, measured: Optional[float], spread: Optional[float
   return "partly"
 
 
-def verdict_table(claims: Sequence[Claim]) -> list:
-  """A Markdown table with one line per claim: the paper's difference, ours (± spread over
-  seeds), the gap (ours minus the paper's), the verdict and the likely reason. A ``sign_only``
-  claim shows the paper's direction ("+ (sign only)") and no gap."""
+def claim_cells(c: Claim) -> dict:
+  """One claim's cells as the verdict table prints them: ``claim``, ``paper`` (the paper's
+  difference, or its direction "+ (sign only)"), ``ours`` (± spread over seeds; "n/a" when not
+  measured), ``gap`` (ours minus the paper's; empty when not measured or sign only),
+  ``verdict`` (:func:`verdict`) and ``reason``."""
   def points(x):
     return f"{x:+.2f}"
 
-  rows = []
-  for c in claims:
-    ours = "n/a" if c.measured is None else points(c.measured) + (
-        "" if c.spread is None else f" ± {c.spread:.2f}")
-    paper = ("+" if c.paper_gain > 0 else "-") + " (sign only)" if c.sign_only else points(
-        c.paper_gain)
-    rows.append({"claim": c.claim, "paper": paper, "ours": ours,
-                 "gap": "" if c.measured is None or c.sign_only else points(
-                     c.measured - c.paper_gain),
-                 "verdict": verdict(c.paper_gain, c.measured, c.spread, c.sign_only),
-                 "reason": c.reason})
+  ours = "n/a" if c.measured is None else points(c.measured) + (
+      "" if c.spread is None else f" ± {c.spread:.2f}")
+  paper = ("+" if c.paper_gain > 0 else "-") + " (sign only)" if c.sign_only else points(
+      c.paper_gain)
+  return {"claim": c.claim, "paper": paper, "ours": ours,
+          "gap": "" if c.measured is None or c.sign_only else points(c.measured - c.paper_gain),
+          "verdict": verdict(c.paper_gain, c.measured, c.spread, c.sign_only),
+          "reason": c.reason}
+
+
+def verdict_table(claims: Sequence[Claim]) -> list:
+  """A Markdown table with one line per claim: the paper's difference, ours (± spread over
+  seeds), the gap (ours minus the paper's), the verdict and the likely reason
+  (:func:`claim_cells`). A ``sign_only`` claim shows the paper's direction ("+ (sign only)") and
+  no gap."""
   return markdown_table([("claim", "claim"), ("paper", "paper (points)"),
                          ("ours", "ours (points)"), ("gap", "gap"), ("verdict", "verdict"),
-                         ("reason", "likely reason")], rows)
+                         ("reason", "likely reason")], [claim_cells(c) for c in claims])
+
+
+def comparison_table(columns: Sequence[tuple]) -> list:
+  """A Markdown table of one paper's claims at several scales side by side: one line per claim
+  (matched by its text, in the order first met), the paper's difference, then for each scale
+  ours (± spread over seeds) and the verdict as :func:`verdict_table` prints them, and whether
+  the verdict changed from the first scale to the last ("yes: partly → reproduced", "no"). A
+  claim that a scale does not have leaves that scale's cells empty, and its change cell too
+  when that scale is the first or the last.
+
+  Args:
+    columns: one ``(header, claims)`` pair per scale, in order: the header naming the scale
+      (its cells are headed "HEADER: ours" and "HEADER: verdict") and its
+      :class:`Claim` s.
+
+  Returns:
+    The table's lines.
+  """
+  cells = [{c.claim: claim_cells(c) for c in claims} for _, claims in columns]
+  texts = list(dict.fromkeys(text for at in cells for text in at))
+  rows = []
+  for text in texts:
+    row = {"claim": text, "paper": next(at[text]["paper"] for at in cells if text in at)}
+    for i, at in enumerate(cells):
+      if text in at:
+        row[f"ours{i}"], row[f"verdict{i}"] = at[text]["ours"], at[text]["verdict"]
+    first, last = cells[0].get(text), cells[-1].get(text)
+    if first is not None and last is not None:
+      row["changed"] = ("no" if first["verdict"] == last["verdict"] else
+                        f"yes: {first['verdict']} → {last['verdict']}")
+    rows.append(row)
+  headers = [("claim", "claim"), ("paper", "paper (points)")]
+  for i, (header, _) in enumerate(columns):
+    headers += [(f"ours{i}", f"{header}: ours (points)"), (f"verdict{i}", f"{header}: verdict")]
+  return markdown_table(headers + [("changed", "verdict changed (first → last)")], rows)
