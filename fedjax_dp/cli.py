@@ -43,8 +43,9 @@ from fedjax_dp.privacy import (ACCOUNTANTS, CohortSampling, GaussianSumMechanism
                                calibrate_noise_multiplier, epsilon_for)
 from fedjax_dp.privacy.ledger import check_supported
 from fedjax_dp.privacy.sign import SignFlipMechanism, _check_rdp, composed_epsilon
-from fedjax_dp.reproduce import (REPRODUCTIONS, finished_a_run, own_files, render_reproduction,
-                                 run_reproduction, scales)
+from fedjax_dp.reproduce import (REPRODUCTIONS, SAVED_CLAIMS, compare_reproductions,
+                                 finished_a_run, own_files, render_reproduction, run_reproduction,
+                                 scales)
 from fedjax_dp.reproduce.runner import RESULT_FILES
 from fedjax_dp.round import check_backend, use_cpu_devices
 from fedjax_dp.sampling import SAMPLINGS
@@ -332,6 +333,12 @@ def _add_reproduce(sub):
   p.add_argument("--render", action="store_true",
                  help="run nothing: rewrite results.md and the figures in --output-dir from "
                  "its results.json and runs.jsonl (an earlier reproduction of the same paper)")
+  p.add_argument("--compare", nargs="+", metavar="DIR",
+                 help="run nothing: print a Markdown table of the paper's claims at the scales of "
+                 "the finished reproductions in two or more folders (the smallest first), each "
+                 "folder's value and verdict as its results.md shows them, and whether the "
+                 "verdict changed from the first folder to the last (default: none; papers: "
+                 f"{', '.join(sorted(SAVED_CLAIMS))})")
 
 
 def _parse_options(items) -> dict:
@@ -689,6 +696,14 @@ def _cmd_sweep(args) -> int:
 
 def _cmd_reproduce(args) -> int:
   check_choice("paper", args.paper, sorted(REPRODUCTIONS))
+  if args.compare is not None:  # it runs nothing and writes nothing: a run's setting is ignored
+    for flag in ("scale", "seeds", "threads", "data_dir", "overwrite", "resume", "render",
+                 "output_dir"):
+      check(getattr(args, flag) in (None, False), flag, getattr(args, flag),
+            "is not read by --compare, which runs and writes nothing (it prints the verdicts of "
+            "the finished reproductions in its folders): leave it out")
+    print(compare_reproductions(args.paper, args.compare), end="")
+    return 0
   if args.render:  # it runs nothing: a setting of a run would be ignored
     for flag in ("scale", "seeds", "threads", "data_dir", "overwrite", "resume"):
       check(getattr(args, flag) in (None, False), flag, getattr(args, flag),
@@ -840,8 +855,8 @@ def _main(argv: list) -> int:
       argv = ["run"]
     args = parser.parse_args(argv)
     use_cpu_devices(getattr(args, "cpu_devices", None))
-    if args.command in JAX_COMMANDS:
-      check_backend()
+    if args.command in JAX_COMMANDS and not getattr(args, "compare", None):
+      check_backend()  # --compare computes nothing: the accelerator is left to the runs
     cmd = {"run": _cmd_run, "sweep": _cmd_sweep, "privacy": _cmd_privacy, "reproduce": _cmd_reproduce,
            "algorithms": _cmd_algorithms, "audit": audit.command, "plot": plots.command}[args.command]
     status = cmd(args)
