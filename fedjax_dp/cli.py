@@ -36,6 +36,7 @@ from fedjax_dp.errors import (ConfigError, NoiseWarning, RunWarning, check, chec
                               check_open_unit, closest)
 from fedjax_dp.experiment import simulate
 from fedjax_dp.jsonio import dumps
+from fedjax_dp.models import METRIC_LABELS
 from fedjax_dp.outputs import (METRICS, METRICS_CSV, RUN_FILES, SUMMARY, check_output_dir,
                                check_writable, claimed, replacing)
 from fedjax_dp.paths import absolute
@@ -574,12 +575,14 @@ def _report(s: dict, config, seconds: Optional[float], out: pathlib.Path,
   eps_text = (f"epsilon={eps:.3f} at delta={s['delta']:g}" if eps is not None
               else f"no formal DP guarantee ({s.get('guarantee_note')})")
   acc = s["final_accuracy"]
+  # A multi-label model's headline is its recall at 5 (the summary's accuracy_metric).
+  metric = METRIC_LABELS.get(s.get("accuracy_metric"), "accuracy")
   diverged = "diverged (non-finite test loss)  " if s["diverged"] else ""
   # The wall time follows the realized cohorts (blocks of absent clients are skipped): a raw
   # diagnostic, which a private run keeps out of what it prints, as out of what it writes.
   private = (s.get("release") or {}).get("mode") == "private"
   took = "" if seconds is None or private else f"  seconds={seconds:.1f}"
-  print(f"final test accuracy={acc:.4f}  {diverged}{eps_text}  rounds={s['rounds']}{took}")
+  print(f"final test {metric}={acc:.4f}  {diverged}{eps_text}  rounds={s['rounds']}{took}")
   if wrote:
     print(f"wrote {out / METRICS}, {out / METRICS_CSV} and {out / SUMMARY}")
   return EXIT_DIVERGED if s["diverged"] else 0
@@ -683,7 +686,8 @@ def _cmd_sweep(args) -> int:
              f" (all seeds: {both:.3f} at delta {row['delta_seeds_composed']:.3g}, "
              f"{row['seeds_composition']}"
              + ("" if row["seeds_privacy_unit"] == "the runs' own" else ", per example") + ")")
-    print(f"{values}: accuracy={row['accuracy_mean']:.4f}{spread} "
+    metric = METRIC_LABELS.get(row.get("accuracy_metric"), "accuracy")
+    print(f"{values}: {metric}={row['accuracy_mean']:.4f}{spread} "
           f"({row['seeds']} seed{'' if row['seeds'] == 1 else 's'})  "
           f"epsilon={'none' if eps is None else format(eps, '.3f')}"
           f"{seeds}")

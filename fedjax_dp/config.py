@@ -21,7 +21,7 @@ from typing import Any, Mapping, Optional
 from fedjax_dp import components
 from fedjax_dp.data.specs import BY_NAME, SPECS, check_partition
 from fedjax_dp.errors import ConfigError, check, check_choice, check_open_unit, check_positive
-from fedjax_dp.models import Model, check_conv_dtype
+from fedjax_dp.models import Model, check_conv_dtype, check_labels
 from fedjax_dp.paths import is_file
 from fedjax_dp.privacy.mechanisms import MAX_NOISE_MULTIPLIER
 from fedjax_dp.sampling import check_design
@@ -287,6 +287,8 @@ class RunConfig:
     check_partition(self.dataset, self.partition)
     if not isinstance(self.model, Model):
       self._check_choice("model")
+      check_labels(self.model_name, components.get("model", self.model_name).traits.get(
+          "multi_label", False), self.dataset, BY_NAME[self.dataset].multi_label)
     self._check_choice("conv_impl")
     self._check_choice("compute_dtype")
     check_conv_dtype(self.conv_impl, self.compute_dtype)

@@ -74,7 +74,7 @@ from fedjax_dp import round as round_lib
 from fedjax_dp.checkpoint import Checkpointer, params_sha256
 from fedjax_dp.data import FederatedData
 from fedjax_dp.errors import check, check_choice
-from fedjax_dp.models import masked_sums, num_params
+from fedjax_dp.models import METRIC_LABELS, METRICS, evaluation_sums, num_params, ratios
 from fedjax_dp.observers import (Checkpoint, History, MetricsFile, MetricsTable, NormsFile,
                                  Observer, Observers, ProgressBar, ProgressLines, Record,
                                  ReleasePolicy, Start, SummaryFile, TensorBoard, WandB, flat,
@@ -180,24 +180,34 @@ def _evaluate_fn(model, experiments: Optional[str] = None):
   ``experiments``: None for one model; "shared": parameters with a leading
   experiment axis, one test set; "stacked": a test set per experiment too.
   """
+  multi_label = getattr(model, "multi_label", False)
+
   def evaluate(params, xs, ys, ms):
-    """``(accuracy, loss)`` of ``params`` over the test set's chunks.
+    """``{"loss": l, metric: m, ...}`` of ``params`` over the test set's chunks: the metrics of
+    :data:`fedjax_dp.models.METRICS` for the model's labels.
 
     Args:
       params: the model's parameters (with a leading experiment axis when vmapped).
       xs: the test inputs, ``[chunks, batch, *example_shape]``.
-      ys: their labels, ``[chunks, batch]``.
+      ys: their labels, ``[chunks, batch, *label_shape]``.
       ms: 1 for a real example, 0 for padding, ``[chunks, batch]``.
     """
     def chunk(args):
       x, y, m = args
-      return masked_sums(model.apply(params, x), y, m)
-    loss, correct, n = (jnp.sum(a) for a in jax.lax.map(chunk, (xs, ys, ms)))
-    return correct / n, loss / n
+      return evaluation_sums(model.apply(params, x), y, m, multi_label)
+    sums = jax.tree_util.tree_map(jnp.sum, jax.lax.map(chunk, (xs, ys, ms)))
+    return ratios(sums)
 
   if experiments is not None:
     evaluate = jax.vmap(evaluate, in_axes=(0, None, None, None) if experiments == "shared" else 0)
   return jax.jit(evaluate)
+
+
+def metric_names(model) -> tuple:
+  """The metrics a test-set evaluation of ``model`` reports, headline first
+  (:data:`fedjax_dp.models.METRICS`: ``("accuracy",)``, or for a multi-label model
+  ``("recall_at_5", "precision")``)."""
+  return METRICS[bool(getattr(model, "multi_label", False))]
 
 
 def _test_chunks(test_x: np.ndarray, test_y: np.ndarray, batch_size: int):
@@ -214,21 +224,26 @@ def _test_chunks(test_x: np.ndarray, test_y: np.ndarray, batch_size: int):
 
 
 def make_evaluator(model, test_x: np.ndarray, test_y: np.ndarray, batch_size: int = 1024,
-                   experiments: Optional[str] = None):
-  """``params -> (accuracy, loss)`` over the whole test set, in fixed-size chunks (jitted once).
+                   experiments: Optional[str] = None, all_metrics: bool = False):
+  """``params -> (metric, loss)`` over the whole test set, in fixed-size chunks (jitted once).
+
+  ``metric`` is the headline of :func:`metric_names`: the accuracy, or for a multi-label model
+  (:attr:`fedjax_dp.models.Model.multi_label`) the recall at 5.
 
   Args:
-    model: the model (its ``apply``).
+    model: the model (its ``apply``, and ``multi_label`` where it has one).
     test_x: the test inputs ``[n, *example_shape]`` (a sequence of them with "stacked").
-    test_y: their labels ``[n]`` (likewise).
+    test_y: their labels ``[n, *label_shape]`` (likewise).
     batch_size: examples per chunk (the test set is padded to a whole number of chunks, the
       padding masked out).
     experiments: None for one model's parameters; "shared" or "stacked"
       (:func:`_evaluate_fn`): parameters with a leading experiment axis, on one test set or on
       each experiment's own.
+    all_metrics: return every metric by name instead.
 
   Returns:
-    The evaluation, ``params -> (accuracy, loss)`` (per experiment with ``experiments``).
+    The evaluation, ``params -> (metric, loss)`` (per experiment with ``experiments``); with
+    ``all_metrics``, ``params -> {"loss": ..., name: ...}`` for each of :func:`metric_names`.
   """
   if experiments == "stacked":
     arrays = [np.stack(a) for a in zip(*[_test_chunks(x, y, batch_size)
@@ -237,7 +252,16 @@ def make_evaluator(model, test_x: np.ndarray, test_y: np.ndarray, batch_size: in
     arrays = _test_chunks(test_x, test_y, batch_size)
   xs, ys, ms = (jnp.asarray(a) for a in arrays)
   fn = _evaluate_fn(model, experiments)
-  return lambda params: fn(params, xs, ys, ms)
+  if all_metrics:
+    return lambda params: fn(params, xs, ys, ms)
+  headline = metric_names(model)[0]
+
+  def evaluate(params):
+    """``(metric, loss)`` of ``params`` on the test set."""
+    out = fn(params, xs, ys, ms)
+    return out[headline], out["loss"]
+
+  return evaluate
 
 
 def quantiles(values) -> dict:
@@ -604,6 +628,12 @@ class Records:
     self.released_metrics = tuple(getattr(program, "released_metrics", ()))
     self.clip = clip_bound(program, experiment.hparams)
     self.accuracy = self.loss = None
+    # A multi-label model's metrics by name (recall_at_5, precision): rows hold them as
+    # test_<name>, the summary as final_<name>, beside the headline fields; none for accuracy.
+    names = metric_names(program.model)
+    self.headline = names[0]
+    self.extra_names = names if len(names) > 1 else ()
+    self.extra = dict.fromkeys(self.extra_names)
     self.diverged = False
     self.resumed_from = None  # the checkpoint's round, once resumed (:meth:`resume`)
     # The provenance blocks of the processes that ran the rounds before a resume, in order.
@@ -639,7 +669,8 @@ class Records:
       rounds: the run's rounds.
       metrics: the experiment's metrics of the round, on the host.
       accounted: the accounting's fields (:meth:`account`).
-      evaluation: ``(accuracy, loss)`` on the test set, or None where the round evaluated none.
+      evaluation: ``{"loss": l, name: m, ...}`` on the test set (:func:`metric_names`), or None
+        where the round evaluated none.
       seconds: the round's wall time (a raw diagnostic).
 
     Returns:
@@ -650,8 +681,10 @@ class Records:
     released, diag = summarize_round(metrics, self.clip, self.released_metrics)
     rec = {"round": r + 1, **released, **accounted}
     if evaluation is not None:
-      self.accuracy, self.loss = evaluation
+      self.accuracy, self.loss = evaluation[self.headline], evaluation["loss"]
       rec["test_accuracy"], rec["test_loss"] = self.accuracy, self.loss
+      for name in self.extra_names:
+        self.extra[name] = rec[f"test_{name}"] = evaluation[name]
       if not math.isfinite(self.loss):
         rec["diverged"] = self.diverged = True
     rec["diagnostics"] = dict(diag, seconds=seconds)
@@ -670,8 +703,11 @@ class Records:
     processes = list(self.earlier_provenance)
     if not processes or processes[-1] != self.environment():
       processes.append(self.environment())
-    return {"accuracy": self.accuracy, "loss": self.loss, "diverged": self.diverged,
-            "provenance": processes}
+    state = {"accuracy": self.accuracy, "loss": self.loss, "diverged": self.diverged,
+             "provenance": processes}
+    if self.extra_names:
+      state["metrics"] = dict(self.extra)
+    return state
 
   def resume(self, start: Start) -> None:
     """Continues from a checkpoint (``start.log``: :meth:`state` as saved)."""
@@ -680,6 +716,7 @@ class Records:
     self.resumed_from = start.done
     log = start.log
     self.accuracy, self.loss, self.diverged = log["accuracy"], log["loss"], log["diverged"]
+    self.extra.update({k: v for k, v in log.get("metrics", {}).items() if k in self.extra})
     self.earlier_provenance = list(log.get("provenance", []))  # none in older checkpoints
 
   def summary(self, program, state, rounds: int, timing: dict) -> dict:
@@ -699,6 +736,9 @@ class Records:
     e = self.e
     summary = {"final_accuracy": self.accuracy, "final_test_loss": self.loss,
                "diverged": self.diverged, "rounds": rounds}
+    if self.extra_names:
+      summary.update({f"final_{name}": v for name, v in self.extra.items()},
+                     accuracy_metric=self.headline)
     if e.accounting is not None:
       summary.update(e.accounting.report())
     noise = noise_multiplier(e.accounting)
@@ -739,14 +779,17 @@ class Records:
     not the test-set figures where the test set is the clients' own held-out data), what is
     public by design, what the seed is, and what is raw."""
     release = self.options.release
-    covered = ({"summary": list(SUMMARY_COVERED),
-                "metrics_rows": list(ROW_COVERED) + list(self.released_metrics)}
+    rows = [f"test_{name}" for name in self.extra_names]
+    finals = [f"final_{name}" for name in self.extra_names]
+    covered = ({"summary": list(SUMMARY_COVERED) + finals,
+                "metrics_rows": list(ROW_COVERED) + rows + list(self.released_metrics)}
                if guarantee else
                {"summary": [], "metrics_rows": [],
                 "note": "no formal guarantee holds for any client of this run: nothing is covered"})
     if from_clients and covered["summary"]:
-      covered = {k: [f for f in v if f not in FROM_TEST_SET] for k, v in covered.items()}
-      covered["note"] = (", ".join(FROM_TEST_SET) + ": computed on the clients' own held-out "
+      from_test_set = FROM_TEST_SET + tuple(rows + finals)
+      covered = {k: [f for f in v if f not in from_test_set] for k, v in covered.items()}
+      covered["note"] = (", ".join(from_test_set) + ": computed on the clients' own held-out "
                          "examples (the natural partition's test set), so raw statistics of "
                          "their private data: not covered")
     block = {
@@ -908,9 +951,10 @@ class _Program:
     if self.mode == "stacked":
       datas = [e.data for e in self.experiments]
       return make_evaluator(model, [d.test_x for d in datas], [d.test_y for d in datas],
-                            experiments=self.mode)
+                            experiments=self.mode, all_metrics=True)
     data = self.experiments[0].data
-    return make_evaluator(model, data.test_x, data.test_y, experiments=self.mode)
+    return make_evaluator(model, data.test_x, data.test_y, experiments=self.mode,
+                          all_metrics=True)
 
   def _arrays(self):
     """The clients' arrays on the device: one data set's, or each distinct data set once and
@@ -1064,9 +1108,10 @@ def run_group(program, experiments, rounds: int, options: Optional[RunOptions] =
   checkpointer = _checkpointer(experiments[0], options)
   private, bar = options.release == "private", None
   if options.progress:
-    bar = ProgressBar(len(experiments), private)
+    bar = ProgressBar(len(experiments), private, METRIC_LABELS[metric_names(program.model)[0]])
   elif options.progress_every is not None:
-    bar = ProgressLines(options.progress_every, len(experiments), private)
+    bar = ProgressLines(options.progress_every, len(experiments), private,
+                        metric=METRIC_LABELS[metric_names(program.model)[0]])
   runs = [_observers(e, rec, options, checkpointer if i == 0 else None, bar if i == 0 else None)
           for i, (e, rec) in enumerate(zip(experiments, records))]
   ahead = None
@@ -1123,11 +1168,11 @@ def _rounds(prepared: _Program, initial: tuple, records, observers, span: tuple,
     seconds = time.perf_counter() - t0
     evaluation = None
     if (r + 1) % eval_every == 0 or r + 1 == rounds:
-      acc, tl = jax.device_get(prepared.evaluate(prepared.program.eval_params(state)))
-      evaluation = (np.atleast_1d(acc), np.atleast_1d(tl))
+      evaluation = {k: np.atleast_1d(v) for k, v in
+                    jax.device_get(prepared.evaluate(prepared.program.eval_params(state))).items()}
     timer.round(seconds)
     for i, (rec, obs) in enumerate(zip(records, observers)):
-      ev = None if evaluation is None else (float(evaluation[0][i]), float(evaluation[1][i]))
+      ev = None if evaluation is None else {k: float(v[i]) for k, v in evaluation.items()}
       record = rec.round(r, rounds, prepared.unstack(metrics, i), accounted[i], ev, seconds)
       obs.round(dataclasses.replace(record, state=state) if prepared.single else record)
   return state

@@ -247,13 +247,15 @@ def recorded_config(config: RunConfig) -> dict:
 
 
 def as_model(model, data):
-  """A :class:`fedjax_dp.models.Model` from a flax module (shapes from ``data``) or a Model
-  (a model's name goes in the configuration, :func:`simulate`)."""
+  """A :class:`fedjax_dp.models.Model` from a flax module (shapes from ``data``, and whether it
+  is multi-label: a module's logits are trained as the data's labels are) or a Model (a model's
+  name goes in the configuration, :func:`simulate`)."""
   if isinstance(model, Model):
     return model
   check(isinstance(model, nn.Module), "model", type(model).__name__,
         "must be a model name, a flax.linen.Module or a fedjax_dp.models.Model")
-  return Model(type(model).__name__, model, tuple(data.example_shape), int(data.num_classes))
+  return Model(type(model).__name__, model, tuple(data.example_shape), int(data.num_classes),
+               multi_label=bool(getattr(data, "multi_label", False)))
 
 
 def custom_setup(rnd, hparams: Optional[dict], config: RunConfig, data):

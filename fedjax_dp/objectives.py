@@ -13,26 +13,31 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dp.errors import check_unless_traced
-from fedjax_dp.models import cross_entropy
+from fedjax_dp.models import supervised_loss
 
 Objective = Callable  # (params, batch, anchor) -> scalar
 
 
-def supervised(apply_fn: Callable) -> Objective:
-  """Mean cross-entropy of ``apply_fn(params, x)`` over the batch's real examples."""
+def supervised(apply_fn: Callable, multi_label: bool = False) -> Objective:
+  """Mean loss of ``apply_fn(params, x)`` over the batch's real examples: softmax cross-entropy
+  (:func:`fedjax_dp.models.cross_entropy`), or with ``multi_label`` (a model's
+  :attr:`~fedjax_dp.models.Model.multi_label`) the binary cross-entropy of a sigmoid per class
+  (:func:`fedjax_dp.models.sigmoid_cross_entropy`)."""
+  loss = supervised_loss(multi_label)
 
   def objective(params, batch, anchor):
     """The loss at ``params``.
 
     Args:
       params: the model's parameters (a pytree ``apply_fn`` takes).
-      batch: ``(x, y, mask)``: inputs ``[B, ...]``, integer labels ``[B, *label_shape]`` and
-        ``[B]`` weights (1 for a real example, 0 for padding).
+      batch: ``(x, y, mask)``: inputs ``[B, ...]``, integer labels ``[B, *label_shape]`` (with
+        ``multi_label``, each example's class ids) and ``[B]`` weights (1 for a real example, 0
+        for padding).
       anchor: unused (the round's global model).
     """
     del anchor
     x, y, mask = batch
-    return cross_entropy(apply_fn(params, x), y, mask)
+    return loss(apply_fn(params, x), y, mask)
 
   return objective
 

@@ -512,9 +512,12 @@ _PRIVATE_BAR = "{l_bar}{bar}| {n_fmt}/{total_fmt}{postfix}"
 
 class _Progress(Observer):
   """What a progress display shows beside the round: the last evaluation's test accuracy (a
-  resumed run's from its checkpoint until it evaluates again), in :attr:`accuracy`."""
+  resumed run's from its checkpoint until it evaluates again), in :attr:`accuracy`, or the
+  headline metric that takes its place, named :attr:`metric` (``"recall@5"`` for a multi-label
+  model: :data:`fedjax_dp.models.METRIC_LABELS`)."""
 
   accuracy: Optional[float] = None
+  metric: str = "accuracy"
 
   def start(self, start: Start) -> None:
     if start.log is not None:
@@ -531,10 +534,11 @@ class ProgressBar(_Progress):
   how many the bar's program runs (shown when more than one); ``private``: the run's release is
   "private", so the bar shows no time (neither elapsed nor per round)."""
 
-  def __init__(self, experiments: int = 1, private: bool = False):
+  def __init__(self, experiments: int = 1, private: bool = False, metric: str = "accuracy"):
     self.experiments = experiments
     self.format = _PRIVATE_BAR if private else None
     self.bar = None
+    self.metric = metric
 
   def start(self, start: Start) -> None:
     super().start(start)
@@ -546,7 +550,8 @@ class ProgressBar(_Progress):
     if self.bar.desc:  # the first round ran: it compiled
       self.bar.set_description_str("", refresh=False)
     row = record.row
-    post = {"acc": f"{self.accuracy:.4f}" if self.accuracy is not None else "-"}
+    post = {"acc" if self.metric == "accuracy" else self.metric:
+            f"{self.accuracy:.4f}" if self.accuracy is not None else "-"}
     diag = row.get("diagnostics", {})
     if diag.get("train_loss") is not None:  # the clients' raw loss, a diagnostic
       post["raw loss"] = f"{diag['train_loss']:.3f}"
@@ -570,8 +575,9 @@ class ProgressLines(_Progress):
   """A run's progress as lines, where no bar shows it (``fedjax-dp run --no-progress``): one at
   each round that ends ``every`` seconds or more after the run began or the last line,
   ``round r/T: test accuracy a, epsilon e, s s`` (what the policy releases; the accuracy of the
-  last evaluation; the first line's time includes compiling the round). A run shorter than
-  ``every`` prints none: its command's last line reports it.
+  last evaluation, or ``test recall@5 a`` for a multi-label model; the first line's time
+  includes compiling the round). A run shorter than ``every`` prints none: its command's last
+  line reports it.
 
   Args:
     every: seconds between lines (> 0).
@@ -579,11 +585,14 @@ class ProgressLines(_Progress):
     private: the run's release is "private": the lines say no time.
     write: where each line goes (default: stderr).
     clock: seconds, for the spacing (default: :func:`time.monotonic`).
+    metric: the name of the headline metric shown (:attr:`_Progress.metric`).
   """
 
   def __init__(self, every: float, experiments: int = 1, private: bool = False,
-               write: Callable[[str], Any] = _to_stderr, clock: Callable[[], float] = time.monotonic):
+               write: Callable[[str], Any] = _to_stderr, clock: Callable[[], float] = time.monotonic,
+               metric: str = "accuracy"):
     self.every, self.write, self.clock, self.private = every, write, clock, private
+    self.metric = metric
     self.tag = f" ({experiments} experiments)" if experiments > 1 else ""
     self.began = self.last = None
 
@@ -598,7 +607,7 @@ class ProgressLines(_Progress):
     if now - self.last < self.every:
       return
     self.last = now
-    parts = ([] if self.accuracy is None else [f"test accuracy {self.accuracy:.4f}"]) + (
+    parts = ([] if self.accuracy is None else [f"test {self.metric} {self.accuracy:.4f}"]) + (
         [] if row.get("epsilon") is None else [f"epsilon {row['epsilon']:.3f}"])
     elapsed = [] if self.private else [f"{now - self.began:.1f} s"]
     self.write(f"round {record.round}/{record.rounds}{self.tag}: " + ", ".join(parts + elapsed))

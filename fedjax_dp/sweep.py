@@ -375,7 +375,8 @@ class SweepResult:
 
   Attributes:
     rows: one per grid point: the grid values, ``accuracy_mean``, ``accuracy_std`` (sample std
-      over seeds; None with one seed), ``seeds``, ``epsilon`` (each run's own, the largest over
+      over seeds; None with one seed; of the recall at 5 where a multi-label model's
+      ``accuracy_metric`` says so), ``seeds``, ``epsilon`` (each run's own, the largest over
       its seeds; None without accounting), ``epsilon_seeds_composed``,
       ``delta_seeds_composed`` and ``seeds_composition`` (what covers the mean and std over
       seeds, and how it was composed: :func:`seeds_composed`),
@@ -780,7 +781,11 @@ def _rows(points: Sequence[Point], experiments: list, datasets: Mapping, ledgers
     summaries = [e["result"].summary for e in block]
     eps = [s.get("epsilon") for s in summaries]
     eps = None if any(e is None for e in eps) else max(eps)
+    # A multi-label model's final_accuracy is its recall at 5 (its summaries' accuracy_metric).
+    metric = ({"accuracy_metric": summaries[0]["accuracy_metric"]}
+              if "accuracy_metric" in summaries[0] else {})
     rows.append({**block[0]["values"], **seed_stats([s["final_accuracy"] for s in summaries]),
+                 **metric,
                  # The largest epsilon among the seeds (they differ only where it depends
                  # on data).
                  "epsilon": eps, **seeds_composed(

@@ -311,11 +311,14 @@ def test_spec_table():
   assert data.DATASETS == tuple(s.name for s in data.SPECS)
   assert data.DATASETS == ("digits", "mnist", "fashion_mnist", "emnist",
                            "cifar10", "shakespeare", "federated_emnist",
-                           "federated_emnist_digits", "cifar100", "stackoverflow")
+                           "federated_emnist_digits", "cifar100", "stackoverflow",
+                           "stackoverflow_tags")
   for s in data.SPECS:
     assert s.source in sources.LOCAL, s
     assert s.num_classes >= 2 and len(s.example_shape) == (
-        1 if s.name in ("shakespeare", "stackoverflow") else 3)
+        1 if s.name in ("shakespeare", "stackoverflow", "stackoverflow_tags") else 3)
+    # Only StackOverflow's tags are multi-label, and its default model is.
+    assert s.multi_label == (s.name == "stackoverflow_tags"), s
     assert (s.tfds_name is None) == (s.source == "digits" or s.source.startswith("tff_")), s
     assert set(s.partitions) <= set(data.PARTITIONERS), s
     assert ("natural" in s.partitions) == s.source.startswith("tff_"), s

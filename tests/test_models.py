@@ -9,8 +9,10 @@ from jax import lax
 
 from fedjax_dp import components
 from fedjax_dp.errors import ConfigError
-from fedjax_dp.models import (IGNORE, accuracy, conv2d, cross_entropy,
-                              get_model, masked_sums, max_pool, num_params)
+from fedjax_dp.engine import make_evaluator
+from fedjax_dp.models import (IGNORE, accuracy, conv2d, cross_entropy, evaluation_sums,
+                              get_model, masked_sums, max_pool, multi_hot, multi_label_sums,
+                              num_params, ratios, sigmoid_cross_entropy)
 from fedjax_dp.models.conv import Conv
 
 FAST_IMPLS = ("im2col", "winograd", "custom_vjp")
@@ -195,6 +197,7 @@ MODEL_SHAPES = {
     "char_lstm": ((80,), 90),
     "char_lstm_small": ((80,), 90),
     "word_lstm": ((20,), 10_004),
+    "bow_lr": ((100,), 500),
 }
 
 
@@ -209,7 +212,9 @@ def test_model_init_and_apply(name):
   else:
     x = jax.random.normal(jax.random.key(1), (2, *shape))
   logits = jax.jit(model.apply)(params, x)
-  assert logits.shape == (2, *shape, classes) if sequence else (2, classes)
+  # A multi-label model has one logit per class for the whole sequence of token ids.
+  per_position = sequence and not model.multi_label
+  assert logits.shape == ((2, *shape, classes) if per_position else (2, classes))
   assert np.all(np.isfinite(logits))
 
 
@@ -262,6 +267,8 @@ def test_parameter_counts():
   # 10,004 * 96 + 4 * (96 + 670 + 1) * 670 + (670 * 96 + 96) + (96 * 10,004 + 10,004):
   # TFF's StackOverflow next-word LSTM.
   assert _count("word_lstm", (20,), 10_004) == 4_050_748
+  # 10,000 * 500 + 500: TFF's StackOverflow tag-prediction logistic regression.
+  assert _count("bow_lr", (100,), 500) == 5_000_500
 
 
 def test_num_params_of_arrays():
@@ -310,6 +317,91 @@ def test_sequence_labels_mean_over_real_positions():
   flat = logits[:, 0]
   np.testing.assert_allclose(cross_entropy(flat, labels[:, 0], mask),
                              np.mean([ce[0, 0, 1], ce[1, 0, 0]]), rtol=1e-6)
+
+
+# ------------------------------------------------------------------- multi-label
+
+
+def test_bow_lr_is_a_dense_layer_on_tffs_bag_of_words():
+  """The logits are Dense(num_tags) of TFF's features: each vocabulary word's count over the
+  number of words (out-of-vocabulary ones counted, padding not), the OOV coordinate dropped."""
+  vocab, tags = 6, 4
+  model = get_model("bow_lr", (5,), tags, vocab_size=vocab)
+  assert model.multi_label and model.token_ids
+  params = model.init(jax.random.key(0))
+  params = {"kernel": jax.random.normal(jax.random.key(1), (vocab, tags)),
+            "bias": jnp.arange(tags, dtype=jnp.float32)}
+  oov = vocab + 1
+  x = np.array([[1, 2, 2, oov, 0], [6, 0, 0, 0, 0], [0, 0, 0, 0, 0]], np.float32)
+  one_hot = np.eye(vocab + 2)[x.astype(int)]  # columns: padding, words 1..6, OOV
+  words = np.maximum((x > 0).sum(1, keepdims=True), 1)
+  bow = (one_hot * (x > 0)[..., None]).sum(1)[:, 1:vocab + 1] / words
+  np.testing.assert_allclose(bow[0], [1 / 4, 2 / 4, 0, 0, 0, 0])  # 4 words, one OOV
+  want = bow @ np.asarray(params["kernel"]) + np.asarray(params["bias"])
+  np.testing.assert_allclose(model.apply(params, x), want, rtol=1e-5, atol=1e-6)
+  # An example of padding only has an empty bag (TFF's mean of no words is NaN).
+  np.testing.assert_allclose(model.apply(params, x)[2], np.arange(tags))
+  # In bfloat16 the ids stay exact (bfloat16 holds integers exactly only up to 256).
+  wide = get_model("bow_lr", (2,), tags, vocab_size=1000, compute_dtype="bfloat16")
+  p = wide.init(jax.random.key(2))
+  ids = np.array([[999, 0]], np.float32)  # 999 is 1000 in bfloat16
+  np.testing.assert_allclose(wide.apply(p, ids)[0], p["kernel"][998] + p["bias"], rtol=1e-2,
+                             atol=1e-3)
+
+
+def test_sigmoid_cross_entropy_by_hand():
+  """Keras' BinaryCrossentropy of one example: the mean over the classes of
+  -t log sigmoid(z) - (1 - t) log(1 - sigmoid(z)); over the batch, the mean of real examples."""
+  logits = jnp.array([[0.0, 2.0, -1.0], [3.0, 3.0, 3.0], [1e30, -1e30, 0.0]])
+  labels = jnp.array([[1, IGNORE], [0, 0], [2, IGNORE]])  # a repeated id counts once
+  np.testing.assert_array_equal(multi_hot(labels, 3), [[0, 1, 0], [1, 0, 0], [0, 0, 1]])
+  first = np.mean([np.log(2.0), np.log1p(np.exp(-2.0)), np.log1p(np.exp(-1.0))])
+  second = np.mean([np.log1p(np.exp(-3.0)), np.log1p(np.exp(3.0)), np.log1p(np.exp(3.0))])
+  mask = jnp.array([1.0, 1.0, 0.0])
+  np.testing.assert_allclose(sigmoid_cross_entropy(logits, labels, mask),
+                             (first + second) / 2, rtol=1e-6)
+  np.testing.assert_allclose(sigmoid_cross_entropy(logits[:1], labels[:1]), first, rtol=1e-6)
+  # The padded row's huge logits do not leak, nor get a gradient; no real example gives 0.
+  g = jax.grad(lambda l: sigmoid_cross_entropy(l, labels, mask))(logits)
+  assert np.all(np.isfinite(g)) and not np.any(g[2])
+  assert float(sigmoid_cross_entropy(logits, labels, jnp.zeros(3))) == 0.0
+
+
+def test_recall_at_5_and_precision_by_hand():
+  """TFF's recall_at_5 (Keras' Recall(top_k=5)) and precision (Keras' Precision(): a class is
+  predicted where its sigmoid exceeds 0.5), both micro-averaged over the classes of all
+  examples."""
+  logits = jnp.array([[7.0, 6, 5, 4, 3, 2, 1],        # top 5: classes 0..4, all predicted
+                      [-3.0, -2, -1, 4, 5, 6, 7],     # top 5: classes 2..6; predicted 3..6
+                      [9.0, 9, 9, 9, 9, 9, 9]])       # padding
+  labels = jnp.array([[0, 6, IGNORE], [0, 1, 2], [3, IGNORE, IGNORE]])
+  mask = jnp.array([1.0, 1.0, 0.0])
+  sums = multi_label_sums(logits, labels, mask)
+  # Recall: 1 of {0, 6} and 1 of {0, 1, 2} in the top 5: 2 / 5 (the mean of the examples'
+  # recalls, 5/12, is not it).
+  assert [float(v) for v in sums["recall_at_5"]] == [2.0, 5.0]
+  # Precision: row 0 predicts 7 classes, 2 true; row 1 predicts 3..6, none true: 2 / 11.
+  assert [float(v) for v in sums["precision"]] == [2.0, 11.0]
+  assert float(sums["loss"][1]) == 2.0
+  metrics = ratios(evaluation_sums(logits, labels, mask, multi_label=True))
+  np.testing.assert_allclose([metrics["recall_at_5"], metrics["precision"]], [0.4, 2 / 11],
+                             rtol=1e-6)
+  np.testing.assert_allclose(metrics["loss"], sigmoid_cross_entropy(logits, labels, mask),
+                             rtol=1e-6)
+  # Single-label labels keep their accuracy and loss.
+  single = ratios(evaluation_sums(logits[:2], jnp.array([0, 6])))
+  assert set(single) == {"accuracy", "loss"} and float(single["accuracy"]) == 1.0
+  # The evaluator's chunked sums give the same numbers, recall at 5 in the headline place.
+  model = get_model("bow_lr", (2,), 7, vocab_size=3)
+  params = model.init(jax.random.key(0))
+  x = np.array([[1, 2], [3, 0], [2, 4], [1, 1], [0, 0]], np.float32)
+  y = np.array([[0, IGNORE], [1, 2], [6, IGNORE], [5, IGNORE], [IGNORE, IGNORE]])
+  whole = ratios(evaluation_sums(model.apply(params, x), y, multi_label=True))
+  chunked = make_evaluator(model, x, y, batch_size=2, all_metrics=True)(params)
+  for name in ("loss", "recall_at_5", "precision"):
+    np.testing.assert_allclose(chunked[name], whole[name], rtol=1e-6)
+  recall, loss = make_evaluator(model, x, y, batch_size=2)(params)
+  np.testing.assert_allclose([recall, loss], [whole["recall_at_5"], whole["loss"]], rtol=1e-6)
 
 
 @pytest.mark.parametrize("args,kwargs,field", [

@@ -1,5 +1,5 @@
-"""Natural partitions: federated Shakespeare, EMNIST, CIFAR-100 and StackOverflow in TFF's HDF5
-layout, the LSTMs, and `fedjax-dp run --partition natural`."""
+"""Natural partitions: federated Shakespeare, EMNIST, CIFAR-100 and StackOverflow (next-word and
+tag prediction) in TFF's HDF5 layout, the LSTMs, and `fedjax-dp run --partition natural`."""
 
 import json
 
@@ -12,7 +12,7 @@ from fedjax_dp import data
 from fedjax_dp.cli import main
 from fedjax_dp.data import tff_h5
 from fedjax_dp.errors import ConfigError
-from fedjax_dp.models import IGNORE, cross_entropy, get_model, num_params
+from fedjax_dp.models import IGNORE, cross_entropy, get_model, multi_hot, num_params
 
 BOS, EOS, PAD, OOV = tff_h5.BOS, tff_h5.EOS, tff_h5.PAD, tff_h5.OOV
 
@@ -351,6 +351,158 @@ def test_cli_runs_natural_stackoverflow(so_dir, tmp_path):
   assert 0 <= summary["final_accuracy"] <= 1
 
 
+# ------------------------------------------------------------------- StackOverflow tags
+
+
+def _so_posts(posts):
+  """One user's examples in TFF's layout from ``(tokens, title, tags)`` triples."""
+  client = _so_client([p[0] for p in posts])
+  client["title"] = np.array([p[1] for p in posts], dtype=object)
+  client["tags"] = np.array([p[2] for p in posts], dtype=object)
+  return client
+
+
+@pytest.fixture(scope="module")
+def so_tags_dir(tmp_path_factory):
+  """Tiny StackOverflow files in TFF's layout under tff-h5/, with titles and tags."""
+  root = tmp_path_factory.mktemp("so_tags")
+  (root / "tff-h5").mkdir()
+  _write_h5(root / "tff-h5" / "stackoverflow_train.h5", {
+      "00000001": _so_posts([(b"use a list", b"sort a list", b"python|list"),
+                             (b"it works", b"sort a list", b"python|list")]),
+      "00000002": _so_posts([(b"a loop", b"java loop", b"java|loops|rare")]),
+      "00000003": _so_posts([(b"sort it", b"", b"c"), (b"thanks", b"", b""),
+                             (b"list it", b"", b"python")])})
+  _write_h5(root / "tff-h5" / "stackoverflow_test.h5", {
+      "00000001": _so_posts([(b"a list", b"sort", b"python")]),
+      "00000002": _so_posts([(b"loop", b"java", b"java|c")])})
+  # The vocabularies' source: words "a", "list" used by 2 users, "sort" by 1; tags "python" by
+  # 2, "java", "loops", "c" by 1 (ties by name: c, java, loops).
+  _write_h5(root / "tff-h5" / "stackoverflow_held_out.h5", {
+      "00000010": _so_posts([(b"a list", b"t", b"python|java"), (b"sort", b"t", b"loops")]),
+      "00000020": _so_posts([(b"a list", b"t", b"python|c")])})
+  return root
+
+
+def test_stackoverflow_tag_examples():
+  words, tags = {"a": 1, "list": 2, "sort": 3}, {"python": 0, "java": 1}
+  oov = 4 + 1  # vocab_size 4
+  x, y = tff_h5.stackoverflow_tag_examples(
+      [b"a list  of lists", b"", b"sort"], [b"sort a list", b"", b"a"],
+      [b"python|c|python", b"", b"java|python"], words, tags, vocab_size=4, length=6,
+      max_tags=3)
+  # The title's words, then the sentence's, cut at 6: "sort a list" + "a list of" (not "lists").
+  np.testing.assert_array_equal(x, [[3, 1, 2, 1, 2, oov], [0] * 6, [1, 3, 0, 0, 0, 0]])
+  # Tags split on '|', those outside the vocabulary dropped, a repeated one kept once.
+  np.testing.assert_array_equal(y, [[0, IGNORE, IGNORE], [IGNORE] * 3, [1, 0, IGNORE]])
+  with pytest.raises(ConfigError, match=r"tags='java\|python': must hold at most max_tags=1"):
+    tff_h5.stackoverflow_tag_examples([b"a"], [b""], [b"java|python"], words, tags, max_tags=1)
+  with pytest.raises(ConfigError, match="length=0: must be an integer >= 1"):
+    tff_h5.stackoverflow_tag_examples([b"a"], [b""], [b""], words, tags, length=0)
+
+
+def test_stackoverflow_tags_natural_from_generated_files(so_tags_dir):
+  d = so_tags_dir / "tff-h5"
+  counts = tff_h5.user_counts(d / "stackoverflow_held_out.h5", {"tokens": None, "tags": "|"})
+  assert counts["tokens"] == {"a": 2, "list": 2, "sort": 1}
+  assert counts["tags"] == {"python": 2, "java": 1, "loops": 1, "c": 1}
+  fd = data.load_federated("stackoverflow_tags", data.Split(3, "natural"),
+                           data_dir=str(so_tags_dir))
+  assert fd.name == "stackoverflow_tags" and fd.num_classes == 500 and fd.multi_label
+  assert fd.test_from_clients and fd.counts.tolist() == [2, 1, 3]
+  assert fd.example_shape == (100,) and fd.y.shape == (3, 3, 5) and fd.test_y.shape == (2, 5)
+  a, lst, sort, oov = 1, 2, 3, 10_001  # words by users, ties by word; 10,000 nominal
+  python, c, java, loops = 0, 1, 2, 3  # tags likewise
+  x, y = fd.client_examples(0)  # "sort a list" then "use a list": "use" out of the vocabulary
+  np.testing.assert_array_equal(x[0, :7], [sort, a, lst, oov, a, lst, 0])
+  assert not x[:, 7:].any()
+  np.testing.assert_array_equal(y, [[python, IGNORE, IGNORE, IGNORE, IGNORE]] * 2)  # no "list"
+  x, y = fd.client_examples(1)  # "rare" is no tag of the vocabulary
+  np.testing.assert_array_equal(x[0, :4], [oov, oov, a, oov])
+  np.testing.assert_array_equal(y[0], [java, loops, IGNORE, IGNORE, IGNORE])
+  _, y = fd.client_examples(2)  # a post without a tag keeps an all-zero multi-hot label
+  np.testing.assert_array_equal(y[:, 0], [c, IGNORE, python])
+  np.testing.assert_array_equal(multi_hot(fd.test_y, 500)[:, :4], [[1, 0, 0, 0], [0, 1, 1, 0]])
+  # The tag vocabulary has the 500 most used tags, or as many as a smaller size keeps.
+  small = tff_h5.load_federated_stackoverflow_tags(
+      d / "stackoverflow_train.h5", d / "stackoverflow_test.h5", d / "stackoverflow_held_out.h5",
+      tag_vocab_size=2, length=3, max_per_client=1)
+  assert small.num_classes == 2 and small.multi_label and small.counts.tolist() == [1, 1, 1]
+  np.testing.assert_array_equal(small.y[:, 0, :2], [[python, IGNORE], [IGNORE, IGNORE],
+                                                    [c, IGNORE]])
+  assert small.example_shape == (3,)
+  pooled = data.load_federated("stackoverflow_tags", data.Split(2, "iid"),
+                               data_dir=str(so_tags_dir))
+  assert pooled.total_examples == 6 and pooled.multi_label
+  with pytest.raises(ConfigError, match="partition='dirichlet'"):
+    data.load_federated("stackoverflow_tags", data.Split(2, "dirichlet"),
+                        data_dir=str(so_tags_dir))
+
+
+def test_stackoverflow_tags_defaults_to_tffs_logistic_regression():
+  from fedjax_dp.config import make_config  # pylint: disable=g-import-not-at-top
+  config = make_config(dataset="stackoverflow_tags", partition="natural")
+  assert config.model_name == "bow_lr" and config.num_clients == 700
+  model = get_model("bow_lr", (100,), 500)
+  assert model.multi_label and num_params(jax.eval_shape(model.init, jax.random.key(0))) == (
+      10_000 * 500 + 500)
+
+
+def test_real_stackoverflow_tags_natural(shared_data_dir):
+  d = shared_data_dir / "tff-h5"
+  if not all((d / f"stackoverflow_{s}.h5").is_file() for s in ("train", "test", "held_out")):
+    pytest.skip(f"{d}/stackoverflow_{{train,test,held_out}}.h5 absent (set FEDJAX_DP_DATA to a "
+                "folder with them, as tff.simulation.datasets.stackoverflow downloads them)")
+  fd = data.load_federated("stackoverflow_tags", data.Split(100, "natural"),
+                           data_dir=str(shared_data_dir))
+  assert fd.num_clients == 100 and fd.counts.max() <= 1000 and fd.example_shape == (100,)
+  assert fd.y.max() < 500 and fd.x.max() <= 10_001 and fd.multi_label
+
+
+def test_cli_runs_dp_fedavg_on_stackoverflow_tags(so_tags_dir, tmp_path, capsys):
+  out = tmp_path / "run"
+  assert main(["run", "--dataset", "stackoverflow_tags", "--partition", "natural",
+               "--data-dir", str(so_tags_dir), "--num-clients", "3", "--algorithm", "dp_fedavg",
+               "--sampling", "fixed", "--cohort-size", "2", "--rounds", "2", "--local-steps", "2",
+               "--batch-size", "2", "--clip", "1", "--noise-multiplier", "0.5", "--no-progress",
+               "--output-dir", str(out)]) == 0
+  printed = capsys.readouterr().out
+  assert "final test recall@5=" in printed and "accuracy" not in printed
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["model"]["name"] == "bow_lr" and summary["model"]["parameters"] == 5_000_500
+  # The headline place holds TFF's recall at 5, and says so.
+  assert summary["accuracy_metric"] == "recall_at_5"
+  assert summary["final_accuracy"] == summary["final_recall_at_5"]
+  assert 0 <= summary["final_recall_at_5"] <= 1 and 0 <= summary["final_precision"] <= 1
+  assert np.isfinite(summary["final_test_loss"]) and summary["epsilon"] > 0
+  rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+  assert [r["round"] for r in rows] == [1, 2]
+  evaluated = [r for r in rows if "test_accuracy" in r]
+  assert evaluated and all(r["test_recall_at_5"] == r["test_accuracy"] for r in evaluated)
+  assert all(0 <= r["test_recall_at_5"] <= 1 and 0 <= r["test_precision"] <= 1
+             for r in evaluated)
+  # Computed on the users' own later posts: raw, not covered, as the accuracy would be.
+  covered = summary["release"]["covered_by_guarantee"]
+  assert covered["summary"] == ["params_sha256"] and covered["metrics_rows"] == ["aggregate_norm"]
+  assert "test_recall_at_5" in covered["note"] and "final_precision" in covered["note"]
+  header = (out / "metrics.csv").read_text().splitlines()[0].split(",")
+  assert {"test_accuracy", "test_recall_at_5", "test_precision"} <= set(header)
+
+
+def test_multi_label_data_needs_a_multi_label_model(so_tags_dir, capsys, tmp_path):
+  assert main(["run", "--dataset", "stackoverflow_tags", "--partition", "natural",
+               "--data-dir", str(so_tags_dir), "--num-clients", "3", "--model", "mlp",
+               "--output-dir", str(tmp_path / "o")]) == 2
+  assert capsys.readouterr().err.strip() == (
+      "fedjax-dp: error: invalid model='mlp': must be a multi-label model (a sigmoid per class) "
+      "for dataset stackoverflow_tags, whose examples each have a set of classes: one of "
+      "['bow_lr']")
+  from fedjax_dp import simulate  # pylint: disable=g-import-not-at-top
+  fd = data.load_federated("stackoverflow", data.Split(3, "natural"), data_dir=str(so_tags_dir))
+  with pytest.raises(ConfigError, match="model='bow_lr': is a multi-label model"):
+    simulate(data=fd, dataset="stackoverflow", model="bow_lr", rounds=1)
+
+
 # ------------------------------------------------------------------- the LSTM
 
 
@@ -387,7 +539,7 @@ def test_cli_refuses_natural_without_clients(dataset, capsys, tmp_path):
   assert err == (f"fedjax-dp: error: invalid partition='natural': must be one of ['iid', "
                  f"'dirichlet', 'shards'] for dataset={dataset} (natural partitions: "
                  "shakespeare, federated_emnist, federated_emnist_digits, cifar100, "
-                 "stackoverflow)")
+                 "stackoverflow, stackoverflow_tags)")
   assert not (tmp_path / "o").exists()
 
 

@@ -34,23 +34,27 @@ from fedjax_dp.privacy import CohortSampling, calibrate_noise_multiplier
 from fedjax_dp.privacy.accounting import LedgerAccounting
 from fedjax_dp.privacy.mechanisms import user_level_mechanism
 from fedjax_dp.sampling import make_sampler
-from fedjax_dp.models import Model, get_model
+from fedjax_dp.models import Model, check_labels, get_model
 from fedjax_dp.attacks import knowledge_of_unreleased, static_options
 
 
 def make_model(config, data):
   """The run's model: ``config.model`` itself when it is a :class:`fedjax_dp.models.Model`
   (the Python API), else the named model for the data's shapes; either computes in
-  ``config.compute_dtype`` (part of the Model, hence of every builder's round cache key)."""
+  ``config.compute_dtype`` (part of the Model, hence of every builder's round cache key), and
+  either is multi-label exactly when the data is (:func:`fedjax_dp.models.check_labels`)."""
   import dataclasses
   if isinstance(config.model, Model):
     check(tuple(config.model.input_shape) == tuple(data.example_shape)
           and config.model.num_classes == data.num_classes, "model", config.model.name,
           f"must take inputs {tuple(data.example_shape)} and give {data.num_classes} classes "
           f"(it takes {tuple(config.model.input_shape)}, gives {config.model.num_classes})")
+    check_labels(config.model.name, config.model.multi_label, data.name, data.multi_label)
     return dataclasses.replace(config.model, compute_dtype=config.compute_dtype)
-  return get_model(config.model_name, data.example_shape, data.num_classes,
-                   conv_impl=config.conv_impl, compute_dtype=config.compute_dtype)
+  model = get_model(config.model_name, data.example_shape, data.num_classes,
+                    conv_impl=config.conv_impl, compute_dtype=config.compute_dtype)
+  check_labels(model.name, model.multi_label, data.name, data.multi_label)
+  return model
 
 
 def resolve_noise_multiplier(config, data) -> float:

@@ -36,6 +36,7 @@ from fedjax_dp.data.tff_h5 import (
     load_federated_emnist,
     load_federated_shakespeare,
     load_federated_stackoverflow,
+    load_federated_stackoverflow_tags,
     load_tff_h5_federated,
     read_client,
     shakespeare_windows,
@@ -47,7 +48,7 @@ __all__ = [
     "load_idx", "partition_indices", "read_idx", "resolve_cache_dir",
     "resolve_data_dir", "dirichlet", "iid", "natural", "shards", "H5Set", "client_ids",
     "load_federated_cifar100", "load_federated_emnist", "load_federated_shakespeare",
-    "load_federated_stackoverflow",
+    "load_federated_stackoverflow", "load_federated_stackoverflow_tags",
     "load_tff_h5_federated", "read_client", "shakespeare_windows",
     "check_partition",
 ]

@@ -60,6 +60,9 @@ class FederatedData:
       partition: TFF's test files are the same writers'), so statistics on it are raw
       statistics of their private data, which no guarantee covers; False for a test set
       apart from every client's data.
+    multi_label: each example has a set of classes (StackOverflow's tags): ``label_shape`` is
+      ``(T,)``, an example's class ids padded with :data:`fedjax_dp.models.IGNORE`, for a
+      multi-label model (:attr:`fedjax_dp.models.Model.multi_label`).
   """
   name: str
   x: np.ndarray
@@ -69,6 +72,7 @@ class FederatedData:
   test_y: np.ndarray
   num_classes: int
   test_from_clients: bool = False
+  multi_label: bool = False
 
   def __post_init__(self):
     self.counts = np.asarray(self.counts, dtype=np.int32)
@@ -118,7 +122,8 @@ class FederatedData:
   def from_partition(cls, name: str, x: np.ndarray, y: np.ndarray,
                      client_indices: Sequence[np.ndarray], test_x: np.ndarray,
                      test_y: np.ndarray, num_classes: int,
-                     test_from_clients: bool = False) -> "FederatedData":
+                     test_from_clients: bool = False,
+                     multi_label: bool = False) -> "FederatedData":
     """Builds padded client arrays from per-client example indices.
 
     Args:
@@ -132,6 +137,7 @@ class FederatedData:
       test_y: Centralized test labels.
       num_classes: Number of classes.
       test_from_clients: the test set is the clients' own held-out data (see the class).
+      multi_label: each example has a set of classes (see the class).
 
     Returns:
       The padded :class:`FederatedData`.
@@ -164,7 +170,8 @@ class FederatedData:
     return cls(name=name, x=px, y=py, counts=counts,
                test_x=np.asarray(test_x, dtype=np.float32),
                test_y=np.asarray(test_y, dtype=np.int32),
-               num_classes=int(num_classes), test_from_clients=test_from_clients)
+               num_classes=int(num_classes), test_from_clients=test_from_clients,
+               multi_label=multi_label)
 
   def client_examples(self, i: int) -> tuple[np.ndarray, np.ndarray]:
     """Returns client ``i``'s unpadded ``(x_i, y_i)`` (views, not copies)."""

@@ -220,4 +220,4 @@ def load_federated(name: str, split: Split, seed: int = 0, data_dir: Optional[st
                             min_labels=split.min_labels)
   return FederatedData.from_partition(name, data.train_x, data.train_y, parts,
                                       data.test_x, data.test_y,
-                                      data.num_classes)
+                                      data.num_classes, multi_label=spec.multi_label)

@@ -16,11 +16,13 @@ directory itself::
   <data_dir>/tff-h5/shakespeare_{train,test}.h5  (TensorFlow Federated's HDF5)
   <data_dir>/tff-h5/fed_emnist_{train,test}.h5, fed_emnist_digitsonly_{train,test}.h5
   <data_dir>/tff-h5/fed_cifar100_{train,test}.h5
-  <data_dir>/tff-h5/stackoverflow_{train,test,held_out}.h5
+  <data_dir>/tff-h5/stackoverflow_{train,test,held_out}.h5  (stackoverflow, stackoverflow_tags)
 
 The TFF sets come with their natural partition (``partition="natural"``): one
 client per speaking role of a play (Shakespeare), per writer (EMNIST), TFF's
-500 Pachinko-allocated clients (CIFAR-100), per user (StackOverflow).
+500 Pachinko-allocated clients (CIFAR-100), per user (StackOverflow). StackOverflow's files
+serve two tasks: next-word prediction (``stackoverflow``) and tag prediction
+(``stackoverflow_tags``, multi-label: each example's tags among the 500 most used).
 """
 
 from __future__ import annotations
@@ -40,11 +42,13 @@ class DatasetSpec:
     name: Name used by the API and the CLI (``--dataset``).
     source: Key of :data:`fedjax_dp.data.sources.LOCAL`, the module that
       reads the local files: ``"digits"``, ``"idx"``, ``"cifar10"``,
-      ``"tff_emnist"``, ``"tff_cifar100"``, ``"tff_shakespeare"`` or ``"tff_stackoverflow"``.
+      ``"tff_emnist"``, ``"tff_cifar100"``, ``"tff_shakespeare"``, ``"tff_stackoverflow"`` or
+      ``"tff_stackoverflow_tags"``.
     num_classes: Number of classes (for Shakespeare and StackOverflow, tokens: every position
-      of a window has a next-token label).
+      of a window has a next-token label; for StackOverflow's tags, the tags).
     example_shape: Shape of one example, NHWC without N (Shakespeare: a
-      window of 80 token ids; StackOverflow: a sentence of 20).
+      window of 80 token ids; StackOverflow: a sentence of 20; its tag prediction: the ids of
+      the first 100 words of a title and sentence).
     default_model: Model used when the configuration names none.
     subdirs: Sub-folders of the data directory searched, in order, before the
       data directory itself.
@@ -63,6 +67,8 @@ class DatasetSpec:
     natural_clients: The clients of its natural partition (TFF's training files), the
       default ``num_clients`` of a natural partition; None without one, and for StackOverflow,
       whose 342,477 users do not fit in memory (``num_clients`` keeps its default).
+    multi_label: Each example has a set of classes (StackOverflow's tags), for a multi-label
+      model (:attr:`fedjax_dp.data.FederatedData.multi_label`).
   """
   name: str
   source: str
@@ -79,6 +85,7 @@ class DatasetSpec:
   # files share names and format, so a folder holding the other set's is told by these.
   label_prefix: tuple[int, ...] = ()
   natural_clients: Optional[int] = None
+  multi_label: bool = False
 
   def search_dirs(self, data_dir: Optional[pathlib.Path]) -> list[pathlib.Path]:
     """Folders searched for :attr:`files`, in order; none without a data dir."""
@@ -134,6 +141,11 @@ SPECS = (
                 files=("stackoverflow_train.h5", "stackoverflow_test.h5",
                        "stackoverflow_held_out.h5"),
                 partitions=("natural", "iid")),
+    DatasetSpec("stackoverflow_tags", "tff_stackoverflow_tags", 500, (100,), "bow_lr",
+                subdirs=("tff-h5", "stackoverflow"),
+                files=("stackoverflow_train.h5", "stackoverflow_test.h5",
+                       "stackoverflow_held_out.h5"),
+                partitions=("natural", "iid"), multi_label=True),
 )
 
 BY_NAME = {s.name: s for s in SPECS}

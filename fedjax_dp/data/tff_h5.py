@@ -13,7 +13,8 @@ Client ids are listed in the file's order, which for h5py is sorted by name.
 
 Federated Shakespeare becomes next-character prediction at every position
 (:func:`shakespeare_windows`), StackOverflow next-word prediction on sentences of 20 words
-(:func:`stackoverflow_sequences`): the tasks of the TFF and FedJAX benchmarks.
+(:func:`stackoverflow_sequences`) or tag prediction from a bag of words
+(:func:`stackoverflow_tag_examples`): the tasks of the TFF and FedJAX benchmarks.
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ class H5Set(NamedTuple):
       (EMNIST's writers, Shakespeare's roles: statistics on it are raw, no guarantee covers
       them); False when its clients' examples are apart from every training client's
       (CIFAR-100's test split).
+    multi_label: each example's labels are a set of classes (:attr:`FederatedData.multi_label`).
   """
 
   name: str
@@ -115,6 +117,7 @@ class H5Set(NamedTuple):
   client_fn: Callable
   num_classes: int
   test_from_clients: bool = True
+  multi_label: bool = False
 
 
 def _per_client(field: str, path, h5set: H5Set, limit: Optional[int],
@@ -176,7 +179,7 @@ def load_tff_h5_federated(train_path, test_path, h5set: H5Set,
   return FederatedData.from_partition(
       h5set.name, np.concatenate(xs).astype(np.float32), np.concatenate(ys), parts,
       np.concatenate(tx).astype(np.float32), np.concatenate(ty), h5set.num_classes,
-      test_from_clients=h5set.test_from_clients)
+      test_from_clients=h5set.test_from_clients, multi_label=h5set.multi_label)
 
 
 def load_federated_emnist(train_path, test_path,
@@ -355,26 +358,43 @@ def so_special_tokens(vocab_size: int = SO_VOCAB_SIZE) -> tuple[int, int, int, i
   return 0, vocab_size + 1, vocab_size + 2, vocab_size + 3
 
 
-def word_counts(path, max_clients: Optional[int] = None) -> collections.Counter:
-  """For each word, how many clients (users) of a StackOverflow HDF5 file use it, as TFF's
-  word counts count them.
+def _split(text: bytes, sep: Optional[str] = None) -> list[str]:
+  """``text`` decoded (UTF-8, a bad byte replaced) and split on ``sep`` (``None``: on
+  whitespace), empty parts dropped."""
+  return [w for w in text.decode("utf-8", "replace").split(sep) if w]
+
+
+def user_counts(path, features: dict[str, Optional[str]],
+                max_clients: Optional[int] = None) -> dict[str, collections.Counter]:
+  """For each word of each of ``features``, how many clients (users) of a StackOverflow HDF5
+  file use it, as TFF's word counts (``tokens``) and tag counts (``tags``) count them; the file
+  is read once.
 
   Args:
     path: A TFF StackOverflow file (``examples/<client_id>/tokens``, sentences of
-      space-separated words).
+      space-separated words; ``tags``, ``|``-separated tags).
+    features: ``{feature: separator}``, the separator of its words (``None``: whitespace).
     max_clients: Count only the first this many clients (file order); ``None`` counts all.
 
   Returns:
-    ``Counter`` of words (``str``): the number of clients with at least one sentence holding it.
+    ``{feature: Counter}``, a ``Counter`` of its words (``str``): the number of clients with at
+    least one example holding it.
   """
-  counts = collections.Counter()
+  counts = {feature: collections.Counter() for feature in features}
   with _open(path) as f:
     for k, cid in enumerate(f[_ROOT].keys()):
       if max_clients is not None and k >= max_clients:
         break
-      counts.update({w for sentence in _read_group(f, path, cid, ("tokens",))["tokens"]
-                     for w in sentence.decode("utf-8", "replace").split()})
+      client = _read_group(f, path, cid, tuple(features))
+      for feature, sep in features.items():
+        counts[feature].update({w for text in client[feature] for w in _split(text, sep)})
   return counts
+
+
+def word_counts(path, max_clients: Optional[int] = None) -> collections.Counter:
+  """For each word, how many clients (users) of a StackOverflow HDF5 file use it in their
+  ``tokens`` (:func:`user_counts`)."""
+  return user_counts(path, {"tokens": None}, max_clients)["tokens"]
 
 
 def stackoverflow_vocabulary(counts: collections.Counter,
@@ -473,5 +493,130 @@ def load_federated_stackoverflow(train_path, test_path, held_out_path,
       H5Set("stackoverflow", ("tokens",),
             lambda d: stackoverflow_sequences(d["tokens"], vocab, vocab_size, length),
             vocab_size + 4),
+      max_clients=max_clients, max_test_clients=max_test_clients,
+      max_per_client=max_per_client)
+
+
+# StackOverflow tag prediction as TFF's baseline sets it up
+# (tff.simulation.baselines.stackoverflow.create_tag_prediction_task and its
+# tag_prediction_preprocessing): the word vocabulary of next-word prediction, the 500 tags used
+# by the most users; a post's words (title and sentence) as a bag of words, its tags as a
+# multi-hot vector. StackOverflow allows at most 5 tags per question; the first 100 words of a
+# post are kept (title first).
+SO_TAG_VOCAB_SIZE = 500
+SO_MAX_TAGS = 5
+SO_BAG_LENGTH = 100
+
+
+def stackoverflow_tag_examples(tokens: Sequence[bytes], titles: Sequence[bytes],
+                               tags: Sequence[bytes], words: dict[str, int],
+                               tag_ids: dict[str, int], vocab_size: int = SO_VOCAB_SIZE,
+                               length: int = SO_BAG_LENGTH,
+                               max_tags: int = SO_MAX_TAGS) -> tuple[np.ndarray, np.ndarray]:
+  """One client's examples as tag-prediction examples ``(x, y)``: word ids ``[n, length]`` and
+  tag ids ``[n, max_tags]``, one per example (TFF's preprocessing, in a compact form).
+
+  ``x[i]``: the ids (:func:`stackoverflow_vocabulary`'s ``words``, a word outside it
+  ``vocab_size + 1``, out of the vocabulary) of the words of ``titles[i]`` then ``tokens[i]``,
+  split on whitespace, the first ``length`` of them, padded with 0. A bag-of-words model
+  (:class:`fedjax_dp.models.bag_of_words.BagOfWordsLR`) forms from them TFF's features: the
+  frequency of each vocabulary word among the words, out-of-vocabulary ones counted. TFF joins
+  the sentence and then the title, which gives the same bag; putting the title first keeps it
+  when a long sentence is cut at ``length`` words (TFF cuts nothing).
+
+  ``y[i]``: the ids (``tag_ids``, ``0..``) of the tags of ``tags[i]`` (split on ``|``) that are
+  in ``tag_ids``, each once, in order, padded with :data:`IGNORE`: the classes of TFF's
+  multi-hot label vector (:func:`fedjax_dp.models.multi_hot` expands it), which drops the tags
+  outside the vocabulary too. An example without one has no true class, as in TFF.
+
+  Args:
+    tokens: The client's ``tokens`` (byte strings of space-separated words).
+    titles: Its ``title`` (one per example).
+    tags: Its ``tags`` (``|``-separated).
+    words: ``{word: id}`` with ids in ``1..vocab_size``.
+    tag_ids: ``{tag: id}`` with ids in ``0..``.
+    vocab_size: The word vocabulary's nominal size, which sets the out-of-vocabulary id.
+    length: Words kept per example, ``>= 1``.
+    max_tags: Tags per example, ``>= 1``.
+
+  Returns:
+    ``int32`` word ids and tag ids.
+
+  Raises:
+    ConfigError: for a bad ``length`` or ``max_tags``, features of different lengths, or an
+      example with more than ``max_tags`` tags in the vocabulary.
+  """
+  for field, value in (("length", length), ("max_tags", max_tags)):
+    check(isinstance(value, (int, np.integer)) and value >= 1, field, value,
+          "must be an integer >= 1")
+  n = len(tokens)
+  check(len(titles) == n and len(tags) == n, "title", len(titles),
+        f"must hold one title and one tags string per example ({n} tokens, {len(tags)} tags)")
+  oov = vocab_size + 1
+  x = np.zeros((n, length), np.int32)
+  y = np.full((n, max_tags), IGNORE, np.int32)
+  for i in range(n):
+    ids = [words.get(w, oov) for w in (_split(titles[i]) + _split(tokens[i]))[:length]]
+    x[i, :len(ids)] = ids
+    known = list(dict.fromkeys(tag_ids[t] for t in _split(tags[i], "|") if t in tag_ids))
+    check(len(known) <= max_tags, "tags", tags[i].decode("utf-8", "replace"),
+          f"must hold at most max_tags={max_tags} tags of the vocabulary (StackOverflow allows "
+          "5 per question)")
+    y[i, :len(known)] = known
+  return x, y
+
+
+def load_federated_stackoverflow_tags(train_path, test_path, held_out_path,
+                                      max_clients: Optional[int] = None,
+                                      max_test_clients: Optional[int] = None,
+                                      vocab_size: int = SO_VOCAB_SIZE,
+                                      tag_vocab_size: int = SO_TAG_VOCAB_SIZE,
+                                      length: int = SO_BAG_LENGTH,
+                                      max_per_client: Optional[int] = SO_MAX_PER_CLIENT
+                                      ) -> FederatedData:
+  """Loads TFF's federated StackOverflow for tag prediction (one client per user).
+
+  The files and users are next-word prediction's (:func:`load_federated_stackoverflow`); each
+  example (a sentence with its post's title and tags) becomes
+  :func:`stackoverflow_tag_examples`: inputs are word ids stored as ``float32``
+  ``[n, length]``, labels ``int32`` ``[n, 5]``, the ids of its tags among ``tag_vocab_size``
+  classes (:attr:`FederatedData.multi_label`).
+
+  Vocabularies: the words are next-word prediction's, the ``vocab_size`` words used by the most
+  users of the held-out file; the tags, likewise, the ``tag_vocab_size`` tags used by the most
+  users of the held-out file (:func:`user_counts` of ``tags`` split on ``|``), numbered ``0..``
+  by decreasing count (ties by tag). TFF's baseline takes both from its counts over the training
+  split's users (``load_word_counts``, ``load_tag_counts``), which depend on training clients'
+  data; the vocabularies differ.
+
+  Args:
+    train_path: ``stackoverflow_train.h5``.
+    test_path: ``stackoverflow_test.h5``; its clients' examples form the test set, the training
+      users' own later posts (``test_from_clients``).
+    held_out_path: ``stackoverflow_held_out.h5``, read for the vocabularies only.
+    max_clients: Keep only the first this many training clients (file order).
+    max_test_clients: Read only the first this many test clients; ``None`` reads all.
+    vocab_size: Words in the word vocabulary (TFF's default: 10,000).
+    tag_vocab_size: Tags in the tag vocabulary, the classes (TFF's default: 500).
+    length: Words kept per example.
+    max_per_client: Keep each client's first this many examples (as next-word prediction:
+      1,000); ``None`` keeps all.
+
+  Returns:
+    The padded :class:`FederatedData` named ``"stackoverflow_tags"``.
+  """
+  counts = user_counts(held_out_path, {"tokens": None, "tags": "|"})
+  words = stackoverflow_vocabulary(counts["tokens"], vocab_size)
+  tag_ids = {t: i - 1 for t, i in
+             stackoverflow_vocabulary(counts["tags"], tag_vocab_size).items()}
+
+  def client_fn(d):
+    return stackoverflow_tag_examples(d["tokens"], d["title"], d["tags"], words, tag_ids,
+                                      vocab_size, length)
+
+  return load_tff_h5_federated(
+      train_path, test_path,
+      H5Set("stackoverflow_tags", ("tokens", "title", "tags"), client_fn, tag_vocab_size,
+            multi_label=True),
       max_clients=max_clients, max_test_clients=max_test_clients,
       max_per_client=max_per_client)

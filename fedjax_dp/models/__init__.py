@@ -9,12 +9,16 @@ Usage::
 
 A sequence model returns logits ``[B, T, num_classes]`` for labels ``[B, T]``
 (one per position); the losses and metrics take either, and a label equal to
-:data:`IGNORE` counts nowhere.
+:data:`IGNORE` counts nowhere. A multi-label model (``multi_label``: StackOverflow tag
+prediction) returns logits ``[B, num_classes]``, one sigmoid per class, for labels ``[B, T]``
+that list an example's classes; it trains on :func:`sigmoid_cross_entropy` and is evaluated by
+recall at 5 and precision (:func:`multi_label_sums`).
 
 Each model declares itself once, below (:func:`fedjax_dp.components.declare`, kind
 ``"model"``): its name, paper, one line about it, its keyword options and its traits
 (``convolutional``: it runs :class:`Conv` layers and reads ``conv_impl``; ``sequence``: its
-input is ``(T,)`` token ids). ``fedjax_dp.components.declared("model")`` lists them; a plugin
+input is ``(T,)`` token ids; ``multi_label``: its outputs are independent sigmoids, one per
+class). ``fedjax_dp.components.declared("model")`` lists them; a plugin
 may declare its own. :mod:`fedjax_dp.models.zoo` and :mod:`fedjax_dp.models.recurrent` hold the
 architectures.
 """
@@ -32,17 +36,22 @@ import jax.numpy as jnp
 
 from fedjax_dp import components
 from fedjax_dp.errors import check_choice, ConfigError
-from fedjax_dp.models import recurrent, zoo
+from fedjax_dp.models import bag_of_words, recurrent, zoo
 from fedjax_dp.models.conv import CONV_IMPLS, Conv, conv2d, max_pool
-from fedjax_dp.models.losses import (IGNORE, accuracy, cross_entropy,
-                                     masked_sums, num_params,
-                                     per_example_cross_entropy)
+from fedjax_dp.models.losses import (IGNORE, METRIC_LABELS, METRICS, RECALL_K, accuracy,
+                                     cross_entropy, evaluation_sums, masked_sums,
+                                     multi_hot, multi_label_sums, num_params,
+                                     per_example_cross_entropy,
+                                     per_example_sigmoid_cross_entropy, ratios,
+                                     sigmoid_cross_entropy, supervised_loss)
 
 __all__ = [
     "CONV_IMPLS", "COMPUTE_DTYPES", "Model", "get_model", "cross_entropy",
     "per_example_cross_entropy", "accuracy", "masked_sums", "IGNORE",
     "num_params", "conv2d",
-    "max_pool", "Conv",
+    "max_pool", "Conv", "METRICS", "METRIC_LABELS", "RECALL_K", "evaluation_sums", "multi_hot",
+    "multi_label_sums", "per_example_sigmoid_cross_entropy", "ratios", "sigmoid_cross_entropy",
+    "supervised_loss",
 ]
 
 # The dtype of the forward and backward pass; parameters stay float32 (Model.apply).
@@ -60,12 +69,19 @@ class Model:
     num_classes: number of output logits (a sequence model's vocabulary).
     compute_dtype: ``"float32"`` or ``"bfloat16"``: the dtype :meth:`apply` computes in
       (parameters, gradients and everything outside the model stay float32).
+    multi_label: its logits are one sigmoid per class and its labels list each example's
+      classes (:func:`sigmoid_cross_entropy`, :func:`multi_label_sums`); False: one class per
+      label (softmax, :func:`cross_entropy`).
+    token_ids: its inputs are token ids (stored as floats), which :meth:`apply` passes as they
+      are in any ``compute_dtype`` (bfloat16 holds integers exactly only up to 256).
   """
   name: str
   module: nn.Module
   input_shape: tuple
   num_classes: int
   compute_dtype: str = "float32"
+  multi_label: bool = False
+  token_ids: bool = False
 
   def init(self, key: jax.Array) -> Any:
     """Initial parameters (a pytree; float32) from a PRNG key (jitted)."""
@@ -75,9 +91,10 @@ class Model:
     """Logits ``[B, num_classes]`` (a sequence model: ``[B, T, num_classes]``)
     for inputs ``x`` of shape ``[B, *input_shape]``.
 
-    With ``compute_dtype="bfloat16"`` the float parameters and inputs are cast to bfloat16,
-    the module runs in bfloat16 and the logits come back as float32; the gradient of a loss
-    of them with respect to the float32 ``params`` is float32 (the cast's transpose).
+    With ``compute_dtype="bfloat16"`` the float parameters and inputs (not :attr:`token_ids`)
+    are cast to bfloat16, the module runs in bfloat16 and the logits come back as float32; the
+    gradient of a loss of them with respect to the float32 ``params`` is float32 (the cast's
+    transpose).
     """
     if self.compute_dtype == "float32":
       return self.module.apply({"params": params}, x)
@@ -86,7 +103,8 @@ class Model:
     def cast(a):
       return a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a
 
-    logits = self.module.apply({"params": jax.tree_util.tree_map(cast, params)}, cast(x))
+    logits = self.module.apply({"params": jax.tree_util.tree_map(cast, params)},
+                               x if self.token_ids else cast(x))
     return logits.astype(jnp.float32)
 
   def conv_impls(self, batch: int) -> frozenset:
@@ -147,7 +165,7 @@ def _tuple_of_ints(field, value):
 
 
 def model(name: str, *, about: str, reference: str = "", kwargs: tuple = (),
-          convolutional: bool = False, sequence: bool = False):
+          convolutional: bool = False, sequence: bool = False, multi_label: bool = False):
   """Declares the decorated ``build(num_classes, conv_impl, **kwargs) -> flax module`` as model
   ``name`` (:func:`fedjax_dp.components.declare`).
 
@@ -158,9 +176,12 @@ def model(name: str, *, about: str, reference: str = "", kwargs: tuple = (),
     kwargs: the keyword options ``build`` takes (:func:`get_model`'s ``**kwargs``).
     convolutional: it runs :class:`Conv` layers, as ``conv_impl`` says.
     sequence: its input is ``(T,)`` token ids; else an image ``(H, W[, C])`` or a vector.
+    multi_label: its outputs are one sigmoid per class, for multi-label data sets
+      (:attr:`Model.multi_label`).
   """
   return components.declare("model", name, reference=reference, about=about,
-                            kwargs=tuple(kwargs), convolutional=convolutional, sequence=sequence)
+                            kwargs=tuple(kwargs), convolutional=convolutional, sequence=sequence,
+                            multi_label=multi_label)
 
 
 @model("mlp", about="dense layers", kwargs=("hidden", "activation"))
@@ -248,10 +269,47 @@ def _word_lstm(num_classes, conv_impl, embed=96, hidden=(670,), project=96):
                             project=_tuple_of_ints("project", (project,))[0])
 
 
+@model("bow_lr", sequence=True, multi_label=True,
+       reference="StackOverflow tag prediction (TFF's logistic regression)",
+       kwargs=("vocab_size",),
+       about="logistic regression on the normalized bag of words of word ids, a sigmoid per "
+             "tag (5,000,500 parameters with 10,000 words and 500 tags)")
+def _bow_lr(num_classes, conv_impl, vocab_size=10_000):
+  del conv_impl
+  return bag_of_words.BagOfWordsLR(num_classes,
+                                   vocab_size=_tuple_of_ints("vocab_size", (vocab_size,))[0])
+
+
 def is_convolutional(name: str) -> bool:
   """Whether declared model ``name`` runs convolutions (reads ``conv_impl``); False for a name
   that is not declared (a :class:`Model` built by hand)."""
   return name in components.names("model") and components.get("model", name)["convolutional"]
+
+
+def check_labels(model: str, multi_label: bool, dataset: str, data_multi_label: bool) -> None:
+  """Refuses a model whose outputs do not fit the data's labels: a single-label model (softmax)
+  for a multi-label data set (each example a set of classes: StackOverflow's tags) or a
+  multi-label one (a sigmoid per class) for a data set of one class per label.
+
+  Args:
+    model: the model's name.
+    multi_label: it is multi-label (:attr:`Model.multi_label`).
+    dataset: the data set's name.
+    data_multi_label: its examples each have a set of classes.
+
+  Raises:
+    ConfigError: naming the model and the data set (and, for a multi-label one, the declared
+      models that fit it).
+  """
+  if bool(multi_label) == bool(data_multi_label):
+    return
+  if data_multi_label:
+    fits = [m.name for m in components.declared("model") if m.traits.get("multi_label", False)]
+    raise ConfigError("model", model, "must be a multi-label model (a sigmoid per class) for "
+                      f"dataset {dataset}, whose examples each have a set of classes: one of "
+                      f"{fits}")
+  raise ConfigError("model", model, "is a multi-label model (a sigmoid per class), but dataset "
+                    f"{dataset} has one class per label: use a single-label model")
 
 
 def check_conv_dtype(conv_impl: str, compute_dtype: str) -> None:
@@ -308,7 +366,9 @@ def get_model(name: str, input_shape, num_classes: int,
       num_classes < 2):
     raise ConfigError("num_classes", num_classes, "must be an int >= 2")
   module = declared.build(int(num_classes), conv_impl, **kwargs)
-  model = Model(name, module, input_shape, int(num_classes), compute_dtype)
+  model = Model(name, module, input_shape, int(num_classes), compute_dtype,
+                multi_label=declared.traits.get("multi_label", False),
+                token_ids=declared["sequence"])
   x = jax.ShapeDtypeStruct((1, *input_shape), jnp.float32)
   try:
     out = jax.eval_shape(module.init, jax.random.key(0), x)

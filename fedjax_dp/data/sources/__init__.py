@@ -14,6 +14,7 @@ TensorFlow, h5py) are imported only inside the loads.
 from fedjax_dp.data.sources import cifar10, digits, idx, tfds, tff
 
 LOCAL = {"digits": digits, "idx": idx, "cifar10": cifar10, "tff_emnist": tff,
-         "tff_cifar100": tff, "tff_shakespeare": tff, "tff_stackoverflow": tff}
+         "tff_cifar100": tff, "tff_shakespeare": tff, "tff_stackoverflow": tff,
+         "tff_stackoverflow_tags": tff}
 
 __all__ = ["LOCAL", "cifar10", "digits", "idx", "tfds", "tff"]

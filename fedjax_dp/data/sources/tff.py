@@ -1,4 +1,5 @@
-"""TensorFlow Federated's HDF5 files: federated Shakespeare, EMNIST, CIFAR-100 and StackOverflow.
+"""TensorFlow Federated's HDF5 files: federated Shakespeare, EMNIST, CIFAR-100 and StackOverflow
+(next-word and tag prediction).
 
 These sets carry their natural partition (one client per speaking role, per
 writer, TFF's Pachinko-allocated CIFAR-100 clients, per user): :func:`load_natural` returns it as a :class:`FederatedData`;
@@ -49,6 +50,10 @@ def paths(spec: DatasetSpec, data_dir):
 
 def _read(spec: DatasetSpec, request: Request, max_clients) -> FederatedData:
   train, test, *others = paths(spec, request.data_dir)
+  if spec.source == "tff_stackoverflow_tags":
+    return tff_h5.load_federated_stackoverflow_tags(
+        train, test, others[0], max_clients, max_test_clients=SO_TEST_CLIENTS,
+        tag_vocab_size=spec.num_classes, length=spec.example_shape[0])
   if spec.source == "tff_stackoverflow":
     return tff_h5.load_federated_stackoverflow(
         train, test, others[0], max_clients, max_test_clients=SO_TEST_CLIENTS,
