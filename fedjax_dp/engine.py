@@ -183,8 +183,9 @@ def _evaluate_fn(model, experiments: Optional[str] = None):
   multi_label = getattr(model, "multi_label", False)
 
   def evaluate(params, xs, ys, ms):
-    """``{"loss": l, metric: m, ...}`` of ``params`` over the test set's chunks: the metrics of
-    :data:`fedjax_dp.models.METRICS` for the model's labels.
+    """``{"loss": (sum, count), metric: (sum, count), ...}`` of ``params`` over the test set's
+    chunks, for the metrics of :data:`fedjax_dp.models.METRICS` of the model's labels
+    (:func:`fedjax_dp.models.ratios` divides them).
 
     Args:
       params: the model's parameters (with a leading experiment axis when vmapped).
@@ -195,8 +196,7 @@ def _evaluate_fn(model, experiments: Optional[str] = None):
     def chunk(args):
       x, y, m = args
       return evaluation_sums(model.apply(params, x), y, m, multi_label)
-    sums = jax.tree_util.tree_map(jnp.sum, jax.lax.map(chunk, (xs, ys, ms)))
-    return ratios(sums)
+    return jax.tree_util.tree_map(jnp.sum, jax.lax.map(chunk, (xs, ys, ms)))
 
   if experiments is not None:
     evaluate = jax.vmap(evaluate, in_axes=(0, None, None, None) if experiments == "shared" else 0)
@@ -243,7 +243,9 @@ def make_evaluator(model, test_x: np.ndarray, test_y: np.ndarray, batch_size: in
 
   Returns:
     The evaluation, ``params -> (metric, loss)`` (per experiment with ``experiments``); with
-    ``all_metrics``, ``params -> {"loss": ..., name: ...}`` for each of :func:`metric_names`.
+    ``all_metrics``, ``params -> {"loss": ..., name: ...}`` for each of :func:`metric_names`:
+    float64 numpy values, each a ratio of sums computed on the device and divided on the host
+    (:func:`fedjax_dp.models.ratios`), so that a run alone and in a vmapped group agree.
   """
   if experiments == "stacked":
     arrays = [np.stack(a) for a in zip(*[_test_chunks(x, y, batch_size)
@@ -252,13 +254,18 @@ def make_evaluator(model, test_x: np.ndarray, test_y: np.ndarray, batch_size: in
     arrays = _test_chunks(test_x, test_y, batch_size)
   xs, ys, ms = (jnp.asarray(a) for a in arrays)
   fn = _evaluate_fn(model, experiments)
+
+  def metrics(params):
+    """``{"loss": ..., name: ...}`` of ``params`` on the test set, divided on the host."""
+    return ratios(fn(params, xs, ys, ms))
+
   if all_metrics:
-    return lambda params: fn(params, xs, ys, ms)
+    return metrics
   headline = metric_names(model)[0]
 
   def evaluate(params):
     """``(metric, loss)`` of ``params`` on the test set."""
-    out = fn(params, xs, ys, ms)
+    out = metrics(params)
     return out[headline], out["loss"]
 
   return evaluate

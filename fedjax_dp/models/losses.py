@@ -27,6 +27,7 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 IGNORE = -1
@@ -218,8 +219,24 @@ def evaluation_sums(logits: jax.Array, labels: jax.Array, mask: jax.Array | None
 
 def ratios(sums: dict) -> dict:
   """``{name: numerator / denominator}`` of :func:`evaluation_sums` (0 where the denominator is
-  0: no true class, no predicted one)."""
-  return {name: _ratio(s, n) for name, (s, n) in sums.items()}
+  0: no true class, no predicted one), divided on the host in float64.
+
+  The division runs outside XLA so that a figure does not depend on how a program compiles it
+  (XLA may turn a division by a value it can fold into a multiplication by the reciprocal): a
+  run alone and the same run in a vmapped group report the same bits.
+
+  Args:
+    sums: ``{name: (numerator, denominator)}``, arrays of any shape (a leading experiment axis
+      when vmapped), on the host or the device.
+
+  Returns:
+    ``{name: ratio}``, float64 numpy arrays of the sums' shape.
+  """
+  out = {}
+  for name, (s, n) in jax.device_get(sums).items():
+    s, n = np.asarray(s, np.float64), np.asarray(n, np.float64)
+    out[name] = np.where(n > 0, s / np.where(n > 0, n, 1.0), 0.0)
+  return out
 
 
 def num_params(params) -> int:
