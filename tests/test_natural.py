@@ -329,15 +329,17 @@ def test_stackoverflow_defaults_to_tffs_word_lstm():
   assert logits.shape == (2, 20, 10_004)
 
 
-def test_real_stackoverflow_natural(shared_data_dir):
+@pytest.mark.parametrize("name, shape, classes, max_id, multi_label", [
+    ("stackoverflow", (20,), 10_004, 10_003, False),
+    ("stackoverflow_tags", (100,), 500, 10_001, True)])
+def test_real_stackoverflow_natural(shared_data_dir, name, shape, classes, max_id, multi_label):
   d = shared_data_dir / "tff-h5"
   if not all((d / f"stackoverflow_{s}.h5").is_file() for s in ("train", "test", "held_out")):
     pytest.skip(f"{d}/stackoverflow_{{train,test,held_out}}.h5 absent (set FEDJAX_DP_DATA to a "
                 "folder with them, as tff.simulation.datasets.stackoverflow downloads them)")
-  fd = data.load_federated("stackoverflow", data.Split(100, "natural"),
-                           data_dir=str(shared_data_dir))
-  assert fd.num_clients == 100 and fd.counts.max() <= 1000 and fd.example_shape == (20,)
-  assert fd.y.max() < 10_004 and fd.x.max() < 10_004
+  fd = data.load_federated(name, data.Split(100, "natural"), data_dir=str(shared_data_dir))
+  assert fd.num_clients == 100 and fd.counts.max() <= 1000 and fd.example_shape == shape
+  assert fd.y.max() < classes and fd.x.max() <= max_id and fd.multi_label == multi_label
 
 
 def test_cli_runs_natural_stackoverflow(so_dir, tmp_path):
@@ -446,17 +448,6 @@ def test_stackoverflow_tags_defaults_to_tffs_logistic_regression():
   model = get_model("bow_lr", (100,), 500)
   assert model.multi_label and num_params(jax.eval_shape(model.init, jax.random.key(0))) == (
       10_000 * 500 + 500)
-
-
-def test_real_stackoverflow_tags_natural(shared_data_dir):
-  d = shared_data_dir / "tff-h5"
-  if not all((d / f"stackoverflow_{s}.h5").is_file() for s in ("train", "test", "held_out")):
-    pytest.skip(f"{d}/stackoverflow_{{train,test,held_out}}.h5 absent (set FEDJAX_DP_DATA to a "
-                "folder with them, as tff.simulation.datasets.stackoverflow downloads them)")
-  fd = data.load_federated("stackoverflow_tags", data.Split(100, "natural"),
-                           data_dir=str(shared_data_dir))
-  assert fd.num_clients == 100 and fd.counts.max() <= 1000 and fd.example_shape == (100,)
-  assert fd.y.max() < 500 and fd.x.max() <= 10_001 and fd.multi_label
 
 
 def test_cli_runs_dp_fedavg_on_stackoverflow_tags(so_tags_dir, tmp_path, capsys):

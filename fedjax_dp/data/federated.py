@@ -121,9 +121,7 @@ class FederatedData:
   @classmethod
   def from_partition(cls, name: str, x: np.ndarray, y: np.ndarray,
                      client_indices: Sequence[np.ndarray], test_x: np.ndarray,
-                     test_y: np.ndarray, num_classes: int,
-                     test_from_clients: bool = False,
-                     multi_label: bool = False) -> "FederatedData":
+                     test_y: np.ndarray, num_classes: int, **traits) -> "FederatedData":
     """Builds padded client arrays from per-client example indices.
 
     Args:
@@ -136,8 +134,9 @@ class FederatedData:
       test_x: Centralized test inputs.
       test_y: Centralized test labels.
       num_classes: Number of classes.
-      test_from_clients: the test set is the clients' own held-out data (see the class).
-      multi_label: each example has a set of classes (see the class).
+      **traits: the data set's flags, passed to the class: ``test_from_clients`` (the test set
+        is the clients' own held-out data) and ``multi_label`` (each example has a set of
+        classes); both False by default.
 
     Returns:
       The padded :class:`FederatedData`.
@@ -170,8 +169,7 @@ class FederatedData:
     return cls(name=name, x=px, y=py, counts=counts,
                test_x=np.asarray(test_x, dtype=np.float32),
                test_y=np.asarray(test_y, dtype=np.int32),
-               num_classes=int(num_classes), test_from_clients=test_from_clients,
-               multi_label=multi_label)
+               num_classes=int(num_classes), **traits)
 
   def client_examples(self, i: int) -> tuple[np.ndarray, np.ndarray]:
     """Returns client ``i``'s unpadded ``(x_i, y_i)`` (views, not copies)."""

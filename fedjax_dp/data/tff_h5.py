@@ -569,7 +569,6 @@ def stackoverflow_tag_examples(tokens: Sequence[bytes], titles: Sequence[bytes],
 def load_federated_stackoverflow_tags(train_path, test_path, held_out_path,
                                       max_clients: Optional[int] = None,
                                       max_test_clients: Optional[int] = None,
-                                      vocab_size: int = SO_VOCAB_SIZE,
                                       tag_vocab_size: int = SO_TAG_VOCAB_SIZE,
                                       length: int = SO_BAG_LENGTH,
                                       max_per_client: Optional[int] = SO_MAX_PER_CLIENT
@@ -582,9 +581,9 @@ def load_federated_stackoverflow_tags(train_path, test_path, held_out_path,
   ``[n, length]``, labels ``int32`` ``[n, 5]``, the ids of its tags among ``tag_vocab_size``
   classes (:attr:`FederatedData.multi_label`).
 
-  Vocabularies: the words are next-word prediction's, the ``vocab_size`` words used by the most
-  users of the held-out file; the tags, likewise, the ``tag_vocab_size`` tags used by the most
-  users of the held-out file (:func:`user_counts` of ``tags`` split on ``|``), numbered ``0..``
+  Vocabularies: the words are next-word prediction's, the :data:`SO_VOCAB_SIZE` (TFF's 10,000)
+  words used by the most users of the held-out file; the tags, likewise, the ``tag_vocab_size``
+  tags used by the most users of the held-out file (:func:`user_counts` of ``tags`` split on ``|``), numbered ``0..``
   by decreasing count (ties by tag). TFF's baseline takes both from its counts over the training
   split's users (``load_word_counts``, ``load_tag_counts``), which depend on training clients'
   data; the vocabularies differ.
@@ -596,7 +595,6 @@ def load_federated_stackoverflow_tags(train_path, test_path, held_out_path,
     held_out_path: ``stackoverflow_held_out.h5``, read for the vocabularies only.
     max_clients: Keep only the first this many training clients (file order).
     max_test_clients: Read only the first this many test clients; ``None`` reads all.
-    vocab_size: Words in the word vocabulary (TFF's default: 10,000).
     tag_vocab_size: Tags in the tag vocabulary, the classes (TFF's default: 500).
     length: Words kept per example.
     max_per_client: Keep each client's first this many examples (as next-word prediction:
@@ -606,13 +604,13 @@ def load_federated_stackoverflow_tags(train_path, test_path, held_out_path,
     The padded :class:`FederatedData` named ``"stackoverflow_tags"``.
   """
   counts = user_counts(held_out_path, {"tokens": None, "tags": "|"})
-  words = stackoverflow_vocabulary(counts["tokens"], vocab_size)
+  words = stackoverflow_vocabulary(counts["tokens"], SO_VOCAB_SIZE)
   tag_ids = {t: i - 1 for t, i in
              stackoverflow_vocabulary(counts["tags"], tag_vocab_size).items()}
 
   def client_fn(d):
     return stackoverflow_tag_examples(d["tokens"], d["title"], d["tags"], words, tag_ids,
-                                      vocab_size, length)
+                                      SO_VOCAB_SIZE, length)
 
   return load_tff_h5_federated(
       train_path, test_path,
