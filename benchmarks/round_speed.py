@@ -154,7 +154,7 @@ def measure(model, clients: int, local_steps: int, batch: int, examples: int, re
 
   if skip_centralized:
     return result
-  objective = supervised(program.model.apply, program.model.multi_label)
+  objective = supervised(program.model)
   opt = optax.sgd(0.01)
   xc = jnp.asarray(data.x.reshape((-1,) + data.x.shape[2:]))
   yc = jnp.asarray(data.y.reshape(-1))

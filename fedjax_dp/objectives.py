@@ -18,20 +18,27 @@ from fedjax_dp.models import supervised_loss
 Objective = Callable  # (params, batch, anchor) -> scalar
 
 
-def supervised(apply_fn: Callable, multi_label: bool = False) -> Objective:
-  """Mean loss of ``apply_fn(params, x)`` over the batch's real examples: softmax cross-entropy
-  (:func:`fedjax_dp.models.cross_entropy`), or with ``multi_label`` (a model's
-  :attr:`~fedjax_dp.models.Model.multi_label`) the binary cross-entropy of a sigmoid per class
-  (:func:`fedjax_dp.models.sigmoid_cross_entropy`)."""
-  loss = supervised_loss(multi_label)
+def supervised(model) -> Objective:
+  """Mean loss of ``model.apply(params, x)`` over the batch's real examples: softmax
+  cross-entropy (:func:`fedjax_dp.models.cross_entropy`), or for a multi-label model
+  (:attr:`~fedjax_dp.models.Model.multi_label`) the binary cross-entropy of a sigmoid per class
+  (:func:`fedjax_dp.models.sigmoid_cross_entropy`).
+
+  Args:
+    model: a :class:`fedjax_dp.models.Model` (its ``apply`` and ``multi_label``).
+
+  Returns:
+    The objective ``(params, batch, anchor) -> scalar``.
+  """
+  loss, apply_fn = supervised_loss(model.multi_label), model.apply
 
   def objective(params, batch, anchor):
     """The loss at ``params``.
 
     Args:
-      params: the model's parameters (a pytree ``apply_fn`` takes).
+      params: the model's parameters (a pytree its ``apply`` takes).
       batch: ``(x, y, mask)``: inputs ``[B, ...]``, integer labels ``[B, *label_shape]`` (with
-        ``multi_label``, each example's class ids) and ``[B]`` weights (1 for a real example, 0
+        a multi-label model, each example's class ids) and ``[B]`` weights (1 for a real example, 0
         for padding).
       anchor: unused (the round's global model).
     """

@@ -73,7 +73,7 @@ cells = [
         "                       sparsify_by_utility, tree_sub)\n"
         "cfg = make_config(base, algorithm='blur+lus')\n"
         "model = get_model(cfg.model_name, data.example_shape, data.num_classes)\n"
-        "loss = objectives.supervised(model.apply)  # f_i, without BLUR's term\n"
+        "loss = objectives.supervised(model)  # f_i, without BLUR's term\n"
         "train = local_sgd(objectives.blur(loss, 0.4, cfg.clip), make_optimizer('sgd', cfg.client_lr),\n"
         "                  cfg.local_steps, cfg.batch_size)\n"
         "params = runs['blur+lus'].state.params\n"

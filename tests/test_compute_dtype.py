@@ -38,7 +38,7 @@ def _batch(n=6):
 def test_forward_runs_in_the_compute_dtype_and_the_clipped_gradients_are_float32(dtype):
   model = get_model("mlp", (8, 8, 1), 10, hidden=(16,), compute_dtype=dtype)
   params = model.init(jax.random.PRNGKey(0))
-  objective = supervised(model.apply)
+  objective = supervised(model)
   x, y = _batch()
   assert model.apply(params, x).dtype == jnp.float32
   # The per-example gradients dp_gradient clips, and the noisy gradient it returns.

@@ -45,7 +45,7 @@ def _batch(n=12, seed=0):
 def _setup():
   model = _model()
   params = model.init(jax.random.PRNGKey(0))
-  return model, objectives.supervised(model.apply), params
+  return model, objectives.supervised(model), params
 
 
 def _data(num_clients=8, per_client=24, seed=0):
@@ -203,7 +203,7 @@ def test_spfl_thresholds_follow_the_formulas():
   rnd, hp = setup.program, _hp(setup)
   state = rnd.init(run_keys(cfg.seed)[0], hp)
   # Initial threshold: the mean initial per-example gradient norm of all clients (Sec. 2.1).
-  objective = objectives.supervised(rnd.model.apply)
+  objective = objectives.supervised(rnd.model)
   norms = []
   pe_norms = jax.jit(lambda p, x, y: jax.vmap(global_norm)(per_example_grads(objective, p, p, x, y)[1]))
   for c in range(data.num_clients):
@@ -267,7 +267,7 @@ def test_spfl_initial_threshold_is_read_at_the_runs_initial_model(monkeypatch):
 
   monkeypatch.setattr(Round, "init", spy)
   res = simulate(cfg, data)
-  objective = objectives.supervised(build(cfg, data).program.model.apply)
+  objective = objectives.supervised(build(cfg, data).program.model)
   got = mean_initial_norm(objective, seen["params"], data.x[:, :32], data.y[:, :32],
                           data.counts, 32)
   # A raw statistic of the clients' data, so a diagnostic, not a released metric.

@@ -117,7 +117,7 @@ def vote_client(model, training: Training) -> Piece:
   Declares the L2 bound ``vote_norm`` (``sqrt(m)``): every row of the upload is one-hot
   whatever the model computes (an all-NaN row of logits votes for class 0).
   """
-  loss = objectives.supervised(model.apply, model.multi_label)
+  loss = objectives.supervised(model)
 
   def client(hp):
     train = local_sgd(loss, make_optimizer(training.client_optimizer, hp["client_lr"]),
@@ -173,7 +173,7 @@ def label_and_train(model, *, server_optimizer: str, server_steps: int, server_b
     :attr:`fedjax_dp.round.Hooks.server_step`, ``(state, counts, hp, key) -> (params,
     opt_state)``.
   """
-  loss = objectives.supervised(model.apply, model.multi_label)
+  loss = objectives.supervised(model)
 
   def server_step(state, counts, hp, key):
     """The new global model trained on the labels ``argmax(counts)`` of ``hp["public_x"]``.

@@ -180,7 +180,7 @@ def fedavg_client(model, pieces: Pieces, training: Training, lus_batches: int = 
     The client :class:`fedjax_dp.round.Piece`; it declares the L2 bound ``hp["clip"]`` of what
     it releases when its last transform is a clip.
   """
-  loss = objectives.supervised(model.apply, model.multi_label)
+  loss = objectives.supervised(model)
   lus = (lus_gradient(loss, training.batch_size, lus_batches) if "sparsify" in pieces.transforms
          else None)
 

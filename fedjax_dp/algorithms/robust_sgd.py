@@ -80,8 +80,7 @@ def stochastic_gradient(objective: Callable, batch_size: int) -> Callable:
 
 def gradient_client(model, batch_size: int) -> Callable:
   """``hp -> client`` uploading one stochastic gradient at the master's model."""
-  gradient = stochastic_gradient(objectives.supervised(model.apply, model.multi_label),
-                                 batch_size)
+  gradient = stochastic_gradient(objectives.supervised(model), batch_size)
 
   def client(hp):
     del hp

@@ -329,8 +329,7 @@ def build_rsa_family(config, data) -> Setup:
   key = round_key(config, opts, model, data.num_clients, knowledge, clipped)
   rnd = cached_round(key, lambda: rsa_round(
       model, data.num_clients,
-      stochastic_gradient(objectives.supervised(model.apply, model.multi_label),
-                          config.batch_size),
+      stochastic_gradient(objectives.supervised(model), config.batch_size),
       perturbation(variant, clipped, norm), attack=config.attack,
       attack_options=static_options(config.attack, opts), knowledge=knowledge))
   sampler = make_sampler(config.sampling, data.num_clients, config.seed, config.sampling_prob,

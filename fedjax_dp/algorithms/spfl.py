@@ -291,8 +291,7 @@ def build_dpsgd_family(config, data, rules: Rules, opts: dict, hparams: dict, cl
   aggregation = Pieces(aggregator=config.aggregator or "mean", weighting=config.weighting)
 
   def make():
-    local_train = dp_sgd(objectives.supervised(model.apply, model.multi_label),
-                         pieces.steps)
+    local_train = dp_sgd(objectives.supervised(model), pieces.steps)
     return dpsgd_round(model, data.num_clients, pieces, Training.of(config),
                        local_train=local_train, aggregator=make_aggregator(aggregation, opts),
                        attack=config.attack,
@@ -406,7 +405,7 @@ def _spfl_common(config, data):
 @functools.lru_cache(maxsize=16)
 def _initial_norm_fn(model, per_client: int):
   """Jitted :func:`mean_initial_norm` of ``model`` (compiled once per model and data shape)."""
-  objective = objectives.supervised(model.apply, model.multi_label)
+  objective = objectives.supervised(model)
   return jax.jit(lambda p, x, y, n: mean_initial_norm(objective, p, x, y, n, per_client))
 
 

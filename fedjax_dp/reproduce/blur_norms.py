@@ -357,7 +357,7 @@ def gradient_norm_fn(model, batch_size: int, batches: int):
   Returns:
     The function ``fn(params, data, seed=0)``.
   """
-  grad = jax.grad(objectives.supervised(model.apply, model.multi_label))
+  grad = jax.grad(objectives.supervised(model))
 
   @jax.jit
   def norms(params, x, y, counts, key):
