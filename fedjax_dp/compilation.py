@@ -2,9 +2,12 @@
 
 A program compiled once (a round, an evaluation) is written to the cache folder and read back by
 later processes that compile the same program, instead of compiling it again. The cache is
-bounded (:data:`MAX_BYTES`, least recently used entries go first); bounding it also makes JAX
-take a file lock around each read and write, so processes running at once never read an entry
-another is still writing.
+bounded (:data:`MAX_BYTES`): the first :func:`enable` of a process removes the least recently
+used entries beyond the bound (:func:`prune`). JAX's own bound is left off: with it, every
+entry written lists and reads every entry of the folder under one file lock, so writing ``n``
+programs into a cache costs of the order of ``n**2`` file reads, shared by all the processes
+using it. Without it JAX writes an entry in place; a process that reads one while another
+still writes it fails to decompress it, warns and compiles the program itself.
 
 Programs that one process runs in several threads at once (a sweep's, :func:`paused`) neither
 read nor write the cache: XLA:CPU aborted the process while one thread serialized a program into
@@ -19,12 +22,17 @@ import pathlib
 import threading
 from typing import Optional
 
+import filelock
 import jax
 from jax.experimental.compilation_cache import compilation_cache
 
 ENV = "FEDJAX_DP_JAX_CACHE"
 OFF = "off"
 MAX_BYTES = 4 * 2**30
+# JAX's names of a program's files in the cache: the entry, and (written while JAX's own bound
+# is on, as earlier versions of this module set it) its last use.
+SUFFIXES = ("-cache", "-atime")
+_pruned = set()  # the folders this process has pruned
 _pauses = 0  # how many paused() blocks are open (enable() does nothing while any is)
 _lock = threading.Lock()
 _enabled_before = True  # jax_enable_compilation_cache when the first open paused() began
@@ -49,7 +57,9 @@ def folder() -> Optional[pathlib.Path]:
 def enable() -> Optional[pathlib.Path]:
   """Turns the cache on for this process, in :func:`folder`, caching every program however
   quickly it compiled; a cache folder already configured in JAX (``jax_compilation_cache_dir``,
-  ``JAX_COMPILATION_CACHE_DIR``) is kept, and so is a size bound already set. JAX decides at a
+  ``JAX_COMPILATION_CACHE_DIR``) is kept. The first call of a process on a folder bounds it to
+  :data:`MAX_BYTES` (:func:`prune`), unless a size bound is set in JAX
+  (``jax_compilation_cache_max_size``), which JAX then enforces itself. JAX decides at a
   process's first compilation whether it uses the cache; a change made here resets that decision,
   so programs compiled after this call use the cache wherever it is turned on.
 
@@ -67,14 +77,59 @@ def enable() -> Optional[pathlib.Path]:
     if chosen is None:
       return None
     settings["jax_compilation_cache_dir"] = str(chosen)
-  if jax.config.jax_compilation_cache_max_size == -1:
-    settings["jax_compilation_cache_max_size"] = MAX_BYTES
   changed = {k: v for k, v in settings.items() if getattr(jax.config, k) != v}
   for name, value in changed.items():
     jax.config.update(name, value)
   if changed:
     compilation_cache.reset_cache()
-  return pathlib.Path(jax.config.jax_compilation_cache_dir)
+  chosen = pathlib.Path(jax.config.jax_compilation_cache_dir)
+  if jax.config.jax_compilation_cache_max_size == -1 and chosen not in _pruned:
+    _pruned.add(chosen)
+    prune(chosen)
+  return chosen
+
+
+def prune(cache: pathlib.Path, max_bytes: int = MAX_BYTES) -> int:
+  """Removes the least recently used programs of the cache folder ``cache`` until the rest hold
+  at most ``max_bytes``. A program's last use is the latest access or change time of its files
+  (:data:`SUFFIXES`; a file's access time as the file system keeps it). One process prunes a
+  folder at a time; a process that finds another pruning it leaves it to that one.
+
+  Args:
+    cache: the cache folder (absent: nothing to do).
+    max_bytes: the bound, >= 0.
+
+  Returns:
+    The number of programs removed.
+  """
+  if not cache.is_dir():
+    return 0
+  try:
+    with filelock.FileLock(cache / ".prune.lock", blocking=False):
+      programs = {}  # name -> [last use, bytes, files]
+      for path in cache.iterdir():
+        name = next((path.name[:-len(s)] for s in SUFFIXES if path.name.endswith(s)), None)
+        if name is None:
+          continue
+        try:
+          st = path.stat()
+        except FileNotFoundError:  # removed by JAX or another process meanwhile
+          continue
+        entry = programs.setdefault(name, [0.0, 0, []])
+        entry[0] = max(entry[0], st.st_atime, st.st_mtime)
+        entry[1] += st.st_size
+        entry[2].append(path)
+      total, removed = sum(e[1] for e in programs.values()), 0
+      for _, size, files in sorted(programs.values(), key=lambda e: e[0]):
+        if total <= max_bytes:
+          break
+        for path in files:
+          path.unlink(missing_ok=True)
+        total -= size
+        removed += 1
+      return removed
+  except filelock.Timeout:
+    return 0
 
 
 @contextlib.contextmanager

@@ -5,6 +5,9 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
+
+import filelock
 
 from fedjax_dp import compilation
 
@@ -41,15 +44,50 @@ def test_folder_follows_the_environment(monkeypatch, tmp_path):
 def test_a_second_process_reads_the_program_the_first_compiled(tmp_path):
   env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
   env[compilation.ENV] = str(tmp_path / "cache")
+  # A program beyond the bound, unused for a day: the first process removes it (a sparse file,
+  # so the test writes no gigabytes).
+  (tmp_path / "cache").mkdir()
+  old = tmp_path / "cache" / "jit_old-cache"
+  with open(old, "wb") as f:
+    f.truncate(compilation.MAX_BYTES + 1)
+  os.utime(old, (time.time() - 86400,) * 2)
   first = _run(env)
-  assert pathlib.Path(first["folder"]) == tmp_path / "cache"
-  assert first["hits"] == "0" and first["bound"] == str(compilation.MAX_BYTES)
+  assert pathlib.Path(first["folder"]) == tmp_path / "cache" and not old.exists()
+  # JAX's own bound stays off, so JAX neither locks nor keeps a last-use file per program.
+  assert first["hits"] == "0" and first["bound"] == "-1"
   names = {p.name for p in (tmp_path / "cache").iterdir()}
-  # Bounded, JAX locks each read and write and keeps each entry's last use.
-  assert ".lockfile" in names and any(n.endswith("-atime") for n in names)
+  assert any(n.endswith("-cache") for n in names)
+  assert ".lockfile" not in names and not any(n.endswith("-atime") for n in names)
   assert int(_run(env)["hits"]) > 0
   env[compilation.ENV] = "off"
   assert _run(env) == {"folder": "None", "hits": "0", "bound": "-1"}
+
+
+def _program(cache, name, size, last_use, suffix="-cache"):
+  path = cache / f"{name}{suffix}"
+  path.write_bytes(b"x" * size)
+  os.utime(path, (last_use, last_use))
+  return path
+
+
+def test_prune_removes_the_least_recently_used_programs_beyond_the_bound(tmp_path):
+  cache = tmp_path / "cache"
+  assert compilation.prune(cache, 0) == 0  # no folder yet
+  cache.mkdir()
+  a = [_program(cache, "jit_a", 100, 1000), _program(cache, "jit_a", 8, 5000, "-atime")]
+  b = _program(cache, "jit_b", 100, 2000)
+  c = _program(cache, "jit_c", 100, 3000)
+  other = cache / "notes.txt"
+  other.write_text("not a program")
+  # 308 bytes: b is the least recently used (a's last use is its -atime file's, 5000).
+  assert compilation.prune(cache, 250) == 1
+  assert not b.exists() and all(p.exists() for p in a) and c.exists()
+  assert compilation.prune(cache, 208) == 0
+  # While another process prunes the folder, this one leaves it alone.
+  with filelock.FileLock(cache / ".prune.lock"):
+    assert compilation.prune(cache, 0) == 0
+  assert compilation.prune(cache, 0) == 2
+  assert not any(p.exists() for p in a + [c]) and other.exists()
 
 
 def test_a_run_keeps_its_programs_in_the_cache_unless_told_not_to(tmp_path):
