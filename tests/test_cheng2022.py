@@ -308,9 +308,9 @@ def test_paper_presets_describe_the_writer_partitioned_data():
       assert (config.dataset, config.partition) == ("federated_emnist", "natural")
 
 
-def test_the_paper_scale_says_its_accuracies_are_raw(tmp_path, monkeypatch):
-  # Federated EMNIST's natural partition tests on the writers' own held-out examples: the
-  # paper scale's results.json says the accuracies are raw, as each run's summary.json does.
+def _tiny_paper_scale(tmp_path, monkeypatch, presets=("emnist_mlp",)):
+  """Writes 8 writers of federated EMNIST in TFF's layout under ``tmp_path`` and shrinks the
+  paper scale to one round of DP-FedAvg at one epsilon for each of ``presets``."""
   import h5py
   import numpy as np
   rng = np.random.default_rng(0)
@@ -319,11 +319,17 @@ def test_the_paper_scale_says_its_accuracies_are_raw(tmp_path, monkeypatch):
       for w in range(8):
         f[f"examples/w{w}/pixels"] = rng.random((n, 28, 28)).astype(np.float32)
         f[f"examples/w{w}/label"] = rng.integers(0, 62, n).astype(np.int32)
-  monkeypatch.setattr(cheng2022, "PAPER_PRESETS", {"emnist_mlp": dict(
+  monkeypatch.setattr(cheng2022, "PAPER_PRESETS", {name: dict(
       cheng2022._EMNIST, model="mlp", rounds=1, eval_every=1, local_steps=1, batch_size=2,
-      sampling_prob=0.5)})
+      sampling_prob=0.5) for name in presets})
   monkeypatch.setattr(cheng2022, "EPSILONS", (8.0,))
   monkeypatch.setattr(cheng2022, "COLUMNS", dict(cheng2022.COLUMNS, table1=("dp_fedavg",)))
+
+
+def test_the_paper_scale_says_its_accuracies_are_raw(tmp_path, monkeypatch):
+  # Federated EMNIST's natural partition tests on the writers' own held-out examples: the
+  # paper scale's results.json says the accuracies are raw, as each run's summary.json does.
+  _tiny_paper_scale(tmp_path, monkeypatch)
   out = tmp_path / "out"
   assert cheng2022.run_paper(str(out), data_dir=str(tmp_path), seeds=1,
                              execution=Execution(log=lambda line: None)) == 0
@@ -333,6 +339,26 @@ def test_the_paper_scale_says_its_accuracies_are_raw(tmp_path, monkeypatch):
       "accuracy (each run's test accuracy)"]
   summary = json.loads((out / "emnist_mlp" / "dp_fedavg_eps8_seed0" / "summary.json").read_text())
   assert summary["release"]["covered_by_guarantee"]["summary"] == ["params_sha256"]
+
+
+def test_the_paper_scale_loads_federated_emnist_once(tmp_path, monkeypatch):
+  # Every preset runs on the same writers: the files are read once, and a preset that is not
+  # one is refused before they are read at all.
+  _tiny_paper_scale(tmp_path, monkeypatch, presets=("a", "b"))
+  loads = []
+  load = cheng2022.load_federated_emnist
+  monkeypatch.setattr(cheng2022, "load_federated_emnist",
+                      lambda *paths: loads.append(paths) or load(*paths))
+  quiet = Execution(log=lambda line: None)
+  with pytest.raises(ConfigError, match="preset"):
+    cheng2022.run_paper(str(tmp_path / "bad"), data_dir=str(tmp_path), seeds=1,
+                        presets=("a", "c"), execution=quiet)
+  assert loads == []
+  assert cheng2022.run_paper(str(tmp_path / "out"), data_dir=str(tmp_path), seeds=1,
+                             execution=quiet) == 0
+  assert len(loads) == 1
+  runs = json.loads((tmp_path / "out" / "results.json").read_text())["runs"]
+  assert sorted(r["preset"] for r in runs) == ["a", "b"]
 
 
 def test_table1_shows_the_control_column_only_where_it_ran():
