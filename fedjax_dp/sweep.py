@@ -414,14 +414,16 @@ class SweepResult:
 
   def to_csv(self) -> str:
     """``results.csv``'s content: one line per grid point (:attr:`rows`), a column per grid axis
-    (by its name) then ``accuracy_mean``, ``accuracy_std``, ``seeds``, ``epsilon``,
+    (by its name) then ``accuracy_mean``, ``accuracy_std``, ``accuracy_metric`` (what the two
+    measure: "accuracy", or a multi-label model's "recall_at_5"), ``seeds``, ``epsilon``,
     ``epsilon_seeds_composed``, ``delta_seeds_composed`` and ``seeds_composition`` (empty
     where None)."""
     axes = list(dict.fromkeys(k for row in self.rows for k in row["grid"]))
-    columns = ["accuracy_mean", "accuracy_std", "seeds", "epsilon", "epsilon_seeds_composed",
-               "delta_seeds_composed", "seeds_composition"]
+    columns = ["accuracy_mean", "accuracy_std", "accuracy_metric", "seeds", "epsilon",
+               "epsilon_seeds_composed", "delta_seeds_composed", "seeds_composition"]
+    defaults = {"accuracy_metric": "accuracy"}
     return outputs.csv_text([axes + columns, *([row["grid"].get(a) for a in axes]
-                                               + [row.get(c) for c in columns]
+                                               + [row.get(c, defaults.get(c)) for c in columns]
                                                for row in self.rows)])
 
 

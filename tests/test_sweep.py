@@ -14,7 +14,7 @@ from fedjax_dp.config import make_config
 from fedjax_dp.engine import RunOptions
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.experiment import simulate
-from fedjax_dp.sweep import Programs, parse_grid, plan, seeds_composed, sweep
+from fedjax_dp.sweep import Programs, SweepResult, parse_grid, plan, seeds_composed, sweep
 
 
 def _base(**kw):
@@ -222,6 +222,7 @@ def test_sweep_command_writes_rows_and_protects_earlier_results(tmp_path, capsys
       (0.3, 1.0, 2), (0.6, 1.0, 2)]
   assert [float(t["accuracy_mean"]) for t in table] == [r["accuracy_mean"] for r in rows]
   assert [float(t["epsilon"]) for t in table] == [r["epsilon"] for r in rows]
+  assert [t["accuracy_metric"] for t in table] == ["accuracy", "accuracy"]
   before = (out / "results.json").read_text()
   assert main(args) == 2  # an earlier sweep is kept
   assert "--overwrite" in capsys.readouterr().err and (out / "results.json").read_text() == before
@@ -529,3 +530,15 @@ def test_a_folder_another_process_writes_is_refused_naming_it(command, tmp_path,
   assert code == 2 and err.count("\n") == 1, err
   assert f"is being written by process {os.getpid()}" in err
   assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_the_csv_says_what_its_accuracy_columns_measure():
+  # A multi-label model's rows hold its recall at 5 (accuracy_metric): results.csv says so on
+  # each line, and "accuracy" on the lines of every other model.
+  rows = [{"accuracy_mean": 0.4, "accuracy_std": None, "seeds": 1, "epsilon": None,
+           "accuracy_metric": "recall_at_5", "grid": {"lr": 0.1}},
+          {"accuracy_mean": 0.9, "accuracy_std": None, "seeds": 1, "epsilon": None,
+           "grid": {"lr": 0.2}}]
+  table = list(csv.DictReader(SweepResult(rows, [], [], 0.0, [], 1).to_csv().splitlines()))
+  assert [(t["lr"], t["accuracy_mean"], t["accuracy_metric"]) for t in table] == [
+      ("0.1", "0.4", "recall_at_5"), ("0.2", "0.9", "accuracy")]
