@@ -26,6 +26,15 @@ def test_round_speed_measures_engine_loop_and_centralized_at_a_tiny_size():
   assert r["loop_over_engine"] > 0 and r["client_steps_per_s"] > 0
 
 
+@pytest.mark.slow  # about 11 s of compilation: `make test-slow`
+def test_sampler_compile_compares_the_final_buffers_at_a_tiny_size(capsys):
+  _load("sampler_compile").main(["--sizes", "10000", "--repeats", "1"])
+  (r,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+  assert r["n"] == 10000 and r["default"]["buffers"] < r["baseline"]["buffers"]
+  assert min(r[c][k] for c in ("baseline", "default") for k in ("compile_s", "ms_per_call")) > 0
+  assert r["compile_ratio"] > 0 and r["time_ratio"] > 0
+
+
 @pytest.mark.slow  # about 27 s of compilation: `make test-slow`
 def test_conv_speed_times_every_implementation_at_a_tiny_size(capsys):
   _load("conv_speed").main(["--tiny", "--impls", "im2col,winograd", "--repeats", "1"])

@@ -35,9 +35,12 @@ SALT_ROTATION = 0x207A
 # below 0.49^64 < 1e-20 (it is then 0; the sampler counts them).
 SAMPLER_TRIES = 64
 # The buffers of its retries (see discrete_gaussian): each this fraction of the last (more than the
-# 0.49 that a round leaves at worst), down to a final size.
+# 0.49 that a round leaves at worst), down to a final size: at least RETRY_FINAL and 1/RETRY_SHARE of
+# the coordinates. Each buffer is compiled code of its own, so the final share bounds the program
+# (about 9 buffers at any size), while the last buffer's rounds add about a quarter of n proposals.
 RETRY_SHRINK = 0.6
 RETRY_FINAL = 32
+RETRY_SHARE = 64
 # The rounding's norm check, in float32, accepts a norm up to bound * (1 - NORM_MARGIN): the
 # pairwise sum of squares (:func:`sum_of_squares`) is within (log2(d) + 1) * 2^-24 of the exact
 # integer one (below 1e-5 for d <= 2^100), so every accepted vector is within the bound exactly.
@@ -140,8 +143,9 @@ def conditional_round(x: jax.Array, bound, tries, key: jax.Array):
 
 def _buffer_sizes(n: int) -> tuple:
   """The buffer sizes of :func:`discrete_gaussian`'s retries: each :data:`RETRY_SHRINK` times
-  the last, from ``n``, down to :data:`RETRY_FINAL` (or ``n``), the final buffer's."""
-  final, sizes = min(n, RETRY_FINAL), []
+  the last, from ``n``, down to the final buffer's, the largest of :data:`RETRY_FINAL` and
+  ``n / RETRY_SHARE`` (at most ``n``)."""
+  final, sizes = min(n, max(RETRY_FINAL, math.ceil(n / RETRY_SHARE))), []
   while not sizes or sizes[-1] > final:
     sizes.append(max(final, math.ceil((sizes[-1] if sizes else n) * RETRY_SHRINK)))
   return tuple(sizes)
