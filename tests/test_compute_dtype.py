@@ -83,7 +83,7 @@ def test_compute_dtype_is_checked():
     get_model("mlp", (4,), 2, compute_dtype="int8")
 
 
-@pytest.mark.heavy
+@pytest.mark.slow  # two 20-round quickstarts, about 40 s of one core: `make test-slow`
 def test_bfloat16_quickstart_accuracy_is_within_one_point_of_float32():
   # Both runs draw the same cohorts, batches and noise (same seed): only rounding differs.
   # bfloat16 keeps 8 significant bits, so the trajectories drift apart a little; over the 359
