@@ -60,6 +60,7 @@ def _describe(settings: dict) -> str:
     parts.append("presets " + ", ".join(s["presets"]))
   parts += [f"{s[k]} {word}" for k, word in (("max_train", "training examples"),
                                              ("num_clients", "clients"), ("rounds", "rounds"),
+                                             ("batch_size", "examples a batch"),
                                              ("seeds", "seeds")) if s.get(k) is not None]
   return ", ".join(parts)
 
