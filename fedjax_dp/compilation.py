@@ -93,7 +93,8 @@ def prune(cache: pathlib.Path, max_bytes: int = MAX_BYTES) -> int:
   """Removes the least recently used programs of the cache folder ``cache`` until the rest hold
   at most ``max_bytes``. A program's last use is the latest access or change time of its files
   (:data:`SUFFIXES`; a file's access time as the file system keeps it). One process prunes a
-  folder at a time; a process that finds another pruning it leaves it to that one.
+  folder at a time; a process that finds another pruning it, or cannot write the folder, leaves it
+  as it is.
 
   Args:
     cache: the cache folder (absent: nothing to do).
@@ -128,7 +129,7 @@ def prune(cache: pathlib.Path, max_bytes: int = MAX_BYTES) -> int:
         total -= size
         removed += 1
       return removed
-  except filelock.Timeout:
+  except OSError:  # another process holds the lock (filelock.Timeout), or the folder is read-only
     return 0
 
 

@@ -90,6 +90,16 @@ def test_prune_removes_the_least_recently_used_programs_beyond_the_bound(tmp_pat
   assert not any(p.exists() for p in a + [c]) and other.exists()
 
 
+def test_a_cache_folder_the_process_cannot_write_is_left_as_it_is(tmp_path, monkeypatch):
+  kept = _program(tmp_path, "jit_a", 100, 1000)
+
+  def read_only(path, **kwargs):
+    raise PermissionError(13, "Permission denied", str(path))
+
+  monkeypatch.setattr(filelock, "FileLock", read_only)
+  assert compilation.prune(tmp_path, 0) == 0 and kept.exists()
+
+
 def test_a_run_keeps_its_programs_in_the_cache_unless_told_not_to(tmp_path):
   env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
   main = "import sys; from fedjax_dp.cli import main; sys.exit(main(sys.argv[1:]))"
