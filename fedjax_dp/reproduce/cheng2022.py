@@ -1125,11 +1125,12 @@ def run_paper(output_dir: str, data_dir=None, seeds: Optional[int] = None, prese
   n_seeds = num_seeds(seeds, SCALES["paper"]["seeds"])
   # Where `--dataset federated_emnist` finds them: --data-dir, else $FEDJAX_DP_DATA.
   train, test = tff.paths(specs.get("federated_emnist"), resolve_data_dir(data_dir))
-  for name in presets or PAPER_PRESETS:
+  names = presets or PAPER_PRESETS
+  for name in names:
     check_choice("preset", name, sorted(PAPER_PRESETS))
   data = load_federated_emnist(train, test)
   runs = []
-  for i, name in enumerate(presets or PAPER_PRESETS):
+  for i, name in enumerate(names):
     preset = dict(PAPER_PRESETS[name], num_clients=data.num_clients, data_dir=data_dir)
     jobs = [Job(make_config(dict(method_config(preset, m, eps), seed=seed)),
                 {"preset": name, "method": m, "target_epsilon": eps, "seed": seed},
