@@ -142,6 +142,33 @@ def test_coordinate_median_and_trimmed_mean_values():
   np.testing.assert_allclose(run(robust.trimmed_mean(0.0), rows), np.full(7, 22.0))
 
 
+def test_the_merge_sort_network_sorts_any_number_of_rows():
+  rng = np.random.default_rng(0)
+  for n in range(1, 131):
+    partner, low = robust.merge_sort_layers(n)
+    k = (n - 1).bit_length()
+    assert partner.shape == low.shape == (k * (k + 1) // 2, n)
+    for part, lo in zip(partner, low):  # disjoint comparators, the smaller value at the lower row
+      np.testing.assert_array_equal(part[part], np.arange(n))
+      np.testing.assert_array_equal(lo, part > np.arange(n))
+    values = rng.integers(-3, 4, size=(n, 64)).astype(np.float64)  # many ties
+    for part, lo in zip(partner, low):
+      values = np.where(lo[:, None], np.minimum(values, values[part]),
+                        np.maximum(values, values[part]))
+    assert (np.diff(values, axis=0) >= 0).all(), n
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 30, 33])
+def test_sort_rows_equals_xla_sort(n):
+  rng = np.random.default_rng(n)
+  values = rng.normal(size=(n, 40)).astype(np.float32)
+  values[:, :8] = rng.integers(-1, 2, size=(n, 8))  # ties
+  values[:, 8] = np.inf
+  values[n // 2] = np.inf  # a rejected row, as _sorted_real passes it
+  got = np.asarray(robust.sort_rows(jnp.asarray(values)))
+  np.testing.assert_array_equal(got, np.asarray(jnp.sort(values, axis=0)))
+
+
 def test_sign_vote_and_sum_values():
   rows = np.array([[1, -1, 2, 0, 1, 1, -3], [1, -1, -2, 0, 1, 1, -3], [2, 5, -1, 0, 1, 1, -3]], float)
   np.testing.assert_array_equal(run(robust.sign_vote(), rows), [1, -1, -1, 0, 1, 1, -1])

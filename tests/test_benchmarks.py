@@ -167,3 +167,12 @@ def test_wor_claims_never_below_the_worst_case_and_its_table_is_the_documented_o
   doc = [line.strip() for line in (BENCH.parent / "docs" / "how-to" / "audits.md").read_text()
          .splitlines()]
   assert len(rows) == len(mod.COHORTS) + 2 and all(row in doc for row in rows)
+
+
+def test_sort_rows_times_the_network_against_xla_sort_at_a_tiny_size(capsys):
+  _load("sort_rows").main(["--rows", "3,9", "--columns", "20", "--repeats", "1"])
+  records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+  assert [r["rows"] for r in records] == [3, 9]
+  assert all(r[f"{name}_{sort}_ms"] > 0 and r[f"{name}_ratio"] > 0 for r in records
+             for name in ("sort", "coordinate_median", "geometric_median")
+             for sort in ("network", "xla_sort"))
