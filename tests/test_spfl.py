@@ -430,6 +430,21 @@ def test_calibration_meets_the_target_for_every_client(sampling, accountant):
   assert 1.8 < e <= 2.0 + 1e-9
 
 
+def test_calibration_runs_once_for_the_same_arguments(monkeypatch):
+  calls = []
+  monkeypatch.setattr("fedjax_dp.privacy.example_level.calibrate",
+                      lambda *a, **k: calls.append(a) or 1.5)
+  calibrate_example_noise.cache_clear()
+  try:
+    args = (3.0, 1e-5, 12, 100, 10, "fixed", "rdp")
+    assert calibrate_example_noise(*args) == calibrate_example_noise(*args) == 1.5
+    assert len(calls) == 1
+    calibrate_example_noise(3.0, 1e-5, 13, 100, 10, "fixed", "rdp")
+    assert len(calls) == 2
+  finally:
+    calibrate_example_noise.cache_clear()  # no remembered stub for the other tests
+
+
 def _run(cfg, data):
   setup = build(cfg, data)
   return run(setup.program, Experiment(setup.hparams, data, setup.sampler, cfg.seed,

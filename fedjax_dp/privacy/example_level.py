@@ -40,6 +40,7 @@ Public by design (not covered): each client's example count ``|D_n|``
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Optional, Sequence
 
@@ -164,6 +165,7 @@ class ExampleDPSGDMechanism:
     return dp_accounting.SelfComposedDpEvent(self.step_event(num_examples), self.local_steps)
 
 
+@functools.lru_cache(maxsize=64)  # the seeds of a sweep's setting calibrate the same noise
 def calibrate_example_noise(target_epsilon: float, delta: float, steps: int, num_examples: int,
                             batch_size: int, sampling: str = "fixed", accountant: str = "rdp",
                             capacity: Optional[int] = None) -> float:
@@ -172,7 +174,9 @@ def calibrate_example_noise(target_epsilon: float, delta: float, steps: int, num
   Uses :func:`fedjax_dp.privacy.mechanisms.calibrate` (dp_accounting's
   calibration) with the per-step event of a client holding ``num_examples``
   examples. Pass the largest number of steps any client can take (every
-  round) and the smallest client to bound every client's epsilon.
+  round) and the smallest client to bound every client's epsilon. A process computes each
+  calibration once: the result of the same arguments is remembered (a PLD calibration of
+  truncated Poisson batches takes dp_accounting tens of seconds).
 
   Args:
     target_epsilon: the epsilon to meet, ``> 0``.
