@@ -163,8 +163,8 @@ def gaussian(attack_sigma, attack_shared):
 
     def draw(k, shape):
       per_id = jax.random.fold_in(k, 0)
-      # Only the attackers' rows are drawn, one at a time (the others are replaced by nothing):
-      # the draws cost the attackers' count, not the cohort's.
+      # Only the attackers' rows are drawn, one at a time (the other rows stay zero and are not
+      # sent): the draws cost the attackers' count, not the cohort's.
       attackers = jnp.nonzero(byz > 0, size=byz.shape[0], fill_value=0)[0]
 
       def draw_row(j, own):
