@@ -58,10 +58,12 @@ def _describe(settings: dict) -> str:
     parts.append("+".join(s.get("datasets", (s.get("dataset"),))))
   if "presets" in s:
     parts.append("presets " + ", ".join(s["presets"]))
-  parts += [f"{s[k]} {word}" for k, word in (("max_train", "training examples"),
-                                             ("num_clients", "clients"), ("rounds", "rounds"),
-                                             ("batch_size", "examples a batch"),
-                                             ("seeds", "seeds")) if s.get(k) is not None]
+  parts += [f"{s[k]} {one if s[k] == 1 else many}"
+            for k, one, many in (("max_train", "training example", "training examples"),
+                                 ("num_clients", "client", "clients"),
+                                 ("rounds", "round", "rounds"),
+                                 ("batch_size", "example a batch", "examples a batch"),
+                                 ("seeds", "seed", "seeds")) if s.get(k) is not None]
   return ", ".join(parts)
 
 
