@@ -175,8 +175,7 @@ def calibrate_example_noise(target_epsilon: float, delta: float, steps: int, num
   calibration) with the per-step event of a client holding ``num_examples``
   examples. Pass the largest number of steps any client can take (every
   round) and the smallest client to bound every client's epsilon. A process computes each
-  calibration once: the result of the same arguments is remembered (a PLD calibration of
-  truncated Poisson batches takes dp_accounting tens of seconds).
+  calibration once: the result of the same arguments is remembered.
 
   Args:
     target_epsilon: the epsilon to meet, ``> 0``.
