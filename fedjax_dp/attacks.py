@@ -160,19 +160,20 @@ def gaussian(attack_sigma, attack_shared):
     # id's key, so that no row depends on the cohort's padding, order or devices.
     leaves, treedef = jax.tree_util.tree_flatten(updates)
     keys = jax.random.split(key, len(leaves))
+    # Only the attackers' rows are drawn, one at a time (the other rows stay zero and are not
+    # sent): the draws cost the attackers' count, not the cohort's.
+    attacking = byz > 0
+    attackers = jnp.nonzero(attacking, size=byz.shape[0], fill_value=0)[0]
 
     def draw(k, shape):
       per_id = jax.random.fold_in(k, 0)
-      # Only the attackers' rows are drawn, one at a time (the other rows stay zero and are not
-      # sent): the draws cost the attackers' count, not the cohort's.
-      attackers = jnp.nonzero(byz > 0, size=byz.shape[0], fill_value=0)[0]
 
       def draw_row(j, own):
         i = attackers[j]
         return own.at[i].set(jax.random.normal(jax.random.fold_in(per_id, ids[i]), shape[1:],
                                                 jnp.float32))
 
-      own = jax.lax.fori_loop(0, jnp.sum(byz > 0), draw_row, jnp.zeros(shape, jnp.float32))
+      own = jax.lax.fori_loop(0, jnp.sum(attacking), draw_row, jnp.zeros(shape, jnp.float32))
       one = jax.random.normal(jax.random.fold_in(k, 1), shape[1:], jnp.float32)
       return attack_sigma * jnp.where(jnp.asarray(attack_shared) > 0, one, own)
     noise = [draw(k, u.shape) for k, u in zip(keys, leaves)]
