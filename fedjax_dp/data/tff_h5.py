@@ -584,9 +584,9 @@ def load_federated_stackoverflow_tags(train_path, test_path, held_out_path,
   Vocabularies: the words are next-word prediction's, the :data:`SO_VOCAB_SIZE` (TFF's 10,000)
   words used by the most users of the held-out file; the tags, likewise, the ``tag_vocab_size``
   tags used by the most users of the held-out file (:func:`user_counts` of ``tags`` split on
-  ``|``), numbered ``0..`` by decreasing count (ties by tag). TFF's baseline takes both from its counts over the training
-  split's users (``load_word_counts``, ``load_tag_counts``), which depend on training clients'
-  data; the vocabularies differ.
+  ``|``), numbered ``0..`` by decreasing count (ties by tag). TFF's baseline takes both from its
+  counts over the training split's users (``load_word_counts``, ``load_tag_counts``), which
+  depend on training clients' data; the vocabularies differ.
 
   Args:
     train_path: ``stackoverflow_train.h5``.
