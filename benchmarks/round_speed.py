@@ -49,7 +49,9 @@ def shape_of(model) -> tuple:
   return SHAPES[model] if isinstance(model, str) else (model.input_shape, model.num_classes)
 
 
-def _time(fn, repeats):
+def median_seconds(fn, repeats):
+  """The median wall time of ``repeats`` calls of ``fn()`` (which must block until its work is
+  done), after one call that compiles and warms up."""
   fn()  # compile and warm up
   times = []
   for _ in range(repeats):
@@ -121,7 +123,8 @@ def measure(model, clients: int, local_steps: int, batch: int, examples: int, re
   batch_arrays = CohortBatch(x, y, c, ids, mask)
 
   step = compiled_step(program, "host", chunk=chunk)
-  engine_s = _time(lambda: jax.block_until_ready(step(state, hp, batch_arrays, key)), repeats)
+  engine_s = median_seconds(
+      lambda: jax.block_until_ready(step(state, hp, batch_arrays, key)), repeats)
 
   result = {"model": program.model.name, "clients": clients, "local_steps": local_steps,
             "live_clients": live, "batch": batch, "conv_impl": conv_impl,
@@ -150,7 +153,7 @@ def measure(model, clients: int, local_steps: int, batch: int, examples: int, re
       deltas = jax.tree_util.tree_map(lambda *d: jnp.stack(d), *outs)
       return jax.block_until_ready(server(state, deltas, k_agg))
 
-    result["loop_s_per_round"] = _time(loop_round, repeats)
+    result["loop_s_per_round"] = median_seconds(loop_round, repeats)
 
   if skip_centralized:
     return result
@@ -170,7 +173,7 @@ def measure(model, clients: int, local_steps: int, batch: int, examples: int, re
     (p, _), _ = jax.lax.scan(one, (params, opt.init(params)), jax.random.split(k, local_steps))
     return p
 
-  result["centralized_s_per_round"] = _time(
+  result["centralized_s_per_round"] = median_seconds(
       lambda: jax.block_until_ready(centralized(state.params, key)), repeats)
   result["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
   if "loop_s_per_round" in result:

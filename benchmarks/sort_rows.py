@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from round_speed import median_seconds
 
 from fedjax_dp.aggregators import robust
 
@@ -29,13 +29,7 @@ from fedjax_dp.aggregators import robust
 def milliseconds(fn, *args, repeats: int) -> float:
   """The median time of a compiled call of ``fn(*args)``, after one warm-up call."""
   fn = jax.jit(fn)
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    began = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - began)
-  return 1000 * statistics.median(times)
+  return 1000 * median_seconds(lambda: jax.block_until_ready(fn(*args)), repeats)
 
 
 def measure(n: int, columns: int, repeats: int) -> dict:
