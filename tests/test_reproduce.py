@@ -9,7 +9,8 @@ import pytest
 
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.plots import Curve, plot_curves, plot_quantiles
-from fedjax_dp.reproduce.runner import Execution, Job, group_by, num_seeds, read_records, run_jobs
+from fedjax_dp.reproduce.runner import (Execution, Job, Kept, group_by, history, num_seeds,
+                                        read_records, run_jobs)
 from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference, verdict,
                                        verdict_table)
 from fedjax_dp.stats import seed_stats
@@ -76,6 +77,16 @@ def _fake_run(jobs, data, done, threads=None):
     done(list(indices), [_fake_one(jobs[i], data) for i in indices])
 
 
+def test_history_keeps_the_evaluated_rounds_and_the_named_diagnostics():
+  rounds = _fake_one(Job(None, {"seed": 0}), {"acc": 0.5}).history
+  assert history(rounds) == [{"round": 1, "diagnostics": {"update_norm": {"q50": 0.1}, "extra": 1}},
+                             {"round": 2, "test_accuracy": 0.5,
+                              "diagnostics": {"update_norm": {"q50": 0.2}, "extra": 2}}]
+  curve = history(rounds, Kept(diagnostics=("extra", "absent"), evaluated_only=True))
+  assert curve == [{"round": 2, "test_accuracy": 0.5, "diagnostics": {"extra": 2}}]
+  assert history(curve, Kept(evaluated_only=True)) == curve  # a kept history thins no further
+
+
 def test_verdict_rules():
   assert verdict(3.0, None) == "not measured"
   assert verdict(3.0, 2.0) == "reproduced"
@@ -122,7 +133,7 @@ def test_run_jobs(tmp_path):
   runs_path = tmp_path / "runs.jsonl"
   runs_path.write_text("old\n")
   records = run_jobs(jobs, lambda job, res: {"accuracy": res.summary["final_accuracy"]},
-                     load_data=load, runs_path=runs_path, diagnostics=("update_norm",),
+                     load_data=load, runs_path=runs_path, kept=Kept(diagnostics=("update_norm",)),
                      on_record=lambda rs: partial.append(len(rs)),
                      execution=Execution(_fake_run, log=lines.append))
   assert loaded == ["a", "b"]  # one data set per key, loaded when the key changes

@@ -125,6 +125,11 @@ def test_tiny_run_then_render_rewrites_the_same_outputs(shared_data_dir, tmp_pat
   md = (tmp_path / "results.md").read_text()
   figure = tmp_path / "zhu2022_iid_gaussian.png"
   assert figure.stat().st_size > 1000 and "| SGD fails, Gaussian attack" in md
+  # each record keeps its curve, the evaluated rounds with their loss and update norms
+  for line in (tmp_path / "runs.jsonl").read_text().splitlines():
+    kept = json.loads(line)["history"]
+    assert [h["round"] for h in kept] == [10, 20, 30]
+    assert all(set(h["diagnostics"]) == {"train_loss", "update_norm"} for h in kept)
   (tmp_path / "results.md").unlink()
   figure.unlink()
 

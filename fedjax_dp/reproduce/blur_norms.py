@@ -97,8 +97,8 @@ from fedjax_dp.experiment import load_data
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import plot_histograms, read_norms
 from fedjax_dp.reproduce import cheng2022
-from fedjax_dp.reproduce.runner import (Execution, Job, group_by, identity, num_seeds, release,
-                                        run_jobs, wrote)
+from fedjax_dp.reproduce.runner import (Execution, Job, Kept, group_by, identity, num_seeds,
+                                        release, run_jobs, wrote)
 from fedjax_dp.reproduce.tables import Claim, markdown_table, mean_std, verdict_table
 from fedjax_dp.stats import seed_stats
 from fedjax_dp.transforms import global_norm
@@ -482,7 +482,7 @@ def run(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] = None,
             "grad_full": [round(float(v), 6) for v in g["full"]]}
 
   runs = run_jobs(jobs, record, load_data=lambda _: data, runs_path=out / "runs.jsonl",
-                  diagnostics=("update_norm", "fraction_clipped", "train_loss"),
+                  kept=Kept(("update_norm", "fraction_clipped", "train_loss")),
                   execution=Execution(threads=threads, log=log, resume=resume))
   settings = _settings(scale, spec, base, n_seeds, first, time.perf_counter() - t0)
   results = {"paper": "Cheng et al., Differentially Private Federated Learning with Local "

@@ -61,8 +61,8 @@ from fedjax_dp.errors import check, check_choice
 from fedjax_dp.experiment import load_data
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import Curve, Layout, plot_curves, plot_quantiles
-from fedjax_dp.reproduce.runner import (Execution, Job, group_by, identity, num_seeds, read_records,
-                                        release, run_jobs, wrote)
+from fedjax_dp.reproduce.runner import (Execution, Job, Kept, group_by, identity, num_seeds,
+                                        read_records, release, run_jobs, wrote)
 from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference, verdict,
                                        verdict_table)
 from fedjax_dp.stats import seed_stats
@@ -1076,7 +1076,7 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
         dict(base, **({} if alpha is None else {"dirichlet_alpha": alpha}))))
 
   runs = run_jobs(jobs, _record, load_data=load, runs_path=out / "runs.jsonl",
-                  diagnostics=("update_norm", "train_loss", "fraction_clipped"),
+                  kept=Kept(("update_norm", "train_loss", "fraction_clipped")),
                   execution=execution)
   rows = _summarize(runs)
   settings = _small_settings(scale, spec, base, n_seeds, time.perf_counter() - t0)

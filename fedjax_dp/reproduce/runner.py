@@ -85,13 +85,38 @@ def simulate_jobs(jobs: Sequence[Job], data, done: Callable, threads: Optional[i
   run_configs([Task(j.config, data, j.output_dir) for j in jobs], on_group=done, threads=threads)
 
 
-def history(result, diagnostics: Optional[Sequence[str]] = None) -> list:
-  """A run's per-round records: round, test accuracy where evaluated, and its raw diagnostics
-  (those named in ``diagnostics``, or all of them)."""
+@dataclasses.dataclass(frozen=True)
+class Kept:
+  """What a run's record keeps of its per-round history (:func:`history`).
+
+  Attributes:
+    diagnostics: the raw diagnostics kept in each round (None: all of them).
+    evaluated_only: keep only the rounds whose test accuracy was evaluated, so that the record of
+      a run of thousands of rounds stays a few kilobytes (its curve, and the diagnostics of the
+      rounds on it).
+  """
+
+  diagnostics: Optional[Sequence[str]] = None
+  evaluated_only: bool = False
+
+
+def history(rounds: Sequence[dict], kept: Kept = Kept()) -> list:
+  """A run's per-round records: round, test accuracy where evaluated, and its raw diagnostics.
+
+  Args:
+    rounds: the run's rounds (:attr:`fedjax_dp.engine.RunResult.history`), or the ``history``
+      of a record that kept more of them.
+    kept: which rounds and diagnostics are kept.
+
+  Returns:
+    One ``{"round", "test_accuracy" (where evaluated), "diagnostics"}`` per kept round.
+  """
   out = []
-  for h in result.history:
+  for h in rounds:
+    if kept.evaluated_only and "test_accuracy" not in h:
+      continue
     d = h.get("diagnostics", {})
-    keep = d if diagnostics is None else {k: d[k] for k in diagnostics if k in d}
+    keep = d if kept.diagnostics is None else {k: d[k] for k in kept.diagnostics if k in d}
     out.append({"round": h["round"],
                 **({"test_accuracy": h["test_accuracy"]} if "test_accuracy" in h else {}),
                 "diagnostics": keep})
@@ -124,10 +149,10 @@ class _Records:
   is appended to ``runs_path`` (unless None) and logged, and ``on_record`` (unless None) gets
   the records finished so far after each group."""
 
-  def __init__(self, jobs: Sequence[Job], record: Callable, runs_path, diagnostics,
+  def __init__(self, jobs: Sequence[Job], record: Callable, runs_path, kept: Kept,
                on_record: Optional[Callable], log: Callable, earlier: Mapping[int, dict]):
     self.jobs, self.record, self.runs_path, self.log = jobs, record, runs_path, log
-    self.diagnostics, self.on_record = diagnostics, on_record
+    self.kept, self.on_record = kept, on_record
     self.by_job = [earlier.get(i) for i in range(len(jobs))]
     self.finished, self.t0 = list(earlier.values()), time.perf_counter()
 
@@ -156,7 +181,7 @@ class _Records:
   def _keep(self, i: int, result, seconds: float, group: int) -> None:
     job = self.jobs[i]
     rec = {**job.labels, **self.record(job, result), "seconds": seconds,
-           "history": history(result, self.diagnostics)}
+           "history": history(result.history, self.kept)}
     self.by_job[i] = rec
     self.finished.append(rec)
     if self.runs_path is not None:
@@ -232,8 +257,7 @@ def earlier_records(jobs: Sequence[Job], runs_path, log: Callable[[str], Any]) -
 
 def run_jobs(jobs: Sequence[Job], record: Callable[[Job, Any], dict], *,
              load_data: Callable[[Any], Any], runs_path=None, append: bool = False,
-             diagnostics: Optional[Sequence[str]] = None,
-             on_record: Optional[Callable[[list], None]] = None,
+             kept: Kept = Kept(), on_record: Optional[Callable[[list], None]] = None,
              execution: Execution = Execution()) -> list:
   """Runs ``jobs`` and returns their records, in the jobs' order.
 
@@ -255,7 +279,7 @@ def run_jobs(jobs: Sequence[Job], record: Callable[[Job, Any], dict], *,
     runs_path: the ``runs.jsonl`` each record is appended to as its run ends (none: not written).
     append: keep the records already in ``runs_path`` (else it starts empty, unless
       ``execution.resume``).
-    diagnostics: the diagnostics kept in each round of the history (default: all).
+    kept: what each record keeps of the run's history (default: every round, every diagnostic).
     on_record: called with the records so far after each group (to write partial results).
     execution: how the jobs run and report their progress.
 
@@ -271,7 +295,7 @@ def run_jobs(jobs: Sequence[Job], record: Callable[[Job, Any], dict], *,
                     f"{len(jobs) - len(earlier)} to run")
     elif not append:
       pathlib.Path(runs_path).write_text("")
-  records = _Records(jobs, record, runs_path, diagnostics, on_record, execution.log, earlier)
+  records = _Records(jobs, record, runs_path, kept, on_record, execution.log, earlier)
   segments = []  # consecutive jobs with one data key, less those done
   for i, job in enumerate(jobs):
     if not segments or job.data != jobs[i - 1].data:

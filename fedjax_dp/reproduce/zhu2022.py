@@ -12,8 +12,9 @@ for SGD (mean), SignSGD, GM, RSA, DP-RSA(F) and DP-RSA(G) at per-coordinate
 epsilon in {0.2, 0.4, 1.38}. It writes ``DIR/results.json`` (``rows``: method,
 partition, attack, epsilon, accuracy_mean, accuracy_std (sample std over
 seeds), seeds, plus the composed whole-run epsilon; rewritten as runs end),
-``DIR/runs.jsonl`` (every run's per-round history), ``DIR/results.md`` (the rows
-as a table and the verdicts on the paper's Fig. 1 claims, :func:`claims`) and
+``DIR/runs.jsonl`` (every run's record, with its accuracy curve: :data:`HISTORY_KEPT`),
+``DIR/results.md`` (the rows as a table and the verdicts on the paper's Fig. 1 claims,
+:func:`claims`) and
 ``DIR/zhu2022_<partition>_<attack>.png`` (accuracy versus iteration). The last
 two are written by :func:`render` from ``results.json`` and ``runs.jsonl``, which
 ``fedjax-dp reproduce zhu2022 --render --output-dir DIR`` calls on an earlier
@@ -46,8 +47,8 @@ from fedjax_dp.data import FederatedData, load_central, partition_indices
 from fedjax_dp.errors import check, check_choice
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import Curve, Layout, plot_curves
-from fedjax_dp.reproduce.runner import (Execution, Job, group_by, identity, num_seeds, read_records,
-                                        release, run_jobs, wrote)
+from fedjax_dp.reproduce.runner import (Execution, Job, Kept, group_by, identity, num_seeds,
+                                        read_records, release, run_jobs, wrote)
 from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference,
                                        verdict_table)
 from fedjax_dp.stats import seed_stats
@@ -178,6 +179,10 @@ def _label(method, eps) -> str:
 
 # What tells the rows apart.
 ROW_KEYS = ("partition", "attack", "method", "epsilon")
+# What a run's record keeps of its history: the curve (the evaluated rounds) and those rounds'
+# training loss and update norms, a few kilobytes for 5,000 iterations, so that a reproduction's
+# runs.jsonl can be kept beside its results.
+HISTORY_KEPT = Kept(diagnostics=("train_loss", "update_norm"), evaluated_only=True)
 
 
 def _results(runs, n_seeds):
@@ -367,7 +372,7 @@ def reproduce(scale: str = "small", output_dir: str = "runs/zhu2022", data_dir=N
           for seed in range(n_seeds)]
   log = (lambda line: print(f"[zhu2022] {line}", flush=True)) if progress else (lambda line: None)
   records = run_jobs(jobs, _record, load_data=lambda partition: load_data(sc, partition, data_dir),
-                     runs_path=out / "runs.jsonl",
+                     runs_path=out / "runs.jsonl", kept=HISTORY_KEPT,
                      on_record=lambda rs: _write(out, scale, sc, *_results(rs, n_seeds), t_start),
                      execution=dataclasses.replace(execution, log=log))
   _write(out, scale, sc, *_results(records, n_seeds), t_start)
