@@ -529,8 +529,9 @@ def run_configs(tasks: Sequence[Task], options: Optional[RunOptions] = None, *, 
       devices and accounting workers are its configurations'
       (:func:`fedjax_dp.experiment.options_for`).
     log: gets one line per group as it ends (written past the progress bar).
-    on_group: ``on_group(indices, results, setups)`` is called as each group ends (the
-      :class:`fedjax_dp.algorithms.Setup` s it ran).
+    on_group: ``on_group(indices, results, setups, seconds)`` is called as each group ends (the
+      :class:`fedjax_dp.algorithms.Setup` s it ran, and its own wall time, which with several
+      threads overlaps other groups').
     group_size: at most this many experiments per program (a larger group runs as several;
       equal sizes share one compilation); default: no limit.
     threads: programs run at once, each in its own thread (:func:`threads_for`; default: one
@@ -597,7 +598,7 @@ def run_configs(tasks: Sequence[Task], options: Optional[RunOptions] = None, *, 
     elif log is not None:
       log(line)
     if on_group is not None:
-      on_group(members, done, [built[i] for i in members])
+      on_group(members, done, [built[i] for i in members], seconds)
 
   try:
     _in_threads(groups, threads, run_one, finish, stop)
@@ -710,15 +711,16 @@ def sweep(config=None, grid: Optional[Mapping[str, Sequence]] = None, seeds: int
     with (contextlib.nullcontext() if out is None else outputs.replacing(out, SWEEP_FILES, True)):
       ledgers = [None] * len(points)  # each run's PrivacyLedger, where its epsilon is one ledger's
 
-      def keep_ledgers(members, done, setups):
+      def keep_ledgers(members, done, setups, seconds):
         """Keeps each run's ledger (:func:`run_configs`' ``on_group``).
 
         Args:
           members: the group's experiments (indices).
           done: their results (unused).
           setups: their :class:`fedjax_dp.algorithms.Setup` s.
+          seconds: the group's wall time (unused).
         """
-        del done
+        del done, seconds
         for i, setup in zip(members, setups):
           ledgers[i] = getattr(setup.accounting, "ledger", None)
 

@@ -10,7 +10,7 @@ import pytest
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.plots import Curve, plot_curves, plot_quantiles
 from fedjax_dp.reproduce.runner import (Execution, Job, Kept, group_by, history, num_seeds,
-                                        read_records, run_jobs)
+                                        read_records, run_jobs, wall_seconds)
 from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference, verdict,
                                        verdict_table)
 from fedjax_dp.stats import seed_stats
@@ -141,7 +141,7 @@ def test_run_jobs(tmp_path):
   written = [json.loads(line) for line in runs_path.read_text().splitlines()]
   assert sorted(written, key=records.index) == records  # in the order the groups ended
   assert [(r["method"], r["seed"]) for r in written[:2]] == [("y", 0), ("y", 1)]
-  assert list(records[0]) == ["method", "seed", "accuracy", "seconds", "history"]
+  assert list(records[0]) == ["method", "seed", "accuracy", "seconds", "process", "history"]
   assert records[0]["history"][0] == {"round": 1, "diagnostics": {"update_norm": {"q50": 0.1}}}
   assert records[1]["history"][1]["test_accuracy"] == 1.25
   assert lines[0].startswith("[1/8] method=y seed=0: acc=0.2500 (group of 2:")
@@ -153,6 +153,29 @@ def test_run_jobs(tmp_path):
       (m, s) for m in "xy" for s in (0, 0, 1, 1)]
   # a setting without a row comes last
   assert [r["method"] for r in read_records(tmp_path, rows[1:], ("method",))] == ["y"] * 4 + ["x"] * 4
+
+
+def test_wall_seconds_sums_each_process_up_to_its_last_record():
+  def rec(started, seconds):
+    return {"seconds": 1.0, "process": {"started": started, "seconds": seconds}}
+
+  first = [rec("2026-01-01T00:00:00.1+00:00", s) for s in (30.0, 10.0, 20.0)]
+  assert wall_seconds(first + [rec("2026-01-01T01:00:00.2+00:00", 5.0), {"seconds": 9.0}]) == 35.0
+  assert wall_seconds([]) == 0.0
+
+
+def test_a_records_seconds_are_its_groups_own_when_the_programs_say_so():
+  def execute(jobs, data, done, threads):
+    done([1], [_fake_one(jobs[1], data)], None, 7.5)  # with several threads, groups overlap
+    done([0], [_fake_one(jobs[0], data)])  # no time given: the time since the previous group
+
+  records = run_jobs([Job(None, {"seed": s}) for s in (0, 1)],
+                     lambda job, res: {"accuracy": res.summary["final_accuracy"]},
+                     load_data=lambda _: {"acc": 0.5},
+                     execution=Execution(execute, log=lambda line: None))
+  assert records[1]["seconds"] == 7.5 and 0 <= records[0]["seconds"] < 7.5
+  assert records[0]["process"]["started"] == records[1]["process"]["started"]
+  assert wall_seconds(records) == records[0]["process"]["seconds"]
 
 
 def test_run_jobs_hands_its_threads_to_the_programs():

@@ -63,11 +63,11 @@ def _run(path, execute, resume=False, log=None, loaded=None, on_record=None):
 
 
 def _timeless(records) -> list:
-  """``records`` without their wall times (the run's ``seconds`` and each round's), in a fixed
-  order."""
+  """``records`` without their wall times (the run's ``seconds``, its process's and each
+  round's), in a fixed order."""
   def timeless(value):
     if isinstance(value, dict):
-      return {k: timeless(v) for k, v in value.items() if k != "seconds"}
+      return {k: timeless(v) for k, v in value.items() if k not in ("seconds", "process")}
     return [timeless(v) for v in value] if isinstance(value, list) else value
   return sorted((timeless(r) for r in records), key=json.dumps)
 
@@ -210,6 +210,11 @@ def test_an_interrupted_reproduction_resumed_writes_what_an_uninterrupted_one_do
   assert printed[1] == "[zhu2022] resumed: 9 of 24 runs were done, 15 to run"
   assert _results(out) == _results(whole)
   assert _file(out / "runs.jsonl") == _file(whole / "runs.jsonl")
+  # its wall time is both processes', each up to its last record
+  records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+  processes = {r["process"]["started"]: r["process"]["seconds"] for r in records}
+  assert len(processes) == 2
+  assert json.loads((out / "results.json").read_text())["wall_seconds"] == sum(processes.values())
   assert (out / "results.md").read_text() == (whole / "results.md").read_text()
   assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in whole.iterdir())
   assert (out / "reproduction.json").read_text() == (whole / "reproduction.json").read_text()

@@ -86,8 +86,7 @@ def test_claims_spread_over_seeds_and_non_iid_sizes():
 
 
 def _saved_run(out, records):
-  rows, curves = zhu2022._results(records, 1)
-  zhu2022._write(out, "tiny", zhu2022.SCALES["tiny"], rows, curves, 0.0)
+  zhu2022._write(out, "tiny", zhu2022.SCALES["tiny"], records, 1)
   (out / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
 

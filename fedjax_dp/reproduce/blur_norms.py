@@ -98,7 +98,7 @@ from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import plot_histograms, read_norms
 from fedjax_dp.reproduce import cheng2022
 from fedjax_dp.reproduce.runner import (Execution, Job, Kept, group_by, identity, num_seeds,
-                                        release, run_jobs, wrote)
+                                        release, run_jobs, wall_seconds, wrote)
 from fedjax_dp.reproduce.tables import Claim, markdown_table, mean_std, verdict_table
 from fedjax_dp.stats import seed_stats
 from fedjax_dp.transforms import global_norm
@@ -484,7 +484,7 @@ def run(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] = None,
   runs = run_jobs(jobs, record, load_data=lambda _: data, runs_path=out / "runs.jsonl",
                   kept=Kept(("update_norm", "fraction_clipped", "train_loss")),
                   execution=Execution(threads=threads, log=log, resume=resume))
-  settings = _settings(scale, spec, base, n_seeds, first, time.perf_counter() - t0)
+  settings = _settings(scale, spec, base, n_seeds, first, wall_seconds(runs))
   results = {"paper": "Cheng et al., Differentially Private Federated Learning with Local "
                       "Regularization and Sparsification, CVPR 2022 (Eq. 5, Lemma 2, Fig. 2)",
              "settings": settings, **identity("cheng2022-norms"),

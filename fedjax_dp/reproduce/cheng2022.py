@@ -62,7 +62,7 @@ from fedjax_dp.experiment import load_data
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import Curve, Layout, plot_curves, plot_quantiles
 from fedjax_dp.reproduce.runner import (Execution, Job, Kept, group_by, identity, num_seeds,
-                                        read_records, release, run_jobs, wrote)
+                                        read_records, release, run_jobs, wall_seconds, wrote)
 from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference, verdict,
                                        verdict_table)
 from fedjax_dp.stats import seed_stats
@@ -1068,7 +1068,6 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
   n_seeds = num_seeds(seeds, spec["seeds"])
   out = pathlib.Path(output_dir)
   out.mkdir(parents=True, exist_ok=True)
-  t0 = time.perf_counter()
   jobs = _small_jobs(spec, base, n_seeds)
 
   def load(alpha):  # the partition's seed is 0 for every run
@@ -1079,7 +1078,7 @@ def run_small(scale: str, output_dir: str, data_dir=None, seeds: Optional[int] =
                   kept=Kept(("update_norm", "train_loss", "fraction_clipped")),
                   execution=execution)
   rows = _summarize(runs)
-  settings = _small_settings(scale, spec, base, n_seeds, time.perf_counter() - t0)
+  settings = _small_settings(scale, spec, base, n_seeds, wall_seconds(runs))
   write_text_atomic(out / "results.json", json.dumps(
       {"paper": "Cheng et al., Differentially Private Federated Learning with Local Regularization "
                 "and Sparsification, CVPR 2022", "settings": settings, "rows": rows,

@@ -4,7 +4,8 @@ A reproduction lists its runs as :class:`Job` s (a configuration and the labels
 that identify the run), and :func:`run_jobs` runs them in order on their data
 set, logs ``[i/n] NAME: acc=... (s)``, appends each run's record to
 ``runs.jsonl`` as the run ends and returns the records. A record is the job's
-labels, the fields the reproduction reads from the run, the run's seconds and
+labels, the fields the reproduction reads from the run, the run's seconds (and its
+process's, which :func:`wall_seconds` sums over a resumed reproduction's processes) and
 its per-round ``history`` (round, test accuracy, and the raw diagnostics under
 ``"diagnostics"``: pre-clip norms, losses, ...; they are not covered by any
 epsilon). :func:`group_by` and :func:`fedjax_dp.stats.seed_stats` then turn
@@ -16,6 +17,7 @@ already holds are not run again.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import os
 import pathlib
@@ -73,13 +75,14 @@ def num_seeds(seeds, default: int) -> int:
 def simulate_jobs(jobs: Sequence[Job], data, done: Callable, threads: Optional[int] = None) -> None:
   """Runs ``jobs`` on ``data`` as sweeps do (:func:`fedjax_dp.sweep.run_configs`: those that
   share a compiled round run as one vmapped program, ``threads`` of them at once) and calls
-  ``done(indices, results, setups)`` as each group of them ends.
+  ``done(indices, results, setups, seconds)`` as each group of them ends.
 
   Args:
     jobs: the runs, all on ``data``.
     data: the loaded data set (:class:`fedjax_dp.data.FederatedData`).
-    done: ``(indices, results, setups)`` callback: indices into ``jobs`` of a group that ended,
-      their :class:`fedjax_dp.engine.RunResult` s and :class:`fedjax_dp.algorithms.Setup` s.
+    done: ``(indices, results, setups, seconds)`` callback: indices into ``jobs`` of a group
+      that ended, their :class:`fedjax_dp.engine.RunResult` s, :class:`fedjax_dp.algorithms.Setup`
+      s and the group's own wall time.
     threads: compiled programs run at once (None: automatic, :func:`fedjax_dp.sweep.threads_for`).
   """
   run_configs([Task(j.config, data, j.output_dir) for j in jobs], on_group=done, threads=threads)
@@ -129,7 +132,8 @@ class Execution:
 
   Attributes:
     execute: ``(jobs, data, done, threads=)`` runs jobs on one data set and calls
-      ``done(indices, results, setups)`` as some of them end (default: :func:`simulate_jobs`).
+      ``done(indices, results, setups, seconds)`` as some of them end (default:
+      :func:`simulate_jobs`; ``setups`` and ``seconds`` may be left out).
     threads: compiled programs run at once (``fedjax-dp reproduce --threads``;
       :func:`fedjax_dp.sweep.threads_for`; default: one per core on one CPU device, else one).
     log: where the progress lines go.
@@ -155,22 +159,26 @@ class _Records:
     self.kept, self.on_record = kept, on_record
     self.by_job = [earlier.get(i) for i in range(len(jobs))]
     self.finished, self.t0 = list(earlier.values()), time.perf_counter()
+    self.started = datetime.datetime.now(datetime.timezone.utc).isoformat()
 
   def done_for(self, segment: Sequence[int]) -> Callable:
-    """The ``done(indices, results, setups)`` of the jobs ``segment`` (indices into the jobs),
-    run as one call of ``execute``; a record's seconds are the wall time of its group."""
+    """The ``done(indices, results, setups, seconds)`` of the jobs ``segment`` (indices into the
+    jobs), run as one call of ``execute``; a record's seconds are the wall time of its group."""
     t = [time.perf_counter()]
 
-    def done(indices, results, setups=None):
+    def done(indices, results, setups=None, seconds=None):
       """Keeps the records of a group that ended.
 
       Args:
         indices: indices into ``segment`` of the group's jobs.
         results: their :class:`fedjax_dp.engine.RunResult` s, in the same order.
         setups: unused.
+        seconds: the group's own wall time (None: the time since the previous group of
+          ``segment`` ended, the same where groups run one at a time).
       """
       del setups
-      seconds, t[0] = time.perf_counter() - t[0], time.perf_counter()
+      since, t[0] = time.perf_counter() - t[0], time.perf_counter()
+      seconds = since if seconds is None else seconds
       for k, result in zip(indices, results):
         self._keep(segment[k], result, seconds, len(indices))
       if self.on_record is not None:
@@ -181,6 +189,7 @@ class _Records:
   def _keep(self, i: int, result, seconds: float, group: int) -> None:
     job = self.jobs[i]
     rec = {**job.labels, **self.record(job, result), "seconds": seconds,
+           "process": {"started": self.started, "seconds": time.perf_counter() - self.t0},
            "history": history(result.history, self.kept)}
     self.by_job[i] = rec
     self.finished.append(rec)
@@ -273,7 +282,9 @@ def run_jobs(jobs: Sequence[Job], record: Callable[[Job, Any], dict], *,
     jobs: the runs.
     record: ``(job, result) -> dict``, the fields a reproduction keeps of a run (its
       ``"accuracy"`` among them); the record is the job's labels, these fields, ``"seconds"``
-      (the wall time of the group it ran in) and ``"history"`` (see :func:`history`).
+      (the wall time of the group it ran in), ``"process"`` (when the process that ran it
+      started, and its seconds since then as the record was written: :func:`wall_seconds`) and
+      ``"history"`` (see :func:`history`).
     load_data: ``key -> data set``, called for the first job and whenever a job's ``data`` key
       differs from the previous job's (one data set is held at a time).
     runs_path: the ``runs.jsonl`` each record is appended to as its run ends (none: not written).
@@ -308,6 +319,26 @@ def run_jobs(jobs: Sequence[Job], record: Callable[[Job, Any], dict], *,
     execution.execute([jobs[i] for i in segment], data, records.done_for(segment),
                       threads=execution.threads)
   return records.by_job
+
+
+def wall_seconds(records: Sequence[dict]) -> float:
+  """The wall time of the processes that ran ``records``: for each process (a record's
+  ``process.started``), the seconds from its start to its last record, summed. A reproduction
+  stopped and resumed counts each process up to its last finished group (the time of a group cut
+  short is not in it); records without ``process`` add nothing.
+
+  Args:
+    records: run records (:func:`run_jobs`' or ``runs.jsonl``'s).
+
+  Returns:
+    The seconds, 0.0 for no records.
+  """
+  last = {}
+  for r in records:
+    p = r.get("process")
+    if p is not None:
+      last[p["started"]] = max(last.get(p["started"], 0.0), float(p["seconds"]))
+  return sum(last.values(), 0.0)
 
 
 def group_by(records: Sequence[dict], keys: Sequence[str]) -> dict:

@@ -58,7 +58,7 @@ from fedjax_dp.experiment import load_data
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import Curve, Layout, plot_curves
 from fedjax_dp.reproduce.runner import (Execution, Job, group_by, identity, num_seeds, read_records,
-                                        release, run_jobs, simulate_jobs, wrote)
+                                        release, run_jobs, simulate_jobs, wall_seconds, wrote)
 from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference,
                                        verdict_table)
 from fedjax_dp.stats import seed_stats
@@ -143,13 +143,14 @@ def _execute(jobs, data, done, train_eval: int, threads=None):
   """Runs ``jobs`` as sweeps do (:func:`simulate_jobs`) and adds each final model's train error
   and loss and its noise multiplier to its summary (also to its ``summary.json``)."""
 
-  def finish(indices, results, setups):
+  def finish(indices, results, setups, seconds):
     """Adds the group's train errors and noise multipliers, then calls ``done``.
 
     Args:
       indices: indices into ``jobs`` of the group that ended.
       results: their :class:`fedjax_dp.engine.RunResult` s.
       setups: their :class:`fedjax_dp.algorithms.Setup` s.
+      seconds: the group's wall time.
     """
     for job, res, setup in zip([jobs[i] for i in indices], results, setups):
       err, loss = _train_error(setup.program.model, setup.program.eval_params(res.state), data,
@@ -161,7 +162,7 @@ def _execute(jobs, data, done, train_eval: int, threads=None):
       res.summary.update(noise_multiplier=None if sigma is None else float(sigma))
       write_text_atomic(pathlib.Path(job.output_dir) / "summary.json",
           json.dumps(res.summary, indent=2, default=str) + "\n")
-    done(indices, results, setups)
+    done(indices, results, setups, seconds)
 
   simulate_jobs(jobs, data, finish, threads=threads)
 
@@ -591,7 +592,7 @@ def run(scale: str = "small", output_dir: str = "runs/spfl2024", data_dir=None, 
             "one example of one client (example-level DP, local to each client)",
             "rows": rows, "gains": _gains(rows, runs), "paper_claims": PAPER_GAINS,
             "release": release(RAW), **identity("spfl2024"),
-            "wall_seconds": time.perf_counter() - t0}
+            "wall_seconds": wall_seconds(runs)}
   write_text_atomic(out / "results.json", json.dumps(result, indent=2, default=str) + "\n")
   md, written = _render(out)
   print(md)

@@ -48,7 +48,7 @@ from fedjax_dp.errors import check, check_choice
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import Curve, Layout, plot_curves
 from fedjax_dp.reproduce.runner import (Execution, Job, Kept, group_by, identity, num_seeds,
-                                        read_records, release, run_jobs, wrote)
+                                        read_records, release, run_jobs, wall_seconds, wrote)
 from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference,
                                        verdict_table)
 from fedjax_dp.stats import seed_stats
@@ -373,9 +373,9 @@ def reproduce(scale: str = "small", output_dir: str = "runs/zhu2022", data_dir=N
   log = (lambda line: print(f"[zhu2022] {line}", flush=True)) if progress else (lambda line: None)
   records = run_jobs(jobs, _record, load_data=lambda partition: load_data(sc, partition, data_dir),
                      runs_path=out / "runs.jsonl", kept=HISTORY_KEPT,
-                     on_record=lambda rs: _write(out, scale, sc, *_results(rs, n_seeds), t_start),
+                     on_record=lambda rs: _write(out, scale, sc, rs, n_seeds),
                      execution=dataclasses.replace(execution, log=log))
-  _write(out, scale, sc, *_results(records, n_seeds), t_start)
+  _write(out, scale, sc, records, n_seeds)
   written = _render(out)
   if progress:  # the command's result, as --render's: no [zhu2022] prefix
     print(wrote([out / "results.json", out / "runs.jsonl"] + written,
@@ -422,12 +422,13 @@ def _render(output_dir) -> list:
   return written
 
 
-def _write(out, scale_name, sc, rows, curves, t_start):
+def _write(out, scale_name, sc, records, n_seeds):
+  rows, curves = _results(records, n_seeds)
   doc = {"paper": "Zhu and Ling, Bridging Differential Privacy and Byzantine-Robustness via Model "
                   "Aggregation, IJCAI 2022", "scale": scale_name, "settings": sc, "rows": rows,
          "curves": {k: {lab: {"iteration": xs, "accuracy": ys} for lab, (xs, ys) in v.items()}
                     for k, v in curves.items()},
-         "wall_seconds": time.perf_counter() - t_start,
+         "wall_seconds": wall_seconds(records),
          "notes": ["epsilon is per coordinate per iteration (the paper's quantity); epsilon_composed is "
                    "the whole-run value over d coordinates x rounds (dp_accounting RDP, replace-one, "
                    "worker-level) at delta",
