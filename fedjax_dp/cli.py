@@ -338,7 +338,8 @@ def _add_reproduce(sub):
                  help="run nothing: print a Markdown table of the paper's claims at the scales of "
                  "the finished reproductions in two or more folders (the smallest first), each "
                  "folder's value and verdict as its results.md shows them, and whether the "
-                 "verdict changed from the first folder to the last (default: none; papers: "
+                 "verdict changed from the first folder to the last, then each setting's "
+                 "accuracy at every scale (default: none; papers: "
                  f"{', '.join(sorted(SAVED_CLAIMS))})")
 
 

@@ -11,7 +11,7 @@ import pytest
 from fedjax_dp.cli import main
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.reproduce import compare_reproductions, zhu2022
-from fedjax_dp.reproduce.tables import Claim, comparison_table
+from fedjax_dp.reproduce.tables import Claim, accuracy_comparison_table, comparison_table
 from test_reproduce import _fake_reproduction
 from test_zhu2022 import _records, _saved_run
 
@@ -38,9 +38,30 @@ def _zhu_folder(out: pathlib.Path, settings, scale="tiny", **accuracies) -> path
 
 
 def _rows(text: str) -> dict:
-  """The table's rows of ``compare_reproductions``'s text: claim -> its cells after the claim."""
-  return {cells[0]: cells[1:] for line in text.splitlines() if line.startswith("| ")
+  """The verdicts' rows of ``compare_reproductions``'s text: claim -> its cells after the claim."""
+  verdicts = text.split("\nAccuracy of each setting side by side")[0]
+  return {cells[0]: cells[1:] for line in verdicts.splitlines() if line.startswith("| ")
           for cells in [[c.strip() for c in line.strip("|").split(" | ")]]}
+
+
+def _accuracies(text: str) -> list:
+  """The accuracy table's lines of ``compare_reproductions``'s text, each as its cells."""
+  table = text.split("\nAccuracy of each setting side by side (mean ± std over seeds):\n")[1]
+  return [[c.strip() for c in line.strip("|").split(" | ")] for line in table.splitlines()
+          if line.startswith("| ")]
+
+
+def test_accuracy_comparison_table_puts_each_settings_accuracy_side_by_side():
+  small = [{"method": "a", "eps": None, "accuracy_mean": 0.5, "accuracy_std": 0.01},
+           {"method": "b", "eps": 1.0, "accuracy_mean": 0.25, "accuracy_std": None}]
+  paper = [{"method": "b", "eps": 1.0, "accuracy_mean": 0.75, "accuracy_std": 0.02},
+           {"method": "c", "eps": 2.0, "accuracy_mean": 0.9, "accuracy_std": 0.0}]
+  assert accuracy_comparison_table(("method", "eps"), [("small", small), ("paper", paper)]) == [
+      "| method | eps | small: accuracy (%) | paper: accuracy (%) | change (first → last, points) |",
+      "|---|---|---|---|---|",
+      "| a |  | 50.00 ± 1.00 |  |  |",
+      "| b | 1.0 | 25.00 | 75.00 ± 2.00 | +50.00 |",
+      "| c | 2.0 |  | 90.00 ± 0.00 |  |"]
 
 
 def test_comparison_table_matches_claims_by_text_and_says_what_changed():
@@ -82,6 +103,13 @@ def test_compare_zhu2022_scales_row_per_claim_and_the_changed_verdicts(tmp_path,
   # A claim the smaller scale did not measure: empty cells there, and no change said.
   noniid = next(t for t in rows if t.startswith("SGD fails, non-iid"))
   assert rows[noniid][1:3] == ["", ""] and rows[noniid][3:] == ["-70.00", "reproduced", ""]
+  # Each setting's accuracy at both scales: SignSGD's fell from the fixture's 0.9 to 0.5.
+  accuracies = _accuracies(text)
+  assert accuracies[0] == ["partition", "attack", "method", "epsilon", "tiny, 1 seed: accuracy (%)",
+                           "paper, 1 seed: accuracy (%)", "change (first → last, points)"]
+  assert ["iid", "gaussian", "signsgd", "", "90.00", "50.00", "-40.00"] in accuracies
+  assert ["noniid", "sample-duplication", "signsgd", "", "", "50.00", ""] in accuracies
+  assert len(accuracies) == 1 + 3 * 8  # the header, each setting's 8 runs (2 epsilons)
   # The verdicts are the ones the folder's results.md shows (its text, without the figures).
   md = zhu2022._markdown(json.loads((large / "results.json").read_text())["rows"], "paper")
   assert f"| {sign} | +5.00 | +29.00 | +24.00 | reproduced |" in md

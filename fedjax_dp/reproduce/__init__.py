@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 from fedjax_dp.errors import ConfigError, check, check_choice
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.reproduce.runner import ARGUMENTS, RESULT_FILES, num_seeds
-from fedjax_dp.reproduce.tables import comparison_table
+from fedjax_dp.reproduce.tables import accuracy_comparison_table, comparison_table
 from fedjax_dp.sweep import check_threads
 
 REPRODUCTIONS: dict = {
@@ -229,9 +229,11 @@ def compare_reproductions(paper: str, folders: Sequence) -> str:
       largest).
 
   Returns:
-    Markdown: a line naming each column's folder, the table
+    Markdown: a line naming each column's folder, the verdicts' table
     (:func:`fedjax_dp.reproduce.tables.comparison_table`, each scale headed by its
-    ``results.json``'s scale and seeds), and a line for each folder whose several seeds give no
+    ``results.json``'s scale and seeds), the accuracy of each setting at each scale
+    (:func:`fedjax_dp.reproduce.tables.accuracy_comparison_table`, the settings told apart by
+    the paper module's ``ROW_KEYS``), and a line for each folder whose several seeds give no
     spread because it holds no ``runs.jsonl`` (its verdicts are on the means alone).
 
   Raises:
@@ -263,6 +265,10 @@ def compare_reproductions(paper: str, folders: Sequence) -> str:
                    "no runs.jsonl (each seed's record), so its verdicts are on the means alone")
   lines = [f"Verdicts of {paper}'s reproductions side by side (differences in points); columns: "
            + "; ".join(named), ""] + comparison_table(columns)
+  accuracy = accuracy_comparison_table(importlib.import_module(module).ROW_KEYS, [
+      (header, json.loads((pathlib.Path(folder) / "results.json").read_text())["rows"])
+      for (header, _), folder in zip(columns, folders)])
+  lines += ["", "Accuracy of each setting side by side (mean ± std over seeds):", ""] + accuracy
   return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
 

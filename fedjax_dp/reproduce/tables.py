@@ -169,3 +169,36 @@ def comparison_table(columns: Sequence[tuple]) -> list:
   for i, (header, _) in enumerate(columns):
     headers += [(f"ours{i}", f"{header}: ours (points)"), (f"verdict{i}", f"{header}: verdict")]
   return markdown_table(headers + [("changed", "verdict changed (first → last)")], rows)
+
+
+def accuracy_comparison_table(keys: Sequence[str], columns: Sequence[tuple]) -> list:
+  """A Markdown table of one paper's results at several scales side by side: one line per
+  setting (its values at ``keys``, in the order first met), each scale's accuracy (mean ± std
+  over seeds, in percent, as :func:`mean_std` writes it) and the change from the first scale to
+  the last in points. A setting that a scale did not run leaves that scale's cell empty, and the
+  change cell too when that scale is the first or the last.
+
+  Args:
+    keys: the fields that tell the settings apart (a reproduction's ``ROW_KEYS``).
+    columns: one ``(header, rows)`` pair per scale, in order: the header naming the scale (its
+      cells are headed "HEADER: accuracy (%)") and its ``results.json`` rows, each with the
+      ``keys``, ``accuracy_mean`` and ``accuracy_std``.
+
+  Returns:
+    The table's lines.
+  """
+  found = [{tuple(r.get(k) for k in keys): r for r in rows} for _, rows in columns]
+  settings = list(dict.fromkeys(key for at in found for key in at))
+  lines = []
+  for key in settings:
+    line = {k: "" if v is None else v for k, v in zip(keys, key)}
+    for i, at in enumerate(found):
+      if key in at:
+        line[f"accuracy{i}"] = mean_std(at[key].get("accuracy_mean"), at[key].get("accuracy_std"))
+    first, last = found[0].get(key, {}), found[-1].get(key, {})
+    if first.get("accuracy_mean") is not None and last.get("accuracy_mean") is not None:
+      line["change"] = f"{100 * (last['accuracy_mean'] - first['accuracy_mean']):+.2f}"
+    lines.append(line)
+  headers = list(keys) + [(f"accuracy{i}", f"{header}: accuracy (%)")
+                          for i, (header, _) in enumerate(columns)]
+  return markdown_table(headers + [("change", "change (first → last, points)")], lines)
