@@ -141,6 +141,11 @@ def check_extension(stored: dict, rounds: int, where: str) -> None:
   else a round computes does (the evaluation after the last round adds one to the shorter run's
   last row, and the accounting composes the new rounds with those before).
 
+  Args:
+    stored: the configuration the checkpoint holds (its JSON: ``rounds``, ``target_epsilon``).
+    rounds: the rounds the continued run asks for.
+    where: the checkpoint, named in the error.
+
   Raises:
     ConfigError: naming ``rounds`` and the setting that forbids it (``where``: the checkpoint).
   """
