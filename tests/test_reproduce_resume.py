@@ -15,6 +15,7 @@ from fedjax_dp.cli import EXIT_INTERRUPTED, main
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.reproduce import runner, zhu2022
 from fedjax_dp.reproduce.runner import Execution, Job, run_jobs
+from fedjax_dp.sweep import Task, run_configs
 
 
 def _result(job):
@@ -148,15 +149,24 @@ def test_a_resumed_run_computes_bit_for_bit_what_the_uninterrupted_one_did(tmp_p
     return {"accuracy": res.summary["final_accuracy"],
             "params": hashlib.sha256(flat.tobytes()).hexdigest()}
 
-  def go(path, threads, resume=False):
-    return run_jobs(jobs, record, load_data=lambda _: data, runs_path=path,
-                    execution=Execution(threads=threads, log=lambda line: None, resume=resume))
+  def grouped(jobs, data, done, threads=None):
+    """The runs as one program, as an accelerator runs them (vmapped)."""
+    run_configs([Task(j.config, data, j.output_dir) for j in jobs], on_group=done,
+                threads=threads)
 
-  whole = go(tmp_path / "whole.jsonl", threads=1)  # one group of three
+  def go(path, threads, resume=False, execute=runner.simulate_jobs, log=None):
+    return run_jobs(jobs, record, load_data=lambda _: data, runs_path=path,
+                    execution=Execution(execute, threads=threads, resume=resume,
+                                        log=(log if log is not None else []).append))
+
+  whole = go(tmp_path / "whole.jsonl", threads=1, execute=grouped)  # one group of three
   lines = (tmp_path / "whole.jsonl").read_text().splitlines(keepends=True)
   path = tmp_path / "runs.jsonl"
   path.write_text(lines[0] + lines[1][:25])  # killed while writing the group's second record
-  resumed = go(path, threads=2, resume=True)  # two runs, each in a group of its own
+  log = []
+  resumed = go(path, threads=2, resume=True, log=log)
+  # on a CPU each run is a group of its own, its record kept as it ends
+  assert [line.split("(group of ")[1][:2] for line in log if line.startswith("[")] == ["1:", "1:"]
   assert _timeless(resumed) == _timeless(whole)
   assert _file(path) == _file(tmp_path / "whole.jsonl")
 

@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from fedjax_dp.engine import experiments_vmapped
 from fedjax_dp.errors import ConfigError, check
 from fedjax_dp.provenance import environment
 from fedjax_dp.sweep import MAX_EXPERIMENTS, Task, run_configs
@@ -75,7 +76,11 @@ def num_seeds(seeds, default: int) -> int:
 def simulate_jobs(jobs: Sequence[Job], data, done: Callable, threads: Optional[int] = None) -> None:
   """Runs ``jobs`` on ``data`` as sweeps do (:func:`fedjax_dp.sweep.run_configs`: those that
   share a compiled round run as one vmapped program, ``threads`` of them at once) and calls
-  ``done(indices, results, setups, seconds)`` as each group of them ends.
+  ``done(indices, results, setups, seconds)`` as each group of them ends. On a CPU, where a
+  group's runs would run one after another inside its program
+  (:func:`fedjax_dp.engine.experiments_vmapped`), each run is a group of its own: the same
+  compiled step and the same bits, and each run's record is kept as it ends, so that an
+  interrupted reproduction loses at most the runs in progress.
 
   Args:
     jobs: the runs, all on ``data``.
@@ -85,7 +90,8 @@ def simulate_jobs(jobs: Sequence[Job], data, done: Callable, threads: Optional[i
       s and the group's own wall time.
     threads: compiled programs run at once (None: automatic, :func:`fedjax_dp.sweep.threads_for`).
   """
-  run_configs([Task(j.config, data, j.output_dir) for j in jobs], on_group=done, threads=threads)
+  run_configs([Task(j.config, data, j.output_dir) for j in jobs], on_group=done,
+              group_size=None if experiments_vmapped() else 1, threads=threads)
 
 
 @dataclasses.dataclass(frozen=True)
