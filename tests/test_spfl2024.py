@@ -100,6 +100,11 @@ def test_render_rewrites_the_runs_results_md_and_figures(shared_data_dir, tmp_pa
   assert all(len(r["trace"]) == 1 and r["trace"][0]["noise_std_median"] is not None
              for r in result["rows"] if r["method"] != "nodp-fl")
   assert any(k.startswith("trace") for k in result["release"]["diagnostics"])
+  # runs.jsonl keeps every round, with the diagnostics the traces read and no others
+  for line in (out / "runs.jsonl").read_text().splitlines():
+    kept = json.loads(line)["history"]
+    assert len(kept) == spfl2024.SCALES["tiny"]["rounds"] and all(
+        set(h["diagnostics"]) <= {"train_loss", "noise_std", "update_norm"} for h in kept)
   assert "| not reproduced | noise std spfl " in md or "| reproduced | noise std spfl " in md \
       or "| partly | noise std spfl " in md
   run_dir = next(d for d in (out / "runs").rglob("summary.json"))

@@ -15,8 +15,9 @@ It writes ``DIR/results.json`` (``rows``: method, dataset, setting, value,
 accuracy_mean, accuracy_std (sample std over seeds), seeds, epsilon per class
 or null, formal_guarantee, train_error_mean, train_loss_mean, seconds;
 ``gains``: ours beside the paper's claimed +2.25% over ADP-FL and +4.41% over
-DP-FL, with the spread over seeds), ``DIR/runs.jsonl`` (every run's record and
-per-round history), ``DIR/results_partial.json`` (the rows done so far,
+DP-FL, with the spread over seeds), ``DIR/runs.jsonl`` (every run's record, with each
+round's diagnostics that the reasons read: :data:`HISTORY_KEPT`), ``DIR/results_partial.json``
+(the rows done so far,
 rewritten as runs end) and each run's ``metrics.jsonl`` and ``summary.json``
 under ``DIR/runs/``; then :func:`render` writes ``DIR/results.md`` (the rows
 and a verdict per claim of the paper, :data:`CLAIMS`) and
@@ -57,8 +58,9 @@ from fedjax_dp.errors import check_choice
 from fedjax_dp.experiment import load_data
 from fedjax_dp.outputs import write_text_atomic
 from fedjax_dp.plots import Curve, Layout, plot_curves
-from fedjax_dp.reproduce.runner import (Execution, Job, group_by, identity, num_seeds, read_records,
-                                        release, run_jobs, simulate_jobs, wall_seconds, wrote)
+from fedjax_dp.reproduce.runner import (Execution, Job, Kept, group_by, identity, num_seeds,
+                                        read_records, release, run_jobs, simulate_jobs,
+                                        wall_seconds, wrote)
 from fedjax_dp.reproduce.tables import (Claim, markdown_table, mean_std, seed_difference,
                                        verdict_table)
 from fedjax_dp.stats import seed_stats
@@ -198,6 +200,11 @@ def _record(job, res) -> dict:
       "noise_multiplier": s.get("noise_multiplier"),
       "train_error": s["diagnostics"]["train_error"], "train_loss": s["diagnostics"]["train_loss"],
   }
+
+
+# What a run's record keeps of its history: every round's diagnostics that _trace reads, so that a
+# reproduction's runs.jsonl can be kept beside its results.
+HISTORY_KEPT = Kept(diagnostics=("train_loss", "noise_std", "update_norm"))
 
 
 def _trace(history) -> dict:
@@ -581,7 +588,7 @@ def run(scale: str = "small", output_dir: str = "runs/spfl2024", data_dir=None, 
         json.dumps({"rows": _rows(runs, settings, n_seeds)}, default=str) + "\n")
 
   runs = run_jobs(jobs, _record, load_data=lambda ds: _load(ds, p, data_dir),
-                  runs_path=out / "runs.jsonl", on_record=partial,
+                  runs_path=out / "runs.jsonl", kept=HISTORY_KEPT, on_record=partial,
                   execution=Execution(functools.partial(_execute, train_eval=p["train_eval"]),
                                       threads=threads,
                                       log=lambda line: print(f"[spfl2024] {line}", flush=True),
