@@ -180,3 +180,31 @@ def test_sort_rows_times_the_network_against_xla_sort_at_a_tiny_size(capsys):
   assert all(r[f"{name}_{sort}_ms"] > 0 and r[f"{name}_ratio"] > 0 for r in records
              for name in ("sort", "coordinate_median", "geometric_median")
              for sort in ("network", "xla_sort"))
+
+
+def test_zhu2022_votes_table_is_the_documented_one(capsys):
+  mod = _load("zhu2022_votes")
+  results = BENCH / "results" / "zhu2022_votes.jsonl"
+  assert mod.main(["--table", str(results)]) == 0
+  rows = capsys.readouterr().out.strip().splitlines()
+  doc = (BENCH.parent / "docs" / "papers" / "zhu2022.md").read_text().splitlines()
+  assert len(rows) == len(mod.CASES) + 2 and all(row in doc for row in rows)
+
+
+@pytest.mark.slow  # two DP-RSA runs on real MNIST: `make test-slow`
+def test_zhu2022_votes_measures_each_case_at_a_tiny_scale(shared_data_dir, tmp_path, capsys):
+  if not (shared_data_dir / "mnist").is_dir():
+    pytest.skip(f"MNIST not found under {shared_data_dir}")
+  mod = _load("zhu2022_votes")
+  out = tmp_path / "votes.jsonl"
+  assert mod.main(["--scale", "tiny", "--rounds", "20", "--cases", "2", "--out", str(out),
+                   "--data-dir", str(shared_data_dir)]) == 0
+  records = [json.loads(line) for line in out.read_text().splitlines()]
+  assert [(r["epsilon"], r["byzantine"], r["attack_scale"]) for r in records] == [
+      c[1:] for c in mod.CASES[:2]]
+  for r in records:
+    assert r["margin"] == pytest.approx(0.309, abs=1e-3)  # eps 0.2, 3 of 30
+    assert 0 <= r["accuracy"] <= 1 and 0 <= r["true_class_lowest"] <= 1
+    assert [c["round"] for c in r["curve"]] == [10, 20] and r["master_norm"] > 0
+    assert r["curve"][-1]["test_accuracy"] == pytest.approx(r["accuracy"])
+  assert "| dp-rsa-f, eps 0.2, b = 3, factor -5 | +0.31 |" in capsys.readouterr().out

@@ -75,6 +75,34 @@ def test_claims_are_signed_differences_of_the_rows():
   assert [t for t, m in measured.items() if m is None] == [t for t in cs if " - GM " in t]
 
 
+def test_vote_margin_is_the_attackers_votes_over_the_regular_workers_expected_net_vote():
+  from fedjax_dp.privacy.randomized_response import keep_prob_for_epsilon
+  for eps in (0.2, 0.25, 0.4, 1.38):
+    gamma = keep_prob_for_epsilon(eps)  # Sign-Flipping's keep probability (Theorem 1)
+    assert zhu2022.vote_margin(30, 3, eps) == pytest.approx(3 - 27 * (2 * gamma - 1))
+  # The paper's setting: the 3 attackers outvote 27 agreeing regular workers at eps 0.2 only.
+  assert zhu2022.vote_margin(30, 3, 0.2) == pytest.approx(0.309, abs=1e-3)
+  assert zhu2022.vote_margin(30, 3, 0.25) < 0 and zhu2022.vote_margin(30, 2, 0.2) < 0
+  assert zhu2022.vote_margin(30, 0, 0.2) < 0
+
+
+def test_each_scale_shows_its_own_reasons_and_says_where_they_come_from():
+  rows, _ = zhu2022._results(_records(settings=zhu2022.SETTINGS), 1)
+  for scale, source in (("small", "small"), ("paper", "paper"), ("tiny", "small"),
+                        ("paper-b1", "small")):
+    assert zhu2022.reasons_scale(scale) == source
+    reasons = {c.reason for c in zhu2022.claims(rows, scale)}
+    assert reasons <= set(zhu2022.REASONS[source].values())
+    assert zhu2022.REASON_SOURCES[source] in zhu2022._markdown(rows, scale)
+  # Every claim has a reason at every scale that has its own.
+  kinds = {(spec[4], attack) for partition, attack in zhu2022.SETTINGS
+           for spec in zhu2022.claim_specs(partition, attack)}
+  assert all(kinds <= set(reasons) for reasons in zhu2022.REASONS.values())
+  paper = {c.claim: c.reason for c in zhu2022.claims(rows, "paper")}
+  assert "vote margin +0.31" in next(r for t, r in paper.items()
+                                     if t.startswith("sign-flip attack") and "SignSGD" in t)
+
+
 def test_claims_spread_over_seeds_and_non_iid_sizes():
   recs = _records(seeds=2, settings=(("noniid", "sample-duplication"),))
   recs[2]["accuracy"] = 0.95  # signsgd seed 0: the per-seed differences now differ
