@@ -160,6 +160,26 @@ def test_compare_reads_the_committed_results_of_a_scale():
       "(each seed's record), so its verdicts are on the means alone")
 
 
+def test_the_dp_rsa_page_shows_the_committed_scales_side_by_side():
+  """docs/papers/zhu2022.md's two side-by-side tables are exactly what ``--compare`` prints for
+  the committed small and paper scales, and every claim's verdict at the paper scale is the one
+  its results.md shows."""
+  small, paper = ROOT / "docs/results/zhu2022_small", ROOT / "docs/results/zhu2022_paper"
+  text = compare_reproductions("zhu2022", ["docs/results/zhu2022_small",
+                                           "docs/results/zhu2022_paper"])
+  tables = [line for line in text.splitlines() if line.startswith("|")]
+  page = (ROOT / "docs/papers/zhu2022.md").read_text().splitlines()
+  start = page.index(tables[0])
+  assert len(tables) == 2 * 2 + 18 + 30  # two headers, 18 claims, 30 settings
+  assert [line for line in page[start:] if line.startswith("|")][:len(tables)] == tables
+  rows = {claim: cells for claim, cells in _rows(text).items() if claim != "claim"}
+  assert len(rows) == 18 and all(row[-1].startswith(("no", "yes")) for row in rows.values())
+  for folder, ours in ((small, 1), (paper, 3)):  # each scale's value and verdict, as it shows them
+    shown = _rows((folder / "results.md").read_text())
+    assert all(shown[claim][1] == cells[ours] and shown[claim][3] == cells[ours + 1]
+               for claim, cells in rows.items())
+
+
 def test_compare_cheng2022_reads_its_runs(tmp_path):
   from fedjax_dp.reproduce import cheng2022
   from test_cheng2022 import _SETTINGS, _fake_runs
