@@ -230,6 +230,13 @@ def test_compare_refuses_what_is_not_two_finished_reproductions_of_the_paper(tmp
     compare_reproductions("zhu2022", [done, running])
   (running / "results.md").write_text("")
   assert compare_reproductions("zhu2022", [done, running])
+  # A results.json that is not JSON, or has no rows: refused, naming the folder.
+  doc = json.loads((running / "results.json").read_text())
+  for damaged in ("{not json", json.dumps({k: v for k, v in doc.items() if k != "rows"})):
+    (running / "results.json").write_text(damaged)
+    with pytest.raises(ConfigError, match=r"--compare=.*running'.*without its scale's settings "
+                       r"\(seeds\) or rows"):
+      compare_reproductions("zhu2022", [done, running])
   # The command line: one line, exit 2; a run's settings are refused with --compare.
   capsys.readouterr()
   assert main(["reproduce", "zhu2022", "--compare", str(done), str(other)]) == 2

@@ -189,7 +189,7 @@ def render_reproduction(paper: str, output_dir: str) -> int:
   for name in ("results.json", "runs.jsonl"):
     check((out / name).is_file(), "--output-dir", output_dir,
           f"must hold the {name} of an earlier `fedjax-dp reproduce {paper}` to --render")
-  other = _written_by(out, paper)  # another's is refused by the module's own reader
+  other = _written_by(_results_doc(out), paper)  # another's is refused by the module's reader
   check(other == paper, "--output-dir", output_dir,
         f"holds the results of `fedjax-dp reproduce {other}`, not {paper}: rewrite them with "
         f"`fedjax-dp reproduce {other} --render --output-dir {output_dir}`")
@@ -204,13 +204,18 @@ def render_reproduction(paper: str, output_dir: str) -> int:
                       f"read ({type(e).__name__}: {e})") from None
 
 
-def _written_by(folder: pathlib.Path, default: str) -> str:
-  """The paper whose reproduction wrote ``folder/results.json`` (its ``reproduction`` field);
-  ``default`` where the file names none or is not a JSON object."""
+def _results_doc(folder: pathlib.Path):
+  """``folder/results.json`` parsed; None where it is not JSON."""
   try:
-    return json.loads((folder / "results.json").read_text()).get("reproduction", default)
-  except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
-    return default
+    return json.loads((folder / "results.json").read_text())
+  except (json.JSONDecodeError, UnicodeDecodeError):
+    return None
+
+
+def _written_by(doc, default: str) -> str:
+  """The paper whose reproduction wrote the results document ``doc`` (:func:`_results_doc`;
+  its ``reproduction`` field); ``default`` where it names none or is not a JSON object."""
+  return doc.get("reproduction", default) if isinstance(doc, dict) else default
 
 
 def compare_reproductions(paper: str, folders: Sequence) -> str:
@@ -246,9 +251,9 @@ def compare_reproductions(paper: str, folders: Sequence) -> str:
         f"reproductions of {paper} (its scales, the smallest first)")
   module, fn = SAVED_CLAIMS[paper].split(":")
   saved_claims = getattr(importlib.import_module(module), fn)
-  columns, named, notes = [], [], []
+  columns, accuracies, named, notes = [], [], [], []
   for folder in folders:
-    header, seeds = _finished_scale(paper, pathlib.Path(folder))
+    header, seeds, rows = _finished_scale(paper, pathlib.Path(folder))
     try:
       claims = saved_claims(folder)
     except ConfigError as e:  # the module's reader names the folder as --render's --output-dir
@@ -257,6 +262,7 @@ def compare_reproductions(paper: str, folders: Sequence) -> str:
       raise ConfigError("--compare", folder, f"does not hold files of `fedjax-dp reproduce "
                         f"{paper}` that --compare can read ({type(e).__name__}: {e})") from None
     columns.append((header, claims))
+    accuracies.append((header, rows))
     named.append(f"{header}: {folder}")
     measured = [c for c in claims if c.measured is not None]
     if (seeds > 1 and measured and all(c.spread is None for c in measured)
@@ -265,16 +271,16 @@ def compare_reproductions(paper: str, folders: Sequence) -> str:
                    "no runs.jsonl (each seed's record), so its verdicts are on the means alone")
   lines = [f"Verdicts of {paper}'s reproductions side by side (differences in points); columns: "
            + "; ".join(named), ""] + comparison_table(columns)
-  accuracy = accuracy_comparison_table(importlib.import_module(module).ROW_KEYS, [
-      (header, json.loads((pathlib.Path(folder) / "results.json").read_text())["rows"])
-      for (header, _), folder in zip(columns, folders)])
+  accuracy = accuracy_comparison_table(importlib.import_module(module).ROW_KEYS, accuracies)
   lines += ["", "Accuracy of each setting side by side (mean ± std over seeds):", ""] + accuracy
   return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
 
 def _finished_scale(paper: str, folder: pathlib.Path) -> tuple:
-  """``(header, seeds)`` of the finished reproduction of ``paper`` in ``folder``: "SCALE, N
-  seed(s)" from its ``results.json`` (the scale at the top or in its settings), and N.
+  """``(header, seeds, rows)`` of the finished reproduction of ``paper`` in ``folder``: "SCALE,
+  N seed(s)" from its ``results.json`` (the scale at the top or in its settings), N, and the
+  file's rows (one per setting, each with its ``accuracy_mean`` and ``accuracy_std``), the file
+  read once.
 
   Raises:
     ConfigError: naming ``--compare``, for a folder without results.json, of another paper, or
@@ -283,7 +289,8 @@ def _finished_scale(paper: str, folder: pathlib.Path) -> tuple:
   where = str(folder)
   check((folder / "results.json").is_file(), "--compare", where,
         f"holds no results.json: not the folder of a finished `fedjax-dp reproduce {paper}`")
-  other = _written_by(folder, paper)
+  doc = _results_doc(folder)
+  other = _written_by(doc, paper)
   check(other == paper, "--compare", where, f"holds the results of `fedjax-dp reproduce "
         f"{other}`, not {paper}: compare it with folders of {other}")
   arguments = folder / ARGUMENTS
@@ -305,11 +312,11 @@ def _finished_scale(paper: str, folder: pathlib.Path) -> tuple:
           f"neither {ARGUMENTS} nor results.md: not known to be a finished reproduction (one "
           "writes results.md once its runs are done)")
   try:
-    doc = json.loads((folder / "results.json").read_text())
     settings = doc.get("settings") or {}
     scale, seeds = doc.get("scale", settings.get("scale")), int(settings["seeds"])
+    rows = doc["rows"]
   except (ValueError, KeyError, TypeError, AttributeError):
     raise ConfigError("--compare", where, "holds a results.json without its scale's settings "
-                      f"(seeds): not the results of a finished `fedjax-dp reproduce {paper}`"
-                      ) from None
-  return f"{scale}, {seeds} seed{'' if seeds == 1 else 's'}", seeds
+                      "(seeds) or rows: not the results of a finished `fedjax-dp reproduce "
+                      f"{paper}`") from None
+  return f"{scale}, {seeds} seed{'' if seeds == 1 else 's'}", seeds, rows
