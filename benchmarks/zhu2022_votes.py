@@ -33,14 +33,11 @@ from fedjax_dp.algorithms.dp_fedavg import make_model
 from fedjax_dp.experiment import simulate
 from fedjax_dp.reproduce import zhu2022
 from fedjax_dp.reproduce.tables import markdown_table
+from fedjax_dp.transforms import global_norm
 
 # (method, per-coordinate epsilon, attackers b, the sign-flip factor), the paper's run first.
 CASES = (("dp-rsa-f", 0.2, 3, -5.0), ("dp-rsa-f", 0.2, 3, -1.5), ("dp-rsa-f", 0.25, 3, -5.0),
          ("dp-rsa-f", 0.2, 2, -5.0), ("dp-rsa-f", 0.2, 0, -5.0), ("rsa", None, 3, -5.0))
-
-
-def _flat(tree) -> jax.Array:
-  return jnp.concatenate([x.reshape(-1) for x in jax.tree_util.tree_leaves(tree)])
 
 
 def measure(case, rounds: int, data, scale: dict) -> dict:
@@ -73,8 +70,8 @@ def measure(case, rounds: int, data, scale: dict) -> dict:
           "margin": None if eps is None else zhu2022.vote_margin(sc["num_clients"], byz, eps),
           "accuracy": float(np.mean(logits.argmax(1) == labels)),
           "true_class_lowest": float(np.mean(logits.argmin(1) == labels)),
-          "master_norm": float(jnp.linalg.norm(_flat(res.state.params))),
-          "regular_mean_norm": float(jnp.linalg.norm(_flat(regular))), "seconds": seconds,
+          "master_norm": float(global_norm(res.state.params)),
+          "regular_mean_norm": float(global_norm(regular)), "seconds": seconds,
           "curve": [{"round": h["round"], "test_accuracy": h["test_accuracy"],
                      "master_norm": h.get("master_norm")} for h in hist if "test_accuracy" in h]}
 

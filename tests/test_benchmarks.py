@@ -207,4 +207,5 @@ def test_zhu2022_votes_measures_each_case_at_a_tiny_scale(shared_data_dir, tmp_p
     assert 0 <= r["accuracy"] <= 1 and 0 <= r["true_class_lowest"] <= 1
     assert [c["round"] for c in r["curve"]] == [10, 20] and r["master_norm"] > 0
     assert r["curve"][-1]["test_accuracy"] == pytest.approx(r["accuracy"])
+    assert r["curve"][-1]["master_norm"] == pytest.approx(r["master_norm"])  # the round's own
   assert "| dp-rsa-f, eps 0.2, b = 3, factor -5 | +0.31 |" in capsys.readouterr().out
