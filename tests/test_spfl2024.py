@@ -54,6 +54,24 @@ def test_difference_pairs_seeds_and_selects_each_claims_settings():
       .startswith("not measured")
 
 
+def test_a_rows_epsilon_is_the_worst_seeds_per_class():
+  """Seeds draw different cohorts, so their clients' epsilons differ: a row reports each class's
+  largest max and largest median over its seeds, whichever seed comes last."""
+  seeds = [{"high": {"max": 1.98, "median": 1.19}, "low": {"max": 1.5, "median": 1.3}},
+           {"high": {"max": 1.78, "median": 1.25}, "low": {"max": 1.7, "median": 1.1}}]
+  worst = {"high": {"max": 1.98, "median": 1.25}, "low": {"max": 1.7, "median": 1.3}}
+  assert spfl2024.worst_epsilon(seeds) == worst == spfl2024.worst_epsilon(seeds[::-1])
+  assert spfl2024.worst_epsilon([None, None]) is None  # published spfl, nodp-fl
+  assert spfl2024.worst_epsilon([{"all": None}, {"all": None}]) == {"all": None}
+  records = [{"dataset": "mnist", "setting": "base", "value": None, "method": "spfl-sound",
+              "seed": i, "accuracy": 0.5, "formal_guarantee": True, "epsilon": e,
+              "no_guarantee_reasons": None, "noise_multiplier": 1.0, "train_error": 0.5,
+              "train_loss": 1.0, "seconds": 1.0} for i, e in enumerate(seeds)]
+  settings = {("mnist", "base", None): {"epsilon": 4.0, "clients_per_round": 10, "local_steps": 4}}
+  (row,) = spfl2024._rows(records, settings, 2)
+  assert row["epsilon"] == worst
+
+
 def _history(noise, norm, loss):
   return [{"round": i + 1, "diagnostics": {"noise_std": n, "update_norm": {"q50": u},
                                            "train_loss": l}}
