@@ -160,22 +160,34 @@ def test_compare_reads_the_committed_results_of_a_scale():
       "(each seed's record), so its verdicts are on the means alone")
 
 
-def test_the_dp_rsa_page_shows_the_committed_scales_side_by_side():
-  """docs/papers/zhu2022.md's two side-by-side tables are exactly what ``--compare`` prints for
-  the committed small and paper scales, and every claim's verdict at the paper scale is the one
-  its results.md shows."""
-  small, paper = ROOT / "docs/results/zhu2022_small", ROOT / "docs/results/zhu2022_paper"
-  text = compare_reproductions("zhu2022", ["docs/results/zhu2022_small",
-                                           "docs/results/zhu2022_paper"])
+# paper, its page, the committed folders (first to last), the number of claims and settings, and
+# the folders whose results.md shows what --compare reads (a folder without runs.jsonl gives the
+# means alone: spfl2024_small) with the column of its value in --compare's rows.
+_PAGES = [
+    ("zhu2022", "docs/papers/zhu2022.md", ("zhu2022_small", "zhu2022_paper"), 18, 30,
+     (("zhu2022_small", 1), ("zhu2022_paper", 3))),
+    ("spfl2024", "docs/papers/spfl2024.md", ("spfl2024_small", "spfl2024_medium"), 12, 81,
+     (("spfl2024_medium", 3),)),
+]
+
+
+@pytest.mark.parametrize("paper, page, folders, n_claims, n_settings, shown_in", _PAGES,
+                         ids=[p[0] for p in _PAGES])
+def test_the_paper_pages_show_the_committed_scales_side_by_side(paper, page, folders, n_claims,
+                                                                n_settings, shown_in):
+  """A paper page's two side-by-side tables are exactly what ``--compare`` prints for the
+  committed scales, and every claim's value and verdict at a scale with its runs is the one that
+  scale's results.md shows."""
+  text = compare_reproductions(paper, [f"docs/results/{f}" for f in folders])
   tables = [line for line in text.splitlines() if line.startswith("|")]
-  page = (ROOT / "docs/papers/zhu2022.md").read_text().splitlines()
-  start = page.index(tables[0])
-  assert len(tables) == 2 * 2 + 18 + 30  # two headers, 18 claims, 30 settings
-  assert [line for line in page[start:] if line.startswith("|")][:len(tables)] == tables
+  lines = (ROOT / page).read_text().splitlines()
+  start = lines.index(tables[0])
+  assert len(tables) == 2 * 2 + n_claims + n_settings  # two headers and separators
+  assert [line for line in lines[start:] if line.startswith("|")][:len(tables)] == tables
   rows = {claim: cells for claim, cells in _rows(text).items() if claim != "claim"}
-  assert len(rows) == 18 and all(row[-1].startswith(("no", "yes")) for row in rows.values())
-  for folder, ours in ((small, 1), (paper, 3)):  # each scale's value and verdict, as it shows them
-    shown = _rows((folder / "results.md").read_text())
+  assert len(rows) == n_claims and all(row[-1].startswith(("no", "yes")) for row in rows.values())
+  for folder, ours in shown_in:
+    shown = _rows((ROOT / "docs/results" / folder / "results.md").read_text())
     assert all(shown[claim][1] == cells[ours] and shown[claim][3] == cells[ours + 1]
                for claim, cells in rows.items())
 
