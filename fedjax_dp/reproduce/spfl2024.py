@@ -13,7 +13,7 @@ per client: the paper's 500 shards, Sec. 3.1), the paper's CNN
 
 It writes ``DIR/results.json`` (``rows``: method, dataset, setting, value,
 accuracy_mean, accuracy_std (sample std over seeds), seeds, epsilon per class
-or null, formal_guarantee, train_error_mean, train_loss_mean, seconds;
+(the worst seed's: :func:`worst_epsilon`) or null, formal_guarantee, train_error_mean, train_loss_mean, seconds;
 ``gains``: ours beside the paper's claimed +2.25% over ADP-FL and +4.41% over
 DP-FL, with the spread over seeds), ``DIR/runs.jsonl`` (every run's record, with each
 round's diagnostics that the reasons read: :data:`HISTORY_KEPT`), ``DIR/results_partial.json``
