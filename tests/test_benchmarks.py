@@ -209,3 +209,29 @@ def test_zhu2022_votes_measures_each_case_at_a_tiny_scale(shared_data_dir, tmp_p
     assert r["curve"][-1]["test_accuracy"] == pytest.approx(r["accuracy"])
     assert r["curve"][-1]["master_norm"] == pytest.approx(r["master_norm"])  # the round's own
   assert "| dp-rsa-f, eps 0.2, b = 3, factor -5 | +0.31 |" in capsys.readouterr().out
+
+
+def test_zhu2022_batch_table_is_the_documented_one(capsys):
+  mod = _load("zhu2022_votes")
+  results = BENCH / "results" / "zhu2022_batch.jsonl"
+  assert mod.main(["--study", "batch", "--table", str(results)]) == 0
+  rows = capsys.readouterr().out.strip().splitlines()
+  doc = (BENCH.parent / "docs" / "papers" / "zhu2022.md").read_text().splitlines()
+  assert len(rows) == len(mod.BATCH_CASES) + 2 and all(row in doc for row in rows)
+
+
+@pytest.mark.slow  # two SignSGD runs on real MNIST: `make test-slow`
+def test_zhu2022_batch_measures_each_case_at_a_tiny_scale(shared_data_dir, tmp_path, capsys):
+  if not (shared_data_dir / "mnist").is_dir():
+    pytest.skip(f"MNIST not found under {shared_data_dir}")
+  mod = _load("zhu2022_votes")
+  out = tmp_path / "batch.jsonl"
+  assert mod.main(["--study", "batch", "--scale", "tiny", "--rounds", "20", "--cases", "2",
+                   "--out", str(out), "--data-dir", str(shared_data_dir)]) == 0
+  records = [json.loads(line) for line in out.read_text().splitlines()]
+  assert [(r["method"], r["batch_size"]) for r in records] == list(mod.BATCH_CASES[:2])
+  for r in records:
+    assert 0 <= r["accuracy"] <= 1 and r["test_loss"] > 0 and 0.1 <= r["confidence"] <= 1
+    assert [c["round"] for c in r["curve"]] == [10, 20] and r["norm"] > 0
+    assert r["curve"][-1]["test_accuracy"] == pytest.approx(r["accuracy"])
+  assert "| signsgd, 1 example |" in capsys.readouterr().out
