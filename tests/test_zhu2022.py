@@ -89,7 +89,7 @@ def test_vote_margin_is_the_attackers_votes_over_the_regular_workers_expected_ne
 def test_each_scale_shows_its_own_reasons_and_says_where_they_come_from():
   rows, _ = zhu2022._results(_records(settings=zhu2022.SETTINGS), 1)
   for scale, source in (("small", "small"), ("paper", "paper"), ("tiny", "small"),
-                        ("paper-b1", "small")):
+                        ("paper-b1", "paper-b1")):
     assert zhu2022.reasons_scale(scale) == source
     reasons = {c.reason for c in zhu2022.claims(rows, scale)}
     assert reasons <= set(zhu2022.REASONS[source].values())

@@ -320,7 +320,45 @@ _PAPER = {
         "15.8 ± 8.9, seeds further apart than the two; and " + _G_VS_F),
     ("g-vs-f", "sample-duplication"): _G_VS_F,
 }
-REASONS = {"small": _SMALL, "paper": _PAPER}
+
+
+# The text's reading, one example per worker per iteration: its own curves and accuracies
+# (docs/results/zhu2022_paper_b1) and the runs of `benchmarks/zhu2022_votes.py --study batch`
+# (5,000 iterations, seed 0; docs/papers/zhu2022.md, "One example per worker per iteration").
+_SIGN_B1 = ("with one example per worker SignSGD's vote moves every coordinate by alpha at every "
+            "iteration on 27 one-example gradient signs: it peaks at 0.83-0.84 by 500-2,500 "
+            "iterations and falls to 0.71-0.77 by 5,000, overconfident (seed 0: parameter norm "
+            "975 against 414 with 32 examples, test loss 4.11 against 0.33, mean top "
+            "probability 0.96)")
+_GM_B1 = ("GM of 30 one-example gradients learns slowly: 0.79 at 5,000 iterations (seed 0; 0.92 "
+          "with 32 examples), parameter norm 10.3 against RSA's 12.8, test loss 0.62 against "
+          "0.28, while RSA's workers take SGD steps whose one-example noise alpha averages out "
+          "over iterations (0.922 against 0.924 with 32 examples)")
+_COLLAPSE_B1 = ("DP-RSA at eps 0.2 collapses as with 32 examples, F and G alike: the attackers' "
+                "3 unperturbed votes against the regular workers' net 27 tanh(eps/2) = 2.69 at "
+                "most (vote margin +0.31); every seed is at 0.54-0.63 at 500 iterations and "
+                "0.002 or less at 1,250, and climbs back to 0.14-0.32 by 5,000")
+_PAPER_B1 = {
+    ("sgd", "gaussian"): _SMALL[("sgd", "gaussian")],
+    ("sgd", "sign-flip"): ("3 of 30 rows are -5 g: the mean is (27 - 15) / 30 g = 0.4 g, still "
+                           "downhill, so SGD only slows: 88.3 at 5,000 iterations, RSA 90.3"),
+    ("sgd", "sample-duplication"): _SMALL[("sgd", "sample-duplication")],
+    ("vs-signsgd", "gaussian"): _SIGN_B1 + "; DP-RSA ends within 0.7 of RSA (92.0)",
+    ("vs-signsgd", "sign-flip"): (_COLLAPSE_B1 + "; at 1.38 F is 1.1 below RSA and 15.4 above "
+                                  "SignSGD: " + _SIGN_B1),
+    ("vs-signsgd", "sample-duplication"): (
+        "SignSGD at 74.2 (seeds 67.5-81.0) is 1.1 below its iid accuracy under the Gaussian "
+        "attack (75.3): not the split but the one-example vote: " + _SIGN_B1),
+    ("vs-gm", "gaussian"): _GM_B1,
+    ("vs-gm", "sign-flip"): _COLLAPSE_B1 + "; at 1.38 F is 9.0 above GM: " + _GM_B1,
+    ("vs-gm", "sample-duplication"): (
+        "GM loses 7.4 points to the split (73.0 against 80.4 iid under the Gaussian attack; RSA "
+        "0.7: 91.4 against 92.0), on top of one example's slow learning: " + _GM_B1),
+    ("g-vs-f", "gaussian"): _G_VS_F,
+    ("g-vs-f", "sign-flip"): "both collapse at eps 0.2: " + _COLLAPSE_B1,
+    ("g-vs-f", "sample-duplication"): _G_VS_F,
+}
+REASONS = {"small": _SMALL, "paper": _PAPER, "paper-b1": _PAPER_B1}
 # Where each scale's reasons come from, as results.md says it.
 REASON_SOURCES = {
     "small": ("measured at the small scale, 400 iterations, by runs beside the reproduction, one "
@@ -329,6 +367,10 @@ REASON_SOURCES = {
     "paper": ("read from this reproduction's curves and accuracies and measured by the runs of "
               "benchmarks/zhu2022_votes.py, 2,000 iterations of the iid sign-flip setting, seed 0 "
               "(docs/papers/zhu2022.md, \"At the paper's length\")"),
+    "paper-b1": ("read from this reproduction's curves and accuracies and measured by the runs of "
+                 "benchmarks/zhu2022_votes.py --study batch, 5,000 iterations of the iid Gaussian "
+                 "setting at 1 and 32 examples, seed 0 (docs/papers/zhu2022.md, \"One example per "
+                 "worker per iteration\")"),
 }
 
 
