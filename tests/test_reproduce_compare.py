@@ -166,13 +166,15 @@ def test_compare_reads_the_committed_results_of_a_scale():
 _PAGES = [
     ("zhu2022", "docs/papers/zhu2022.md", ("zhu2022_small", "zhu2022_paper"), 18, 30,
      (("zhu2022_small", 1), ("zhu2022_paper", 3))),
+    ("zhu2022", "docs/papers/zhu2022.md", ("zhu2022_small", "zhu2022_paper", "zhu2022_paper_b1"),
+     18, 30, (("zhu2022_small", 1), ("zhu2022_paper", 3), ("zhu2022_paper_b1", 5))),
     ("spfl2024", "docs/papers/spfl2024.md", ("spfl2024_small", "spfl2024_medium"), 12, 81,
      (("spfl2024_medium", 3),)),
 ]
 
 
 @pytest.mark.parametrize("paper, page, folders, n_claims, n_settings, shown_in", _PAGES,
-                         ids=[p[0] for p in _PAGES])
+                         ids=[f"{p[0]}-{len(p[2])}-scales" for p in _PAGES])
 def test_the_paper_pages_show_the_committed_scales_side_by_side(paper, page, folders, n_claims,
                                                                 n_settings, shown_in):
   """A paper page's two side-by-side tables are exactly what ``--compare`` prints for the
