@@ -327,10 +327,10 @@ _PAPER = {
 # (docs/results/zhu2022_paper_b1) and the runs of `benchmarks/zhu2022_votes.py --study batch`
 # (5,000 iterations, seed 0; docs/papers/zhu2022.md, "One example per worker per iteration").
 _SIGN_B1 = ("with one example per worker SignSGD's vote moves every coordinate by alpha at every "
-            "iteration on 27 one-example gradient signs: it peaks at 0.83-0.84 by 500-2,500 "
-            "iterations and falls to 0.71-0.77 by 5,000, overconfident (seed 0: parameter norm "
-            "975 against 414 with 32 examples, test loss 4.11 against 0.33, mean top "
-            "probability 0.96)")
+            "iteration on 27 one-example gradient signs: in the 6 iid runs it peaks at 0.83-0.84 "
+            "by 500-2,500 iterations and falls to 0.71-0.77 by 5,000, overconfident (seed 0: "
+            "parameter norm 975 against 414 with 32 examples, test loss 4.11 against 0.33, mean "
+            "top probability 0.96)")
 _GM_B1 = ("GM of 30 one-example gradients learns slowly: 0.79 at 5,000 iterations (seed 0; 0.92 "
           "with 32 examples), parameter norm 10.3 against RSA's 12.8, test loss 0.62 against "
           "0.28, while RSA's workers take SGD steps whose one-example noise alpha averages out "
