@@ -83,13 +83,13 @@ def measure(case, rounds: int, data, scale: dict) -> dict:
   opts = {"attack_scale": factor, **({} if eps is None else {"epsilon": eps})}
   sc = dict(scale, rounds=rounds, byzantine=byz)
   config = zhu2022._config(sc, method, opts, "sign-flip", None, 0)
-  res, hist, seconds, logits, labels = _run(config, data)
+  res, hist, seconds, log_probs, labels = _run(config, data)
   regular = jax.tree_util.tree_map(lambda r: r[: sc["num_clients"] - byz].mean(0), res.state.rows)
   return {"method": method, "epsilon": eps, "byzantine": byz, "attack_scale": factor,
           "rounds": rounds,
           "margin": None if eps is None else zhu2022.vote_margin(sc["num_clients"], byz, eps),
-          "accuracy": float(np.mean(logits.argmax(1) == labels)),
-          "true_class_lowest": float(np.mean(logits.argmin(1) == labels)),
+          "accuracy": float(np.mean(log_probs.argmax(1) == labels)),
+          "true_class_lowest": float(np.mean(log_probs.argmin(1) == labels)),
           "master_norm": float(global_norm(res.state.params)),
           "regular_mean_norm": float(global_norm(regular)), "seconds": seconds,
           "curve": [{"round": h["round"], "test_accuracy": h["test_accuracy"],
@@ -175,7 +175,8 @@ STUDIES = {
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--study", choices=sorted(STUDIES), default="votes")
+  parser.add_argument("--study", choices=sorted(STUDIES), default="votes",
+                      help="the measurement: votes (the sign-flip collapse, the default) or batch")
   parser.add_argument("--rounds", type=int, help="iterations (default: votes 2,000, batch 5,000)")
   parser.add_argument("--data-dir", default=None, help="the data files (default: $FEDJAX_DP_DATA)")
   parser.add_argument("--scale", default="paper", help="the zhu2022 scale whose settings run")

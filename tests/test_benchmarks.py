@@ -182,13 +182,14 @@ def test_sort_rows_times_the_network_against_xla_sort_at_a_tiny_size(capsys):
              for sort in ("network", "xla_sort"))
 
 
-def test_zhu2022_votes_table_is_the_documented_one(capsys):
+@pytest.mark.parametrize("study", ["votes", "batch"])
+def test_zhu2022_votes_tables_are_the_documented_ones(study, capsys):
   mod = _load("zhu2022_votes")
-  results = BENCH / "results" / "zhu2022_votes.jsonl"
-  assert mod.main(["--table", str(results)]) == 0
+  cases, *_, results = mod.STUDIES[study]
+  assert mod.main(["--study", study, "--table", str(BENCH.parent / results)]) == 0
   rows = capsys.readouterr().out.strip().splitlines()
   doc = (BENCH.parent / "docs" / "papers" / "zhu2022.md").read_text().splitlines()
-  assert len(rows) == len(mod.CASES) + 2 and all(row in doc for row in rows)
+  assert len(rows) == len(cases) + 2 and all(row in doc for row in rows)
 
 
 @pytest.mark.slow  # two DP-RSA runs on real MNIST: `make test-slow`
@@ -209,15 +210,6 @@ def test_zhu2022_votes_measures_each_case_at_a_tiny_scale(shared_data_dir, tmp_p
     assert r["curve"][-1]["test_accuracy"] == pytest.approx(r["accuracy"])
     assert r["curve"][-1]["master_norm"] == pytest.approx(r["master_norm"])  # the round's own
   assert "| dp-rsa-f, eps 0.2, b = 3, factor -5 | +0.31 |" in capsys.readouterr().out
-
-
-def test_zhu2022_batch_table_is_the_documented_one(capsys):
-  mod = _load("zhu2022_votes")
-  results = BENCH / "results" / "zhu2022_batch.jsonl"
-  assert mod.main(["--study", "batch", "--table", str(results)]) == 0
-  rows = capsys.readouterr().out.strip().splitlines()
-  doc = (BENCH.parent / "docs" / "papers" / "zhu2022.md").read_text().splitlines()
-  assert len(rows) == len(mod.BATCH_CASES) + 2 and all(row in doc for row in rows)
 
 
 @pytest.mark.slow  # two SignSGD runs on real MNIST: `make test-slow`
